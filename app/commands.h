@@ -1,0 +1,16 @@
+// Each `qkv` subcommand lives in its own app/cmd_<name>.cpp and registers itself on the root
+// parser here. A command's callback sets `exit_code` (0 ok, 1 a check failed); bad input throws
+// qkv::Error, which main() prints as one line and turns into exit status 2.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace qkv::app {
+
+void add_gradcheck_command(CLI::App& root, int& exit_code);
+
+// Prints `j` as the single JSON line that ends stdout (DESIGN §3).
+void print_json(const nlohmann::json& j);
+
+}  // namespace qkv::app

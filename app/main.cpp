@@ -1,0 +1,30 @@
+// qkv: the command line. Thin: parses, calls the library, prints.
+#include <cstdio>
+#include <iostream>
+
+#include "app/commands.h"
+#include "tensor/error.h"
+
+namespace qkv::app {
+void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+}  // namespace qkv::app
+
+int main(int argc, char** argv) {
+  CLI::App app{"qkv: train and study decoder-only Transformers (tensors, autograd and attention written by hand)"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  qkv::app::add_gradcheck_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const qkv::Error& e) {
+    std::fprintf(stderr, "qkv: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qkv: error: %s\n", e.what());
+    return 2;
+  }
+  return exit_code;
+}

@@ -1,0 +1,14 @@
+#include "app/registry.h"
+
+namespace qkv::app {
+
+const autograd::GradcheckRegistry& full_gradcheck_registry() {
+  static const autograd::GradcheckRegistry registry = [] {
+    autograd::GradcheckRegistry r;
+    autograd::register_core_gradchecks(r);
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,135 @@
+#include "autograd/engine.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "tensor/ops.h"
+
+namespace qkv::autograd {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}
+bool grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool on) { g_grad_enabled = on; }
+
+std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
+  auto impl = leaf_.lock();
+  if (!impl) return {};
+  Tensor leaf(impl);
+  QKV_CHECK(grad_out.shape() == leaf.shape(), "[backward] gradient ", shape_str(grad_out.shape()),
+            " does not match leaf ", shape_str(leaf.shape()));
+  Tensor g = leaf.grad();
+  if (g.defined()) {
+    add_(g, grad_out);
+  } else {
+    // Own the gradient: the incoming tensor may be a view or shared with another node.
+    leaf.set_grad(grad_out.dtype() == leaf.dtype() ? grad_out.clone() : grad_out.to(leaf.dtype()));
+  }
+  return {};
+}
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && (t->requires_grad() || t->grad_fn())) return true;
+  return false;
+}
+
+static std::shared_ptr<Node> edge_for(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  if (!t.requires_grad()) return nullptr;
+  AutogradMeta& m = t.autograd_meta();
+  // The impl owns its meta; the accumulator points back weakly to avoid a cycle. One accumulator
+  // per leaf, so every use of the leaf sums into the same engine slot.
+  if (!m.grad_accumulator) m.grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+  return m.grad_accumulator;
+}
+
+template <class Range>
+static Tensor record_impl(Tensor out, const std::shared_ptr<Node>& node, const Range& inputs) {
+  if (!grad_enabled()) return out;
+  bool any = false;
+  std::vector<std::shared_ptr<Node>> next;
+  next.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    auto e = edge_for(t);
+    any = any || e != nullptr;
+    next.push_back(std::move(e));
+  }
+  if (!any) return out;
+  node->set_next(std::move(next));
+  out.autograd_meta().grad_fn = node;
+  return out;
+}
+
+Tensor record(Tensor out, const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs) {
+  return record_impl(std::move(out), node, inputs);
+}
+Tensor record(Tensor out, const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs) {
+  return record_impl(std::move(out), node, inputs);
+}
+
+void backward(const Tensor& root, const Tensor& grad) {
+  QKV_CHECK(root.defined(), "[backward] undefined tensor");
+  QKV_CHECK(root.requires_grad() || root.grad_fn(), "[backward] tensor does not require grad");
+  Tensor seed = grad;
+  if (!seed.defined()) {
+    QKV_CHECK(root.numel() == 1, "[backward] root of shape ", shape_str(root.shape()),
+              " is not a scalar: pass its gradient");
+    seed = ones(root.shape(), root.dtype());
+  }
+  QKV_CHECK(seed.shape() == root.shape(), "[backward] gradient ", shape_str(seed.shape()), " does not match root ",
+            shape_str(root.shape()));
+  std::shared_ptr<Node> start = root.grad_fn();
+  if (!start) start = edge_for(root);
+
+  // Iterative DFS post-order; reversed, it lists every node before the nodes it feeds into.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> visited;
+  std::vector<std::pair<Node*, size_t>> stack{{start.get(), 0}};
+  visited.insert(start.get());
+  while (!stack.empty()) {
+    auto& [n, i] = stack.back();
+    if (i < n->next().size()) {
+      Node* child = n->next()[i++].get();
+      if (child && visited.insert(child).second) stack.push_back({child, 0});
+    } else {
+      order.push_back(n);
+      stack.pop_back();
+    }
+  }
+
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, Tensor> grads;
+  grads[start.get()] = seed;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    auto found = grads.find(n);
+    if (found == grads.end()) continue;
+    Tensor g = std::move(found->second);
+    grads.erase(found);
+    std::vector<Tensor> in_grads = n->backward(g);
+    n->release();
+    for (size_t i = 0; i < in_grads.size() && i < n->next().size(); ++i) {
+      Node* child = n->next()[i].get();
+      if (!child || !in_grads[i].defined()) continue;
+      auto slot = grads.find(child);
+      if (slot == grads.end()) {
+        grads.emplace(child, std::move(in_grads[i]));
+      } else {
+        slot->second = add(slot->second, in_grads[i]);
+      }
+    }
+  }
+}
+
+void zero_grad(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params)
+    if (p.defined() && p.impl()->autograd) p.impl()->autograd->grad = Tensor();
+}
+
+}  // namespace qkv::autograd

@@ -1,0 +1,18 @@
+// Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/error.h"
+
+namespace qkv::cuda {
+
+[[noreturn]] static void no_cuda() { fail("[cuda] qkv was built without CUDA (configure with -DQKV_CUDA=ON on a machine with nvcc)"); }
+
+int device_count() { return 0; }
+void* device_alloc(size_t) { no_cuda(); }
+void device_free(void*, size_t) { no_cuda(); }
+AllocatorStats allocator_stats() { return {}; }
+void reset_peak_bytes() {}
+void release_cached_memory() {}
+void memcpy(void*, const void*, size_t, int) { no_cuda(); }
+void synchronize() {}
+
+}  // namespace qkv::cuda
