@@ -103,6 +103,9 @@ Tensor index_add(const Shape& shape, int dim, const Tensor& index, const Tensor&
 Tensor matmul(const Tensor& a, const Tensor& b);
 // out = alpha * a @ b + beta * out, in place on a contiguous `out` of the right shape.
 void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0, double beta = 0.0);
+// x [..., in] @ weight^T + bias -> [..., out]; weight [out, in], bias [out] or undefined. One GEMM
+// on x viewed as [rows, in] with weight read transposed in place, bias added through beta = 1.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // ---- fused neural-net ops (tensor/ops_nn.cpp, kernels tensor/cpu/nn_kernels.cpp) ----
 // weight [V, C], ids int32/int64 of any shape -> [..., C]; ids out of range are errors.
@@ -135,6 +138,11 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 // dlogits = (softmax(logits) - onehot(target)) * dloss / count, zero rows for ignored targets.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
                               int64_t count, int64_t ignore_index = -100);
+
+// Inverted dropout: a * keep / (1 - p), keep drawn by Philox from (seed, offset + row-major element
+// index) (tensor/cpu/random_bits.h), so the same call on dy is its backward. p == 0 returns a;
+// p outside [0, 1) is an error.
+Tensor dropout(const Tensor& a, double p, uint64_t seed, uint64_t offset);
 
 // ---- comparisons for tests and tools ----
 double max_abs_diff(const Tensor& a, const Tensor& b);

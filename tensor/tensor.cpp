@@ -16,7 +16,7 @@ Storage::~Storage() { device_free(device_, data_, bytes_); }
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const int64_t n = checked_numel(shape);
   const size_t es = dtype_size(dtype);
-  QKV_CHECK(n <= static_cast<int64_t>(SIZE_MAX / es), "[empty] byte size of ", shape_str(shape), " overflows");
+  QKV_CHECK(static_cast<uint64_t>(n) <= SIZE_MAX / es, "[empty] byte size of ", shape_str(shape), " overflows");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * es, device);
   impl->shape = shape;

@@ -1,0 +1,71 @@
+// attention(): validates, picks the kernel and, for the fused one, records the single autograd
+// node whose backward is the hand-derived vjp (attention/fused_backward.cpp).
+#include "attention/attention.h"
+
+#include "attention/reference.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+
+namespace qkv::attn {
+
+namespace {
+
+// dQ = s·dS·K, dK = s·dSᵀ·Q, dV = (P∘Z)ᵀ·dO with dS = P∘(dP∘Z − rowsum(dO∘O)), P recomputed from lse
+struct FusedAttentionBackward : autograd::Node {
+  Tensor q, k, v, out, lse;
+  Problem p;
+  std::shared_ptr<const MaskPlan> plan;  // the mask (and any planted fault) the forward used
+  std::shared_ptr<const DropoutDraw> drop;
+  const char* name() const override { return "FusedAttentionBackward"; }
+  std::vector<Tensor> backward(const Tensor& dout) override {
+    FusedGrads g = fused_attention_backward(dout, q, k, v, out, lse, p, *plan, *drop);
+    return {g.dq, g.dk, g.dv};
+  }
+  void release() override {
+    q = k = v = out = lse = Tensor();
+    plan.reset();
+    drop.reset();
+  }
+};
+
+// A handle on `t`'s storage without its autograd slot: a node must not hold its own output's
+// slot (that would be a reference cycle through grad_fn).
+Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
+
+bool routes_to_reference(const AttentionOptions& o) {
+  const Fault f = active_fault();
+  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax;
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  const Problem p = check_problem(q, k, v, opts);
+  if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
+  QKV_CHECK(!(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})),
+            "[attention] the fused kernel treats bias as a constant, but bias ", shape_str(opts.bias.shape()),
+            " requires grad: use kernel = reference to learn it");
+  auto plan = std::make_shared<const MaskPlan>(p.shape(), opts, p.dtype);
+  auto drop = std::make_shared<const DropoutDraw>(opts, p.Hq);
+  FusedForward f = fused_attention_forward(q, k, v, p, *plan, *drop, opts.fully_masked);
+  if (opts.check_invariants) check_fused_invariants(q, k, v, f, p, *plan, *drop);
+  if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
+  auto node = std::make_shared<FusedAttentionBackward>();
+  node->q = detached(q);
+  node->k = detached(k);
+  node->v = detached(v);
+  node->out = detached(f.out);
+  node->lse = f.lse;
+  node->p = p;
+  node->plan = plan;
+  node->drop = drop;
+  return autograd::record(f.out, node, {q, k, v});
+}
+
+AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionOptions& opts) {
+  const Problem p = check_problem(q, k, v, opts);
+  return reference_attention(q, k, v, opts, p);
+}
+
+}  // namespace qkv::attn

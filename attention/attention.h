@@ -1,0 +1,96 @@
+// The attention op (DESIGN §2; seeds §5, §7, §9, §12, §17, §18, §21).
+//
+// Shapes:  q [B, Hq, Nq, D]   k [B, Hkv, Nk, D]   v [B, Hkv, Nk, Dv]   out [B, Hq, Nq, Dv]
+//          Hq % Hkv == 0; query head h reads K/V head h / G with G = Hq / Hkv (GQA; Hkv == 1 is
+//          MQA). K/V are never copied per query head; dK/dV sum over the G heads of a group.
+//
+// Forward, per (b, h), with s = scale (default 1/sqrt(D)) and pos_i = Nk - Nq + i (bottom-right):
+//   S   = s·Q·Kᵀ + bias + alibi          alibi_ij = -slope_h · (pos_i - j)
+//   S'  = S where visible(b,h,i,j), -inf elsewhere (every mask ANDed, applied BEFORE softmax)
+//   P   = softmax_j(S')                  row log-sum-exp lse_i = log Σ_j exp(S'_ij)
+//   P~  = P ∘ Z                          inverted dropout: Z_ij ∈ {0, 1/(1-p)} (Philox, below)
+//   O   = P~ · V
+// Backward (seeds §9), given dO:
+//   dV  = P~ᵀ·dO          dP~ = dO·Vᵀ          dP = dP~ ∘ Z
+//   Di  = Σ_j P_ij dP_ij = rowsum(dO ∘ O)      (holds with dropout too: rowsum(dP∘P) = rowsum(dO∘O))
+//   dS  = P ∘ (dP − Di)   dQ = s·dS·K           dK = s·dSᵀ·Q
+// The fused kernel saves only O and lse and recomputes P = exp(S' − lse) tile by tile.
+//
+// visible(b,h,i,j) is the AND of every mask that is set:
+//   causal          j <= pos_i
+//   window w > 0    pos_i - w < j <= pos_i        (a causal sliding window)
+//   key_padding     key_padding[b, j]             (true = valid key)
+//   key_lengths     j < key_lengths[b]
+//   segment_ids     seg[b, pos_i] == seg[b, j]    (queries are the last Nq positions)
+//   allow_mask      allow_mask[b, h, i, j]        (broadcast; true = may attend)
+// A row with no visible key ("fully masked", e.g. left padding under causal) yields a zero output
+// row, lse = -inf and zero gradients (FullyMasked::zero), or an error naming batch, head and row
+// (FullyMasked::error). Never NaN. A bias of -inf also masks (and can empty a row the same way).
+//
+// Dropout mask (shared by both kernels, so they agree bit for bit on which weights survive):
+//   Philox4x32-10 with key (k0, k1) = (seed & 0xffffffff, (seed >> 32) ^ (offset >> 32)) and
+//   counter (c0, c1, c2, c3) = (j / 4, i, b·Hq + h, offset & 0xffffffff); output word j % 4 is x;
+//   keep iff (x >> 8) >= ceil(p · 2^24), i.e. a 24-bit uniform u = (x >> 8) / 2^24 satisfies u >= p.
+//   i is the query row index in [0, Nq), h the query head. Callers give each layer / step its own
+//   offset (or seed) so masks do not repeat.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "tensor/tensor.h"
+
+namespace qkv::attn {
+
+enum class Kernel { fused, reference };
+enum class FullyMasked { zero, error };
+
+struct AttentionOptions {
+  double scale = 0;                   // 0 -> 1/sqrt(D)
+  bool causal = false;                // bottom-right aligned: query i at absolute position Nk - Nq + i
+  int64_t window = 0;                 // w > 0: key j visible iff pos_i - w < j <= pos_i
+  Tensor key_padding;                 // optional bool [B, Nk], true = valid key
+  std::vector<int64_t> key_lengths;   // optional: keys [0, len_b) valid in batch row b
+  Tensor allow_mask;                  // optional bool broadcastable to [B, Hq, Nq, Nk], true = may attend
+  Tensor bias;                        // optional additive float, broadcastable to [B, Hq, Nq, Nk]; a
+                                      // constant for the fused kernel (no gradient); the reference
+                                      // kernel differentiates it when it requires grad
+  std::vector<float> alibi_slopes;    // optional, one per query head: adds -slope·(pos_i - j) on the fly
+  Tensor segment_ids;                 // optional int [B, Nk]: attend only within the same segment
+  double dropout_p = 0;               // training only: the caller passes 0 in eval
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  FullyMasked fully_masked = FullyMasked::zero;
+  Kernel kernel = Kernel::fused;
+  bool check_invariants = false;      // seeds §21 runtime checks (debug/check mode); throws on failure
+};
+
+// Differentiable in q, k, v. The fused kernel records ONE autograd node (FusedAttentionBackward);
+// the reference kernel records the composed graph (matmul, masked_fill, softmax, mul, matmul).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {});
+
+// Reference kernel, returning the weights P [B, Hq, Nq, Nk] (after softmax, before dropout) too.
+struct AttentionWeights {
+  Tensor out, weights;
+  int64_t fully_masked_rows = 0;
+};
+AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionOptions& opts = {});
+
+// Sizes of one attention call, for the mask helpers below (no tensors needed).
+struct AttentionShape {
+  int64_t batch = 1, q_heads = 1, kv_heads = 1, nq = 1, nk = 1;
+};
+// Rows (b, h, i) whose mask admits no key (bias is not consulted): what leakcheck and the
+// training metrics report.
+int64_t count_fully_masked_rows(const AttentionShape& shape, const AttentionOptions& opts);
+// The combined mask as a bool tensor [B, Hq, Nq, Nk] (true = visible), for tests and tools.
+Tensor visibility_mask(const AttentionShape& shape, const AttentionOptions& opts);
+// The dropout multipliers Z [B, Hq, Nq, Nk] (0 or 1/(1-p)) in `dtype`, drawn as documented above.
+Tensor dropout_scale_mask(const AttentionShape& shape, const AttentionOptions& opts, DType dtype = DType::f32);
+
+// Gradcheck cases of the fused op (the mask × heads × lengths × dropout grid), RoPE and the
+// reference path (attention/gradchecks.cpp).
+void register_attention_gradchecks(autograd::GradcheckRegistry& r);
+
+}  // namespace qkv::attn

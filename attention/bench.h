@@ -1,0 +1,33 @@
+// Attention benchmark (`qkv bench --what attention`): forward + backward time and the extra
+// allocator bytes of one causal attention call, per kernel, N and Hkv (DESIGN §3 `attention`
+// results). The CLI prints these; the PyTorch anchor is measured by bench/torch_attention_bench.py.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+
+namespace qkv::attn {
+
+struct AttentionBenchOptions {
+  std::vector<int64_t> ns = {256, 1024, 4096};
+  std::vector<int64_t> hkvs = {8, 2};
+  std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused};
+  int threads = 2;                  // OpenMP threads for the measurement (restored afterwards)
+  int64_t batch = 1, heads = 8, head_dim = 64;
+  bool causal = true;
+  int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
+  int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
+};
+
+struct AttentionBenchResult {
+  std::string kernel;  // "reference" | "fused"
+  int64_t n = 0, hkv = 0;
+  double ms = 0;            // median forward + backward
+  int64_t peak_bytes = 0;   // allocator peak during one step, above what was in use before it
+};
+
+std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& opt = {});
+
+}  // namespace qkv::attn

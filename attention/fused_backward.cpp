@@ -1,0 +1,200 @@
+// Fused attention backward, CPU: the hand-derived vjp of seeds §9, recomputing P per tile from the
+// saved row log-sum-exp instead of storing it.
+//
+//   Di  = rowsum(dO ∘ O)                                   [B,Hq,Nq], once
+//   per (b, h), per key tile j, per query block i that can see it:
+//     S   = s·Q_i·K_jᵀ + bias + alibi, masked −inf         P  = exp(S − lse_i)  (0 on masked rows)
+//     dV_j += (P∘Z)ᵀ·dO_i                                  dP = (dO_i·V_jᵀ) ∘ Z
+//     dS  = P ∘ (dP − Di)
+//     dK_j += dSᵀ·Q_i                                      dQ_i += dS·K_j
+//   then dQ ·= s, dK ·= s.
+// Shapes: dO, O [B,Hq,Nq,Dv]; dq [B,Hq,Nq,D]; dk [B,Hkv,Nk,D]; dv [B,Hkv,Nk,Dv]; 5 GEMMs per tile.
+//
+// Why this loop order: a task owns one query head (b, h) and walks key tiles outermost, so the
+// dK/dV rows it accumulates and the dQ rows it updates belong to it alone — no atomics, no
+// order-dependent races, bitwise reproducible for a given thread count. Under GQA the G query heads
+// of a group each write their own dK/dV partial ([B,Hq,Nk,D], the size of q: still O(N·D)), summed
+// afterwards in head order. Fully masked rows have lse = −inf and contribute exactly zero.
+#include <omp.h>
+
+#include <vector>
+
+#include "attention/fused.h"
+#include "attention/tile_math.h"
+
+namespace qkv::attn {
+
+namespace {
+
+template <class T>
+struct BwdArgs {
+  const T *q, *k, *v, *dout, *lse, *di;
+  int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
+  T *dq, *dk, *dv;  // dk/dv: [B,Hkv,...] when G == 1, else the per-query-head partials [B,Hq,...]
+  bool partial;
+  int64_t Hq, Hkv, Nq, Nk, D, Dv;
+  T scale;
+};
+
+// s, dp, pz, z: Bq×Bk scratch.
+template <class T>
+void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
+                   T* dp, T* pz, T* z) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv;
+  const T* qh = a.q + b * a.q_sb + h * a.q_sh;
+  const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
+  const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
+  const int64_t row0 = (b * a.Hq + h) * a.Nq;
+  const T* doh = a.dout + row0 * Dv;
+  const T* lseh = a.lse + row0;
+  const T* dih = a.di + row0;
+  T* dqh = a.dq + row0 * D;
+  const int64_t kv_slot = a.partial ? (b * a.Hq + h) : (b * a.Hkv + hk);
+  T* dkh = a.dk + kv_slot * a.Nk * D;
+  T* dvh = a.dv + kv_slot * a.Nk * Dv;
+  std::fill_n(dqh, a.Nq * D, T(0));
+  std::fill_n(dkh, a.Nk * D, T(0));
+  std::fill_n(dvh, a.Nk * Dv, T(0));
+  const bool additive = plan.has_bias() || plan.has_alibi();
+
+  for (int64_t j0 = 0; j0 < a.Nk; j0 += kBlockK) {
+    const int64_t bk = std::min(kBlockK, a.Nk - j0);
+    int64_t i_lo, i_hi;
+    plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);
+    const T* kj = kh + j0 * a.k_sn;
+    const T* vj = vh + j0 * a.v_sn;
+    T* dkj = dkh + j0 * D;
+    T* dvj = dvh + j0 * Dv;
+    for (int64_t i0 = i_lo; i0 < i_hi; i0 += kBlockQ) {
+      const int64_t i1 = std::min(i_hi, i0 + kBlockQ), bq = i1 - i0;
+      int64_t j_lo, j_hi;  // the block's own key range may exclude this tile entirely
+      plan.key_range(b, i0, i1, &j_lo, &j_hi);
+      if (j_hi <= j0 || j_lo >= j0 + bk) continue;
+      tile::gemm(false, true, bq, bk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kj, a.k_sn, T(0), s, kBlockK);
+      const bool full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
+      if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
+      for (int64_t r = 0; r < bq; ++r) {
+        const T lse = lseh[i0 + r];
+        T* sr = s + r * kBlockK;
+        if (lse == ninf) std::fill_n(sr, bk, T(0));
+        else tile::exp_shift(sr, bk, lse);
+      }
+      const T* pd = s;  // P∘Z, the weights the forward multiplied V by
+      if (drop.on()) {
+        for (int64_t r = 0; r < bq; ++r) {
+          T* zr = z + r * kBlockK;
+          drop.row(b, h, i0 + r, j0, bk, zr);
+          for (int64_t c = 0; c < bk; ++c) pz[r * kBlockK + c] = s[r * kBlockK + c] * zr[c];
+        }
+        pd = pz;
+      }
+      tile::gemm(true, false, bk, Dv, bq, T(1), pd, kBlockK, doh + i0 * Dv, Dv, T(1), dvj, Dv);
+      tile::gemm(false, true, bq, bk, Dv, T(1), doh + i0 * Dv, Dv, vj, a.v_sn, T(0), dp, kBlockK);
+      for (int64_t r = 0; r < bq; ++r) {
+        const T di = dih[i0 + r];
+        const T* sr = s + r * kBlockK;
+        T* dr = dp + r * kBlockK;
+        if (drop.on()) {
+          const T* zr = z + r * kBlockK;
+          for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
+        } else {
+          for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] - di);
+        }
+      }
+      tile::gemm(true, false, bk, D, bq, T(1), dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, T(1), dkj, D);
+      tile::gemm(false, false, bq, D, bk, T(1), dp, kBlockK, kj, a.k_sn, T(1), dqh + i0 * D, D);
+    }
+  }
+  tile::scale_row(dqh, a.Nq * D, a.scale);
+  tile::scale_row(dkh, a.Nk * D, a.scale);
+}
+
+template <class T>
+void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                  const Tensor& lse, const Problem& p, const MaskPlan& plan, const DropoutDraw& drop, FusedGrads& g) {
+  // Di = rowsum(dO ∘ O)
+  Tensor di = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype);
+  {
+    const T* d = dout.data<T>();
+    const T* o = out.data<T>();
+    T* dd = di.data<T>();
+    const int64_t rows = p.B * p.Hq * p.Nq, Dv = p.Dv;
+#pragma omp parallel for schedule(static) if (rows * Dv > (1 << 15) && !omp_in_parallel())
+    for (int64_t r = 0; r < rows; ++r) {
+      T acc = 0;
+      for (int64_t c = 0; c < Dv; ++c) acc += d[r * Dv + c] * o[r * Dv + c];
+      dd[r] = acc;
+    }
+  }
+  const bool partial = p.G > 1;
+  Tensor dk_part, dv_part;
+  if (partial) {
+    dk_part = Tensor::empty({p.B, p.Hq, p.Nk, p.D}, p.dtype);
+    dv_part = Tensor::empty({p.B, p.Hq, p.Nk, p.Dv}, p.dtype);
+  }
+  const BwdArgs<T> a{q.data<T>(),    k.data<T>(),  v.data<T>(),
+                     dout.data<T>(), lse.data<T>(), di.data<T>(),
+                     q.stride(0),    q.stride(1),   q.stride(2),
+                     k.stride(0),    k.stride(1),   k.stride(2),
+                     v.stride(0),    v.stride(1),   v.stride(2),
+                     g.dq.data<T>(), partial ? dk_part.data<T>() : g.dk.data<T>(),
+                     partial ? dv_part.data<T>() : g.dv.data<T>(),
+                     partial,        p.Hq,          p.Hkv,
+                     p.Nq,           p.Nk,          p.D,
+                     p.Dv,           static_cast<T>(p.scale)};
+  const int64_t tasks = p.B * p.Hq;
+  const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
+  const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
+  const int64_t per_thread = 4 * kBlockQ * kBlockK;
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t t = 0; t < tasks; ++t) {
+    T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
+    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + kBlockQ * kBlockK, s + 2 * kBlockQ * kBlockK,
+                     s + 3 * kBlockQ * kBlockK);
+  }
+  if (!partial) return;
+  // dK, dV of kv head hk = Σ over the query heads that read it, in head order.
+  const T* dkp = dk_part.data<T>();
+  const T* dvp = dv_part.data<T>();
+  T* dk = g.dk.data<T>();
+  T* dv = g.dv.data<T>();
+  const int64_t nk_d = p.Nk * p.D, nk_dv = p.Nk * p.Dv;
+  const int64_t groups = p.B * p.Hkv;
+#pragma omp parallel for schedule(static) if (groups > 1 && !omp_in_parallel())
+  for (int64_t bk = 0; bk < groups; ++bk) {
+    const int64_t b = bk / p.Hkv, hk = bk % p.Hkv;
+    T* dkd = dk + bk * nk_d;
+    T* dvd = dv + bk * nk_dv;
+    std::fill_n(dkd, nk_d, T(0));
+    std::fill_n(dvd, nk_dv, T(0));
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      if (plan.kv_head(h) != hk) continue;
+      const T* sk = dkp + (b * p.Hq + h) * nk_d;
+      const T* sv = dvp + (b * p.Hq + h) * nk_dv;
+      for (int64_t e = 0; e < nk_d; ++e) dkd[e] += sk[e];
+      for (int64_t e = 0; e < nk_dv; ++e) dvd[e] += sv[e];
+    }
+  }
+}
+
+}  // namespace
+
+FusedGrads fused_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const Tensor& out, const Tensor& lse, const Problem& p, const MaskPlan& plan,
+                                    const DropoutDraw& drop) {
+  const Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+  const Tensor dout = dout_in.dtype() == p.dtype ? dout_in.contiguous() : dout_in.to(p.dtype).contiguous();
+  QKV_CHECK(dout.shape() == out.shape(), "[attention] backward got dout ", shape_str(dout.shape()), " for out ",
+            shape_str(out.shape()));
+  FusedGrads g;
+  g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype);
+  g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype);
+  g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype);
+  if (p.dtype == DType::f32) run_backward<float>(dout, q, k, v, out, lse, p, plan, drop, g);
+  else run_backward<double>(dout, q, k, v, out, lse, p, plan, drop, g);
+  return g;
+}
+
+}  // namespace qkv::attn

@@ -1,0 +1,154 @@
+// Fused attention forward (FlashAttention-style online softmax), CPU.
+//
+// For each (b, h, block of Bq query rows), over key tiles of Bk keys:
+//   S      = s·Q_blk·K_tileᵀ + bias + alibi, masked entries -inf          (Bq×Bk, one GEMM)
+//   m'     = max(m, rowmax S)       α = exp(m − m')      P = exp(S − m')
+//   l      = α·l + rowsum P         O = α·O + (P∘Z)·V_tile                (one GEMM)
+// then O /= l and lse = m + log l. A row that saw no visible key keeps m = −inf: its output is
+// zero and lse = −inf (or an error under FullyMasked::error).
+// Shapes: q [B,Hq,Nq,D], k [B,Hkv,Nk,D], v [B,Hkv,Nk,Dv] (rows contiguous, any batch/head/row
+// strides), out [B,Hq,Nq,Dv], lse [B,Hq,Nq]. Query head h reads kv head plan.kv_head(h) in place.
+//
+// Why this shape: only O and lse are written, so memory is O(N·D) plus a Bq×Bk tile per thread;
+// key tiles outside a block's structural key range (causal upper triangle, outside the window,
+// past key_lengths) are never visited, so causal attention does about half the work; tiles wholly
+// inside the range skip the mask. Parallel over (b, h, query block), largest blocks first.
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "attention/fused.h"
+#include "attention/tile_math.h"
+
+namespace qkv::attn {
+
+namespace {
+
+template <class T>
+struct FwdArgs {
+  const T *q, *k, *v;
+  int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
+  T *out, *lse;
+  int64_t Hq, Nq, D, Dv;
+  T scale;
+};
+
+// One query block; `s` and `z` are this thread's scratch (Bq×Bk and Bk). Returns the first fully
+// masked row in the block or -1.
+template <class T>
+int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
+                      int64_t i0, int64_t i1, T* s, T* z, T* m, T* l) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t hk = plan.kv_head(h), bq = i1 - i0, D = a.D, Dv = a.Dv;
+  const T* qb = a.q + b * a.q_sb + h * a.q_sh + i0 * a.q_sn;
+  const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
+  const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
+  T* ob = a.out + ((b * a.Hq + h) * a.Nq + i0) * Dv;
+  T* lb = a.lse + (b * a.Hq + h) * a.Nq + i0;
+  std::fill_n(ob, bq * Dv, T(0));
+  std::fill_n(m, bq, ninf);
+  std::fill_n(l, bq, T(0));
+  const bool additive = plan.has_bias() || plan.has_alibi();
+
+  int64_t j_lo, j_hi;
+  plan.key_range(b, i0, i1, &j_lo, &j_hi);
+  for (int64_t j0 = j_lo; j0 < j_hi; j0 += kBlockK) {
+    const int64_t bk = std::min(kBlockK, j_hi - j0);
+    tile::gemm(false, true, bq, bk, D, a.scale, qb, a.q_sn, kh + j0 * a.k_sn, a.k_sn, T(0), s, kBlockK);
+    const bool full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
+    if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
+    for (int64_t r = 0; r < bq; ++r) {
+      T* sr = s + r * kBlockK;
+      const T mx = tile::row_max(sr, bk);
+      const T m_new = mx > m[r] ? mx : m[r];
+      if (m_new == ninf) {  // nothing visible in this row so far
+        std::fill_n(sr, bk, T(0));
+        continue;
+      }
+      const T sum = tile::exp_shift_sum(sr, bk, m_new);
+      if (m[r] != m_new) {
+        const T alpha = m[r] == ninf ? T(0) : tile::exp_fast(m[r] - m_new);
+        l[r] *= alpha;
+        if (m[r] != ninf) tile::scale_row(ob + r * Dv, Dv, alpha);
+        m[r] = m_new;
+      }
+      l[r] += sum;
+      if (drop.on()) {
+        drop.row(b, h, i0 + r, j0, bk, z);
+        for (int64_t c = 0; c < bk; ++c) sr[c] *= z[c];
+      }
+    }
+    tile::gemm(false, false, bq, Dv, bk, T(1), s, kBlockK, vh + j0 * a.v_sn, a.v_sn, T(1), ob, Dv);
+  }
+  int64_t first_masked = -1;
+  for (int64_t r = 0; r < bq; ++r) {
+    if (m[r] == ninf) {
+      std::fill_n(ob + r * Dv, Dv, T(0));
+      lb[r] = ninf;
+      if (first_masked < 0) first_masked = i0 + r;
+    } else {
+      tile::scale_row(ob + r * Dv, Dv, T(1) / l[r]);
+      lb[r] = m[r] + std::log(l[r]);
+    }
+  }
+  return first_masked;
+}
+
+template <class T>
+int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                    const Problem& p, const MaskPlan& plan, const DropoutDraw& drop) {
+  const FwdArgs<T> a{q.data<T>(),  k.data<T>(),  v.data<T>(),  q.stride(0), q.stride(1), q.stride(2),
+                     k.stride(0),  k.stride(1),  k.stride(2),  v.stride(0), v.stride(1), v.stride(2),
+                     out.data<T>(), lse.data<T>(), p.Hq,       p.Nq,        p.D,         p.Dv,
+                     static_cast<T>(p.scale)};
+  const int64_t nblk = (p.Nq + kBlockQ - 1) / kBlockQ;
+  const int64_t tasks = p.B * p.Hq * nblk;
+  const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
+  const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
+  const int64_t per_thread = kBlockQ * kBlockK + kBlockK + 2 * kBlockQ;
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
+  std::atomic<int64_t> first_masked{INT64_MAX};  // smallest (b·Hq + h)·Nq + i
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t t = 0; t < tasks; ++t) {
+    // Last query blocks first: under a causal mask they see the most keys.
+    const int64_t blk = nblk - 1 - t % nblk, bh = t / nblk;
+    const int64_t b = bh / p.Hq, h = bh % p.Hq;
+    T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
+    const int64_t i0 = blk * kBlockQ, i1 = std::min(p.Nq, i0 + kBlockQ);
+    const int64_t fm = forward_block<T>(a, plan, drop, b, h, i0, i1, s, s + kBlockQ * kBlockK,
+                                        s + kBlockQ * kBlockK + kBlockK, s + kBlockQ * kBlockK + kBlockK + kBlockQ);
+    if (fm >= 0) {
+      const int64_t idx = bh * p.Nq + fm;
+      int64_t cur = first_masked.load();
+      while (idx < cur && !first_masked.compare_exchange_weak(cur, idx)) {
+      }
+    }
+  }
+  return first_masked.load();
+}
+
+}  // namespace
+
+FusedForward fused_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Problem& p,
+                                     const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy) {
+  const Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+  FusedForward r;
+  r.out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype);
+  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype);
+  if (p.B * p.Hq * p.Nq == 0) return r;
+  const int64_t first = p.dtype == DType::f32 ? run_forward<float>(q, k, v, r.out, r.lse, p, plan, drop)
+                                              : run_forward<double>(q, k, v, r.out, r.lse, p, plan, drop);
+  if (first != INT64_MAX) {
+    const int64_t i = first % p.Nq, h = (first / p.Nq) % p.Hq, b = first / (p.Nq * p.Hq);
+    QKV_CHECK(policy != FullyMasked::error, "[attention] query row ", i, " of batch ", b, ", head ", h,
+              " has no visible key (fully_masked = error); q [", p.B, ",", p.Hq, ",", p.Nq, ",", p.D, "], Nk=", p.Nk);
+    // Counted from lse so that rows emptied by a -inf bias count too.
+    const std::vector<double> lse = r.lse.to_vector();
+    for (double x : lse) r.fully_masked_rows += std::isinf(x) ? 1 : 0;
+  }
+  return r;
+}
+
+}  // namespace qkv::attn

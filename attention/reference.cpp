@@ -1,0 +1,125 @@
+// Reference attention: the textbook formula (seeds §8, §12) composed of differentiable ops, so
+// autograd derives its backward. It is the oracle for the fused kernel and the path that returns
+// the weights. Shapes as in attention.h; per kv head the G query heads are stacked along rows:
+//   Qg [B, Hkv, G·Nq, D] (a view of q; G = Hq/Hkv)  S = s·Qg·Kᵀ [B, Hkv, G·Nq, Nk] ≡ [B, Hq, Nq, Nk]
+// so K and V are read in place by every head of their group, never repeated in memory.
+//
+// Fully masked rows: filling a whole row with -inf would make softmax 0/0 = NaN (seeds §7.5), so
+// those rows are left unfilled and their weights multiplied by 0 afterwards — zero output and zero
+// gradient, the same policy as the fused kernel. Every other masked logit is -inf before softmax.
+#include <cmath>
+
+#include "attention/reference.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+
+namespace qkv::attn {
+
+namespace {
+
+// [B, Hkv, G·Nq, X] -> [B, Hq, Nq, X] (and back), honouring the head mapping in force.
+Tensor groups_to_heads(const Tensor& x, const Problem& p, bool modulo) {
+  const int64_t X = x.size(3);
+  if (!modulo || p.G == 1) return ag::reshape(x, {p.B, p.Hq, p.Nq, X});
+  // gqa_modulo fault: query head h = g·Hkv + hk reads kv head hk.
+  Tensor t = ag::permute(ag::reshape(x, {p.B, p.Hkv, p.G, p.Nq, X}), {0, 2, 1, 3, 4});
+  return ag::reshape(ag::contiguous(t), {p.B, p.Hq, p.Nq, X});
+}
+Tensor heads_to_groups(const Tensor& x, const Problem& p, bool modulo) {
+  const int64_t X = x.size(3);
+  Tensor c = ag::contiguous(x);
+  if (!modulo || p.G == 1) return ag::reshape(c, {p.B, p.Hkv, p.G * p.Nq, X});
+  Tensor t = ag::permute(ag::reshape(c, {p.B, p.G, p.Hkv, p.Nq, X}), {0, 2, 1, 3, 4});
+  return ag::reshape(ag::contiguous(t), {p.B, p.Hkv, p.G * p.Nq, X});
+}
+
+template <class T>
+Tensor alibi_tensor(const Problem& p, const MaskPlan& plan) {
+  Tensor t = Tensor::empty({1, p.Hq, p.Nq, p.Nk}, p.dtype);
+  T* d = t.data<T>();
+  for (int64_t h = 0; h < p.Hq; ++h)
+    for (int64_t i = 0; i < p.Nq; ++i)
+      for (int64_t j = 0; j < p.Nk; ++j)
+        d[(h * p.Nq + i) * p.Nk + j] = -static_cast<T>(plan.alibi_slope(h)) * static_cast<T>(plan.pos(i) - j);
+  return t;
+}
+
+template <class T>
+Tensor row_flags(const std::vector<uint8_t>& valid, const Problem& p) {
+  Tensor t = Tensor::empty({p.B, p.Hq, p.Nq, 1}, p.dtype);
+  T* d = t.data<T>();
+  for (size_t r = 0; r < valid.size(); ++r) d[r] = valid[r] ? T(1) : T(0);
+  return t;
+}
+
+}  // namespace
+
+AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                                     const Problem& p) {
+  const MaskPlan plan(p.shape(), opts, p.dtype);
+  const Fault fault = active_fault();
+  const bool modulo = fault == Fault::gqa_modulo;
+  Tensor bias = opts.bias;
+  if (bias.defined() && bias.dtype() != p.dtype) {
+    // A conversion would cut the graph: a learned bias must already have q's dtype.
+    QKV_CHECK(!autograd::any_requires_grad({&bias}), "[attention] bias is ", dtype_name(bias.dtype()), " but q is ",
+              dtype_name(p.dtype), "; a bias that requires grad must match q's dtype");
+    bias = bias.to(p.dtype);
+  }
+
+  // The combined mask and, per row, whether any key survives it.
+  const Tensor vis = visibility_mask(p.shape(), opts);
+  const int64_t rows = p.B * p.Hq * p.Nq;
+  std::vector<uint8_t> row_valid(rows, 0);
+  {
+    const bool* vd = vis.data<bool>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < p.Nk && !row_valid[r]; ++j) row_valid[r] = vd[r * p.Nk + j];
+  }
+  AttentionWeights res;
+  for (int64_t r = 0; r < rows; ++r) res.fully_masked_rows += row_valid[r] ? 0 : 1;
+  if (res.fully_masked_rows > 0 && opts.fully_masked == FullyMasked::error) {
+    int64_t b = 0, h = 0, i = 0;
+    plan.first_fully_masked(&b, &h, &i);
+    fail("[attention] query row ", i, " of batch ", b, ", head ", h, " has no visible key (fully_masked = error); q [",
+         p.B, ",", p.Hq, ",", p.Nq, ",", p.D, "], Nk=", p.Nk);
+  }
+
+  // S = s·Q·Kᵀ (+ bias + alibi), [B, Hq, Nq, Nk]
+  Tensor qg = heads_to_groups(q, p, modulo);
+  Tensor s = ag::mul(ag::matmul(qg, ag::transpose(k, 2, 3)), p.scale);
+  s = groups_to_heads(s, p, modulo);
+  if (bias.defined()) s = ag::add(s, bias);
+  if (!opts.alibi_slopes.empty())
+    s = ag::add(s, p.dtype == DType::f32 ? alibi_tensor<float>(p, plan) : alibi_tensor<double>(p, plan));
+
+  const Tensor valid = p.dtype == DType::f32 ? row_flags<float>(row_valid, p) : row_flags<double>(row_valid, p);
+  // fill = masked, except on rows with nothing visible (kept finite there, zeroed after softmax).
+  Tensor fill = Tensor::empty(vis.shape(), DType::boolean);
+  {
+    const bool* vd = vis.data<bool>();
+    bool* fd = fill.data<bool>();
+    const bool query_axis = fault == Fault::softmax_over_queries;  // fills every masked entry
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < p.Nk; ++j) fd[r * p.Nk + j] = !vd[r * p.Nk + j] && (row_valid[r] || query_axis);
+  }
+  Tensor a;
+  if (fault == Fault::mask_after_softmax) {
+    a = ag::mul(ag::softmax(s, -1), vis.to(p.dtype));  // the planted bug: rows no longer sum to 1
+  } else if (fault == Fault::softmax_over_queries) {
+    // the planted bug: normalised over queries (finite fill so empty columns stay finite)
+    a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis.to(p.dtype));
+  } else {
+    a = ag::softmax(ag::masked_fill(s, fill, -INFINITY), -1);
+    if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
+  }
+  res.weights = a;
+  if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype));
+  Tensor o = ag::matmul(heads_to_groups(a, p, modulo), v);  // [B, Hkv, G·Nq, Dv]
+  res.out = groups_to_heads(o, p, modulo);
+  if (opts.check_invariants) check_reference_invariants(res, p, plan);
+  return res;
+}
+
+}  // namespace qkv::attn

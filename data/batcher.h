@@ -1,0 +1,134 @@
+// Batchers: token splits -> (x, y) training batches. Seeded and resumable: everything they
+// remember is a BatcherState of a few integers; restore(state()) in a new process continues with
+// bitwise-identical batches. Randomness comes from Philox keyed by (seed, counter), never from a
+// stateful engine, so no generator state has to be saved.
+//
+// Legend: B = batch rows on this rank, T = block_size, G = world · B rows of the global batch.
+//
+// Modes
+//   random_windows  nanoGPT-style LM pre-training: row g of step s starts at offset
+//                   o = philox(seed; s, g) mod (n - T), x = tokens[o : o+T], y = tokens[o+1 : o+T+1].
+//                   Returns x, y.
+//   padded_docs     one document per row (documents of >= 2 tokens), cut to its first T+1 tokens;
+//                   x = doc[0 : L-1], y = doc[1 : L] with L = min(len, T+1), padded to T on the
+//                   right or the left. Returns x (pad_id in padding), y (-100 in padding),
+//                   key_padding (true = real token), positions (0, 1, ... over the real tokens,
+//                   so under left padding the first real token has position 0; 0 in padding).
+//   packed_docs     documents laid end to end and cut into rows of T inputs (+1 look-ahead
+//                   target; the next row starts at that target, so every adjacent pair inside
+//                   a document is trained exactly once per epoch). Returns x, y (-100 where the
+//                   target belongs to another segment), segment_ids (index of the token's piece
+//                   within its row: attention is block-diagonal causal over equal ids) and
+//                   positions restarting at 0 at each piece. A document continued from the
+//                   previous row starts a new piece at position 0: it cannot see its beginning.
+//   Document order (padded/packed) is a Philox permutation per epoch (shuffle) or file order.
+//
+// Data parallelism: rank r of `world` takes rows [r·B, (r+1)·B) of the global batch of G rows,
+// and every rank advances the same state, so the rows are exactly those a single process with
+// batch size G would produce.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/dataset.h"
+#include "tensor/tensor.h"
+
+namespace qkv {
+
+constexpr int64_t kIgnoreIndex = -100;
+
+enum class BatchMode { random_windows, padded_docs, packed_docs };
+BatchMode parse_batch_mode(std::string_view name);  // "random_windows" | "padded_docs" | "packed_docs"
+const char* batch_mode_name(BatchMode mode);
+
+enum class Padding { right, left };
+Padding parse_padding(std::string_view name);  // "right" | "left"
+
+struct BatcherOptions {
+  BatchMode mode = BatchMode::random_windows;
+  int64_t batch_size = 12;  // B, rows on this rank
+  int64_t block_size = 64;  // T
+  uint64_t seed = 1337;
+  int rank = 0;
+  int world = 1;
+  Padding padding = Padding::right;  // padded_docs
+  bool shuffle = true;               // padded/packed: new document order each epoch
+  int64_t pad_id = 0;                // padded_docs: input id at padded positions (they are masked)
+};
+
+struct Batch {
+  Tensor x;            // int64 [B, T]
+  Tensor y;            // int64 [B, T], kIgnoreIndex where no loss is taken
+  Tensor key_padding;  // bool [B, T], padded_docs only: true = real token
+  Tensor positions;    // int64 [B, T], padded_docs / packed_docs only
+  Tensor segment_ids;  // int32 [B, T], packed_docs only
+  int64_t n_targets = 0;  // entries of y that count
+};
+
+// Everything a batcher remembers. A checkpoint stores to_array() (int64 [5]).
+struct BatcherState {
+  uint64_t seed = 0;
+  int64_t step = 0;   // batches produced so far
+  int64_t epoch = 0;  // padded/packed: passes over the documents begun
+  int64_t doc = 0;    // padded/packed: index in this epoch's order of the next document
+  int64_t token = 0;  // packed: tokens of that document already consumed
+  std::array<int64_t, 5> to_array() const;
+  static BatcherState from_array(std::span<const int64_t> a);  // checks the length
+  bool operator==(const BatcherState&) const = default;
+};
+
+class Batcher {
+ public:
+  // Checks the split is long enough: random_windows and packed_docs need T+1 tokens,
+  // padded_docs a document of >= 2 tokens. Errors name the split (file) and the sizes.
+  Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts);
+
+  Batch next();
+  BatcherState state() const { return state_; }
+  void restore(const BatcherState& s);  // the seed must match the options'
+  const BatcherOptions& options() const { return opts_; }
+  const TokenSplit& split() const { return *split_; }
+
+ private:
+  Batch next_random_windows();
+  Batch next_padded_docs();
+  Batch next_packed_docs();
+  // The document at `state_.doc` of the current epoch's order, advancing epochs as needed.
+  int64_t current_doc(BatcherState& s);
+  void build_order(int64_t epoch);
+
+  std::shared_ptr<const TokenSplit> split_;
+  BatcherOptions opts_;
+  BatcherState state_;
+  std::vector<int64_t> eligible_;  // documents this mode can use, in file order
+  std::vector<int64_t> order_;     // eligible_ permuted for epoch order_epoch_
+  int64_t order_epoch_ = -1;
+};
+
+// Consecutive non-overlapping windows of T+1 tokens from the start (DESIGN §3 eval): window w
+// is tokens[w(T+1) : (w+1)(T+1)], x its first T tokens, y the last T; a final partial window is
+// dropped. `tokens` must outlive the iterator.
+class EvalWindows {
+ public:
+  // max_windows > 0 caps the count (periodic val evaluation); 0 scores every window.
+  EvalWindows(std::span<const int32_t> tokens, int64_t block_size, std::string name, int64_t max_windows = 0);
+  int64_t n_windows() const { return n_windows_; }
+  int64_t n_targets() const { return n_windows_ * block_; }
+  // Fills `out` with the next min(max_rows, remaining) windows as x, y int64 [rows, T];
+  // returns false when all windows were given.
+  bool next(int64_t max_rows, Batch& out);
+  void reset() { next_ = 0; }
+
+ private:
+  std::span<const int32_t> tokens_;
+  int64_t block_;
+  int64_t n_windows_;
+  int64_t next_ = 0;
+};
+
+}  // namespace qkv

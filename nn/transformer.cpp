@@ -1,0 +1,296 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+
+#include "attention/alibi.h"
+#include "attention/fault.h"
+#include "attention/rope.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+
+namespace qkv::nn {
+
+const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+
+void ModelConfig::validate() const {
+  QKV_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
+  QKV_CHECK(n_head > 0 && n_kv_head > 0, "model.n_head and model.n_kv_head must be positive");
+  QKV_CHECK(n_embd > 0 && n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be a multiple of model.n_head (",
+            n_head, ")");
+  QKV_CHECK(n_head % n_kv_head == 0, "model.n_head (", n_head, ") must be a multiple of model.n_kv_head (", n_kv_head,
+            ")");
+  QKV_CHECK(block_size > 0 && vocab_size > 0 && ffn_hidden > 0, "model.block_size, vocab_size and ffn_hidden must be positive");
+  QKV_CHECK(position != Position::rope || head_dim() % 2 == 0, "model: RoPE needs an even head dim, got ", head_dim());
+  QKV_CHECK(dropout >= 0 && dropout < 1 && attn_dropout >= 0 && attn_dropout < 1, "model.dropout must be in [0, 1)");
+}
+
+int64_t ModelCache::length() const { return layers.empty() ? 0 : layers[0].length(); }
+
+namespace {
+
+// positions + delta, elementwise on an int64 tensor.
+Tensor shift_positions(const Tensor& positions, int64_t delta) {
+  Tensor out = positions.to(DType::i64).clone();
+  int64_t* p = out.data<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) p[i] += delta;
+  return out;
+}
+
+// A module that only groups children (e.g. "transformer", "h").
+class Container : public Module {
+ public:
+  using Module::register_module;
+};
+
+// LayerNorm or RMSNorm behind one name, so blocks are written once.
+class Norm : public Module {
+ public:
+  Norm(NormKind kind, int64_t dim, double eps, bool bias) : kind_(kind), eps_(eps) {
+    weight_ = register_parameter("weight", ones({dim}), /*decay=*/false);
+    if (bias && kind == NormKind::layernorm) bias_ = register_parameter("bias", zeros({dim}), false);
+  }
+  Tensor forward(const Tensor& x) const {
+    return kind_ == NormKind::layernorm ? ag::layer_norm(x, weight_, bias_, eps_) : ag::rms_norm(x, weight_, eps_);
+  }
+
+ private:
+  NormKind kind_;
+  double eps_;
+  Tensor weight_, bias_;
+};
+
+}  // namespace
+
+class SelfAttention : public Module {
+ public:
+  explicit SelfAttention(const ModelConfig& c) : cfg_(c) {
+    const int64_t C = c.n_embd, hd = c.head_dim(), qd = c.n_head * hd, kvd = c.n_kv_head * hd;
+    if (c.family == Family::gpt2) {
+      c_attn_ = register_module("c_attn", std::make_shared<Linear>(C, qd + 2 * kvd, c.bias));
+      c_proj_ = register_module("c_proj", std::make_shared<Linear>(qd, C, c.bias));
+    } else {
+      q_proj_ = register_module("q_proj", std::make_shared<Linear>(C, qd, c.bias));
+      k_proj_ = register_module("k_proj", std::make_shared<Linear>(C, kvd, c.bias));
+      v_proj_ = register_module("v_proj", std::make_shared<Linear>(C, kvd, c.bias));
+      c_proj_ = register_module("o_proj", std::make_shared<Linear>(qd, C, c.bias));
+    }
+    if (c.position == Position::alibi) alibi_ = attn::alibi_slopes(c.n_head);
+  }
+
+  // x [B, T, C] -> [B, T, C]
+  Tensor forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
+    const int64_t B = x.size(0), T = x.size(1), hd = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
+    Tensor q, k, v;
+    if (c_attn_) {
+      Tensor qkv = c_attn_->forward(x);  // [B, T, (Hq + 2 Hkv) hd]
+      q = ag::narrow(qkv, 2, 0, Hq * hd);
+      k = ag::narrow(qkv, 2, Hq * hd, Hkv * hd);
+      v = ag::narrow(qkv, 2, (Hq + Hkv) * hd, Hkv * hd);
+    } else {
+      q = q_proj_->forward(x);
+      k = k_proj_->forward(x);
+      v = v_proj_->forward(x);
+    }
+    q = ag::transpose(ag::reshape(q, {B, T, Hq, hd}), 1, 2);   // [B, Hq, T, hd]
+    k = ag::transpose(ag::reshape(k, {B, T, Hkv, hd}), 1, 2);  // [B, Hkv, T, hd]
+    v = ag::transpose(ag::reshape(v, {B, T, Hkv, hd}), 1, 2);
+    if (cfg_.position == Position::rope) {
+      // Rotations by absolute position, so cached keys and fresh queries agree.
+      Tensor pos = positions;
+      if (attn::fault() == attn::Fault::rope_cache_relative && args.cache) pos = shift_positions(positions, -args.cache->length());
+      q = attn::apply_rope(q, pos, cfg_.rope_theta);
+      k = attn::apply_rope(k, pos, cfg_.rope_theta);
+    }
+    if (args.cache) {
+      auto kv = args.cache->layers[layer].append(k, v);
+      k = kv.first;
+      v = kv.second;
+    }
+    attn::AttentionOptions o;
+    o.causal = true;
+    o.window = cfg_.window;
+    o.kernel = cfg_.attn_kernel;
+    o.key_padding = args.key_padding;
+    o.segment_ids = args.segment_ids;
+    o.alibi_slopes = alibi_;
+    if (attn::fault() == attn::Fault::scale_d_model) o.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.n_embd));
+    const bool drop = cfg_.attn_dropout > 0 && (is_training() || attn::fault() == attn::Fault::dropout_in_eval);
+    if (drop) {
+      o.dropout_p = cfg_.attn_dropout;
+      o.dropout_seed = args.rng.seed;
+      o.dropout_offset = args.rng.next_offset();
+    }
+    Tensor y = attn::attention(q, k, v, o);                                  // [B, Hq, T, hd]
+    y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
+    return c_proj_->forward(y);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  std::shared_ptr<Linear> c_attn_, q_proj_, k_proj_, v_proj_, c_proj_;
+  std::vector<float> alibi_;
+};
+
+class MLP : public Module {
+ public:
+  explicit MLP(const ModelConfig& c) : cfg_(c) {
+    const int64_t C = c.n_embd, F = c.ffn_hidden;
+    const bool gated = c.activation == Activation::swiglu;
+    if (c.family == Family::gpt2) {
+      up_ = register_module("c_fc", std::make_shared<Linear>(C, gated ? 2 * F : F, c.bias));
+      down_ = register_module("c_proj", std::make_shared<Linear>(F, C, c.bias));
+    } else {
+      if (gated) gate_ = register_module("gate_proj", std::make_shared<Linear>(C, F, c.bias));
+      up_ = register_module("up_proj", std::make_shared<Linear>(C, F, c.bias));
+      down_ = register_module("down_proj", std::make_shared<Linear>(F, C, c.bias));
+    }
+  }
+  Tensor forward(const Tensor& x) const {
+    const int64_t F = cfg_.ffn_hidden;
+    Tensor h;
+    switch (cfg_.activation) {
+      case Activation::gelu_tanh: h = ag::gelu(up_->forward(x), GeluApprox::tanh); break;
+      case Activation::gelu: h = ag::gelu(up_->forward(x), GeluApprox::none); break;
+      case Activation::relu: h = ag::relu(up_->forward(x)); break;
+      case Activation::swiglu: {
+        // silu(gate) * up; gpt2 naming keeps gate and up fused in c_fc as [gate | up].
+        Tensor gate, up;
+        if (gate_) {
+          gate = gate_->forward(x);
+          up = up_->forward(x);
+        } else {
+          Tensor both = up_->forward(x);
+          gate = ag::narrow(both, -1, 0, F);
+          up = ag::narrow(both, -1, F, F);
+        }
+        h = ag::mul(ag::silu(gate), up);
+        break;
+      }
+    }
+    return down_->forward(h);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  std::shared_ptr<Linear> gate_, up_, down_;
+};
+
+class Block : public Module {
+ public:
+  explicit Block(const ModelConfig& c) : cfg_(c) {
+    const bool gpt2 = c.family == Family::gpt2;
+    ln1_ = register_module(gpt2 ? "ln_1" : "input_layernorm", std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
+    attn_ = register_module(gpt2 ? "attn" : "self_attn", std::make_shared<SelfAttention>(c));
+    ln2_ = register_module(gpt2 ? "ln_2" : "post_attention_layernorm",
+                           std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
+    mlp_ = register_module("mlp", std::make_shared<MLP>(c));
+  }
+  Tensor forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
+    Tensor a = attn_->forward(ln1_->forward(x), positions, args, layer);
+    Tensor h = ag::add(x, dropout(a, cfg_.dropout, is_training(), args.rng));
+    Tensor m = mlp_->forward(ln2_->forward(h));
+    return ag::add(h, dropout(m, cfg_.dropout, is_training(), args.rng));
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  std::shared_ptr<Norm> ln1_, ln2_;
+  std::shared_ptr<SelfAttention> attn_;
+  std::shared_ptr<MLP> mlp_;
+};
+
+DecoderModel::DecoderModel(const ModelConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  auto root = std::make_shared<Container>();
+  root_ = register_module(gpt2 ? "transformer" : "model", root);
+  tok_emb_ = root->register_module(gpt2 ? "wte" : "embed_tokens", std::make_shared<Embedding>(cfg_.vocab_size, cfg_.n_embd));
+  if (cfg_.position == Position::learned)
+    pos_emb_ = root->register_module(gpt2 ? "wpe" : "embed_positions",
+                                     std::make_shared<Embedding>(cfg_.block_size, cfg_.n_embd));
+  auto list = root->register_module(gpt2 ? "h" : "layers", std::make_shared<Container>());
+  for (int64_t i = 0; i < cfg_.n_layer; ++i)
+    blocks_.push_back(list->register_module(std::to_string(i), std::make_shared<Block>(cfg_)));
+  final_norm_ = root->register_module(gpt2 ? "ln_f" : "norm",
+                                      std::make_shared<Norm>(cfg_.norm, cfg_.n_embd, cfg_.norm_eps, cfg_.bias));
+  if (!cfg_.tie_embeddings)
+    lm_head_ = register_module("lm_head", std::make_shared<Linear>(cfg_.n_embd, cfg_.vocab_size, false));
+  if (cfg_.position == Position::sinusoidal) {
+    // PE[p, 2i] = sin(p / 10000^(2i/C)), PE[p, 2i+1] = cos(p / 10000^(2i/C))
+    const int64_t T = cfg_.block_size, C = cfg_.n_embd;
+    sinusoid_ = Tensor::empty({T, C});
+    float* pe = sinusoid_.data<float>();
+    for (int64_t p = 0; p < T; ++p)
+      for (int64_t i = 0; i < C; ++i) {
+        const double freq = std::pow(10000.0, -static_cast<double>(i - i % 2) / static_cast<double>(C));
+        pe[p * C + i] = static_cast<float>(i % 2 == 0 ? std::sin(p * freq) : std::cos(p * freq));
+      }
+  }
+}
+
+void DecoderModel::init_weights(uint64_t seed) {
+  autograd::NoGradGuard no_grad;
+  const double resid_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const auto params = named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    const bool is_norm = p.name.find("ln_") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
+                         ends_with(p.name, "norm.weight") || ends_with(p.name, "norm.bias");
+    if (is_norm) {
+      fill_(p.tensor, ends_with(p.name, ".weight") ? 1.0 : 0.0);
+    } else if (ends_with(p.name, ".bias")) {
+      fill_(p.tensor, 0.0);
+    } else {
+      const bool residual = ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight") ||
+                            ends_with(p.name, "o_proj.weight") || ends_with(p.name, "down_proj.weight");
+      // Each parameter draws from its own Philox stream: offset = its index in the upper bits.
+      copy_(p.tensor, randn(p.tensor.shape(), seed, (static_cast<uint64_t>(i) + 1) << 40, 0.0,
+                            residual ? resid_std : cfg_.init_std));
+    }
+  }
+}
+
+Tensor DecoderModel::forward(ForwardArgs& args) const {
+  QKV_CHECK(args.ids.defined() && args.ids.dim() == 2, "[model] ids must be [B, T], got ",
+            args.ids.defined() ? shape_str(args.ids.shape()) : "undefined");
+  const int64_t B = args.ids.size(0), T = args.ids.size(1);
+  const int64_t start = args.cache ? args.cache->length() : 0;
+  Tensor positions = args.positions;
+  if (!positions.defined()) positions = arange(start, start + T, DType::i64);
+  QKV_CHECK((positions.shape() == Shape{T} || positions.shape() == Shape{B, T}), "[model] positions must be [T] or [B, T]");
+  if (cfg_.position == Position::learned || cfg_.position == Position::sinusoidal) {
+    const auto pv = positions.to_vector();
+    for (double p : pv)
+      QKV_CHECK(p >= 0 && p < cfg_.block_size, "[model] position ", p, " is outside model.block_size ",
+                cfg_.block_size);
+  }
+  Tensor x = tok_emb_->forward(args.ids);  // [B, T, C]
+  if (pos_emb_) x = ag::add(x, pos_emb_->forward(positions));
+  if (sinusoid_.defined()) x = ag::add(x, index_select(sinusoid_, 0, positions.reshape({-1})).reshape(
+                                              positions.dim() == 1 ? Shape{T, cfg_.n_embd} : Shape{B, T, cfg_.n_embd}));
+  x = dropout(x, cfg_.dropout, is_training(), args.rng);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    x = blocks_[l]->forward(x, positions, args, static_cast<int64_t>(l));
+    if (args.hidden) args.hidden->push_back(x);
+  }
+  x = static_cast<const Norm&>(*final_norm_).forward(x);
+  return ag::linear(x, lm_head_ ? lm_head_->weight : tok_emb_->weight, Tensor());
+}
+
+ModelCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
+  ModelCache c;
+  for (int64_t l = 0; l < cfg_.n_layer; ++l)
+    c.layers.emplace_back(batch, cfg_.n_kv_head, capacity, cfg_.head_dim(), cfg_.head_dim());
+  return c;
+}
+
+int64_t DecoderModel::non_embedding_parameter_count() const {
+  int64_t n = parameter_count() - tok_emb_->weight.numel();
+  if (pos_emb_) n -= pos_emb_->weight.numel();
+  return n;
+}
+
+}  // namespace qkv::nn

@@ -1,0 +1,82 @@
+// The decoder-only Transformer: pre-norm blocks (norm -> attention -> residual, norm -> MLP ->
+// residual), a final norm and an LM head. Two families are presets over the same parts:
+//   gpt2:  learned positions, LayerNorm with bias, GELU (tanh), tied head, fused c_attn;
+//   llama: RoPE (rotate-half), RMSNorm, SwiGLU, no bias, GQA, separate q/k/v projections.
+// Every part can be switched independently (position, norm, activation, bias, tie, window).
+//
+// Legend: B batch, T tokens in this call, C n_embd, Hq/Hkv query/kv heads, hd = C/Hq, V vocab.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+#include "attention/kv_cache.h"
+#include "nn/layers.h"
+
+namespace qkv::nn {
+
+enum class Family { gpt2, llama };
+enum class Position { learned, rope, sinusoidal, alibi, none };
+enum class NormKind { layernorm, rmsnorm };
+enum class Activation { gelu_tanh, gelu, swiglu, relu };
+
+struct ModelConfig {
+  Family family = Family::gpt2;
+  int64_t n_layer = 4, n_head = 4, n_kv_head = 4, n_embd = 128, block_size = 64, vocab_size = 65;
+  int64_t ffn_hidden = 512;  // resolved (not 0)
+  double dropout = 0.0, attn_dropout = 0.0, norm_eps = 1e-5, rope_theta = 10000.0, init_std = 0.02;
+  Position position = Position::learned;
+  NormKind norm = NormKind::layernorm;
+  Activation activation = Activation::gelu_tanh;
+  bool bias = true, tie_embeddings = true;
+  int64_t window = 0;
+  attn::Kernel attn_kernel = attn::Kernel::fused;
+  bool recompute = false;  // activation recomputation per block
+
+  int64_t head_dim() const { return n_embd / n_head; }
+  void validate() const;  // throws qkv::Error naming the key at fault
+};
+
+// One incremental-decoding cache per layer.
+struct ModelCache {
+  std::vector<attn::KVCache> layers;
+  int64_t length() const;
+};
+
+struct ForwardArgs {
+  Tensor ids;          // [B, T] int64 (or int32)
+  Tensor positions;    // optional [B, T] int64 absolute positions; default: cache length + t
+  Tensor key_padding;  // optional bool [B, Nk] true = real token (Nk = cache length + T)
+  Tensor segment_ids;  // optional [B, T] document index (packed rows): block-diagonal attention
+  ModelCache* cache = nullptr;          // append this call's K/V and attend over all cached keys
+  std::vector<Tensor>* hidden = nullptr;  // if set, receives every block's output [B,T,C]
+  RngContext rng;      // dropout masks (training mode only)
+};
+
+class Block;
+
+class DecoderModel : public Module {
+ public:
+  explicit DecoderModel(const ModelConfig& cfg);
+  const ModelConfig& config() const { return cfg_; }
+  // GPT-2 initialisation: N(0, init_std) for weights and embeddings, zero biases, residual output
+  // projections scaled by 1/sqrt(2 n_layer); norms weight 1.
+  void init_weights(uint64_t seed);
+  Tensor forward(ForwardArgs& args) const;  // logits [B, T, V]
+  ModelCache make_cache(int64_t batch, int64_t capacity) const;
+  int64_t non_embedding_parameter_count() const;
+
+ private:
+  ModelConfig cfg_;
+  std::shared_ptr<Module> root_;  // "transformer" (gpt2) or "model" (llama)
+  std::shared_ptr<Embedding> tok_emb_, pos_emb_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<Module> final_norm_;
+  std::shared_ptr<Linear> lm_head_;
+  Tensor sinusoid_;  // [block_size, C] when position == sinusoidal
+};
+
+const char* family_name(Family f);
+
+}  // namespace qkv::nn

@@ -1,0 +1,230 @@
+// Batched GEMM on OpenBLAS: out[i] = alpha * a[i] @ b[i] + beta * out[i].
+//   a [batch..., M, K], b [batch..., K, N], out [batch..., M, N]; batch dims already broadcast
+//   (stride 0 where an operand is shared).
+// Why it is written this way:
+// - A transposed view (stride 1 along its rows) is the row-major storage of its transpose, so it
+//   goes to BLAS as Trans with the other stride as leading dimension: x @ W^T never copies W.
+// - When b is shared by every batch and a's batch dims are laid out back to back with its rows
+//   (x [B, T, C] @ W), the batch folds into the row dim and the whole product is ONE GEMM, the
+//   shape BLAS runs fastest.
+// - Many small products (attention heads) run as an OpenMP loop over the batch. The OpenMP build
+//   of OpenBLAS checks omp_in_parallel() and runs single-threaded inside our region (measured on
+//   0.3.21: 2 threads x 1-thread sgemm inside the region reach the same 180 GFLOP/s as one
+//   2-thread sgemm outside, so there is no oversubscription). Large products keep BLAS threads.
+// - M == 1 or N == 1 (decode steps, vector operands) go to GEMV, which OpenBLAS does faster than a
+//   degenerate GEMM.
+#include "tensor/cpu/matmul.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+namespace qkv::cpu {
+
+GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  const int64_t r1 = std::max<int64_t>(rows, 1), c1 = std::max<int64_t>(cols, 1);
+  // A size-1 dim's stride is meaningless: pick the smallest leading dimension BLAS accepts.
+  if (cols <= 1 || col_stride == 1) {
+    const int64_t ld = rows <= 1 ? c1 : row_stride;
+    if (ld >= c1 && ld <= INT_MAX) return {true, false, ld};
+  }
+  if (rows <= 1 || row_stride == 1) {
+    const int64_t ld = cols <= 1 ? r1 : col_stride;
+    if (ld >= r1 && ld <= INT_MAX) return {true, true, ld};
+  }
+  return {};
+}
+
+GemmLayout gemm_layout(const Tensor& t) {
+  const int nd = t.dim();
+  return gemm_layout(t.shape()[nd - 2], t.shape()[nd - 1], t.strides()[nd - 2], t.strides()[nd - 1]);
+}
+
+namespace {
+
+inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
+
+inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                 float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+                 int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline void gemv(bool t, int rows, int cols, float alpha, const float* a, int lda, const float* x, int incx, float beta,
+                 float* y, int incy) {
+  cblas_sgemv(CblasRowMajor, tr(t), rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+}
+inline void gemv(bool t, int rows, int cols, double alpha, const double* a, int lda, const double* x, int incx,
+                 double beta, double* y, int incy) {
+  cblas_dgemv(CblasRowMajor, tr(t), rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+}
+
+// Everything about one product except where its three matrices start.
+struct GemmPlan {
+  int m = 0, n = 0, k = 0;
+  GemmLayout la, lb;
+  int ldc = 1;
+  int64_t a_inc_k = 0;  // a's stride along K (for GEMV when M == 1)
+  int64_t b_inc_k = 0;  // b's stride along K (for GEMV when N == 1)
+  double alpha = 1, beta = 0;
+};
+
+template <class T>
+void gemm_one(const GemmPlan& p, const T* a, const T* b, T* c) {
+  const T alpha = static_cast<T>(p.alpha), beta = static_cast<T>(p.beta);
+  if (p.k == 0) {  // empty sum: out = beta * out
+    for (int i = 0; i < p.m; ++i)
+      for (int j = 0; j < p.n; ++j) c[int64_t(i) * p.ldc + j] = beta == T(0) ? T(0) : beta * c[int64_t(i) * p.ldc + j];
+    return;
+  }
+  if (p.n == 1 && (p.b_inc_k != 0 || p.k == 1)) {
+    // out column = A @ b column; A stored [M, K] (NoTrans) or [K, M] (Trans).
+    if (beta == T(0))
+      for (int i = 0; i < p.m; ++i) c[int64_t(i) * p.ldc] = T(0);  // BLAS may scale NaN garbage by 0
+    const int incx = p.k == 1 ? 1 : static_cast<int>(p.b_inc_k);
+    if (p.la.trans)
+      gemv(true, p.k, p.m, alpha, a, static_cast<int>(p.la.ld), b, incx, beta, c, p.ldc);
+    else
+      gemv(false, p.m, p.k, alpha, a, static_cast<int>(p.la.ld), b, incx, beta, c, p.ldc);
+    return;
+  }
+  if (p.m == 1 && (p.a_inc_k != 0 || p.k == 1)) {
+    // out row = a row @ B = B^T a; B stored [K, N] (NoTrans) or [N, K] (Trans).
+    if (beta == T(0)) std::fill(c, c + p.n, T(0));
+    const int incx = p.k == 1 ? 1 : static_cast<int>(p.a_inc_k);
+    if (p.lb.trans)
+      gemv(false, p.n, p.k, alpha, b, static_cast<int>(p.lb.ld), a, incx, beta, c, 1);
+    else
+      gemv(true, p.k, p.n, alpha, b, static_cast<int>(p.lb.ld), a, incx, beta, c, 1);
+    return;
+  }
+  gemm(p.la.trans, p.lb.trans, p.m, p.n, p.k, alpha, a, static_cast<int>(p.la.ld), b, static_cast<int>(p.lb.ld),
+       beta, c, p.ldc);
+}
+
+// If dims [0, nd-2] of t (batch dims and rows) walk like one row dim, its stride; 0 when all have
+// size 1; -1 when they cannot merge.
+int64_t merged_row_stride(const Tensor& t) {
+  const Shape& sh = t.shape();
+  const Strides& st = t.strides();
+  int64_t row = 0, expect = 0;
+  for (int d = t.dim() - 2; d >= 0; --d) {
+    if (sh[d] == 1) continue;
+    if (row == 0) {
+      row = st[d];
+      if (row <= 0) return -1;
+      expect = row * sh[d];
+    } else {
+      if (st[d] != expect) return -1;
+      expect *= sh[d];
+    }
+  }
+  return row;
+}
+
+// Offsets of every batch matrix of t (row-major order over the batch shape).
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t nb) {
+  const int nbd = t.dim() - 2;
+  std::vector<int64_t> off(static_cast<size_t>(nb));
+  for (int64_t i = 0; i < nb; ++i) {
+    int64_t rem = i, o = 0;
+    for (int d = nbd - 1; d >= 0; --d) {
+      o += (rem % t.shape()[d]) * t.strides()[d];
+      rem /= t.shape()[d];
+    }
+    off[static_cast<size_t>(i)] = o;
+  }
+  return off;
+}
+
+template <class T>
+void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  const int nd = out.dim();
+  const int64_t m = out.shape()[nd - 2], n = out.shape()[nd - 1], k = a.shape()[nd - 1];
+  int64_t nb = 1;
+  for (int d = 0; d < nd - 2; ++d) nb *= out.shape()[d];
+  if (nb == 0 || m == 0 || n == 0) return;
+
+  GemmPlan p;
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.la = gemm_layout(a);
+  p.lb = gemm_layout(b);
+  const GemmLayout lc = gemm_layout(out);
+  p.ldc = static_cast<int>(lc.ld);
+  p.a_inc_k = a.strides()[nd - 1];
+  p.b_inc_k = b.strides()[nd - 2];
+  p.alpha = alpha;
+  p.beta = beta;
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* pc = out.data<T>();
+
+  if (nb == 1) {
+    gemm_one<T>(p, pa, pb, pc);
+    return;
+  }
+
+  // b shared by every batch, a and out walk their batches like extra rows: one tall GEMM.
+  bool b_shared = true;
+  for (int d = 0; d < nd - 2; ++d)
+    if (out.shape()[d] != 1 && b.strides()[d] != 0) b_shared = false;
+  if (b_shared && !p.la.trans && nb * m <= INT_MAX) {
+    const int64_t ra = merged_row_stride(a), rc = merged_row_stride(out);
+    if (ra >= std::max<int64_t>(k, 1) && rc >= n && ra <= INT_MAX && rc <= INT_MAX && (k <= 1 || p.a_inc_k == 1)) {
+      GemmPlan q = p;
+      q.m = static_cast<int>(nb * m);
+      q.la = {true, false, ra};
+      q.ldc = static_cast<int>(rc);
+      gemm_one<T>(q, pa, pb, pc);
+      return;
+    }
+  }
+
+  const std::vector<int64_t> oa = batch_offsets(a, nb), ob = batch_offsets(b, nb), oc = batch_offsets(out, nb);
+  const int threads = omp_get_max_threads();
+  const int64_t macs = m * n * k;
+  // Small products: one BLAS call per thread at a time beats splitting each tiny GEMM over threads.
+  const bool over_batch =
+      threads > 1 && !omp_in_parallel() && (nb >= 2 * threads || (nb >= threads && macs <= (int64_t(1) << 21)));
+  if (over_batch) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nb; ++i) gemm_one<T>(p, pa + oa[i], pb + ob[i], pc + oc[i]);
+  } else {
+    for (int64_t i = 0; i < nb; ++i) gemm_one<T>(p, pa + oa[i], pb + ob[i], pc + oc[i]);
+  }
+}
+
+template <class T>
+void fill_rows_typed(const Tensor& out, const Tensor& row) {
+  const int64_t r = out.shape()[0], c = out.shape()[1], rs = out.strides()[0];
+  const Tensor src = row.contiguous();
+  const T* s = src.data<T>();
+  T* o = out.data<T>();
+#pragma omp parallel for schedule(static) if (r * c >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < r; ++i) std::copy(s, s + c, o + i * rs);
+}
+
+}  // namespace
+
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.dtype() == DType::f32)
+    matmul_typed<float>(a, b, out, alpha, beta);
+  else
+    matmul_typed<double>(a, b, out, alpha, beta);
+}
+
+void fill_rows(const Tensor& out, const Tensor& row) {
+  if (out.dtype() == DType::f32)
+    fill_rows_typed<float>(out, row);
+  else
+    fill_rows_typed<double>(out, row);
+}
+
+}  // namespace qkv::cpu

@@ -1,0 +1,245 @@
+// Front ends of the fused neural-net ops: embedding, layer/RMS norm, cross-entropy, dropout.
+// They check shapes, dtypes and index ranges (so a bad id or target is one readable error, never
+// an out-of-bounds read), make inputs contiguous where the kernel needs it, allocate the outputs
+// and call the CPU kernels (tensor/cpu/nn_kernels.h).
+#include "tensor/cpu/nn_kernels.h"
+#include "tensor/ops.h"
+#include "tensor/ops_checks.h"
+
+namespace qkv {
+
+namespace {
+
+template <class I>
+void check_ids(const char* op, const Tensor& ids, int64_t v, const char* what, const char* range_of) {
+  const I* p = ids.data<I>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t id = static_cast<int64_t>(p[i]);
+    QKV_CHECK(id >= 0 && id < v, "[", op, "] ", what, " ", id, " at flat position ", i, " is out of range for ", v, " ",
+              range_of);
+  }
+}
+
+// ids as a contiguous tensor whose values all lie in [0, v).
+Tensor checked_ids(const char* op, const Tensor& ids, int64_t v) {
+  detail::require_defined(op, ids, "ids");
+  QKV_CHECK(is_integral(ids.dtype()), "[", op, "] ids must be int32 or int64, not ", dtype_name(ids.dtype()));
+  detail::require_cpu(op, ids);
+  Tensor c = ids.contiguous();
+  if (c.dtype() == DType::i32)
+    check_ids<int32_t>(op, c, v, "id", "embeddings");
+  else
+    check_ids<int64_t>(op, c, v, "id", "embeddings");
+  return c;
+}
+
+void check_norm_param(const char* op, const Tensor& p, const Tensor& x, const char* what) {
+  if (!p.defined()) return;
+  QKV_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "[", op, "] x is ", shape_str(x.shape()), " but ", what, " is ",
+            shape_str(p.shape()), ", not [", x.size(-1), "]");
+  QKV_CHECK(p.dtype() == x.dtype(), "[", op, "] ", what, " is ", dtype_name(p.dtype()), " but x is ",
+            dtype_name(x.dtype()));
+  detail::require_same_device(op, x, p);
+}
+
+void check_norm_input(const char* op, const Tensor& x) {
+  detail::require_defined(op, x, "x");
+  detail::require_cpu(op, x);
+  detail::require_float(op, x, "x");
+  QKV_CHECK(x.dim() >= 1, "[", op, "] x must have at least one dim, got a scalar");
+}
+
+void check_same_shape(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn) {
+  detail::require_defined(op, a, an);
+  detail::require_defined(op, b, bn);
+  QKV_CHECK(a.shape() == b.shape(), "[", op, "] ", an, " is ", shape_str(a.shape()), " but ", bn, " is ",
+            shape_str(b.shape()));
+  QKV_CHECK(a.dtype() == b.dtype(), "[", op, "] ", an, " is ", dtype_name(a.dtype()), " but ", bn, " is ",
+            dtype_name(b.dtype()));
+}
+
+Shape drop_last(const Shape& s) { return Shape(s.begin(), s.end() - 1); }
+
+Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+
+}  // namespace
+
+// ---- embedding ----
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  detail::require_defined("embedding", weight, "weight");
+  detail::require_cpu("embedding", weight);
+  detail::require_float("embedding", weight, "weight");
+  QKV_CHECK(weight.dim() == 2, "[embedding] weight must be [V, C], got ", shape_str(weight.shape()));
+  const int64_t v = weight.size(0), c = weight.size(1);
+  const Tensor idc = checked_ids("embedding", ids, v);
+  const Tensor w = (c <= 1 || weight.stride(1) == 1) ? weight : weight.contiguous();
+  Shape out_shape = ids.shape();
+  out_shape.push_back(c);
+  Tensor out = Tensor::empty(out_shape, weight.dtype());
+  if (out.numel() > 0) cpu::embedding_forward(w, idc, out);
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embeddings) {
+  detail::require_defined("embedding_backward", dy, "dy");
+  detail::require_cpu("embedding_backward", dy);
+  detail::require_float("embedding_backward", dy, "dy");
+  QKV_CHECK(num_embeddings >= 0, "[embedding_backward] num_embeddings ", num_embeddings, " is negative");
+  const Tensor idc = checked_ids("embedding_backward", ids, num_embeddings);
+  Shape expect = ids.shape();
+  QKV_CHECK(dy.dim() == ids.dim() + 1, "[embedding_backward] ids are ", shape_str(ids.shape()), " but dy is ",
+            shape_str(dy.shape()), ": dy must be [..ids.., C]");
+  expect.push_back(dy.size(-1));
+  QKV_CHECK(dy.shape() == expect, "[embedding_backward] ids are ", shape_str(ids.shape()), " but dy is ",
+            shape_str(dy.shape()), ": dy must be [..ids.., C]");
+  const int64_t c = dy.size(-1);
+  Tensor dweight = zeros({num_embeddings, c}, dy.dtype());
+  if (dy.numel() > 0) cpu::embedding_backward(idc, dy.contiguous().view({idc.numel(), c}), dweight);
+  return dweight;
+}
+
+// ---- layer norm / rms norm ----
+
+NormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_norm_input("layer_norm", x);
+  check_norm_param("layer_norm", weight, x, "weight");
+  check_norm_param("layer_norm", bias, x, "bias");
+  QKV_CHECK(eps >= 0, "[layer_norm] eps ", eps, " is negative");
+  const Tensor xc = x.contiguous();
+  NormResult r;
+  r.y = Tensor::empty(x.shape(), x.dtype());
+  r.mean = Tensor::empty(drop_last(x.shape()), x.dtype());
+  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype());
+  cpu::layer_norm_forward(xc, contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean, r.rstd);
+  return r;
+}
+
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) {
+  check_norm_input("layer_norm_backward", x);
+  check_same_shape("layer_norm_backward", dy, "dy", x, "x");
+  check_norm_param("layer_norm_backward", weight, x, "weight");
+  const Shape rows = drop_last(x.shape());
+  QKV_CHECK(mean.defined() && rstd.defined() && mean.shape() == rows && rstd.shape() == rows &&
+                mean.dtype() == x.dtype() && rstd.dtype() == x.dtype(),
+            "[layer_norm_backward] x is ", shape_str(x.shape()), " so mean and rstd must be ", dtype_name(x.dtype()),
+            " ", shape_str(rows));
+  NormGrads g;
+  g.dx = Tensor::empty(x.shape(), x.dtype());
+  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype());
+  g.dbias = Tensor::empty({x.size(-1)}, x.dtype());
+  cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
+                           rstd.contiguous(), g.dx, g.dweight, g.dbias);
+  return g;
+}
+
+NormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_norm_input("rms_norm", x);
+  check_norm_param("rms_norm", weight, x, "weight");
+  QKV_CHECK(eps >= 0, "[rms_norm] eps ", eps, " is negative");
+  NormResult r;
+  r.y = Tensor::empty(x.shape(), x.dtype());
+  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype());
+  cpu::rms_norm_forward(x.contiguous(), contiguous_or_undefined(weight), eps, r.y, r.rstd);
+  return r;
+}
+
+NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  check_norm_input("rms_norm_backward", x);
+  check_same_shape("rms_norm_backward", dy, "dy", x, "x");
+  check_norm_param("rms_norm_backward", weight, x, "weight");
+  const Shape rows = drop_last(x.shape());
+  QKV_CHECK(rstd.defined() && rstd.shape() == rows && rstd.dtype() == x.dtype(), "[rms_norm_backward] x is ",
+            shape_str(x.shape()), " so rstd must be ", dtype_name(x.dtype()), " ", shape_str(rows));
+  NormGrads g;
+  g.dx = Tensor::empty(x.shape(), x.dtype());
+  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype());
+  cpu::rms_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), rstd.contiguous(), g.dx,
+                         g.dweight);
+  return g;
+}
+
+// ---- cross-entropy ----
+
+namespace {
+
+// Checks logits [N, V] and targets [N]; returns the logits with unit column stride, the targets
+// contiguous, and the number of targets that count.
+struct CeInputs {
+  Tensor logits, targets;
+  int64_t count = 0;
+};
+
+template <class I>
+int64_t check_targets(const Tensor& t, int64_t v, int64_t ignore, const Shape& logits_shape) {
+  const I* p = t.data<I>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t ti = static_cast<int64_t>(p[i]);
+    if (ti == ignore) continue;
+    QKV_CHECK(ti >= 0 && ti < v, "[cross_entropy] target ", ti, " at row ", i, " is out of range for ", v,
+              " classes (logits ", shape_str(logits_shape), ")");
+    ++count;
+  }
+  return count;
+}
+
+CeInputs check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore) {
+  detail::require_defined(op, logits, "logits");
+  detail::require_defined(op, targets, "targets");
+  detail::require_cpu(op, logits);
+  detail::require_cpu(op, targets);
+  detail::require_float(op, logits, "logits");
+  QKV_CHECK(is_integral(targets.dtype()), "[", op, "] targets must be int32 or int64, not ",
+            dtype_name(targets.dtype()));
+  QKV_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0), "[", op, "] logits are ",
+            shape_str(logits.shape()), " but targets are ", shape_str(targets.shape()), ": need [N, V] and [N]");
+  CeInputs in;
+  const int64_t v = logits.size(1);
+  in.logits = (v <= 1 || logits.stride(1) == 1) ? logits : logits.contiguous();
+  in.targets = targets.contiguous();
+  in.count = in.targets.dtype() == DType::i32 ? check_targets<int32_t>(in.targets, v, ignore, logits.shape())
+                                              : check_targets<int64_t>(in.targets, v, ignore, logits.shape());
+  return in;
+}
+
+}  // namespace
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  const CeInputs in = check_cross_entropy("cross_entropy", logits, targets, ignore_index);
+  CrossEntropyResult r;
+  r.count = in.count;
+  r.lse = Tensor::empty({logits.size(0)}, logits.dtype());
+  const double total = cpu::cross_entropy_forward(in.logits, in.targets, ignore_index, r.lse);
+  // All targets ignored: the mean over nothing is taken as 0 (PyTorch gives NaN), with zero grads.
+  r.loss = full({}, in.count > 0 ? total / static_cast<double>(in.count) : 0.0, logits.dtype());
+  return r;
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                              int64_t count, int64_t ignore_index) {
+  const CeInputs in = check_cross_entropy("cross_entropy_backward", logits, targets, ignore_index);
+  QKV_CHECK(lse.defined() && lse.shape() == Shape{logits.size(0)} && lse.dtype() == logits.dtype(),
+            "[cross_entropy_backward] logits are ", shape_str(logits.shape()), " so lse must be ",
+            dtype_name(logits.dtype()), " [", logits.size(0), "]");
+  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype());
+  const double scale = count > 0 ? dloss / static_cast<double>(count) : 0.0;
+  cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
+  return dlogits;
+}
+
+// ---- dropout ----
+
+Tensor dropout(const Tensor& a, double p, uint64_t seed, uint64_t offset) {
+  detail::require_defined("dropout", a, "input");
+  QKV_CHECK(p >= 0.0 && p < 1.0, "[dropout] p must be in [0, 1), got ", p);
+  if (p == 0.0) return a;
+  detail::require_cpu("dropout", a);
+  detail::require_float("dropout", a);
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  cpu::dropout_forward(a.contiguous(), p, seed, offset, out);
+  return out;
+}
+
+}  // namespace qkv

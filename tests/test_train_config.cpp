@@ -1,0 +1,292 @@
+// Config: parsing, strict errors, --set overrides, validation, resolved family defaults, and
+// the TOML round trip stored in checkpoints.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "tensor/error.h"
+#include "train/config.h"
+
+using namespace qkv;
+using Catch::Contains;
+
+namespace {
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config_text(text, "configs/x.toml", overrides);
+}
+}  // namespace
+
+TEST_CASE("an empty config gives the documented defaults", "[train][config]") {
+  Config c = parse("");
+  CHECK(c.model.family == "gpt2");
+  CHECK(c.model.n_layer == 4);
+  CHECK(c.model.n_head == 4);
+  CHECK(c.model.n_embd == 128);
+  CHECK(c.model.block_size == 64);
+  CHECK(c.model.norm_eps == 1e-5);
+  CHECK(c.model.rope_theta == 10000.0);
+  CHECK(c.data.tokenizer == "char");
+  CHECK(c.data.batching == "random_windows");
+  CHECK(c.train.batch_size == 12);
+  CHECK(c.train.lr == 1e-3);
+  CHECK(c.train.min_lr == 1e-4);
+  CHECK(c.train.beta2 == 0.95);
+  CHECK(c.train.keep_last == 3);
+  CHECK(c.train.grad_clip == 1.0);
+  CHECK(c.train.out_dir == "runs/default");
+  CHECK(c.sample.max_new_tokens == 200);
+  CHECK(c.sample.top_p == 1.0);
+}
+
+TEST_CASE("family presets resolve position, norm, activation, bias, tie and ffn size", "[train][config]") {
+  Config g = parse("[model]\nn_embd = 128\n");
+  CHECK(g.model.resolved_position() == "learned");
+  CHECK(g.model.resolved_norm() == "layernorm");
+  CHECK(g.model.resolved_activation() == "gelu_tanh");
+  CHECK(g.model.resolved_bias());
+  CHECK(g.model.resolved_tie_embeddings());
+  CHECK(g.model.resolved_n_kv_head() == 4);
+  CHECK(g.model.resolved_ffn_hidden() == 512);  // 4C
+
+  Config l = parse("[model]\nfamily = \"llama\"\nn_head = 8\nn_kv_head = 2\nn_embd = 128\n");
+  CHECK(l.model.resolved_position() == "rope");
+  CHECK(l.model.resolved_norm() == "rmsnorm");
+  CHECK(l.model.resolved_activation() == "swiglu");
+  CHECK_FALSE(l.model.resolved_bias());
+  CHECK_FALSE(l.model.resolved_tie_embeddings());
+  CHECK(l.model.resolved_n_kv_head() == 2);
+  CHECK(l.model.head_dim() == 16);
+  // int(2*512/3) = 341, rounded up to a multiple of 64 -> 384
+  CHECK(l.model.resolved_ffn_hidden() == 384);
+  // C = 384: int(2*1536/3) = 1024 is already a multiple of 64; multiple_of 256 -> 1024 too
+  l.model.n_embd = 384;
+  CHECK(l.model.resolved_ffn_hidden() == 1024);
+  l.model.n_embd = 96;  // int(2*384/3) = 256 -> 256
+  l.model.ffn_multiple_of = 100;  // -> 300
+  CHECK(l.model.resolved_ffn_hidden() == 300);
+
+  // explicit switches win over the preset
+  Config s = parse("[model]\nfamily = \"llama\"\nposition = \"alibi\"\nbias = true\nffn_hidden = 200\n");
+  CHECK(s.model.resolved_position() == "alibi");
+  CHECK(s.model.resolved_bias());
+  CHECK(s.model.resolved_ffn_hidden() == 200);
+}
+
+TEST_CASE("a full config file sets every section", "[train][config]") {
+  const char* text = R"(
+[model]
+family = "llama"
+n_layer = 2
+n_head = 4
+n_kv_head = 1
+n_embd = 64
+block_size = 32
+vocab_size = 300
+dropout = 0.2
+rope_theta = 500000
+tie_embeddings = true
+window = 16
+attn_kernel = "reference"
+
+[data]
+path = "data/x.txt"
+tokenizer = "bpe"
+bpe_vocab_size = 300
+separator = "percent_line"
+batching = "padded_docs"
+padding_side = "left"
+
+[train]
+device = "cuda"
+dtype = "bf16"
+lr = 3e-4
+warmup_steps = 10
+lr_schedule = "constant"
+seed = 7
+recompute = true
+
+[sample]
+temperature = 0.8
+top_k = 40
+top_p = 0.9
+prompt = "ROMEO:"
+)";
+  Config c = parse(text);
+  CHECK(c.model.family == "llama");
+  CHECK(c.model.n_kv_head == 1);
+  CHECK(c.model.vocab_size == 300);
+  CHECK(c.model.dropout == 0.2);
+  CHECK(c.model.rope_theta == 500000.0);  // an integer is accepted where a number is expected
+  CHECK(c.model.tie_embeddings == true);
+  CHECK(c.model.window == 16);
+  CHECK(c.model.attn_kernel == "reference");
+  CHECK(c.data.tokenizer == "bpe");
+  CHECK(c.data.padding_side == "left");
+  CHECK(c.train.device == "cuda");
+  CHECK(c.train.lr == 3e-4);
+  CHECK(c.train.lr_schedule == "constant");
+  CHECK(c.train.recompute);
+  CHECK(c.sample.top_k == 40);
+  CHECK(c.sample.prompt == "ROMEO:");
+}
+
+TEST_CASE("unknown sections and keys are errors naming the file and the key", "[train][config]") {
+  CHECK_THROWS_WITH(parse("[model]\nn_layers = 4\n"),
+                    Contains("configs/x.toml: unknown key model.n_layers") && Contains("did you mean model.n_layer?"));
+  CHECK_THROWS_WITH(parse("[optim]\nlr = 1\n"), Contains("configs/x.toml: unknown section [optim]"));
+  CHECK_THROWS_WITH(parse("lr = 1\n"), Contains("configs/x.toml: unknown section [lr]"));
+  CHECK_THROWS_WITH(parse("[train.sub]\nx = 1\n"), Contains("unknown key train.sub"));
+  CHECK_THROWS_AS(parse("[model]\nn_layers = 4\n"), Error);
+}
+
+TEST_CASE("values of the wrong type are errors naming the key and both types", "[train][config]") {
+  CHECK_THROWS_WITH(parse("[model]\nn_head = \"4\"\n"),
+                    Contains("configs/x.toml: model.n_head must be an integer, got string"));
+  CHECK_THROWS_WITH(parse("[model]\nn_layer = 4.0\n"), Contains("model.n_layer must be an integer, got float"));
+  CHECK_THROWS_WITH(parse("[train]\nlr = \"fast\"\n"), Contains("train.lr must be a number, got string"));
+  CHECK_THROWS_WITH(parse("[train]\nrecompute = 1\n"), Contains("train.recompute must be a boolean, got integer"));
+  CHECK_THROWS_WITH(parse("[model]\nfamily = [\"gpt2\"]\n"), Contains("model.family must be a string, got array"));
+  CHECK_THROWS_WITH(parse("model = 3\n"), Contains("model must be a table"));
+}
+
+TEST_CASE("TOML syntax errors give the file, line and column", "[train][config]") {
+  CHECK_THROWS_WITH(parse("[model]\nn_layer = = 4\n"), Contains("configs/x.toml:2:") && Contains("syntax error"));
+}
+
+TEST_CASE("--set overrides read the value as TOML, bare words as strings", "[train][config]") {
+  Config c = parse("[train]\nlr = 1e-3\n",
+                   {"train.lr=3e-4", "model.family=\"llama\"", "train.max_steps = 50", "model.bias=false",
+                    "data.path=runs/my data.txt", "sample.prompt=42", "model.dropout=0"});
+  CHECK(c.train.lr == 3e-4);
+  CHECK(c.model.family == "llama");
+  CHECK(c.train.max_steps == 50);
+  CHECK(c.model.bias == false);
+  CHECK(c.data.path == "runs/my data.txt");
+  CHECK(c.sample.prompt == "42");  // a string key keeps the text as written
+  CHECK(c.model.dropout == 0.0);
+
+  Config b = parse("", {"model.family=llama"});
+  CHECK(b.model.family == "llama");
+
+  Config later_wins = parse("", {"train.seed=1", "train.seed=2"});
+  CHECK(later_wins.train.seed == 2);
+
+  Config q = parse("", {"sample.prompt=\"a \\\"quoted\\\" line\""});
+  CHECK(q.sample.prompt == "a \"quoted\" line");
+}
+
+TEST_CASE("bad --set overrides name the assignment and the key", "[train][config]") {
+  CHECK_THROWS_WITH(parse("", {"model.n_layers=3"}),
+                    Contains("--set model.n_layers=3: unknown key model.n_layers (did you mean model.n_layer?)"));
+  CHECK_THROWS_WITH(parse("", {"modle.n_layer=3"}), Contains("unknown section [modle]"));
+  CHECK_THROWS_WITH(parse("", {"train.lr"}), Contains("expected section.key=value"));
+  CHECK_THROWS_WITH(parse("", {"lr=3"}), Contains("expected a dotted key"));
+  CHECK_THROWS_WITH(parse("", {"model.n_head=four"}), Contains("model.n_head must be an integer, got string"));
+  CHECK_THROWS_WITH(parse("", {"train.lr=1e-3x"}), Contains("train.lr must be a number, got string"));
+  // an override that breaks a consistency rule is caught by validation afterwards
+  CHECK_THROWS_WITH(parse("", {"model.n_head=3"}), Contains("model.n_embd (128) must be divisible by model.n_head (3)"));
+}
+
+TEST_CASE("validation rejects inconsistent or out-of-range settings", "[train][config]") {
+  CHECK_THROWS_WITH(parse("[model]\nn_embd = 100\nn_head = 3\n"),
+                    Contains("configs/x.toml: model.n_embd (100) must be divisible by model.n_head (3)"));
+  CHECK_THROWS_WITH(parse("[model]\nn_head = 4\nn_kv_head = 3\n"),
+                    Contains("model.n_head (4) must be divisible by model.n_kv_head (3)"));
+  CHECK_THROWS_WITH(parse("[model]\nn_head = 4\nn_kv_head = 8\n"), Contains("must be divisible by model.n_kv_head (8)"));
+  CHECK_THROWS_WITH(parse("[model]\nn_layer = 0\n"), Contains("model.n_layer must be > 0, got 0"));
+  CHECK_THROWS_WITH(parse("[model]\nblock_size = -5\n"), Contains("model.block_size must be > 0, got -5"));
+  CHECK_THROWS_WITH(parse("[model]\ndropout = 1.0\n"), Contains("model.dropout must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse("[model]\nattn_dropout = -0.1\n"), Contains("model.attn_dropout must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse("[model]\nfamily = \"gpt3\"\n"),
+                    Contains("model.family must be one of \"gpt2\", \"llama\"; got \"gpt3\""));
+  CHECK_THROWS_WITH(parse("[model]\nposition = \"relative\"\n"), Contains("model.position must be one of"));
+  CHECK_THROWS_WITH(parse("[model]\nnorm_eps = 0\n"), Contains("model.norm_eps must be a finite number > 0"));
+  CHECK_THROWS_WITH(parse("[model]\nfamily = \"llama\"\nn_embd = 96\nn_head = 32\n"),
+                    Contains("rotary positions need an even head size"));
+  CHECK_THROWS_WITH(parse("[data]\ntokenizer = \"word\"\n"), Contains("data.tokenizer must be one of"));
+  CHECK_THROWS_WITH(parse("[data]\nval_fraction = 1.0\n"), Contains("data.val_fraction must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse("[data]\nbpe_vocab_size = 100\n"), Contains("data.bpe_vocab_size must be >= 256"));
+  CHECK_THROWS_WITH(parse("[data]\ntokenizer = \"byte\"\n[model]\nvocab_size = 65\n"),
+                    Contains("smaller than the byte tokenizer's 256"));
+  CHECK_THROWS_WITH(parse("[data]\nrandom_tokens = true\n"), Contains("data.random_tokens needs model.vocab_size > 0"));
+  CHECK_THROWS_WITH(parse("[train]\nlr = nan\n"), Contains("train.lr must be a finite number >= 0"));
+  CHECK_THROWS_WITH(parse("[train]\nlr = inf\n"), Contains("train.lr must be a finite number >= 0"));
+  CHECK_THROWS_WITH(parse("[train]\nbatch_size = 0\n"), Contains("train.batch_size must be > 0"));
+  CHECK_THROWS_WITH(parse("[train]\nbeta2 = 1.0\n"), Contains("train.beta2 must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse("[train]\ndevice = \"tpu\"\n"), Contains("train.device must be one of \"cpu\", \"cuda\""));
+  CHECK_THROWS_WITH(parse("[train]\nlr_schedule = \"linear\"\n"), Contains("train.lr_schedule must be one of"));
+  CHECK_THROWS_WITH(parse("[train]\nkeep_last = 0\n"), Contains("train.keep_last must be > 0"));
+  CHECK_THROWS_WITH(parse("[train]\nout_dir = \"\"\n"), Contains("train.out_dir must not be empty"));
+  CHECK_THROWS_WITH(parse("[sample]\ntop_p = 0\n"), Contains("sample.top_p must be in (0, 1]"));
+  CHECK_THROWS_WITH(parse("[sample]\ntemperature = -1\n"), Contains("sample.temperature must be a finite number >= 0"));
+  // the boundaries that are allowed
+  CHECK_NOTHROW(parse("[model]\nn_head = 4\nn_kv_head = 1\ndropout = 0.0\n[sample]\ntop_p = 1.0\ntemperature = 0\n"));
+}
+
+TEST_CASE("to_toml writes the resolved config and parses back to the same values", "[train][config]") {
+  Config c = parse("[model]\nfamily = \"llama\"\nn_head = 8\nn_embd = 64\n",
+                   {"train.lr=3e-4", "model.norm_eps=1e-6", "train.weight_decay=0.1", "sample.temperature=0.7",
+                    "sample.prompt=\"tab\\there \\\"q\\\" back\\\\slash\\nnext line \\u00e9\"", "data.val_fraction=0.05",
+                    "train.min_lr=6.0000000000000002e-05"});
+  const std::string text = to_toml(c);
+  INFO(text);
+  CHECK_THAT(text, Contains("[model]\nfamily = \"llama\"\n"));
+  CHECK_THAT(text, Contains("position = \"rope\"\n"));      // resolved, not ""
+  CHECK_THAT(text, Contains("bias = false\n"));
+  CHECK_THAT(text, Contains("n_kv_head = 8\n"));            // 0 resolved to n_head
+  CHECK_THAT(text, Contains("ffn_hidden = 192\n"));         // int(2*256/3) = 170 -> 192
+  CHECK_THAT(text, Contains("lr = 0.0003\n"));              // shortest round-trip form
+  CHECK_THAT(text, Contains("rope_theta = 10000.0\n"));     // a float stays a float
+  Config back = parse_config_text(text, "roundtrip");
+  CHECK(back == c.resolved());
+  CHECK(back.sample.prompt == "tab\there \"q\" back\\slash\nnext line \xc3\xa9");
+  CHECK(back.train.min_lr == 6.0000000000000002e-05);
+  CHECK(to_toml(back) == text);  // idempotent
+  CHECK_FALSE(c == c.resolved());  // the unresolved config really had family defaults left open
+}
+
+TEST_CASE("parse_config reads a file and names missing files", "[train][config]") {
+  const std::string path = std::string(QKV_BINARY_DIR) + "/test_train_config.toml";
+  {
+    std::ofstream f(path);
+    f << "[model]\nn_layer = 6\n[train]\nmax_steps = 7\n";
+  }
+  Config c = parse_config(path, {"train.max_steps=9"});
+  CHECK(c.model.n_layer == 6);
+  CHECK(c.train.max_steps == 9);
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(parse_config(path), Contains(path + ": cannot open config file"));
+  {
+    std::ofstream f(path);
+    f << "[model]\nn_layer = \"six\"\n";
+  }
+  CHECK_THROWS_WITH(parse_config(path), Contains(path + ": model.n_layer must be an integer, got string"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("every key pinned by the design is a config key", "[train][config]") {
+  const std::vector<std::string> keys = config_keys();
+  for (const char* k :
+       {"model.family", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd", "model.block_size",
+        "model.vocab_size", "model.dropout", "model.attn_dropout", "data.path", "data.tokenizer", "train.device",
+        "train.batch_size", "train.max_steps", "train.lr", "train.seed", "train.out_dir", "train.eval_interval",
+        "train.checkpoint_interval", "train.keep_last", "model.norm_eps", "model.rope_theta", "model.ffn_hidden"}) {
+    INFO(k);
+    CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
+  }
+  // and each key can be set through --set by its own name (the table has no typos)
+  // and each key can be set through --set by its own name (the table has no typos): an array
+  // is taken verbatim by string keys and refused, naming the key, by all others
+  for (const std::string& k : keys) {
+    INFO(k);
+    Config c;
+    try {
+      apply_override(c, k + "=[1, 2]");
+      CHECK(to_toml(c).find(k.substr(k.find('.') + 1) + " = \"[1, 2]\"") != std::string::npos);
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Contains(k + " must be"));
+    }
+  }
+}

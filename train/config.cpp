@@ -1,0 +1,482 @@
+// Config parsing, overrides, validation and TOML output.
+//
+// One table (fields_of) lists every key once with a pointer to its member; parsing, `--set`,
+// to_toml and config_keys all walk it, so a new key is added in exactly two places: the struct
+// in config.h and this table.
+#include "train/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <variant>
+
+#include "tensor/error.h"
+
+namespace qkv {
+namespace {
+
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*>;
+
+struct Field {
+  const char* section;
+  const char* key;
+  FieldPtr ptr;
+  std::string name() const { return std::string(section) + "." + key; }
+};
+
+const char* const kSections[] = {"model", "data", "train", "sample"};
+
+std::vector<Field> fields_of(Config& c) {
+  ModelSettings& m = c.model;
+  DataSettings& d = c.data;
+  TrainSettings& t = c.train;
+  SampleSettings& s = c.sample;
+  return {
+      {"model", "family", &m.family},
+      {"model", "n_layer", &m.n_layer},
+      {"model", "n_head", &m.n_head},
+      {"model", "n_kv_head", &m.n_kv_head},
+      {"model", "n_embd", &m.n_embd},
+      {"model", "block_size", &m.block_size},
+      {"model", "vocab_size", &m.vocab_size},
+      {"model", "dropout", &m.dropout},
+      {"model", "attn_dropout", &m.attn_dropout},
+      {"model", "norm_eps", &m.norm_eps},
+      {"model", "rope_theta", &m.rope_theta},
+      {"model", "ffn_hidden", &m.ffn_hidden},
+      {"model", "ffn_multiple_of", &m.ffn_multiple_of},
+      {"model", "position", &m.position},
+      {"model", "norm", &m.norm},
+      {"model", "activation", &m.activation},
+      {"model", "bias", &m.bias},
+      {"model", "tie_embeddings", &m.tie_embeddings},
+      {"model", "window", &m.window},
+      {"model", "init_std", &m.init_std},
+      {"model", "attn_kernel", &m.attn_kernel},
+      {"data", "path", &d.path},
+      {"data", "tokenizer", &d.tokenizer},
+      {"data", "bpe_vocab_size", &d.bpe_vocab_size},
+      {"data", "separator", &d.separator},
+      {"data", "val_fraction", &d.val_fraction},
+      {"data", "batching", &d.batching},
+      {"data", "padding_side", &d.padding_side},
+      {"data", "random_tokens", &d.random_tokens},
+      {"train", "device", &t.device},
+      {"train", "dtype", &t.dtype},
+      {"train", "batch_size", &t.batch_size},
+      {"train", "grad_accum", &t.grad_accum},
+      {"train", "max_steps", &t.max_steps},
+      {"train", "lr", &t.lr},
+      {"train", "min_lr", &t.min_lr},
+      {"train", "warmup_steps", &t.warmup_steps},
+      {"train", "lr_schedule", &t.lr_schedule},
+      {"train", "weight_decay", &t.weight_decay},
+      {"train", "beta1", &t.beta1},
+      {"train", "beta2", &t.beta2},
+      {"train", "eps", &t.eps},
+      {"train", "grad_clip", &t.grad_clip},
+      {"train", "seed", &t.seed},
+      {"train", "out_dir", &t.out_dir},
+      {"train", "eval_interval", &t.eval_interval},
+      {"train", "eval_batches", &t.eval_batches},
+      {"train", "checkpoint_interval", &t.checkpoint_interval},
+      {"train", "keep_last", &t.keep_last},
+      {"train", "max_bad_steps", &t.max_bad_steps},
+      {"train", "recompute", &t.recompute},
+      {"train", "threads", &t.threads},
+      {"train", "log_interval", &t.log_interval},
+      {"train", "zero", &t.zero},
+      {"sample", "max_new_tokens", &s.max_new_tokens},
+      {"sample", "temperature", &s.temperature},
+      {"sample", "top_k", &s.top_k},
+      {"sample", "top_p", &s.top_p},
+      {"sample", "seed", &s.seed},
+      {"sample", "prompt", &s.prompt},
+  };
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// " (did you mean model.n_layer?)" when some key is within a typo's reach of `name`.
+std::string suggestion(const std::string& name) {
+  Config scratch;
+  std::string best;
+  size_t best_d = 4;
+  for (const Field& f : fields_of(scratch)) {
+    size_t d = edit_distance(name, f.name());
+    if (d < best_d) best_d = d, best = f.name();
+  }
+  return best.empty() ? "" : " (did you mean " + best + "?)";
+}
+
+bool is_section(const std::string& s) {
+  return std::find(std::begin(kSections), std::end(kSections), s) != std::end(kSections);
+}
+
+const char* toml_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::array: return "array";
+    case toml::node_type::table: return "table";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+// Stores node `n` into the field, or throws "<origin>: <key> must be ..., got <type>".
+void assign(const Field& f, const toml::node& n, const std::string& origin) {
+  auto wrong = [&](const char* want) {
+    fail(origin, ": ", f.name(), " must be ", want, ", got ", toml_type_name(n));
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          if (auto v = n.as_integer()) *p = v->get();
+          else wrong("an integer");
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (auto v = n.as_floating_point()) *p = v->get();
+          else if (auto i = n.as_integer()) *p = static_cast<double>(i->get());
+          else wrong("a number");
+        } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
+          if (auto v = n.as_boolean()) *p = v->get();
+          else wrong("a boolean");
+        } else {
+          if (auto v = n.as_string()) *p = v->get();
+          else wrong("a string");
+        }
+      },
+      f.ptr);
+}
+
+Field* find_field(std::vector<Field>& fields, const std::string& section, const std::string& key) {
+  for (Field& f : fields)
+    if (section == f.section && key == f.key) return &f;
+  return nullptr;
+}
+
+void load_table(Config& cfg, const toml::table& root, const std::string& origin) {
+  std::vector<Field> fields = fields_of(cfg);
+  for (const auto& [skey, snode] : root) {
+    std::string section(skey.str());
+    if (!is_section(section))
+      fail(origin, ": unknown section [", section, "] (sections are [model], [data], [train], [sample])");
+    const toml::table* tbl = snode.as_table();
+    if (!tbl) fail(origin, ": ", section, " must be a table ([", section, "]), got ", toml_type_name(snode));
+    for (const auto& [kkey, knode] : *tbl) {
+      std::string key(kkey.str());
+      Field* f = find_field(fields, section, key);
+      if (!f) fail(origin, ": unknown key ", section, ".", key, suggestion(section + "." + key));
+      assign(*f, knode, origin);
+    }
+  }
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// Shortest text that reads back to the same double; plain decimals while they stay short
+// (0.0003 rather than 3e-04), and always with a '.' or exponent so TOML reads a float.
+std::string format_double(double v) {
+  char buf[400];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, r.ptr);
+  auto f = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed);
+  if (f.ec == std::errc() && f.ptr - buf <= 8) s.assign(buf, f.ptr);
+  if (std::isfinite(v) && s.find_first_of(".e") == std::string::npos) s += ".0";
+  if (std::isnan(v)) s = "nan";
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// ---- validation helpers: each throws "<origin>: <key> ..." ----
+struct Checker {
+  const std::string& origin;
+  void enumeration(const char* key, const std::string& v, std::initializer_list<const char*> allowed,
+                   bool empty_ok = false) const {
+    if (empty_ok && v.empty()) return;
+    for (const char* a : allowed)
+      if (v == a) return;
+    std::string list;
+    for (const char* a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+    fail(origin, ": ", key, " must be one of ", list, (empty_ok ? " (or \"\" for the family default)" : ""),
+         "; got \"", v, "\"");
+  }
+  void positive(const char* key, int64_t v) const {
+    if (v <= 0) fail(origin, ": ", key, " must be > 0, got ", v);
+  }
+  void non_negative(const char* key, int64_t v) const {
+    if (v < 0) fail(origin, ": ", key, " must be >= 0, got ", v);
+  }
+  void positive(const char* key, double v) const {
+    if (!(v > 0) || !std::isfinite(v)) fail(origin, ": ", key, " must be a finite number > 0, got ", v);
+  }
+  void non_negative(const char* key, double v) const {
+    if (!(v >= 0) || !std::isfinite(v)) fail(origin, ": ", key, " must be a finite number >= 0, got ", v);
+  }
+  // lo <= v < hi (or <= hi when hi_closed)
+  void in_range(const char* key, double v, double lo, double hi, bool hi_closed) const {
+    bool ok = v >= lo && (hi_closed ? v <= hi : v < hi);
+    if (!ok) fail(origin, ": ", key, " must be in [", lo, ", ", hi, (hi_closed ? "]" : ")"), ", got ", v);
+  }
+};
+
+}  // namespace
+
+// ---- resolved values ----
+
+std::string ModelSettings::resolved_position() const {
+  return !position.empty() ? position : family == "llama" ? "rope" : "learned";
+}
+std::string ModelSettings::resolved_norm() const {
+  return !norm.empty() ? norm : family == "llama" ? "rmsnorm" : "layernorm";
+}
+std::string ModelSettings::resolved_activation() const {
+  return !activation.empty() ? activation : family == "llama" ? "swiglu" : "gelu_tanh";
+}
+bool ModelSettings::resolved_bias() const { return bias.value_or(family != "llama"); }
+bool ModelSettings::resolved_tie_embeddings() const { return tie_embeddings.value_or(family != "llama"); }
+int64_t ModelSettings::resolved_n_kv_head() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+int64_t ModelSettings::resolved_ffn_hidden() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  if (family != "llama") return 4 * n_embd;
+  int64_t h = 2 * (4 * n_embd) / 3;
+  int64_t m = ffn_multiple_of > 0 ? ffn_multiple_of : 1;
+  return m * ((h + m - 1) / m);
+}
+
+Config Config::resolved() const {
+  Config c = *this;
+  ModelSettings& m = c.model;
+  m.position = m.resolved_position();
+  m.norm = m.resolved_norm();
+  m.activation = m.resolved_activation();
+  m.bias = m.resolved_bias();
+  m.tie_embeddings = m.resolved_tie_embeddings();
+  m.n_kv_head = m.resolved_n_kv_head();
+  m.ffn_hidden = m.resolved_ffn_hidden();
+  return c;
+}
+
+// ---- parsing ----
+
+Config parse_config_text(const std::string& text, const std::string& origin,
+                         const std::vector<std::string>& overrides) {
+  Config cfg;
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    fail(origin, ":", at.line, ":", at.column, ": TOML syntax error: ", e.description());
+  }
+  load_table(cfg, root, origin);
+  for (const std::string& o : overrides) apply_override(cfg, o);
+  validate(cfg, origin);
+  return cfg;
+}
+
+Config parse_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open config file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_config_text(ss.str(), path, overrides);
+}
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const std::string origin = "--set " + assignment;
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos) fail(origin, ": expected section.key=value");
+  std::string name = trim(assignment.substr(0, eq));
+  std::string value = trim(assignment.substr(eq + 1));
+  size_t dot = name.find('.');
+  if (dot == std::string::npos) fail(origin, ": expected a dotted key like train.lr, got ", name);
+  std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!is_section(section)) fail(origin, ": unknown section [", section, "]", suggestion(name));
+  std::vector<Field> fields = fields_of(cfg);
+  Field* f = find_field(fields, section, key);
+  if (!f) fail(origin, ": unknown key ", name, suggestion(name));
+
+  // Read the value as TOML; anything that is not exactly one TOML value is a bare string.
+  toml::table parsed;
+  bool is_toml = false;
+  try {
+    parsed = toml::parse("v = " + value);
+    is_toml = parsed.size() == 1 && parsed.contains("v");
+  } catch (const toml::parse_error&) {
+    is_toml = false;
+  }
+  const bool string_field = std::holds_alternative<std::string*>(f->ptr);
+  if (is_toml && !(string_field && !parsed["v"].is_string())) {
+    assign(*f, *parsed.get("v"), origin);
+  } else {
+    assign(*f, toml::value<std::string>(value), origin);
+  }
+}
+
+void validate(const Config& cfg, const std::string& origin) {
+  const Checker c{origin};
+  const ModelSettings& m = cfg.model;
+  c.enumeration("model.family", m.family, {"gpt2", "llama"});
+  c.positive("model.n_layer", m.n_layer);
+  c.positive("model.n_head", m.n_head);
+  c.non_negative("model.n_kv_head", m.n_kv_head);
+  c.positive("model.n_embd", m.n_embd);
+  c.positive("model.block_size", m.block_size);
+  c.non_negative("model.vocab_size", m.vocab_size);
+  if (m.n_embd % m.n_head != 0)
+    fail(origin, ": model.n_embd (", m.n_embd, ") must be divisible by model.n_head (", m.n_head, ")");
+  if (m.n_head % m.resolved_n_kv_head() != 0)
+    fail(origin, ": model.n_head (", m.n_head, ") must be divisible by model.n_kv_head (", m.n_kv_head, ")");
+  c.in_range("model.dropout", m.dropout, 0.0, 1.0, false);
+  c.in_range("model.attn_dropout", m.attn_dropout, 0.0, 1.0, false);
+  c.positive("model.norm_eps", m.norm_eps);
+  c.positive("model.rope_theta", m.rope_theta);
+  c.non_negative("model.ffn_hidden", m.ffn_hidden);
+  c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
+  c.enumeration("model.position", m.position, {"learned", "rope", "sinusoidal", "alibi", "none"}, true);
+  c.enumeration("model.norm", m.norm, {"layernorm", "rmsnorm"}, true);
+  c.enumeration("model.activation", m.activation, {"gelu_tanh", "gelu", "swiglu", "relu"}, true);
+  c.non_negative("model.window", m.window);
+  c.non_negative("model.init_std", m.init_std);
+  c.enumeration("model.attn_kernel", m.attn_kernel, {"fused", "reference"});
+  if (m.resolved_position() == "rope" && m.head_dim() % 2 != 0)
+    fail(origin, ": rotary positions need an even head size, but model.n_embd / model.n_head = ",
+         m.head_dim());
+  if (m.resolved_position() == "sinusoidal" && m.n_embd % 2 != 0)
+    fail(origin, ": sinusoidal positions need an even model.n_embd, got ", m.n_embd);
+
+  const DataSettings& d = cfg.data;
+  c.enumeration("data.tokenizer", d.tokenizer, {"char", "byte", "bpe"});
+  if (d.bpe_vocab_size < 256)
+    fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
+  c.enumeration("data.separator", d.separator, {"blank_line", "percent_line", "none"});
+  c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
+  c.enumeration("data.batching", d.batching, {"random_windows", "padded_docs", "packed_docs"});
+  c.enumeration("data.padding_side", d.padding_side, {"right", "left"});
+  if (!d.random_tokens && m.vocab_size > 0) {
+    if (d.tokenizer == "byte" && m.vocab_size < 256)
+      fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");
+    if (d.tokenizer == "bpe" && m.vocab_size < d.bpe_vocab_size)
+      fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than data.bpe_vocab_size (",
+           d.bpe_vocab_size, ")");
+  }
+  if (d.random_tokens && m.vocab_size <= 0)
+    fail(origin, ": data.random_tokens needs model.vocab_size > 0 (there is no tokenizer to ask)");
+
+  const TrainSettings& t = cfg.train;
+  c.enumeration("train.device", t.device, {"cpu", "cuda"});
+  c.enumeration("train.dtype", t.dtype, {"float32", "bf16"});
+  c.positive("train.batch_size", t.batch_size);
+  c.positive("train.grad_accum", t.grad_accum);
+  c.non_negative("train.max_steps", t.max_steps);
+  c.non_negative("train.lr", t.lr);
+  c.non_negative("train.min_lr", t.min_lr);
+  c.non_negative("train.warmup_steps", t.warmup_steps);
+  c.enumeration("train.lr_schedule", t.lr_schedule, {"cosine", "constant"});
+  c.non_negative("train.weight_decay", t.weight_decay);
+  c.in_range("train.beta1", t.beta1, 0.0, 1.0, false);
+  c.in_range("train.beta2", t.beta2, 0.0, 1.0, false);
+  c.non_negative("train.eps", t.eps);
+  c.non_negative("train.grad_clip", t.grad_clip);
+  c.non_negative("train.seed", t.seed);
+  if (t.out_dir.empty()) fail(origin, ": train.out_dir must not be empty");
+  c.positive("train.eval_interval", t.eval_interval);
+  c.positive("train.eval_batches", t.eval_batches);
+  c.non_negative("train.checkpoint_interval", t.checkpoint_interval);
+  c.positive("train.keep_last", t.keep_last);
+  c.positive("train.max_bad_steps", t.max_bad_steps);
+  c.non_negative("train.threads", t.threads);
+  c.positive("train.log_interval", t.log_interval);
+  if (t.zero < 0 || t.zero > 3) fail(origin, ": train.zero must be a ZeRO stage 0..3, got ", t.zero);
+
+  const SampleSettings& s = cfg.sample;
+  c.non_negative("sample.max_new_tokens", s.max_new_tokens);
+  c.non_negative("sample.temperature", s.temperature);
+  c.non_negative("sample.top_k", s.top_k);
+  if (!(s.top_p > 0 && s.top_p <= 1)) fail(origin, ": sample.top_p must be in (0, 1], got ", s.top_p);
+  c.non_negative("sample.seed", s.seed);
+}
+
+// ---- output ----
+
+std::string to_toml(const Config& cfg) {
+  Config r = cfg.resolved();
+  std::ostringstream os;
+  os << "# qkv configuration (resolved: family defaults filled in)\n";
+  std::string section;
+  for (const Field& f : fields_of(r)) {
+    if (section != f.section) {
+      section = f.section;
+      os << (section == "model" ? "" : "\n") << "[" << section << "]\n";
+    }
+    os << f.key << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, int64_t>) os << *p;
+          else if constexpr (std::is_same_v<T, double>) os << format_double(*p);
+          else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
+          else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
+          else os << quote(*p);
+        },
+        f.ptr);
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<std::string> config_keys() {
+  Config scratch;
+  std::vector<std::string> out;
+  for (const Field& f : fields_of(scratch)) out.push_back(f.name());
+  return out;
+}
+
+}  // namespace qkv

@@ -1,0 +1,145 @@
+// The run configuration: one TOML file with sections [model], [data], [train], [sample]
+// (DESIGN §4), refined by `--set section.key=value` overrides, validated, and written back as the
+// resolved TOML text stored in every checkpoint.
+//
+// Strictness is the point: an unknown section or key, or a value of the wrong type, is an error
+// naming the file and the key ("configs/x.toml: unknown key model.n_layers (did you mean
+// model.n_layer?)", "configs/x.toml: model.n_head must be an integer, got string"), so a typo
+// never silently trains the default model.
+//
+// Empty strings / 0 / unset optionals mean "the family default"; the resolved_*() accessors give
+// the value actually used, and to_toml() writes the resolved values, so a checkpoint's config
+// does not depend on what the defaults were when it was trained.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+struct ModelSettings {
+  std::string family = "gpt2";  // "gpt2" | "llama": a preset for the switches below
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_kv_head = 0;   // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
+  int64_t n_embd = 128;
+  int64_t block_size = 64;
+  int64_t vocab_size = 0;  // 0 = taken from the tokenizer
+  double dropout = 0.0;    // embedding and residual dropout
+  double attn_dropout = 0.0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  int64_t ffn_hidden = 0;  // 0 = family default (gpt2: 4C; llama: 2/3 of 4C rounded up)
+  int64_t ffn_multiple_of = 64;  // llama's rounding of the default ffn_hidden
+  // Preset switches; "" / unset = the family's choice.
+  std::string position;    // "learned" | "rope" | "sinusoidal" | "alibi" | "none"
+  std::string norm;        // "layernorm" | "rmsnorm"
+  std::string activation;  // "gelu_tanh" | "gelu" | "swiglu" | "relu"
+  std::optional<bool> bias;
+  std::optional<bool> tie_embeddings;
+  int64_t window = 0;      // sliding attention window; 0 = none
+  double init_std = 0.02;
+  std::string attn_kernel = "fused";  // "fused" | "reference"
+
+  std::string resolved_position() const;    // gpt2: learned, llama: rope
+  std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm
+  std::string resolved_activation() const;  // gpt2: gelu_tanh, llama: swiglu
+  bool resolved_bias() const;               // gpt2: true, llama: false
+  bool resolved_tie_embeddings() const;     // gpt2: true, llama: false
+  int64_t resolved_n_kv_head() const;       // n_kv_head or n_head
+  // gpt2: 4C. llama: h = int(2 * 4C / 3), rounded up to a multiple of ffn_multiple_of
+  // (as Meta's Llama reference computes it; C = 128 gives 384).
+  int64_t resolved_ffn_hidden() const;
+  int64_t head_dim() const { return n_embd / n_head; }
+  bool operator==(const ModelSettings&) const = default;
+};
+
+struct DataSettings {
+  std::string path;                   // a text file or a prepared .h5; may be empty with random_tokens
+  std::string tokenizer = "char";     // "char" | "byte" | "bpe"
+  int64_t bpe_vocab_size = 512;
+  std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
+  double val_fraction = 0.1;
+  std::string batching = "random_windows";  // "random_windows" | "padded_docs" | "packed_docs"
+  std::string padding_side = "right";       // "right" | "left"
+  bool random_tokens = false;  // train on uniform random tokens (benchmarks), no corpus needed
+  bool operator==(const DataSettings&) const = default;
+};
+
+struct TrainSettings {
+  std::string device = "cpu";    // "cpu" | "cuda"
+  std::string dtype = "float32";  // "float32" | "bf16"
+  int64_t batch_size = 12;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 100;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "cosine";  // "cosine" | "constant"
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global L2 norm; 0 = off
+  int64_t seed = 1337;
+  std::string out_dir = "runs/default";
+  int64_t eval_interval = 100;
+  int64_t eval_batches = 20;
+  int64_t checkpoint_interval = 0;  // 0 = only at the end
+  int64_t keep_last = 3;
+  int64_t max_bad_steps = 5;  // consecutive non-finite steps before training stops
+  bool recompute = false;     // activation recomputation per block
+  int64_t threads = 0;        // 0 = all cores
+  int64_t log_interval = 10;
+  int64_t zero = 0;           // optimizer-state sharding stage (0 = none)
+  bool operator==(const TrainSettings&) const = default;
+};
+
+struct SampleSettings {
+  int64_t max_new_tokens = 200;
+  double temperature = 1.0;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = off
+  double top_p = 1.0;        // 1 = off
+  int64_t seed = 1337;
+  std::string prompt;
+  bool operator==(const SampleSettings&) const = default;
+};
+
+struct Config {
+  ModelSettings model;
+  DataSettings data;
+  TrainSettings train;
+  SampleSettings sample;
+
+  // A copy with every family default filled in (position, norm, activation, bias,
+  // tie_embeddings, n_kv_head, ffn_hidden); vocab_size stays as is (the tokenizer decides it).
+  Config resolved() const;
+  bool operator==(const Config&) const = default;
+};
+
+// Reads and parses `path`, applies each override ("section.key=value") in order, validates.
+// Errors (qkv::Error) name the file (or "--set") and the key: one line each.
+Config parse_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text; `origin` names it in messages (a file name, "checkpoint run.h5").
+Config parse_config_text(const std::string& text, const std::string& origin,
+                         const std::vector<std::string>& overrides = {});
+
+// Applies one "section.key=value". The value is read as a TOML value (3e-4, true, "llama");
+// text that is not valid TOML is taken as a bare string (model.family=llama), and a string key
+// always takes the text verbatim unless it is a quoted TOML string. Whitespace around the key and
+// the value is dropped (quote a string to keep it). Errors start with "--set <assignment>: ".
+void apply_override(Config& cfg, const std::string& assignment);
+
+// Range and consistency checks (n_embd % n_head, n_head % n_kv_head, probabilities in range,
+// known enum strings, ...). Throws "<origin>: <message>".
+void validate(const Config& cfg, const std::string& origin);
+
+// The resolved config as TOML text, every key in declaration order. parse_config_text of the
+// result gives back cfg.resolved() exactly (doubles are written in shortest round-trip form).
+std::string to_toml(const Config& cfg);
+
+// Every key as "section.key", in declaration order (for help text and tests).
+std::vector<std::string> config_keys();
+
+}  // namespace qkv
