@@ -9,6 +9,13 @@
 namespace qkv::app {
 
 void add_gradcheck_command(CLI::App& root, int& exit_code);
+void add_train_command(CLI::App& root, int& exit_code);
+void add_sample_command(CLI::App& root, int& exit_code);
+void add_eval_command(CLI::App& root, int& exit_code);
+void add_prepare_command(CLI::App& root, int& exit_code);
+void add_plot_command(CLI::App& root, int& exit_code);
+void add_bench_command(CLI::App& root, int& exit_code);
+void add_inspect_command(CLI::App& root, int& exit_code);
 
 // Prints `j` as the single JSON line that ends stdout (DESIGN §3).
 void print_json(const nlohmann::json& j);

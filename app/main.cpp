@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   qkv::app::add_gradcheck_command(app, exit_code);
+  qkv::app::add_prepare_command(app, exit_code);
+  qkv::app::add_plot_command(app, exit_code);
+  qkv::app::add_bench_command(app, exit_code);
+  qkv::app::add_inspect_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

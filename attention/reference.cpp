@@ -97,12 +97,16 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   const Tensor valid = p.dtype == DType::f32 ? row_flags<float>(row_valid, p) : row_flags<double>(row_valid, p);
   // fill = masked, except on rows with nothing visible (kept finite there, zeroed after softmax).
   Tensor fill = Tensor::empty(vis.shape(), DType::boolean);
+  bool any_fill = false;
   {
     const bool* vd = vis.data<bool>();
     bool* fd = fill.data<bool>();
     const bool query_axis = fault == Fault::softmax_over_queries;  // fills every masked entry
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < p.Nk; ++j) fd[r * p.Nk + j] = !vd[r * p.Nk + j] && (row_valid[r] || query_axis);
+      for (int64_t j = 0; j < p.Nk; ++j) {
+        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && (row_valid[r] || query_axis);
+        any_fill = any_fill || fd[r * p.Nk + j];
+      }
   }
   Tensor a;
   if (fault == Fault::mask_after_softmax) {
@@ -111,7 +115,7 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
     // the planted bug: normalised over queries (finite fill so empty columns stay finite)
     a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis.to(p.dtype));
   } else {
-    a = ag::softmax(ag::masked_fill(s, fill, -INFINITY), -1);
+    a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
     if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
   }
   res.weights = a;

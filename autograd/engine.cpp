@@ -1,10 +1,12 @@
 #include "autograd/engine.h"
 
+#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "autograd/profiler.h"
 #include "tensor/ops.h"
 
 namespace qkv::autograd {
@@ -112,7 +114,15 @@ void backward(const Tensor& root, const Tensor& grad) {
     if (found == grads.end()) continue;
     Tensor g = std::move(found->second);
     grads.erase(found);
-    std::vector<Tensor> in_grads = n->backward(g);
+    std::vector<Tensor> in_grads;
+    if (profiling_enabled()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      in_grads = n->backward(g);
+      profile_add(std::string("backward ") + n->name(),
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    } else {
+      in_grads = n->backward(g);
+    }
     n->release();
     for (size_t i = 0; i < in_grads.size() && i < n->next().size(); ++i) {
       Node* child = n->next()[i].get();

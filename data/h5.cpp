@@ -84,8 +84,10 @@ Id intermediate_lcpl() {
 
 Id file_access_plist() {
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
-  // 1.8+ format: checksummed superblock and object headers.
-  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  // 1.10+ format: checksummed superblock and object headers, and chunk indexes that carry
+  // checksums too (the 1.8 format indexes chunks with version-1 B-trees, which have none: a
+  // flipped byte there silently turned a dataset into zeros).
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_LATEST);
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   return fapl;
 }
@@ -203,10 +205,16 @@ bool File::has(const std::string& name) const {
 }
 
 void File::create_group(const std::string& name) {
-  if (has(name)) return;
-  Id lcpl = intermediate_lcpl();
-  Id g(H5Gcreate2(file_.get(), normalize(name).c_str(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!g.valid()) fail("cannot create group ", normalize(name));
+  const std::string full = normalize(name);
+  if (has(full)) return;
+  // Parents one by one rather than through HDF5's intermediate-group creation, which would use
+  // the default group properties and so record timestamps (breaking same content = same bytes).
+  const size_t slash = full.rfind('/');
+  if (slash > 0) create_group(full.substr(0, slash));
+  Id gcpl(H5Pcreate(H5P_GROUP_CREATE));
+  H5Pset_obj_track_times(gcpl.get(), 0);
+  Id g(H5Gcreate2(file_.get(), full.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+  if (!g.valid()) fail("cannot create group ", full);
 }
 
 std::vector<std::string> File::children(const std::string& group) const {
@@ -253,6 +261,7 @@ void File::write_raw(const std::string& name, hid_t mem_type, const void* data, 
     if (d < 0) fail("dataset ", full, " has negative shape ", shape_str(shape));
     numel *= d;
   }
+  if (full.rfind('/') > 0) create_group(full.substr(0, full.rfind('/')));  // without timestamps
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Id space(shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
@@ -368,6 +377,7 @@ void File::write_string(const std::string& name, const std::string& text) {
   const std::string full = normalize(name);
   if (text.find('\0') != std::string::npos) fail("string dataset ", full, " cannot hold NUL bytes");
   if (has(full)) fail("dataset ", full, " already exists");
+  if (full.rfind('/') > 0) create_group(full.substr(0, full.rfind('/')));  // without timestamps
   Id type = utf8_string_type();
   Id space(H5Screate(H5S_SCALAR));
   Id lcpl = intermediate_lcpl();

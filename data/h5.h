@@ -2,7 +2,7 @@
 // (train/). Every failure becomes one qkv::Error line naming the file and the object:
 //   "[h5] run/ckpt.h5: dataset /model/wte.weight has type int32, expected float32".
 //
-// Files are written in the 1.8+ object format (object headers and the superblock carry
+// Files are written in the 1.10+ object format (object headers, chunk indexes and the superblock carry
 // checksums) and numeric datasets are chunked with the Fletcher-32 filter, so a flipped byte in
 // metadata or in the numbers is reported on read instead of returning wrong values. String
 // datasets (JSON, TOML) carry their own 64-bit checksum attribute. Modification times are not

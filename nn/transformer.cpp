@@ -7,6 +7,7 @@
 #include "attention/rope.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/profiler.h"
 
 namespace qkv::nn {
 
@@ -79,6 +80,7 @@ class SelfAttention : public Module {
 
   // x [B, T, C] -> [B, T, C]
   Tensor forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
+    autograd::ProfileScope prof("forward attention block");
     const int64_t B = x.size(0), T = x.size(1), hd = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
     Tensor q, k, v;
     if (c_attn_) {
@@ -146,6 +148,7 @@ class MLP : public Module {
     }
   }
   Tensor forward(const Tensor& x) const {
+    autograd::ProfileScope prof("forward mlp");
     const int64_t F = cfg_.ffn_hidden;
     Tensor h;
     switch (cfg_.activation) {
@@ -277,6 +280,7 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
     if (args.hidden) args.hidden->push_back(x);
   }
   x = static_cast<const Norm&>(*final_norm_).forward(x);
+  autograd::ProfileScope prof("forward lm head");
   return ag::linear(x, lm_head_ ? lm_head_->weight : tok_emb_->weight, Tensor());
 }
 

@@ -70,16 +70,20 @@ Tensor rand(const Shape& shape, uint64_t seed, uint64_t offset, double lo, doubl
   Tensor t = Tensor::empty(shape, dtype);
   const int64_t n = t.numel();
   if (dtype == DType::f32) {
-    const float l = static_cast<float>(lo), w = static_cast<float>(hi - lo);
+    // lo + w u can round up to hi itself; the largest value below hi keeps the interval half-open.
+    const float l = static_cast<float>(lo), w = static_cast<float>(hi - lo), h = static_cast<float>(hi);
+    const float below = hi > lo ? std::nextafter(h, l) : l;
     fill_random(t.data<float>(), n, [&](int64_t i) {
       const Philox4 r = draw(offset + static_cast<uint64_t>(i), seed);
-      return l + w * uniform_from_bits(r.v[0]);
+      const float v = l + w * uniform_from_bits(r.v[0]);
+      return v < h ? v : below;
     });
   } else {
-    const double w = hi - lo;
+    const double w = hi - lo, below = hi > lo ? std::nextafter(hi, lo) : lo;
     fill_random(t.data<double>(), n, [&](int64_t i) {
       const Philox4 r = draw(offset + static_cast<uint64_t>(i), seed);
-      return lo + w * uniform53_from_bits(r.v[0], r.v[1]);
+      const double v = lo + w * uniform53_from_bits(r.v[0], r.v[1]);
+      return v < hi ? v : below;
     });
   }
   return t;

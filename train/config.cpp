@@ -70,6 +70,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "dtype", &t.dtype},
       {"train", "batch_size", &t.batch_size},
       {"train", "grad_accum", &t.grad_accum},
+      {"train", "seq_len", &t.seq_len},
       {"train", "max_steps", &t.max_steps},
       {"train", "lr", &t.lr},
       {"train", "min_lr", &t.min_lr},
@@ -415,6 +416,9 @@ void validate(const Config& cfg, const std::string& origin) {
   c.enumeration("train.dtype", t.dtype, {"float32", "bf16"});
   c.positive("train.batch_size", t.batch_size);
   c.positive("train.grad_accum", t.grad_accum);
+  c.non_negative("train.seq_len", t.seq_len);
+  if (t.seq_len > m.block_size)
+    fail(origin, ": train.seq_len (", t.seq_len, ") exceeds model.block_size (", m.block_size, ")");
   c.non_negative("train.max_steps", t.max_steps);
   c.non_negative("train.lr", t.lr);
   c.non_negative("train.min_lr", t.min_lr);

@@ -72,6 +72,8 @@ struct TrainSettings {
   std::string dtype = "float32";  // "float32" | "bf16"
   int64_t batch_size = 12;
   int64_t grad_accum = 1;
+  int64_t seq_len = 0;  // tokens per training row; 0 = model.block_size
+  int64_t resolved_seq_len(int64_t block_size) const { return seq_len > 0 ? seq_len : block_size; }
   int64_t max_steps = 100;
   double lr = 1e-3;
   double min_lr = 1e-4;

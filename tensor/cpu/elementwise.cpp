@@ -25,6 +25,10 @@
 namespace qkv::cpu {
 namespace {
 
+// The per-element math below is forced inline: GCC's size heuristics otherwise leave a call to
+// expf_vec in the larger lambdas (the activation derivatives), and a call blocks vectorisation.
+#define QKV_INLINE inline __attribute__((always_inline))
+
 constexpr double kSqrt2OverPi = 0.79788456080286535588;   // sqrt(2/pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;      // 1/sqrt(2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/sqrt(2 pi)
@@ -49,11 +53,12 @@ void dispatch_numeric(DType t, F&& f) {
   }
 }
 
-// out = f(x) over typed operands of one dtype.
+// out = f(x) over typed operands of one dtype. The run body is `flatten`ed so f (and what it
+// calls) is inlined into each loop: an out-of-line call per element would block vectorisation.
 template <class T, class F>
 void map1(const Tensor& x, const Tensor& out, F f) {
   for_each_strided<2>(out.shape(), {&out.strides(), &x.strides()}, std::array<T*, 2>{out.data<T>(), x.data<T>()},
-                      [&](std::array<T*, 2> p, std::array<int64_t, 2> s, int64_t n) {
+                      [&](std::array<T*, 2> p, std::array<int64_t, 2> s, int64_t n) __attribute__((flatten)) {
                         T* o = p[0];
                         const T* a = p[1];
                         if (s[0] == 1 && s[1] == 1) {
@@ -72,7 +77,7 @@ template <class T, class F>
 void map2(const Tensor& x, const Tensor& y, const Tensor& out, F f) {
   for_each_strided<3>(out.shape(), {&out.strides(), &x.strides(), &y.strides()},
                       std::array<T*, 3>{out.data<T>(), x.data<T>(), y.data<T>()},
-                      [&](std::array<T*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+                      [&](std::array<T*, 3> p, std::array<int64_t, 3> s, int64_t n) __attribute__((flatten)) {
                         T* o = p[0];
                         const T* a = p[1];
                         const T* b = p[2];
@@ -110,7 +115,7 @@ void for_each_bytes(const Shape& shape, const std::array<const Tensor*, N>& ts, 
 // part exact in float and a low correction; e^r by its degree-6 Taylor polynomial (|r| <= ln2/2,
 // truncation < 2e-8 relative); 2^n built in the exponent bits in two halves so n = -126..128
 // stays representable. Relative error <= ~4 ulp; x < -87.34 gives 0, x > 88.72 gives inf, NaN stays.
-inline float expf_vec(float x) {
+QKV_INLINE float expf_vec(float x) {
   constexpr float kLo = -87.33654f, kHi = 88.72283f;
   const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: t's low mantissa bits then hold round(x log2 e)
@@ -139,13 +144,13 @@ inline float expf_vec(float x) {
 }
 
 template <class T>
-inline T exp_of(T x) {
+QKV_INLINE T exp_of(T x) {
   if constexpr (std::is_same_v<T, float>) return expf_vec(x);
   else return std::exp(x);
 }
 
 template <class T>
-inline T sigmoid_of(T x) {
+QKV_INLINE T sigmoid_of(T x) {
   const T e = exp_of<T>(-std::fabs(x));  // in (0, 1]: no overflow for either sign
   const T r = T(1) / (T(1) + e);
   return x >= 0 ? r : e * r;
@@ -154,7 +159,7 @@ inline T sigmoid_of(T x) {
 // tanh x = sign(x) (1 - e) / (1 + e), e = e^(-2|x|); below |x| = 0.2 that loses digits to
 // cancellation, so use the series x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835 (error < 1e-9 there).
 template <class T>
-inline T tanh_of(T x) {
+QKV_INLINE T tanh_of(T x) {
   if constexpr (std::is_same_v<T, float>) {
     const float ax = std::fabs(x);
     const float e = expf_vec(-2.0f * ax);
@@ -171,13 +176,13 @@ inline T tanh_of(T x) {
 
 // gelu_tanh(x) = 0.5 x (1 + tanh u) = x sigmoid(2u): one exp, no cancellation in the negative tail.
 template <class T>
-inline T gelu_tanh_of(T x) {
+QKV_INLINE T gelu_tanh_of(T x) {
   const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
   return x * sigmoid_of<T>(T(2) * u);
 }
 
 template <class T>
-inline T gelu_erf_of(T x) {
+QKV_INLINE T gelu_erf_of(T x) {
   return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
 }
 

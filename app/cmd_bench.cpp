@@ -1,0 +1,80 @@
+// qkv bench [--config FILE] [--what step|attention|gemm] [--steps N] [--threads N] [--profile] [--json]
+#include <omp.h>
+
+#include <cstdio>
+
+#include "app/commands.h"
+#include "attention/bench.h"
+#include "train/bench.h"
+
+namespace qkv::app {
+
+void add_bench_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("bench", "measure a training step, the attention kernels, or GEMM");
+  static std::string config, what = "step";
+  static std::vector<std::string> sets;
+  static int steps = 10, threads = 0;
+  static std::vector<int64_t> ns;
+  static bool profile = false, json = false;
+  cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
+  cmd->add_option("--set", sets, "override a config key (repeatable)");
+  cmd->add_option("--what", what, "step | attention | gemm")->capture_default_str();
+  cmd->add_option("--steps", steps, "timed steps after the warm-up")->capture_default_str();
+  cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
+  cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
+  cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
+  cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
+  cmd->callback([&exit_code] {
+    nlohmann::json results = nlohmann::json::array();
+    std::FILE* out = json ? stderr : stdout;
+    if (threads > 0) omp_set_num_threads(threads);
+    if (what == "step" || what == "gemm") {
+      QKV_CHECK(!config.empty(), "[bench] --what ", what, " needs --config");
+      Config cfg = parse_config(config, sets);
+      if (threads > 0) cfg.train.threads = threads;
+      if (what == "step") {
+        const auto r = train::bench_step(cfg, steps, 3, profile);
+        std::fprintf(out, "%s: %.2f ms/step  %.0f tok/s  %.2f GFLOP/s  peak RSS %.0f MB  (%d threads, %lld params, loss %.4f)\n",
+                     config.c_str(), r.ms_per_step, r.tokens_per_s, r.gflops, r.peak_rss_bytes / 1048576.0, r.threads,
+                     static_cast<long long>(r.params), r.final_loss);
+        nlohmann::json j = {{"name", "step"},        {"config", config},         {"ms_per_step", r.ms_per_step},
+                            {"tokens_per_s", r.tokens_per_s}, {"gflops", r.gflops}, {"flops_per_step", r.flops_per_step},
+                            {"peak_rss_bytes", r.peak_rss_bytes}, {"threads", r.threads}, {"params", r.params},
+                            {"step_ms", r.step_ms},   {"final_loss", r.final_loss}};
+        if (profile) {
+          nlohmann::json prof = nlohmann::json::array();
+          std::vector<std::pair<std::string, autograd::ProfileEntry>> rows(r.profile.begin(), r.profile.end());
+          std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.ms > b.second.ms; });
+          std::fprintf(out, "%-36s %10s %8s\n", "region / backward node", "ms/step", "calls");
+          for (auto& [name, e] : rows) {
+            std::fprintf(out, "%-36s %10.3f %8lld\n", name.c_str(), e.ms, static_cast<long long>(e.calls / std::max(steps, 1)));
+            prof.push_back({{"name", name}, {"ms", e.ms}, {"calls", e.calls}});
+          }
+          j["profile"] = prof;
+        }
+        results.push_back(j);
+      } else {
+        for (const auto& g : train::bench_gemm(cfg)) {
+          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s\n", g.name.c_str(), static_cast<long long>(g.m),
+                       static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops);
+          results.push_back({{"name", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflops", g.gflops}});
+        }
+      }
+    } else if (what == "attention") {
+      attn::AttentionBenchOptions o;
+      if (!ns.empty()) o.ns = ns;
+      o.threads = threads > 0 ? threads : omp_get_max_threads();
+      for (const auto& r : attn::bench_attention(o)) {
+        std::fprintf(out, "%-9s N=%-5lld hkv=%-2lld %10.2f ms  peak %8.2f MB\n", r.kernel.c_str(), static_cast<long long>(r.n),
+                     static_cast<long long>(r.hkv), r.ms, r.peak_bytes / 1048576.0);
+        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv}, {"ms", r.ms}, {"peak_bytes", r.peak_bytes}});
+      }
+    } else {
+      fail("[bench] --what must be step, attention or gemm, got '", what, "'");
+    }
+    if (json) print_json({{"results", results}});
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

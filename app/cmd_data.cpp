@@ -1,0 +1,65 @@
+// qkv prepare --input TEXT --tokenizer byte|char|bpe --out DATA.h5 [--separator …] [--bpe-vocab-size N]
+// qkv plot --metrics RUN_DIR/metrics.jsonl --out loss.svg
+#include <cstdio>
+
+#include "app/commands.h"
+#include "data/dataset.h"
+#include "train/plot.h"
+
+namespace qkv::app {
+
+void add_prepare_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("prepare", "tokenize a text file into train/val splits (HDF5)");
+  static std::string input, tokenizer = "char", out, separator = "none";
+  static int32_t bpe_vocab = 512;
+  static double val_fraction = 0.1;
+  static int64_t seed = 1337;
+  static bool json = false;
+  cmd->add_option("--input", input, "text file")->required();
+  cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe")->required();
+  cmd->add_option("--out", out, "output .h5")->required();
+  cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")->capture_default_str();
+  cmd->add_option("--bpe-vocab-size", bpe_vocab, "BPE vocabulary size")->capture_default_str();
+  cmd->add_option("--val-fraction", val_fraction, "share of documents (or tokens) held out")->capture_default_str();
+  cmd->add_option("--seed", seed, "which documents go to validation")->capture_default_str();
+  cmd->add_flag("--json", json, "print a summary as one JSON line");
+  cmd->callback([&exit_code] {
+    PrepareOptions o;
+    o.tokenizer = tokenizer;
+    o.bpe_vocab_size = bpe_vocab;
+    o.separator = parse_separator(separator);
+    o.val_fraction = val_fraction;
+    o.split_seed = static_cast<uint64_t>(seed);
+    const Dataset ds = prepare_dataset(input, out, o);
+    std::fprintf(json ? stderr : stdout, "%s: %s tokenizer (vocab %d), train %lld tokens in %lld documents, val %lld tokens in %lld documents\n",
+                 out.c_str(), ds.tokenizer->kind(), ds.tokenizer->vocab_size(), static_cast<long long>(ds.train->size()),
+                 static_cast<long long>(ds.train->n_docs()), static_cast<long long>(ds.val->size()),
+                 static_cast<long long>(ds.val->n_docs()));
+    if (json)
+      print_json({{"out", out},
+                  {"tokenizer", ds.tokenizer->kind()},
+                  {"vocab_size", ds.tokenizer->vocab_size()},
+                  {"train_tokens", ds.train->size()},
+                  {"val_tokens", ds.val->size()},
+                  {"train_docs", ds.train->n_docs()},
+                  {"val_docs", ds.val->n_docs()}});
+    exit_code = 0;
+  });
+}
+
+void add_plot_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("plot", "draw the loss curves of a run as an SVG");
+  static std::string metrics, out;
+  static bool json = false;
+  cmd->add_option("--metrics", metrics, "RUN_DIR/metrics.jsonl")->required();
+  cmd->add_option("--out", out, "output .svg")->required();
+  cmd->add_flag("--json", json, "print {\"out\": …} as one JSON line");
+  cmd->callback([&exit_code] {
+    train::plot_metrics(metrics, out);
+    if (json) print_json({{"out", out}});
+    else std::printf("wrote %s\n", out.c_str());
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,38 @@
+// A lightweight profiler for `qkv bench --profile`: wall time summed per name. The engine times
+// every backward node by its name; forward code marks regions with ProfileScope. Off by default:
+// a disabled scope costs one branch.
+#pragma once
+#include <chrono>
+#include <map>
+#include <string>
+
+namespace qkv::autograd {
+
+struct ProfileEntry {
+  double ms = 0;
+  int64_t calls = 0;
+};
+
+bool profiling_enabled();
+void set_profiling(bool on);
+void profile_add(const std::string& name, double ms);
+std::map<std::string, ProfileEntry> profile_snapshot();
+void profile_reset();
+
+class ProfileScope {
+ public:
+  explicit ProfileScope(const char* name) : name_(profiling_enabled() ? name : nullptr) {
+    if (name_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfileScope() {
+    if (name_) profile_add(name_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  const char* name_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace qkv::autograd

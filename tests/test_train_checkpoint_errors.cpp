@@ -1,0 +1,394 @@
+// Checkpoints, the bad paths: truncated, bit-flipped, foreign, newer and mismatched files are
+// rejected with one line naming the file and the problem, and a failed load leaves the model as
+// it was; a save that fails midway leaves the previous checkpoint in place; pruning keeps the
+// newest by step number; and `qkv inspect` reports what the file holds.
+#include <catch2/catch.hpp>
+#include <hdf5.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint_test_util.h"
+#include "data/h5.h"
+
+using namespace qkv;
+using namespace qkv::train;
+using namespace qkv::ckpt_test;
+using Catch::Contains;
+
+namespace {
+
+// Overwrites dataset `name` of an existing file with `values` (through the C API, so the
+// Fletcher-32 checksums are recomputed: the file is consistent, only the numbers are bad).
+void overwrite_dataset(const std::string& path, const std::string& name, const std::vector<float>& values) {
+  h5::quiet();
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  REQUIRE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+std::set<std::string> files_in(const TempDir& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir.path)) out.insert(e.path().filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint rejects a truncated file naming the file", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2");
+  save(r, path);
+  const auto size = fs::file_size(path);
+  for (const auto keep : {size - 1, size / 2, uintmax_t{512}, uintmax_t{4}, uintmax_t{0}}) {
+    INFO("kept " << keep << " of " << size << " bytes");
+    fs::copy_file(path, dir.file("cut.h5"), fs::copy_options::overwrite_existing);
+    fs::resize_file(dir.file("cut.h5"), keep);
+    const std::string msg = error_of([&] { load_everything(dir.file("cut.h5")); });
+    CHECK_THAT(msg, Contains(dir.file("cut.h5")));
+    if (keep >= 512) CHECK_THAT(msg, Contains("truncated"));
+    else CHECK_THAT(msg, Contains("not an HDF5 file"));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK_THAT(error_of([&] { read_checkpoint_meta(dir.file("missing.h5")); }),
+             Contains(dir.file("missing.h5")) && Contains("not found"));
+}
+
+TEST_CASE("checkpoint rejects flipped bytes in tensor data, metadata and the config text", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("llama");
+  save(r, path);
+  const std::vector<char> good = read_bytes(path);
+  const std::string bad = dir.file("bad.h5");
+
+  SECTION("a flipped bit in a weight is caught by its chunk checksum; the model is left untouched") {
+    const auto params = r.model->named_parameters();
+    const Tensor emb = params[0].tensor;  // model.embed_tokens.weight, stored as is
+    REQUIRE(params[0].name == "model.embed_tokens.weight");
+    const int64_t at = find_bytes(good, emb.data<float>() + 3, 16);
+    REQUIRE(at > 0);
+    std::vector<char> b = good;
+    b[at + 5] ^= 0x10;
+    write_bytes(bad, b);
+    CHECK_NOTHROW(read_checkpoint_meta(bad));  // the metadata is intact
+    auto model = build_model(r.cfg, r.tok->vocab_size());
+    model->init_weights(1);
+    const auto before = snapshot(*model);
+    const std::string msg = error_of([&] { load_model_weights(bad, *model); });
+    CHECK_THAT(msg, Contains(bad) && Contains("/model/model.embed_tokens.weight") && Contains("checksum"));
+    CHECK(same_weights(*model, before));
+  }
+  SECTION("a flipped bit in an optimizer moment is caught too") {
+    const Tensor m = r.opt->states().back().exp_avg;  // lm_head's moment
+    const int64_t at = find_bytes(good, m.data<float>() + 1, 16);
+    REQUIRE(at > 0);
+    std::vector<char> b = good;
+    b[at] ^= 0x01;
+    write_bytes(bad, b);
+    auto model = build_model(r.cfg, r.tok->vocab_size());
+    CHECK_NOTHROW(load_model_weights(bad, *model));
+    auto opt = make_optimizer(*model, r.cfg);
+    CHECK_THAT(error_of([&] { load_optimizer_state(bad, *opt); }),
+               Contains(bad) && Contains("/optimizer/lm_head.weight/exp_avg") && Contains("checksum"));
+  }
+  SECTION("a flipped byte in the superblock makes the file unopenable") {
+    std::vector<char> b = good;
+    b[20] ^= 0x40;
+    write_bytes(bad, b);
+    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("corrupt"));
+  }
+  SECTION("a changed character in the stored config fails its checksum") {
+    const std::string needle = "n_layer = 2";
+    const int64_t at = find_bytes(good, needle.data(), needle.size());
+    REQUIRE(at > 0);
+    std::vector<char> b = good;
+    b[at + needle.size() - 1] = '3';  // still valid TOML, a different model: must not pass
+    write_bytes(bad, b);
+    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("config") && Contains("checksum"));
+  }
+  SECTION("a changed character in the tokenizer JSON fails its checksum") {
+    const std::string needle = "\"kind\"";
+    const int64_t at = find_bytes(good, needle.data(), needle.size());
+    REQUIRE(at > 0);
+    std::vector<char> b = good;
+    b[at + 1] = 'K';
+    write_bytes(bad, b);
+    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("tokenizer"));
+  }
+}
+
+TEST_CASE("checkpoint rejects every single-byte corruption or loads it unchanged, never silently wrong",
+          "[checkpoint]") {
+  // Corrupt one byte at each of 400 offsets spread over the file (QKV_CHECKPOINT_FUZZ_PROBES=N
+  // for more; N >= the file size covers every byte), with single-bit, all-bit and mixed flips.
+  // Each result must be an error or a load whose weights, moments and state all equal the
+  // original (bytes HDF5 never reads, such as padding).
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2", 16, 1);
+  save(r, path);
+  const std::vector<char> good = read_bytes(path);
+  const std::string bad = dir.file("bad.h5");
+  int rejected = 0, harmless = 0;
+  const char* env = std::getenv("QKV_CHECKPOINT_FUZZ_PROBES");
+  const size_t n = good.size(), probes = std::min<size_t>(n, env ? std::max(2l, std::atol(env)) : 400);
+  for (size_t k = 0; k < probes; ++k) {
+    const size_t at = k * (n - 1) / (probes - 1);
+    const int mask = k % 3 == 0 ? 0x5a : k % 3 == 1 ? 1 << (k / 3 % 8) : 0xff;
+    std::vector<char> b = good;
+    b[at] = static_cast<char>(b[at] ^ mask);
+    write_bytes(bad, b);
+    try {
+      const CheckpointMeta meta = read_checkpoint_meta(bad);
+      auto model = build_model(meta.config, meta.tokenizer->vocab_size());
+      load_model_weights(bad, *model);
+      auto opt = make_optimizer(*model, meta.config);
+      load_optimizer_state(bad, *opt);
+      INFO("byte " << at << " of " << n << " xor " << mask << " loaded");
+      REQUIRE(meta.config == r.cfg);
+      REQUIRE(meta.tokenizer->serialize() == r.tok->serialize());
+      REQUIRE(meta.state.step == r.state.step);
+      REQUIRE(meta.state.tokens_seen == r.state.tokens_seen);
+      REQUIRE(meta.state.data == r.state.data);
+      REQUIRE(meta.state.batch_mode == r.state.batch_mode);
+      REQUIRE(meta.state.best_val_loss == r.state.best_val_loss);
+      REQUIRE(meta.state.skipped_steps == r.state.skipped_steps);
+      REQUIRE(opt->step_count() == r.opt->step_count());
+      REQUIRE(same_weights(*model, snapshot(*r.model)));
+      for (const OptimParam& p : r.opt->params()) {
+        REQUIRE(bitwise_equal(opt->state(p.name).exp_avg, r.opt->state(p.name).exp_avg));
+        REQUIRE(bitwise_equal(opt->state(p.name).exp_avg_sq, r.opt->state(p.name).exp_avg_sq));
+      }
+      ++harmless;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      REQUIRE(msg.find(bad) != std::string::npos);
+      REQUIRE(msg.find('\n') == std::string::npos);
+      ++rejected;
+    }
+  }
+  std::printf("[checkpoint fuzz] %zu-byte file, %zu flips: %d rejected, %d harmless\n", n, probes, rejected, harmless);
+  CHECK(rejected > static_cast<int>(probes) / 2);
+}
+
+TEST_CASE("checkpoint rejects a foreign format, a newer version and non-HDF5 files", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2");
+  save(r, path);
+  {
+    h5::File f = h5::File::open(path, true);
+    f.set_attr("/", "format", "qkv-dataset");
+  }
+  CHECK_THAT(error_of([&] { read_checkpoint_meta(path); }),
+             Contains(path) && Contains("not a qkv checkpoint") && Contains("'qkv-dataset'"));
+  CHECK_THAT(error_of([&] { list_model_tensors(path); }), Contains("not a qkv checkpoint"));
+  save(r, path);
+  {
+    h5::File f = h5::File::open(path, true);
+    f.set_attr("/", "format_version", int64_t{kCheckpointFormatVersion + 1});
+  }
+  CHECK_THAT(error_of([&] { load_model_weights(path, *r.model); }),
+             Contains(path) && Contains("newer qkv") && Contains("format_version 2"));
+  {
+    h5::File f = h5::File::create(dir.file("plain.h5"));
+    f.write("x", std::vector<float>{1, 2});
+  }
+  CHECK_THAT(error_of([&] { read_checkpoint_meta(dir.file("plain.h5")); }),
+             Contains(dir.file("plain.h5")) && Contains("no 'format' attribute"));
+  std::ofstream(dir.file("text.h5")) << "just some text, not HDF5 at all\n";
+  CHECK_THAT(error_of([&] { read_checkpoint_meta(dir.file("text.h5")); }), Contains("not an HDF5 file"));
+}
+
+TEST_CASE("checkpoint load into a model of another config names the first mismatched tensor and both shapes",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2");  // C = 32, 2 layers, tied
+  save(r, path);
+  const int64_t V = r.tok->vocab_size();
+  const std::string Vs = std::to_string(V);
+
+  Run wide = make_run("gpt2", 48);
+  const auto before = snapshot(*wide.model);
+  CHECK_THAT(error_of([&] { load_model_weights(path, *wide.model); }),
+             Contains(path) && Contains("/model/transformer.wte.weight") && Contains("[" + Vs + ",32]") &&
+                 Contains("[" + Vs + ",48]"));
+  CHECK(same_weights(*wide.model, before));
+  CHECK_THAT(error_of([&] { load_optimizer_state(path, *wide.opt); }),
+             Contains("/optimizer/transformer.wte.weight/exp_avg") && Contains("[" + Vs + ",48]"));
+
+  Run deep = make_run("gpt2", 32, 3);
+  CHECK_THAT(error_of([&] { load_model_weights(path, *deep.model); }),
+             Contains("parameter transformer.h.2.ln_1.weight [32] is missing"));
+  CHECK_THAT(error_of([&] { load_optimizer_state(path, *deep.opt); }),
+             Contains("optimizer state of transformer.h.2.ln_1.weight is missing"));
+
+  Run shallow = make_run("gpt2", 32, 1);
+  CHECK_THAT(error_of([&] { load_model_weights(path, *shallow.model); }),
+             Contains("/model/transformer.h.1.") && Contains("not a parameter of this model"));
+
+  Run llama = make_run("llama");
+  CHECK_THAT(error_of([&] { load_model_weights(path, *llama.model); }),
+             Contains("parameter model.embed_tokens.weight [" + Vs + ",32] is missing"));
+
+  // An untied llama checkpoint into a tied llama: the extra head is named.
+  save(llama, path);
+  Config tied_cfg = llama.cfg;
+  tied_cfg.model.tie_embeddings = true;
+  auto tied = build_model(tied_cfg, V);
+  CHECK_THAT(error_of([&] { load_model_weights(path, *tied); }), Contains("/model/lm_head.weight is not a parameter"));
+}
+
+TEST_CASE("checkpoint refuses non-finite values on load and on save, naming the tensor", "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2");
+  save(r, path);
+  const std::string name = "transformer.h.1.mlp.c_fc.weight";
+  h5::File f = h5::File::open(path);
+  std::vector<float> w = f.read<float>("model/" + name);
+  f.close();
+  w[17] = std::numeric_limits<float>::quiet_NaN();
+  overwrite_dataset(path, "model/" + name, w);
+  auto model = build_model(r.cfg, r.tok->vocab_size());
+  const auto before = snapshot(*model);
+  CHECK_THAT(error_of([&] { load_model_weights(path, *model); }),
+             Contains(path) && Contains("/model/" + name) && Contains("non-finite") && Contains("element 17"));
+  CHECK(same_weights(*model, before));
+
+  r.model->named_parameters()[2].tensor.data<float>()[0] = INFINITY;
+  CHECK_THAT(error_of([&] { save(r, dir.file("inf.h5")); }),
+             Contains("refusing to save /model/transformer.h.0.ln_1.weight") && Contains("inf"));
+  CHECK_FALSE(fs::exists(dir.file("inf.h5")));
+}
+
+TEST_CASE("checkpoint save that fails midway leaves the previous checkpoint loadable and no partial file",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt_10.h5");
+  Run first = make_run("gpt2");
+  save(first, path);
+  const std::vector<char> first_bytes = read_bytes(path);
+
+  // The second save writes every weight, then meets a NaN in the last optimizer moment: the
+  // failure comes after most of the file was written to the temporary.
+  Run second = make_run("gpt2", 32, 2, 99);
+  second.state.step = 20;
+  second.opt->states().back().exp_avg_sq.data<float>()[3] = NAN;
+  const std::string msg = error_of([&] { save(second, path); });
+  CHECK_THAT(msg, Contains("refusing to save /optimizer/") && Contains("exp_avg_sq"));
+  CHECK(read_bytes(path) == first_bytes);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK(files_in(dir) == std::set<std::string>{"ckpt_10.h5"});
+  CHECK_NOTHROW(load_everything(path));
+  CHECK(read_checkpoint_meta(path).state.step == 2);
+
+  // A crash (no destructor ran) can leave a stale temporary behind: it never shadows the real
+  // file, and the next save replaces it.
+  write_bytes(path + ".tmp", std::vector<char>(100, 'x'));
+  CHECK_NOTHROW(load_everything(path));
+  second.opt->states().back().exp_avg_sq.data<float>()[3] = 0.5f;
+  save(second, path);
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK(read_checkpoint_meta(path).state.step == 20);
+  auto model = build_model(second.cfg, second.tok->vocab_size());
+  load_model_weights(path, *model);
+  CHECK(same_weights(*model, snapshot(*second.model)));
+
+  // A save into a missing directory fails without creating anything.
+  CHECK_THAT(error_of([&] { save(second, dir.file("nope/ckpt.h5")); }), Contains("does not exist"));
+}
+
+TEST_CASE("checkpoint save rejects a config that does not describe the model", "[checkpoint]") {
+  TempDir dir;
+  Run r = make_run("gpt2");
+  Config other = r.cfg;
+  other.model.n_embd = 64;
+  CHECK_THAT(error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, r.opt.get(), r.state, *r.tok); }),
+             Contains("model.n_embd is 64 in the config but 32 in the model"));
+  CHECK_FALSE(fs::exists(dir.file("x.h5")));
+  // Without an optimizer the file holds weights only, and loading moments says so.
+  save_checkpoint(dir.file("w.h5"), r.cfg, *r.model, nullptr, r.state, *r.tok);
+  CHECK_FALSE(read_checkpoint_meta(dir.file("w.h5")).has_optimizer);
+  CHECK_THAT(error_of([&] { load_optimizer_state(dir.file("w.h5"), *r.opt); }), Contains("no optimizer state"));
+}
+
+TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never best.h5", "[checkpoint]") {
+  TempDir dir;
+  for (const char* name : {"ckpt_5.h5", "ckpt_10.h5", "ckpt_100.h5", "ckpt_20.h5", "ckpt_0.h5", "best.h5",
+                           "ckpt_7.h5.tmp", "ckpt_x.h5", "ckpt_.h5", "notes.txt", "ckpt_-3.h5"})
+    write_bytes(dir.file(name), {'x'});
+  fs::create_directory(dir.file("ckpt_1.h5"));  // not a file: left alone
+  prune_checkpoints(dir.path.string(), 2);
+  // Lexicographic order would have kept ckpt_20 and ckpt_5.
+  CHECK(files_in(dir) == std::set<std::string>{"ckpt_20.h5", "ckpt_100.h5", "best.h5", "ckpt_7.h5.tmp", "ckpt_x.h5",
+                                               "ckpt_.h5", "notes.txt", "ckpt_-3.h5", "ckpt_1.h5"});
+  prune_checkpoints(dir.path.string(), 5);  // fewer than keep_last: nothing goes
+  CHECK(files_in(dir).size() == 9);
+  prune_checkpoints(dir.path.string(), 1);
+  CHECK(files_in(dir).count("ckpt_20.h5") == 0);
+  CHECK(files_in(dir).count("ckpt_100.h5") == 1);
+  CHECK(files_in(dir).count("best.h5") == 1);
+  CHECK_THAT(error_of([&] { prune_checkpoints(dir.path.string(), 0); }), Contains("keep_last"));
+  CHECK_THAT(error_of([&] { prune_checkpoints(dir.file("absent"), 3); }), Contains("cannot list"));
+}
+
+TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, as text and JSON",
+          "[checkpoint][cli]") {
+  const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
+  std::string out;
+  if (::access(qkv.c_str(), X_OK) != 0 || run_command(qkv + " inspect --help 2>/dev/null", out) != 0) {
+    WARN("the qkv binary with `inspect` is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  TempDir dir;
+  const std::string path = dir.file("ckpt_2.h5");
+  Run r = make_run("gpt2");
+  save(r, path);
+
+  REQUIRE(run_command(qkv + " inspect " + path + " --json 2>/dev/null", out) == 0);
+  const std::string last = out.substr(out.find_last_of('\n', out.size() - 2) + 1);
+  const nlohmann::json j = nlohmann::json::parse(last);
+  CHECK(j["step"] == 2);
+  CHECK(j["tokens_seen"] == 12345);
+  CHECK(j["config"] == to_toml(r.cfg));
+  CHECK(j["tokenizer"]["kind"] == "char");
+  CHECK(j["tokenizer"]["vocab_size"] == r.tok->vocab_size());
+  CHECK(j["parameters"] == r.model->parameter_count());
+  REQUIRE(j["tensors"].size() == r.model->named_parameters().size());
+  std::map<std::string, nlohmann::json> by_name;
+  int64_t sum = 0;
+  for (const auto& t : j["tensors"]) {
+    by_name[t["name"]] = t;
+    int64_t n = 1;
+    for (int64_t d : t["shape"]) n *= d;
+    CHECK(t["numel"] == n);
+    sum += n;
+  }
+  CHECK(sum == j["parameters"].get<int64_t>());
+  CHECK(by_name.at("transformer.h.0.attn.c_attn.weight")["shape"] == nlohmann::json::array({32, 96}));
+  CHECK(by_name.at("transformer.h.1.mlp.c_fc.weight")["numel"] == 32 * 128);
+  // Listed in the model's order (as a state dict is), not HDF5's alphabetical one.
+  const auto params = r.model->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(j["tensors"][i]["name"] == params[i].name);
+
+  REQUIRE(run_command(qkv + " inspect " + path + " 2>/dev/null", out) == 0);
+  CHECK_THAT(out, Contains("step         2") && Contains("tokens_seen  12345") && Contains("char, vocab " + std::to_string(r.tok->vocab_size())) &&
+                      Contains("transformer.h.1.mlp.c_proj.weight") && Contains("[128,32]") && Contains("[model]"));
+
+  std::ofstream(dir.file("junk.h5")) << "junk";
+  CHECK(run_command(qkv + " inspect " + dir.file("junk.h5") + " 2>&1", out) == 2);
+  CHECK_THAT(out, Contains(dir.file("junk.h5")) && Contains("not an HDF5 file"));
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+}

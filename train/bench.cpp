@@ -1,0 +1,130 @@
+#include "train/bench.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "autograd/engine.h"
+#include "train/evaluate.h"
+#include "train/model_factory.h"
+#include "train/optimizer.h"
+#include "train/session.h"
+
+namespace qkv::train {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool profile) {
+  const Config cfg = cfg_in.resolved();
+  apply_thread_setting(cfg);
+  RunData data = load_run_data(cfg);
+  auto model = build_model(cfg, data.vocab_size);
+  model->init_weights(static_cast<uint64_t>(cfg.train.seed));
+  model->train();
+  std::vector<OptimParam> oparams;
+  for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
+  AdamW opt(oparams, AdamWOptions::from(cfg.train));
+  const auto params = model->parameters();
+  BatcherOptions bo;
+  bo.batch_size = cfg.train.batch_size;
+  bo.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
+  bo.seed = static_cast<uint64_t>(cfg.train.seed);
+  Batcher batcher(data.train, bo);
+  const Batch batch = batcher.next();  // one fixed batch, as the reference script does
+
+  StepBenchResult r;
+  r.threads = omp_get_max_threads();
+  auto step = [&](uint64_t i) {
+    autograd::zero_grad(params);
+    Tensor loss = batch_loss(*model, batch, nn::RngContext{bo.seed, i, 0});
+    autograd::backward(loss);
+    opt.step(cfg.train.lr);
+    return loss.item();
+  };
+  for (int i = 0; i < warmup; ++i) step(static_cast<uint64_t>(i));
+  autograd::profile_reset();
+  autograd::set_profiling(profile);
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    r.final_loss = step(static_cast<uint64_t>(warmup + i));
+    r.step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  autograd::set_profiling(false);
+  if (profile) {
+    r.profile = autograd::profile_snapshot();
+    for (auto& [name, e] : r.profile) e.ms /= std::max(steps, 1);
+  }
+  const double B = static_cast<double>(bo.batch_size), T = static_cast<double>(bo.block_size);
+  const auto& mc = model->config();
+  const double C = static_cast<double>(mc.n_embd), V = static_cast<double>(mc.vocab_size), L = static_cast<double>(mc.n_layer);
+  r.params = model->parameter_count();
+  r.non_embedding_params = model->non_embedding_parameter_count();
+  r.flops_per_step = 6 * B * T * static_cast<double>(r.non_embedding_params) + 6 * B * T * C * V + 6 * L * B * T * T * C;
+  r.ms_per_step = median(r.step_ms);
+  r.tokens_per_s = B * T / (r.ms_per_step / 1000.0);
+  r.gflops = r.flops_per_step / (r.ms_per_step / 1000.0) * 1e-9;
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
+  const Config cfg = cfg_in.resolved();
+  apply_thread_setting(cfg);
+  const int64_t N = cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size);
+  const int64_t C = cfg.model.n_embd, F = cfg.model.resolved_ffn_hidden();
+  const int64_t hd = cfg.model.head_dim(), qkv = C + 2 * cfg.model.resolved_n_kv_head() * hd;
+  const int64_t V = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : 256;
+  struct Layer {
+    std::string name;
+    int64_t in, out, count;
+  };
+  const int64_t L = cfg.model.n_layer;
+  std::vector<Layer> layers = {{"attn.qkv", C, qkv, L}, {"attn.proj", C, C, L}, {"mlp.up", C, F, L},
+                               {"mlp.down", F, C, L}, {"lm_head", C, V, 1}};
+  std::vector<GemmBenchResult> out;
+  double total_flops = 0, total_s = 0;
+  for (const auto& l : layers) {
+    // forward y = x W^T: [N,in]x[in,out]; dx = dy W: [N,out]x[out,in]; dW = dy^T x: [out,N]x[N,in]
+    const int64_t shapes[3][3] = {{N, l.out, l.in}, {N, l.in, l.out}, {l.out, l.in, N}};
+    const char* what[3] = {" fwd", " dx", " dW"};
+    for (int s = 0; s < 3; ++s) {
+      const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+      std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f), c(static_cast<size_t>(m * n));
+      auto run = [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                    1.0f, a.data(), static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
+      };
+      run();
+      std::vector<double> ts;
+      const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+      const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = Clock::now();
+        run();
+        ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      const double t = median(ts);
+      out.push_back({l.name + what[s], m, n, k, flops / t * 1e-9});
+      total_flops += flops * static_cast<double>(l.count);
+      total_s += t * static_cast<double>(l.count);
+    }
+  }
+  out.push_back({"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9});
+  return out;
+}
+
+}  // namespace qkv::train

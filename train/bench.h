@@ -1,0 +1,41 @@
+// Benchmarks behind `qkv bench`: the full training step of a config (the work of
+// ../shared/bench/torch_gpt_bench.py: zero grad, forward, loss, backward, AdamW) and OpenBLAS
+// sgemm on that step's own GEMM shapes, so a report can state model FLOP/s as a fraction of the
+// GEMM rate measured in the same run.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autograd/profiler.h"
+#include "train/config.h"
+
+namespace qkv::train {
+
+struct StepBenchResult {
+  double ms_per_step = 0;  // median over the timed steps
+  double tokens_per_s = 0;
+  double gflops = 0;           // model FLOPs (formula below) / median step time
+  double flops_per_step = 0;   // 6·B·T·N_nonemb + 6·B·T·C·V + 6·L·B·T²·C
+  int64_t peak_rss_bytes = 0;  // the process's peak resident set
+  int64_t params = 0, non_embedding_params = 0;
+  int threads = 0;
+  double final_loss = 0;
+  std::vector<double> step_ms;
+  std::map<std::string, autograd::ProfileEntry> profile;  // per timed step, when requested
+};
+
+StepBenchResult bench_step(const Config& cfg, int steps, int warmup = 3, bool profile = false);
+
+struct GemmBenchResult {
+  std::string name;  // which product of the step, e.g. "attn.c_attn fwd"
+  int64_t m = 0, n = 0, k = 0;
+  double gflops = 0;
+};
+// sgemm on every distinct GEMM shape of one training step (forward and both backward products of
+// each linear layer and the LM head), plus the FLOP-weighted aggregate (name "step-weighted").
+std::vector<GemmBenchResult> bench_gemm(const Config& cfg);
+
+int64_t peak_rss_bytes();
+
+}  // namespace qkv::train

@@ -1,0 +1,368 @@
+// Checkpoint save/load (schema in checkpoint.h, DESIGN §5).
+//
+// Layout: /model/<name> holds each parameter under its Hugging Face name and in Hugging Face's
+// layout, so `transformers` users and h5py scripts read it without remapping. The only layout
+// difference is GPT-2's Conv1D projections (c_attn, c_proj, c_fc), which HF stores [in, out]
+// while our Linear keeps [out, in]; swap_layout() maps one to the other, and because a transpose
+// is its own inverse the same helper serves save and load. Optimizer moments share the layout of
+// their parameter so /optimizer/<name> lines up with /model/<name> element for element.
+//
+// Loading validates before it touches anything: names, dtypes and shapes of every tensor first,
+// then the values (read, checked finite) into temporaries, and only then copies into the model
+// or optimizer. A bad file therefore leaves the model as it was, and the error names the first
+// problem ("[checkpoint] run/ckpt_10.h5: /model/transformer.wte.weight has shape [65,32] but this
+// model expects [65,48] ...").
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <utility>
+
+#include "autograd/grad_mode.h"
+#include "data/h5.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "train/model_factory.h"
+
+namespace qkv::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "qkv-checkpoint";
+
+template <class... Args>
+[[noreturn]] void ckpt_fail(const std::string& path, const Args&... parts) {
+  ::qkv::fail("[checkpoint] ", path, ": ", parts...);
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// GPT-2's Conv1D weights, which Hugging Face stores [in, out].
+bool is_conv1d_weight(nn::Family family, const std::string& name) {
+  return family == nn::Family::gpt2 &&
+         (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
+}
+
+nn::Family family_of(const Config& cfg) { return cfg.model.family == "llama" ? nn::Family::llama : nn::Family::gpt2; }
+
+Shape stored_shape(const Shape& s, bool conv1d) { return conv1d ? Shape{s.at(1), s.at(0)} : s; }
+
+// Our layout <-> the stored one, as a contiguous CPU float32 tensor. Without a transpose and for
+// a tensor that already is contiguous CPU float32 this is the same handle (no copy).
+Tensor swap_layout(const Tensor& t, bool conv1d) {
+  Tensor c = t.device() == Device::cpu ? t : t.to(Device::cpu);
+  if (c.dtype() != DType::f32) c = c.to(DType::f32);
+  return conv1d ? c.transpose(0, 1).contiguous() : c.contiguous();
+}
+
+// Names the first NaN/Inf of a contiguous float32 tensor, or returns an empty string.
+std::string first_non_finite(const Tensor& t) {
+  const float* p = t.data<float>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return cat("element ", i, " is ", p[i]);
+  return {};
+}
+
+// Opens `path` and checks it is a checkpoint this build can read.
+h5::File open_checkpoint(const std::string& path) {
+  h5::File f = h5::File::open(path);
+  if (!f.has_attr("/", "format")) ckpt_fail(path, "not a qkv checkpoint (the root has no 'format' attribute)");
+  const std::string format = f.attr_string("/", "format");
+  if (format != kFormat) ckpt_fail(path, "not a qkv checkpoint (format is '", format, "', expected '", kFormat, "')");
+  const int64_t version = f.attr_int("/", "format_version");
+  if (version > kCheckpointFormatVersion)
+    ckpt_fail(path, "written by a newer qkv (format_version ", version, "; this build reads up to ",
+              kCheckpointFormatVersion, ")");
+  if (version < 1) ckpt_fail(path, "invalid format_version ", version);
+  return f;
+}
+
+// The config attribute's text lives in HDF5's global heap, which (unlike object headers and
+// chunks) carries no checksum, so the text gets its own.
+int64_t text_checksum(const std::string& s) { return static_cast<int64_t>(h5::fnv1a64(s.data(), s.size())); }
+
+Config stored_config(const h5::File& f) {
+  const std::string text = f.attr_string("/", "config");
+  if (f.has_attr("/", "config_fnv1a64") && f.attr_int("/", "config_fnv1a64") != text_checksum(text))
+    ckpt_fail(f.path(), "the config attribute fails its checksum (corrupt file)");
+  return parse_config_text(text, "checkpoint " + f.path());
+}
+
+// The model being saved must be the one the config describes, or the file could never be loaded.
+void check_config_matches(const std::string& path, const Config& cfg, const nn::DecoderModel& model, int64_t vocab) {
+  const nn::ModelConfig want = model_config(cfg.resolved(), vocab);
+  const nn::ModelConfig& got = model.config();
+  auto same = [&](const char* key, auto a, auto b) {
+    if (a != b) ckpt_fail(path, "the config does not describe the model being saved: ", key, " is ", a, " in the config but ", b, " in the model");
+  };
+  same("model.family", nn::family_name(want.family), std::string(nn::family_name(got.family)));
+  same("model.n_layer", want.n_layer, got.n_layer);
+  same("model.n_head", want.n_head, got.n_head);
+  same("model.n_kv_head", want.n_kv_head, got.n_kv_head);
+  same("model.n_embd", want.n_embd, got.n_embd);
+  same("model.block_size", want.block_size, got.block_size);
+  same("model.vocab_size", want.vocab_size, got.vocab_size);
+  same("model.ffn_hidden", want.ffn_hidden, got.ffn_hidden);
+  same("model.position", static_cast<int>(want.position), static_cast<int>(got.position));
+  same("model.norm", static_cast<int>(want.norm), static_cast<int>(got.norm));
+  same("model.activation", static_cast<int>(want.activation), static_cast<int>(got.activation));
+  same("model.bias", want.bias, got.bias);
+  same("model.tie_embeddings", want.tie_embeddings, got.tie_embeddings);
+}
+
+// Checks one stored float32 tensor's type and shape; `what` is its full name for messages.
+void check_stored(const h5::File& f, const std::string& obj, const Shape& want) {
+  const h5::DatasetInfo info = f.info(obj);
+  if (info.type != "float32") ckpt_fail(f.path(), obj, " has type ", info.type, ", expected float32");
+  if (info.shape != want)
+    ckpt_fail(f.path(), obj, " has shape ", shape_str(info.shape), " but this model expects ", shape_str(want),
+              " (was the checkpoint written for another model config?)");
+}
+
+// Reads a checked float32 tensor and refuses NaN/Inf, naming the tensor.
+Tensor read_finite(const h5::File& f, const std::string& obj) {
+  Tensor t = f.read_tensor(obj);
+  const std::string bad = first_non_finite(t);
+  if (!bad.empty()) ckpt_fail(f.path(), obj, " holds a non-finite value (", bad, ")");
+  return t;
+}
+
+// Writes `t` (our layout) as `obj` in the stored layout, refusing NaN/Inf so a poisoned model is
+// never written over a good checkpoint.
+void write_stored(h5::File& f, const std::string& path, const std::string& obj, const Tensor& t, bool conv1d) {
+  const Tensor s = swap_layout(t, conv1d);
+  const std::string bad = first_non_finite(s);
+  if (!bad.empty()) ckpt_fail(path, "refusing to save ", obj, ": it holds a non-finite value (", bad, ")");
+  f.write_tensor(obj, s);
+}
+
+// "transformer.h.10.x" after "transformer.h.9.x": digit runs compare as numbers.
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
+      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
+      const std::string_view na = std::string_view(a).substr(i, ie - i), nb = std::string_view(b).substr(j, je - j);
+      const size_t la = na.find_first_not_of('0'), lb = nb.find_first_not_of('0');
+      const std::string_view ta = la == std::string_view::npos ? "" : na.substr(la);
+      const std::string_view tb = lb == std::string_view::npos ? "" : nb.substr(lb);
+      if (ta.size() != tb.size()) return ta.size() < tb.size();
+      if (ta != tb) return ta < tb;
+      i = ie, j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
+                     const TrainState& state, const Tokenizer& tok) {
+  check_config_matches(path, cfg, model, tok.vocab_size());
+  if (state.batch_mode != "random_windows" && state.batch_mode != "padded_docs" && state.batch_mode != "packed_docs")
+    ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
+  const nn::Family family = model.config().family;
+  h5::AtomicWriter writer(path);
+  h5::File& f = writer.file();
+
+  f.set_attr("/", "format", kFormat);
+  f.set_attr("/", "format_version", kCheckpointFormatVersion);
+  const std::string toml = to_toml(cfg);
+  f.set_attr("/", "config", toml);
+  f.set_attr("/", "config_fnv1a64", text_checksum(toml));
+  f.set_attr("/", "step", state.step);
+  f.set_attr("/", "tokens_seen", state.tokens_seen);
+
+  f.create_group("rng");
+  f.set_attr("rng", "seed", static_cast<int64_t>(state.seed));
+  const std::array<int64_t, 5> data_state = state.data.to_array();
+  f.write("data/state", data_state.data(), Shape{5});
+  f.set_attr("data", "mode", state.batch_mode);
+  f.create_group("train");
+  f.set_attr("train", "best_val_loss", state.best_val_loss);
+  f.set_attr("train", "bad_steps_in_a_row", state.bad_steps_in_a_row);
+  f.set_attr("train", "skipped_steps", state.skipped_steps);
+  save_tokenizer(f, "tokenizer", tok);
+
+  f.create_group("model");
+  std::string order;
+  for (const nn::NamedParameter& p : model.named_parameters()) {
+    write_stored(f, path, "/model/" + p.name, p.tensor, is_conv1d_weight(family, p.name));
+    order += (order.empty() ? "" : "\n") + p.name;
+  }
+  f.set_attr("model", "parameter_order", order);  // HDF5 lists by name; inspect shows model order
+
+  if (opt) {
+    f.create_group("optimizer");
+    f.set_attr("optimizer", "step", opt->step_count());
+    const auto& params = opt->params();
+    const auto& states = opt->states();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const bool conv1d = is_conv1d_weight(family, params[i].name);
+      const std::string group = "/optimizer/" + params[i].name;
+      write_stored(f, path, group + "/exp_avg", states[i].exp_avg, conv1d);
+      write_stored(f, path, group + "/exp_avg_sq", states[i].exp_avg_sq, conv1d);
+    }
+  }
+  writer.commit();
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  const h5::File f = open_checkpoint(path);
+  CheckpointMeta m;
+  m.path = path;
+  m.format_version = f.attr_int("/", "format_version");
+  m.config = stored_config(f);
+  TrainState& s = m.state;
+  s.step = f.attr_int("/", "step");
+  s.tokens_seen = f.attr_int("/", "tokens_seen");
+  if (s.step < 0 || s.tokens_seen < 0) ckpt_fail(path, "negative step (", s.step, ") or tokens_seen (", s.tokens_seen, ")");
+  s.seed = static_cast<uint64_t>(f.attr_int("rng", "seed"));
+  const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
+  s.data = BatcherState::from_array(data_state);
+  s.batch_mode = f.attr_string("data", "mode");
+  if (s.batch_mode != "random_windows" && s.batch_mode != "padded_docs" && s.batch_mode != "packed_docs")
+    ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
+  s.best_val_loss = f.attr_double("train", "best_val_loss");
+  s.bad_steps_in_a_row = f.attr_int("train", "bad_steps_in_a_row");
+  s.skipped_steps = f.attr_int("train", "skipped_steps");
+  m.tokenizer = load_tokenizer(f, "tokenizer");
+  const int64_t vocab = m.config.model.vocab_size;
+  if (vocab > 0 && m.tokenizer->vocab_size() > vocab)
+    ckpt_fail(path, "the tokenizer has ", m.tokenizer->vocab_size(), " tokens but model.vocab_size is ", vocab);
+  if (!f.has("model")) ckpt_fail(path, "group /model is missing");
+  m.has_optimizer = f.has("optimizer");
+  return m;
+}
+
+void load_model_weights(const std::string& path, nn::DecoderModel& model) {
+  const h5::File f = open_checkpoint(path);
+  if (!f.has("model")) ckpt_fail(path, "group /model is missing");
+  const nn::Family family = model.config().family;
+  const std::vector<nn::NamedParameter> params = model.named_parameters();
+  const std::vector<std::string> stored = f.children("model");
+  const std::set<std::string> stored_set(stored.begin(), stored.end());
+
+  // Names, types, shapes: all of them before any value is read.
+  std::set<std::string> expected;
+  for (const nn::NamedParameter& p : params) {
+    const Shape want = stored_shape(p.tensor.shape(), is_conv1d_weight(family, p.name));
+    if (!stored_set.count(p.name))
+      ckpt_fail(path, "parameter ", p.name, " ", shape_str(want), " is missing from /model (was the checkpoint written for another model config?)");
+    check_stored(f, "/model/" + p.name, want);
+    expected.insert(p.name);
+  }
+  for (const std::string& name : stored)
+    if (!expected.count(name)) ckpt_fail(path, "/model/", name, " is not a parameter of this model (was the checkpoint written for another model config?)");
+
+  std::vector<Tensor> values;
+  values.reserve(params.size());
+  for (const nn::NamedParameter& p : params)
+    values.push_back(swap_layout(read_finite(f, "/model/" + p.name), is_conv1d_weight(family, p.name)));
+
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) copy_(params[i].tensor, values[i]);
+}
+
+void load_optimizer_state(const std::string& path, AdamW& opt) {
+  const h5::File f = open_checkpoint(path);
+  const nn::Family family = family_of(stored_config(f));
+  if (!f.has("optimizer")) ckpt_fail(path, "has no optimizer state (group /optimizer is missing)");
+  const int64_t step = f.attr_int("optimizer", "step");
+  if (step < 0) ckpt_fail(path, "negative optimizer step ", step);
+  const std::vector<std::string> stored = f.children("optimizer");
+  const std::set<std::string> stored_set(stored.begin(), stored.end());
+
+  std::set<std::string> expected;
+  for (const OptimParam& p : opt.params()) {
+    const Shape want = stored_shape(p.param.shape(), is_conv1d_weight(family, p.name));
+    if (!stored_set.count(p.name))
+      ckpt_fail(path, "optimizer state of ", p.name, " is missing from /optimizer (was the checkpoint written for another model config?)");
+    check_stored(f, "/optimizer/" + p.name + "/exp_avg", want);
+    check_stored(f, "/optimizer/" + p.name + "/exp_avg_sq", want);
+    expected.insert(p.name);
+  }
+  for (const std::string& name : stored)
+    if (!expected.count(name)) ckpt_fail(path, "/optimizer/", name, " is not a parameter of this optimizer");
+
+  std::vector<std::pair<Tensor, Tensor>> values;
+  values.reserve(opt.params().size());
+  for (const OptimParam& p : opt.params()) {
+    const bool conv1d = is_conv1d_weight(family, p.name);
+    const std::string group = "/optimizer/" + p.name;
+    values.emplace_back(swap_layout(read_finite(f, group + "/exp_avg"), conv1d),
+                        swap_layout(read_finite(f, group + "/exp_avg_sq"), conv1d));
+  }
+  for (size_t i = 0; i < values.size(); ++i) opt.load_state(opt.params()[i].name, values[i].first, values[i].second);
+  opt.set_step_count(step);
+}
+
+std::vector<StoredTensor> list_model_tensors(const std::string& path) {
+  const h5::File f = open_checkpoint(path);
+  if (!f.has("model")) ckpt_fail(path, "group /model is missing");
+  std::vector<std::string> names = f.children("model");
+  std::sort(names.begin(), names.end(), natural_less);
+  // The model's own order when the file records it (and it names exactly the stored tensors).
+  if (f.has_attr("model", "parameter_order")) {
+    std::vector<std::string> order;
+    std::istringstream in(f.attr_string("model", "parameter_order"));
+    for (std::string line; std::getline(in, line);) order.push_back(line);
+    std::vector<std::string> sorted = order;
+    std::sort(sorted.begin(), sorted.end(), natural_less);
+    if (sorted == names) names = std::move(order);
+  }
+  std::vector<StoredTensor> out;
+  out.reserve(names.size());
+  for (const std::string& name : names) {
+    const h5::DatasetInfo info = f.info("/model/" + name);
+    if (info.type != "float32") ckpt_fail(path, "/model/", name, " has type ", info.type, ", expected float32");
+    out.push_back({name, info.shape});
+  }
+  return out;
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep_last) {
+  QKV_CHECK(keep_last >= 1, "[checkpoint] keep_last must be at least 1, got ", keep_last);
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) ::qkv::fail("[checkpoint] cannot list ", dir, ": ", ec.message());
+  std::vector<std::pair<int64_t, fs::path>> found;  // (step, file)
+  for (const fs::directory_entry& e : it) {
+    const std::string name = e.path().filename().string();
+    // ckpt_<digits>.h5 exactly; temporaries (".h5.tmp"), best.h5 and anything else are left alone.
+    if (name.size() <= 8 || name.rfind("ckpt_", 0) != 0 || !ends_with(name, ".h5")) continue;
+    const std::string digits = name.substr(5, name.size() - 8);
+    int64_t step = 0;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (err != std::errc() || end != digits.data() + digits.size() || digits[0] == '-' || digits[0] == '+') continue;
+    if (!e.is_regular_file(ec)) continue;
+    found.emplace_back(step, e.path());
+  }
+  if (static_cast<int64_t>(found.size()) <= keep_last) return;
+  std::sort(found.begin(), found.end());
+  const size_t n_remove = found.size() - static_cast<size_t>(keep_last);
+  for (size_t i = 0; i < n_remove; ++i)
+    if (!fs::remove(found[i].second, ec) && ec) ::qkv::fail("[checkpoint] cannot remove ", found[i].second.string(), ": ", ec.message());
+}
+
+}  // namespace qkv::train

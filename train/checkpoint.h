@@ -1,0 +1,71 @@
+// Checkpoints (DESIGN §5): one HDF5 file readable by h5py.
+//   root attributes: format = "qkv-checkpoint", format_version, config (resolved TOML), step,
+//                    tokens_seen; config_fnv1a64 (checksum of the config text, which HDF5 keeps in
+//                    its unchecksummed global heap)
+//   /model/<name>                 float32, Hugging Face names and shapes (gpt2: Conv1D weights
+//                                 c_attn/c_proj/c_fc stored [in, out]; llama: [out, in]);
+//                                 attr parameter_order (the names in model order, one a line)
+//   /optimizer/<name>/{exp_avg, exp_avg_sq}   (same layout as /model/<name>), attr step
+//   /rng                          the seeds/counters the run draws from
+//   /data                         the train batcher's state (int64 [5]) and mode
+//   /tokenizer                    everything needed to encode/decode (data/tokenizer.h)
+//   /train                        best_val_loss, consecutive and total skipped steps
+// Writes are atomic (temporary file, flush, fsync, rename); loading verifies integrity and names
+// the first problem found.
+#pragma once
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/batcher.h"
+#include "data/tokenizer.h"
+#include "nn/transformer.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+
+namespace qkv::train {
+
+constexpr int64_t kCheckpointFormatVersion = 1;
+
+struct TrainState {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t tokens_seen = 0;
+  uint64_t seed = 0;  // the run's Philox key (init, dropout, batches)
+  BatcherState data;
+  std::string batch_mode = "random_windows";
+  double best_val_loss = INFINITY;
+  int64_t bad_steps_in_a_row = 0, skipped_steps = 0;
+};
+
+// Saves model weights, optimizer moments (when `opt` is given), state and tokenizer.
+void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
+                     const TrainState& state, const Tokenizer& tok);
+
+struct CheckpointMeta {
+  std::string path;
+  int64_t format_version = 0;
+  Config config;  // parsed back from the stored TOML
+  TrainState state;
+  std::unique_ptr<Tokenizer> tokenizer;
+  bool has_optimizer = false;
+};
+// Reads and verifies everything but the tensors' values (format, version, config, tokenizer).
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+// Loads /model into `model`: every parameter must be present with its exact shape; extra or
+// missing names are errors naming the first one.
+void load_model_weights(const std::string& path, nn::DecoderModel& model);
+// Loads /optimizer into `opt` (names and shapes must match) and its step count.
+void load_optimizer_state(const std::string& path, AdamW& opt);
+
+// The stored (Hugging Face) name and layout of each model parameter, in the model's order.
+struct StoredTensor {
+  std::string name;
+  Shape shape;
+};
+std::vector<StoredTensor> list_model_tensors(const std::string& path);
+
+// Keeps the newest `keep_last` files named ckpt_<step>.h5 in `dir` (best.h5 is never removed).
+void prune_checkpoints(const std::string& dir, int64_t keep_last);
+
+}  // namespace qkv::train

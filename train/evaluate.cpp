@@ -1,0 +1,60 @@
+#include "train/evaluate.h"
+
+#include "attention/attention.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+
+namespace qkv::train {
+
+Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngContext rng, int64_t* masked_rows) {
+  nn::ForwardArgs args;
+  args.ids = batch.x;
+  args.positions = batch.positions;
+  args.key_padding = batch.key_padding;
+  args.segment_ids = batch.segment_ids;
+  args.rng = rng;
+  if (masked_rows && batch.key_padding.defined()) {
+    // Rows with no visible key (left padding makes them): counted, zero in the output, no loss.
+    attn::AttentionOptions o;
+    o.causal = true;
+    o.key_padding = batch.key_padding;
+    o.segment_ids = batch.segment_ids;
+    *masked_rows += attn::count_fully_masked_rows({batch.x.size(0), 1, 1, batch.x.size(1), batch.x.size(1)}, o);
+  }
+  Tensor logits = model.forward(args);  // [B, T, V]
+  const int64_t V = logits.size(2);
+  return ag::cross_entropy(ag::reshape(logits, {-1, V}), batch.y.reshape({-1}), kIgnoreIndex);
+}
+
+LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,
+                       int64_t n_batches) {
+  autograd::NoGradGuard no_grad;
+  Batcher batcher(std::move(split), opts);
+  LossSum s;
+  for (int64_t i = 0; i < n_batches; ++i) {
+    Batch b = batcher.next();
+    if (b.n_targets == 0) continue;
+    const double loss = batch_loss(model, b, {}).item();
+    s.sum += loss * static_cast<double>(b.n_targets);
+    s.tokens += b.n_targets;
+  }
+  return s;
+}
+
+LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
+                         int64_t rows_per_batch) {
+  autograd::NoGradGuard no_grad;
+  EvalWindows windows(tokens, model.config().block_size, name);
+  QKV_CHECK(windows.n_windows() > 0, name, ": ", tokens.size(), " tokens is fewer than one window of block_size + 1 = ",
+            model.config().block_size + 1);
+  LossSum s;
+  Batch b;
+  while (windows.next(rows_per_batch, b)) {
+    const double loss = batch_loss(model, b, {}).item();
+    s.sum += loss * static_cast<double>(b.x.numel());
+    s.tokens += b.x.numel();
+  }
+  return s;
+}
+
+}  // namespace qkv::train

@@ -1,0 +1,29 @@
+// Loss evaluation, model in eval mode, no graph recorded.
+#pragma once
+#include <span>
+
+#include "data/batcher.h"
+#include "nn/transformer.h"
+
+namespace qkv::train {
+
+struct LossSum {
+  double sum = 0;      // summed token losses
+  int64_t tokens = 0;  // targets that counted
+  double mean() const { return tokens ? sum / static_cast<double>(tokens) : 0.0; }
+};
+
+// Mean next-token loss of one batch (x, y and the batch's masks/positions); the model's mode is
+// the caller's business. Returns the differentiable mean loss when grad mode is on.
+Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngContext rng, int64_t* masked_rows = nullptr);
+
+// Periodic validation: `n_batches` batches from a batcher over `split` seeded with `seed` (the
+// same batches at every evaluation, so successive values are comparable).
+LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,
+                       int64_t n_batches);
+
+// `qkv eval`: every consecutive non-overlapping window of block_size + 1 tokens (DESIGN §3).
+LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
+                         int64_t rows_per_batch = 8);
+
+}  // namespace qkv::train

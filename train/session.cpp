@@ -1,0 +1,53 @@
+#include "train/session.h"
+
+#include <omp.h>
+
+#include "tensor/philox.h"
+
+namespace qkv::train {
+
+RunData load_run_data(const Config& cfg) {
+  RunData d;
+  if (cfg.data.random_tokens) {
+    const int64_t V = cfg.model.vocab_size;
+    QKV_CHECK(V > 0, "data.random_tokens needs model.vocab_size > 0");
+    // Enough tokens for any window; values are a pure function of (seed, index).
+    const int64_t n = std::max<int64_t>(1 << 20, 4 * (cfg.model.block_size + 1));
+    auto make = [&](uint32_t stream, const char* name) {
+      auto s = std::make_shared<TokenSplit>();
+      s->name = name;
+      s->tokens.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; i += 4) {
+        const Philox4 r = philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), stream, 0,
+                                        static_cast<uint32_t>(cfg.train.seed), static_cast<uint32_t>(cfg.train.seed >> 32));
+        for (int64_t k = 0; k < 4 && i + k < n; ++k) s->tokens[i + k] = static_cast<int32_t>(r.v[k] % V);
+      }
+      s->doc_offsets = {0, n};
+      return std::shared_ptr<const TokenSplit>(s);
+    };
+    d.tokenizer = std::make_shared<ByteTokenizer>();
+    d.train = make(0x7a11u, "random:train");
+    d.val = make(0x7a12u, "random:val");
+    d.vocab_size = V;
+    return d;
+  }
+  QKV_CHECK(!cfg.data.path.empty(), "data.path is empty (set it in the config or with --set data.path=FILE)");
+  PrepareOptions p;
+  p.tokenizer = cfg.data.tokenizer;
+  p.bpe_vocab_size = static_cast<int32_t>(cfg.data.bpe_vocab_size);
+  p.separator = parse_separator(cfg.data.separator);
+  p.val_fraction = cfg.data.val_fraction;
+  p.split_seed = static_cast<uint64_t>(cfg.train.seed);
+  Dataset ds = load_or_prepare(cfg.data.path, p);
+  d.tokenizer = ds.tokenizer;
+  d.train = ds.train;
+  d.val = ds.val;
+  d.vocab_size = d.tokenizer->vocab_size();
+  return d;
+}
+
+void apply_thread_setting(const Config& cfg) {
+  if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
+}
+
+}  // namespace qkv::train

@@ -1,0 +1,25 @@
+// What a run needs besides its config: the tokenizer and token splits, built from `data.path` (or
+// random tokens for benchmarks), and the model built and initialised from the config.
+#pragma once
+#include <memory>
+
+#include "data/dataset.h"
+#include "nn/transformer.h"
+#include "train/config.h"
+
+namespace qkv::train {
+
+struct RunData {
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::shared_ptr<const TokenSplit> train, val;
+  int64_t vocab_size = 0;  // what the model must cover: the tokenizer's, or model.vocab_size for random tokens
+};
+
+// data.random_tokens: uniform tokens in [0, model.vocab_size) drawn from Philox(seed), with a
+// byte tokenizer standing in; otherwise load_or_prepare(data.path, …).
+RunData load_run_data(const Config& cfg);
+
+// Applies train.threads (0 = leave OpenMP's default).
+void apply_thread_setting(const Config& cfg);
+
+}  // namespace qkv::train

@@ -1,0 +1,35 @@
+// The training loop: batches -> forward -> cross-entropy -> backward (gradient accumulation) ->
+// global-norm clipping -> AdamW at the scheduled lr; periodic validation, JSON-lines metrics,
+// a progress line on stderr, atomic checkpoints (every checkpoint_interval and at the end,
+// keep_last of them plus best.h5). Non-finite gradients skip the step (counted); after
+// train.max_bad_steps in a row the run stops with an error.
+//
+// Every random draw (init, dropout, batches) is a pure function of (seed, step), so --resume
+// continues bitwise-identically to a run that never stopped.
+#pragma once
+#include <cmath>
+#include <string>
+
+#include "train/config.h"
+
+namespace qkv::train {
+
+struct TrainOptions {
+  std::string resume;     // continue this checkpoint's run exactly
+  std::string init_from;  // start a new run from this checkpoint's weights
+  bool progress = true;   // progress line with ETA on stderr
+  bool plot = false;      // write out_dir/loss.svg at the end
+};
+
+struct TrainSummary {
+  int64_t step = 0;
+  double loss = 0, val_loss = NAN, best_val_loss = NAN;
+  std::string checkpoint;  // the last checkpoint written
+  double seconds = 0;
+  int64_t skipped_steps = 0;
+  double tokens_per_s = 0;
+};
+
+TrainSummary run_training(const Config& cfg, const TrainOptions& opts);
+
+}  // namespace qkv::train
