@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   CLI::App app{"qkv: train and study decoder-only Transformers (tensors, autograd and attention written by hand)"};
   app.require_subcommand(1);
   int exit_code = 0;
+  qkv::app::add_train_command(app, exit_code);
+  qkv::app::add_sample_command(app, exit_code);
+  qkv::app::add_eval_command(app, exit_code);
   qkv::app::add_gradcheck_command(app, exit_code);
   qkv::app::add_prepare_command(app, exit_code);
   qkv::app::add_plot_command(app, exit_code);

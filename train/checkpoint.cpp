@@ -14,11 +14,17 @@
 // model expects [65,48] ...").
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cmath>
 #include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -78,9 +84,67 @@ std::string first_non_finite(const Tensor& t) {
   return {};
 }
 
+// HDF5 keeps variable-length strings (our format, config and tokenizer text) in "global heap"
+// collections, which carry no checksum, and HDF5 1.10 trusts the object sizes inside them: a
+// corrupted size makes it read past the collection and crash (found by the byte-flip test).
+// So before HDF5 reads any string, every collection in the file is walked here, and one whose
+// objects do not tile it exactly is refused. Layout (HDF5 format spec, 8-byte lengths):
+//   "GCOL" | version 1 | 3 reserved zero bytes | u64 collection size (>= 4096, header included)
+//   then objects: u16 index | u16 refcount | 4 reserved | u64 size | data padded to 8 bytes;
+//   index 0 is the trailing free space, whose size counts its own 16-byte header.
+// The signature plus version and reserved bytes (8 fixed bytes) cannot plausibly occur by chance
+// inside tensor data, so a match is a collection.
+void check_global_heaps(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;  // h5::File::open has already reported unreadable files
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || st.st_size < 16) {
+    ::close(fd);
+    return;
+  }
+  const auto n = static_cast<uint64_t>(st.st_size);
+  void* map = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return;
+  const auto* d = static_cast<const unsigned char*>(map);
+  auto le = [d](uint64_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = v << 8 | d[at + static_cast<uint64_t>(i)];
+    return v;
+  };
+  std::string problem;
+  uint64_t where = 0;
+  for (const unsigned char* p = d; problem.empty();) {
+    p = static_cast<const unsigned char*>(::memmem(p, n - static_cast<uint64_t>(p - d), "GCOL", 4));
+    if (!p) break;
+    const auto at = static_cast<uint64_t>(p - d);
+    ++p;
+    if (at + 16 > n || d[at + 4] != 1 || d[at + 5] || d[at + 6] || d[at + 7]) continue;
+    where = at;
+    const uint64_t size = le(at + 8, 8);
+    if (size < 4096 || size > n - at) {
+      problem = cat("its size ", size, " does not fit the file");
+      break;
+    }
+    const uint64_t end = at + size;
+    for (uint64_t q = at + 16; q + 16 <= end;) {
+      const uint64_t index = le(q, 2), obj = le(q + 8, 8);
+      const uint64_t need = index == 0 ? obj : obj > end - q ? UINT64_MAX : 16 + (obj + 7) / 8 * 8;
+      if (need < 16 || need > end - q) {
+        problem = cat("object ", index, " of size ", obj, " at byte ", q, " runs past the collection");
+        break;
+      }
+      q += need;
+    }
+  }
+  ::munmap(map, n);
+  if (!problem.empty()) ckpt_fail(path, "corrupt HDF5 global heap (string storage) at byte ", where, ": ", problem);
+}
+
 // Opens `path` and checks it is a checkpoint this build can read.
 h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open(path);
+  check_global_heaps(path);
   if (!f.has_attr("/", "format")) ckpt_fail(path, "not a qkv checkpoint (the root has no 'format' attribute)");
   const std::string format = f.attr_string("/", "format");
   if (format != kFormat) ckpt_fail(path, "not a qkv checkpoint (format is '", format, "', expected '", kFormat, "')");
@@ -246,6 +310,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   s.best_val_loss = f.attr_double("train", "best_val_loss");
   s.bad_steps_in_a_row = f.attr_int("train", "bad_steps_in_a_row");
   s.skipped_steps = f.attr_int("train", "skipped_steps");
+  if (s.bad_steps_in_a_row < 0 || s.skipped_steps < 0)
+    ckpt_fail(path, "negative skipped-step counts in /train (", s.bad_steps_in_a_row, ", ", s.skipped_steps, ")");
   m.tokenizer = load_tokenizer(f, "tokenizer");
   const int64_t vocab = m.config.model.vocab_size;
   if (vocab > 0 && m.tokenizer->vocab_size() > vocab)
@@ -281,7 +347,10 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model) {
     values.push_back(swap_layout(read_finite(f, "/model/" + p.name), is_conv1d_weight(family, p.name)));
 
   autograd::NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) copy_(params[i].tensor, values[i]);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& dst = params[i].tensor;
+    copy_(dst, dst.device() == Device::cpu ? values[i] : values[i].to(dst.device()));
+  }
 }
 
 void load_optimizer_state(const std::string& path, AdamW& opt) {

@@ -1,0 +1,106 @@
+// qkv sample --checkpoint CKPT [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K]
+//            [--top-p P] [--seed S] [--no-kv-cache] [--json]
+// qkv eval --checkpoint CKPT --data FILE [--json]
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "app/commands.h"
+#include "data/dataset.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/model_factory.h"
+#include "train/sampler.h"
+#include "train/session.h"
+
+namespace qkv::app {
+namespace {
+
+struct LoadedModel {
+  train::CheckpointMeta meta;
+  std::unique_ptr<nn::DecoderModel> model;
+};
+
+LoadedModel load_for_inference(const std::string& path) {
+  LoadedModel m;
+  m.meta = train::read_checkpoint_meta(path);
+  m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
+  train::load_model_weights(path, *m.model);
+  m.model->eval();
+  train::apply_thread_setting(m.meta.config);
+  return m;
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("sample", "generate text from a checkpoint (KV cache by default)");
+  static std::string ckpt, prompt;
+  static bool prompt_given = false;
+  static int64_t max_new = -1, top_k = -1, seed = -1;
+  static double temperature = -1, top_p = -1;
+  static bool no_cache = false, json = false;
+  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  cmd->add_option("--prompt", prompt, "text to continue (default: the config's sample.prompt, else a newline)");
+  cmd->add_option("--max-new-tokens", max_new, "tokens to generate (default sample.max_new_tokens)");
+  cmd->add_option("--temperature", temperature, "softmax temperature; 0 = greedy (default sample.temperature)");
+  cmd->add_option("--top-k", top_k, "keep the k most likely tokens; 0 = off");
+  cmd->add_option("--top-p", top_p, "nucleus sampling mass in (0, 1]; 1 = off");
+  cmd->add_option("--seed", seed, "sampling seed");
+  cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
+  cmd->add_flag("--json", json, "print {\"text\", \"tokens\"} as one JSON line at the end");
+  cmd->callback([&exit_code, cmd] {
+    LoadedModel m = load_for_inference(ckpt);
+    const SampleSettings& s = m.meta.config.sample;
+    train::SampleOptions o;
+    o.max_new_tokens = max_new >= 0 ? max_new : s.max_new_tokens;
+    o.temperature = temperature >= 0 ? temperature : s.temperature;
+    o.top_k = top_k >= 0 ? top_k : s.top_k;
+    o.top_p = top_p >= 0 ? top_p : s.top_p;
+    o.seed = static_cast<uint64_t>(seed >= 0 ? seed : s.seed);
+    o.kv_cache = !no_cache;
+    std::string text = cmd->count("--prompt") ? prompt : (s.prompt.empty() ? std::string("\n") : s.prompt);
+    const std::vector<int32_t> ids = m.meta.tokenizer->encode(text);
+    // Stream: print only complete UTF-8 characters as they form.
+    std::string pending, all;
+    std::FILE* out = json ? stderr : stdout;
+    std::fputs(text.c_str(), out);
+    auto tokens = train::generate(*m.model, ids, o, [&](int32_t id) {
+      m.meta.tokenizer->append_token(id, pending);
+      const size_t n = utf8_complete_prefix(pending);
+      std::fwrite(pending.data(), 1, n, out);
+      std::fflush(out);
+      all += pending.substr(0, n);
+      pending.erase(0, n);
+    });
+    std::fwrite(pending.data(), 1, pending.size(), out);
+    all += pending;
+    std::fputc('\n', out);
+    if (json) print_json({{"prompt", text}, {"text", all}, {"tokens", tokens}});
+    exit_code = 0;
+  });
+}
+
+void add_eval_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("eval", "score a file: mean loss over consecutive windows of block_size + 1 tokens");
+  static std::string ckpt, data_path;
+  static bool json = false;
+  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  cmd->add_option("--data", data_path, "text file or prepared .h5 (scored whole, no split)")->required();
+  cmd->add_flag("--json", json, "print {loss, perplexity, tokens} as one JSON line");
+  cmd->callback([&exit_code] {
+    LoadedModel m = load_for_inference(ckpt);
+    const std::vector<int32_t> tokens = load_eval_tokens(data_path, *m.meta.tokenizer);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      QKV_CHECK(tokens[i] >= 0 && tokens[i] < m.model->config().vocab_size, data_path, ": token ", tokens[i],
+                " at ", i, " is outside the model's vocabulary of ", m.model->config().vocab_size);
+    const train::LossSum s = train::evaluate_windows(*m.model, tokens, data_path);
+    const double loss = s.mean();
+    std::fprintf(json ? stderr : stdout, "loss %.4f  perplexity %.3f  tokens %lld\n", loss, std::exp(loss),
+                 static_cast<long long>(s.tokens));
+    if (json) print_json({{"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", s.tokens}});
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,245 @@
+// End-to-end training behaviour through the library (train/trainer.h) and the CLI binary.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "data/dataset.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/model_factory.h"
+#include "train/sampler.h"
+#include "train/trainer.h"
+
+using namespace qkv;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("qkv_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A small corpus written next to the run, so tests do not depend on shared/.
+std::string write_corpus(const std::string& dir) {
+  std::string text;
+  const char* lines[] = {"the quick brown fox jumps over the lazy dog\n", "pack my box with five dozen liquor jugs\n",
+                         "how vexingly quick daft zebras jump\n", "sphinx of black quartz, judge my vow\n"};
+  for (int i = 0; i < 200; ++i) text += lines[(i * 7) % 4];
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream(path) << text;
+  return path;
+}
+
+Config tiny_config(const std::string& dir) {
+  Config c;
+  c.model.family = "gpt2";
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 16;
+  c.model.block_size = 16;
+  c.data.path = write_corpus(dir);
+  c.data.tokenizer = "char";
+  c.data.separator = "none";
+  c.train.batch_size = 4;
+  c.train.max_steps = 20;
+  c.train.lr = 3e-3;
+  c.train.eval_interval = 10;
+  c.train.eval_batches = 2;
+  c.train.log_interval = 1;
+  c.train.out_dir = dir + "/run";
+  c.train.keep_last = 5;
+  return c;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+int run_cli(const std::string& args, std::string* err = nullptr) {
+  const std::string errfile = fs::temp_directory_path() / ("qkv_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(QKV_BINARY_DIR) + "/qkv " + args + " >/dev/null 2>" + errfile;
+  const int rc = std::system(cmd.c_str());
+  if (err) {
+    std::ifstream in(errfile);
+    *err = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return WEXITSTATUS(rc);
+}
+
+}  // namespace
+
+TEST_CASE("training reduces the loss on a tiny corpus", "[train][loop]") {
+  const std::string dir = temp_dir("loss");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 150;
+  c.train.lr = 1e-2;
+  c.train.min_lr = 1e-3;
+  const auto s = train::run_training(c, {.progress = false});
+  const auto m = read_metrics(c.train.out_dir + "/metrics.jsonl");
+  REQUIRE(m.size() >= 10);
+  const double first = m.front()["loss"].get<double>();
+  INFO("first loss " << first << ", last " << s.loss << ", val " << s.val_loss);
+  CHECK(first > 2.5);         // ~ln(vocab) at init
+  CHECK(s.loss < first - 0.8);  // it learned the character statistics
+  CHECK(std::isfinite(s.val_loss));
+  CHECK(fs::exists(s.checkpoint));
+  CHECK(fs::exists(c.train.out_dir + "/best.h5"));
+}
+
+TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state", "[train][resume]") {
+  const std::string dir = temp_dir("resume");
+  Config c = tiny_config(dir);
+  c.model.dropout = 0.1;
+  c.model.attn_dropout = 0.1;
+  c.train.checkpoint_interval = 10;
+  c.train.out_dir = dir + "/full";
+  train::run_training(c, {.progress = false});
+  Config r = c;
+  r.train.out_dir = dir + "/resumed";
+  train::run_training(r, {.resume = dir + "/full/ckpt_000010.h5", .progress = false});
+
+  const auto full = read_metrics(dir + "/full/metrics.jsonl");
+  const auto resumed = read_metrics(dir + "/resumed/metrics.jsonl");
+  REQUIRE(full.size() == 20);
+  REQUIRE(resumed.size() == 10);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    CHECK(resumed[i]["step"] == full[10 + i]["step"]);
+    CHECK(resumed[i]["loss"].get<double>() == full[10 + i]["loss"].get<double>());
+    CHECK(resumed[i]["grad_norm"].get<double>() == full[10 + i]["grad_norm"].get<double>());
+    CHECK(resumed[i]["lr"].get<double>() == full[10 + i]["lr"].get<double>());
+  }
+  // Final weights and moments bitwise equal.
+  auto meta = train::read_checkpoint_meta(dir + "/full/ckpt_000020.h5");
+  auto a = train::build_model(meta.config, meta.tokenizer->vocab_size());
+  auto b = train::build_model(meta.config, meta.tokenizer->vocab_size());
+  train::load_model_weights(dir + "/full/ckpt_000020.h5", *a);
+  train::load_model_weights(dir + "/resumed/ckpt_000020.h5", *b);
+  const auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].tensor.to_vector() == pb[i].tensor.to_vector());
+  std::vector<train::OptimParam> oa, ob;
+  for (auto& p : pa) oa.push_back({p.name, p.tensor, p.decay});
+  for (auto& p : pb) ob.push_back({p.name, p.tensor, p.decay});
+  train::AdamW opt_a(oa, {}), opt_b(ob, {});
+  train::load_optimizer_state(dir + "/full/ckpt_000020.h5", opt_a);
+  train::load_optimizer_state(dir + "/resumed/ckpt_000020.h5", opt_b);
+  CHECK(opt_a.step_count() == 20);
+  CHECK(opt_b.step_count() == 20);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CHECK(opt_a.states()[i].exp_avg.to_vector() == opt_b.states()[i].exp_avg.to_vector());
+    CHECK(opt_a.states()[i].exp_avg_sq.to_vector() == opt_b.states()[i].exp_avg_sq.to_vector());
+  }
+}
+
+TEST_CASE("sampling with and without the KV cache draws the same tokens", "[train][sample]") {
+  const std::string dir = temp_dir("sample");
+  Config c = tiny_config(dir);
+  const auto s = train::run_training(c, {.progress = false});
+  auto meta = train::read_checkpoint_meta(s.checkpoint);
+  auto model = train::build_model(meta.config, meta.tokenizer->vocab_size());
+  train::load_model_weights(s.checkpoint, *model);
+  model->eval();
+  const std::vector<int32_t> prompt = meta.tokenizer->encode("the ");
+  for (double temperature : {0.0, 1.0}) {
+    train::SampleOptions o;
+    o.max_new_tokens = 30;  // prompt + 30 > block_size 16: also covers the cropped-context path
+    o.temperature = temperature;
+    o.top_k = 10;
+    o.seed = 7;
+    o.kv_cache = true;
+    const auto cached = train::generate(*model, prompt, o);
+    o.kv_cache = false;
+    const auto full = train::generate(*model, prompt, o);
+    CHECK(cached == full);
+    CHECK(cached.size() == 30);
+  }
+}
+
+TEST_CASE("top-k and top-p restrict the draw to the most likely tokens", "[train][sample]") {
+  const float logits[5] = {0.0f, 3.0f, 1.0f, 2.0f, -1.0f};
+  train::SampleOptions o;
+  o.temperature = 1.0;
+  o.top_k = 2;  // only tokens 1 and 3 may be drawn
+  for (double u = 0.0; u < 1.0; u += 0.01) {
+    const int32_t t = train::pick_token(logits, 5, o, u);
+    CHECK((t == 1 || t == 3));
+  }
+  o.top_k = 0;
+  o.top_p = 0.5;  // p(token 1) = e^3/sum ≈ 0.64 > 0.5: the nucleus is token 1 alone
+  for (double u = 0.0; u < 1.0; u += 0.05) CHECK(train::pick_token(logits, 5, o, u) == 1);
+  o.temperature = 0;
+  CHECK(train::pick_token(logits, 5, o, 0.99) == 1);
+}
+
+TEST_CASE("non-finite gradients skip steps and stop the run after max_bad_steps", "[train][loop]") {
+  const std::string dir = temp_dir("nan");
+  Config c = tiny_config(dir);
+  c.train.lr = 1e30;  // the first update overflows the weights: every later loss is non-finite
+  c.train.lr_schedule = "constant";
+  c.train.grad_clip = 0;
+  c.train.max_bad_steps = 3;
+  CHECK_THROWS_WITH(train::run_training(c, {.progress = false}), Catch::Contains("non-finite steps in a row"));
+}
+
+TEST_CASE("the CLI rejects bad input with one line and exit status 2", "[train][cli]") {
+  const std::string dir = temp_dir("cli");
+  const std::string corpus = write_corpus(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string p = dir + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  };
+  const std::string base = "[data]\npath = \"" + corpus + "\"\n[train]\nmax_steps = 2\nout_dir = \"" + dir + "/r\"\n";
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"train --config " + write("unknown.toml", "[model]\nn_layers = 2\n" + base), "unknown key model.n_layers"},
+      {"train --config " + write("type.toml", "[model]\nn_head = \"four\"\n" + base), "model.n_head must be an integer"},
+      {"train --config " + write("div.toml", "[model]\nn_embd = 30\nn_head = 4\n" + base), "n_embd"},
+      {"train --config " + write("gqa.toml", "[model]\nn_head = 4\nn_kv_head = 3\n" + base), "n_kv_head"},
+      {"train --config " + dir + "/missing.toml", "missing.toml"},
+      {"train --config " + write("nodata.toml", "[data]\npath = \"" + dir + "/nope.txt\"\n"), "nope.txt"},
+      {"train --config " + write("short.toml", "[model]\nblock_size = 64\n[data]\npath = \"" + write("short.txt", "abc") + "\"\n"),
+       "short.txt"},
+      {"sample --checkpoint " + dir + "/none.h5", "none.h5"},
+      {"eval --checkpoint " + write("notckpt.h5", "garbage") + " --data " + corpus, "notckpt.h5"},
+  };
+  for (const auto& c : cases) {
+    std::string err;
+    const int rc = run_cli(c.args, &err);
+    INFO(c.args << "\n-> " << err);
+    CHECK(rc == 2);
+    CHECK(err.find(c.expect) != std::string::npos);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);  // one line
+  }
+}
+
+TEST_CASE("eval scores consecutive windows and prints the pinned JSON", "[train][cli]") {
+  const std::string dir = temp_dir("eval");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 5;
+  const auto s = train::run_training(c, {.progress = false});
+  const std::string out = dir + "/eval.json";
+  const std::string cmd = std::string(QKV_BINARY_DIR) + "/qkv eval --checkpoint " + s.checkpoint + " --data " +
+                          c.data.path + " --json 2>/dev/null | tail -n 1 > " + out;
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(out);
+  const auto j = nlohmann::json::parse(in);
+  // 200 lines of the corpus; windows of block_size + 1 = 17 tokens, targets 16 per window.
+  const int64_t n_tokens = static_cast<int64_t>(read_text_file(c.data.path).size());
+  CHECK(j["tokens"].get<int64_t>() == n_tokens / 17 * 16);
+  CHECK(std::fabs(j["perplexity"].get<double>() - std::exp(j["loss"].get<double>())) < 1e-9);
+}

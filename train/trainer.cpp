@@ -1,0 +1,217 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "train/checkpoint.h"
+#include "train/clip.h"
+#include "train/evaluate.h"
+#include "train/model_factory.h"
+#include "train/optimizer.h"
+#include "train/plot.h"
+#include "train/schedule.h"
+#include "train/session.h"
+
+namespace qkv::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt_%06lld.h5", static_cast<long long>(step));
+  return buf;
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  return buf;
+}
+
+BatcherOptions batcher_options(const Config& cfg, uint64_t seed) {
+  BatcherOptions o;
+  o.mode = parse_batch_mode(cfg.data.batching);
+  o.batch_size = cfg.train.batch_size;
+  o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
+  o.seed = seed;
+  o.padding = parse_padding(cfg.data.padding_side);
+  return o;
+}
+
+// Settings that must not change across a resume (they change the computation).
+void check_resumable(const Config& now, const Config& then, const std::string& ckpt) {
+  QKV_CHECK(now.model == then.model, ckpt, ": [model] settings differ from the run being resumed");
+  QKV_CHECK(now.data.tokenizer == then.data.tokenizer && now.data.batching == then.data.batching,
+            ckpt, ": data.tokenizer or data.batching differ from the run being resumed");
+  QKV_CHECK(now.train.seed == then.train.seed && now.train.batch_size == then.train.batch_size &&
+                now.train.grad_accum == then.train.grad_accum,
+            ckpt, ": train.seed, batch_size or grad_accum differ from the run being resumed");
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
+  const Config cfg = cfg_in.resolved();
+  QKV_CHECK(cfg.train.device == "cpu" || cfg.train.device == "cuda", "train.device must be cpu or cuda");
+  QKV_CHECK(cfg.train.device == "cpu", "train.device = \"cuda\": this build trains on the CPU only (the CUDA training path is not available yet)");
+  QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
+  apply_thread_setting(cfg);
+  const auto t_start = Clock::now();
+
+  RunData data = load_run_data(cfg);
+  auto model = build_model(cfg, data.vocab_size);
+  const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
+  model->init_weights(seed);
+
+  TrainState state;
+  state.seed = seed;
+  state.batch_mode = cfg.data.batching;
+  std::vector<OptimParam> oparams;
+  for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
+  AdamW opt(oparams, AdamWOptions::from(cfg.train));
+  Batcher batcher(data.train, batcher_options(cfg, seed));
+
+  if (!opts.resume.empty()) {
+    CheckpointMeta meta = read_checkpoint_meta(opts.resume);
+    check_resumable(cfg, meta.config.resolved(), opts.resume);
+    QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
+              ": the checkpoint's tokenizer differs from the one built from data.path");
+    QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
+    load_model_weights(opts.resume, *model);
+    load_optimizer_state(opts.resume, opt);
+    state = meta.state;
+    batcher.restore(state.data);
+  } else if (!opts.init_from.empty()) {
+    load_model_weights(opts.init_from, *model);
+  }
+
+  const std::string out_dir = cfg.train.out_dir;
+  std::filesystem::create_directories(out_dir);
+  const std::string metrics_path = out_dir + "/metrics.jsonl";
+  std::ofstream metrics(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
+  QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics");
+  const LrSchedule schedule = LrSchedule::from(cfg.train);
+  const std::vector<Tensor> params = model->parameters();
+  const int64_t accum = cfg.train.grad_accum;
+  const bool tty = opts.progress && isatty(STDERR_FILENO);
+  BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull);
+
+  TrainSummary summary;
+  const int64_t first_step = state.step;
+  double last_loss = NAN, last_val = NAN;
+  int64_t masked_rows = 0;
+  double window_ms = 0;
+  int64_t window_steps = 0, window_tokens = 0;
+
+  auto save = [&](const std::string& path) {
+    state.data = batcher.state();
+    save_checkpoint(path, cfg, *model, &opt, state, *data.tokenizer);
+    summary.checkpoint = path;
+  };
+
+  while (state.step < cfg.train.max_steps) {
+    const auto t0 = Clock::now();
+    model->train();
+    autograd::zero_grad(params);
+    double loss_sum = 0;
+    int64_t step_tokens = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      Batch b = batcher.next();
+      nn::RngContext rng{seed, static_cast<uint64_t>(state.step * accum + micro), 0};
+      Tensor loss = batch_loss(*model, b, rng, &masked_rows);
+      loss_sum += loss.item();
+      autograd::backward(accum == 1 ? loss : ag::mul(loss, 1.0 / static_cast<double>(accum)));
+      step_tokens += b.x.numel();
+    }
+    const double loss = loss_sum / static_cast<double>(accum);
+    const double grad_norm = global_grad_norm(params);
+    const double lr = schedule.at(state.step);
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      // Skip: no update, counted; too many in a row ends the run rather than training on NaN.
+      state.skipped_steps++;
+      state.bad_steps_in_a_row++;
+      std::fprintf(stderr, "qkv: step %lld: non-finite %s, step skipped (%lld in a row)\n",
+                   static_cast<long long>(state.step), std::isfinite(loss) ? "gradients" : "loss",
+                   static_cast<long long>(state.bad_steps_in_a_row));
+      QKV_CHECK(state.bad_steps_in_a_row < cfg.train.max_bad_steps, "training stopped: ", state.bad_steps_in_a_row,
+                " non-finite steps in a row (train.max_bad_steps = ", cfg.train.max_bad_steps,
+                "); lower train.lr or check the data");
+    } else {
+      state.bad_steps_in_a_row = 0;
+      opt.step(lr, cfg.train.grad_clip > 0 ? clip_scale(grad_norm, cfg.train.grad_clip) : 1.0f);
+    }
+    autograd::zero_grad(params);
+    state.step++;
+    state.tokens_seen += step_tokens;
+    last_loss = loss;
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    window_ms += ms;
+    window_steps++;
+    window_tokens += step_tokens;
+
+    const bool last = state.step == cfg.train.max_steps;
+    bool evaluated = false;
+    if ((cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0) || last) {
+      last_val = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches).mean();
+      evaluated = true;
+      if (last_val < state.best_val_loss) {
+        state.best_val_loss = last_val;
+        save(out_dir + "/best.h5");
+      }
+    }
+    if (state.step % std::max<int64_t>(cfg.train.log_interval, 1) == 0 || evaluated || last) {
+      nlohmann::json j = {{"step", state.step},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", grad_norm},
+                          {"tokens_per_s", window_tokens / (window_ms / 1000.0)},
+                          {"ms_per_step", window_ms / static_cast<double>(window_steps)},
+                          {"fully_masked_rows", masked_rows},
+                          {"skipped_steps", state.skipped_steps}};
+      if (evaluated) j["val_loss"] = last_val;
+      metrics << j.dump() << "\n";
+      metrics.flush();
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
+      const double eta = elapsed / static_cast<double>(state.step - first_step) *
+                         static_cast<double>(cfg.train.max_steps - state.step);
+      if (opts.progress) {
+        char line[256];
+        std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f%s  lr %.2e  %.0f tok/s  %.1f ms/step  ETA %s",
+                      static_cast<long long>(state.step), static_cast<long long>(cfg.train.max_steps), loss,
+                      evaluated ? (" val " + std::to_string(last_val).substr(0, 6)).c_str() : "", lr,
+                      window_tokens / (window_ms / 1000.0), window_ms / static_cast<double>(window_steps),
+                      format_duration(eta).c_str());
+        std::fprintf(stderr, tty ? "\r%-110s%s" : "%s%s\n", line, tty && (evaluated || last) ? "\n" : "");
+      }
+      window_ms = 0;
+      window_steps = window_tokens = 0;
+    }
+    if ((cfg.train.checkpoint_interval > 0 && state.step % cfg.train.checkpoint_interval == 0) || last) {
+      save(out_dir + "/" + checkpoint_name(state.step));
+      prune_checkpoints(out_dir, cfg.train.keep_last);
+    }
+  }
+  if (opts.plot) plot_metrics(metrics_path, out_dir + "/loss.svg");
+
+  summary.step = state.step;
+  summary.loss = last_loss;
+  summary.val_loss = last_val;
+  summary.best_val_loss = state.best_val_loss;
+  summary.skipped_steps = state.skipped_steps;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  const int64_t steps_run = state.step - first_step;
+  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * accum * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;
+  return summary;
+}
+
+}  // namespace qkv::train
