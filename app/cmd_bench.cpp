@@ -37,10 +37,14 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         std::fprintf(out, "%s: %.2f ms/step  %.0f tok/s  %.2f GFLOP/s  peak RSS %.0f MB  (%d threads, %lld params, loss %.4f)\n",
                      config.c_str(), r.ms_per_step, r.tokens_per_s, r.gflops, r.peak_rss_bytes / 1048576.0, r.threads,
                      static_cast<long long>(r.params), r.final_loss);
+        std::fprintf(out, "  cpu %.2f ms/step, tensor peak %.0f MB, %.2f OS allocations/step\n", r.cpu_ms_per_step,
+                     r.allocator_peak_bytes / 1048576.0, r.os_allocations_per_step);
         nlohmann::json j = {{"name", "step"},        {"config", config},         {"ms_per_step", r.ms_per_step},
                             {"tokens_per_s", r.tokens_per_s}, {"gflops", r.gflops}, {"flops_per_step", r.flops_per_step},
                             {"peak_rss_bytes", r.peak_rss_bytes}, {"threads", r.threads}, {"params", r.params},
-                            {"step_ms", r.step_ms},   {"final_loss", r.final_loss}};
+                            {"step_ms", r.step_ms},   {"final_loss", r.final_loss},
+                            {"cpu_ms_per_step", r.cpu_ms_per_step}, {"os_allocations_per_step", r.os_allocations_per_step},
+                            {"allocator_peak_bytes", r.allocator_peak_bytes}};
         if (profile) {
           nlohmann::json prof = nlohmann::json::array();
           std::vector<std::pair<std::string, autograd::ProfileEntry>> rows(r.profile.begin(), r.profile.end());

@@ -1,47 +1,74 @@
 // qkv train --config FILE [--set key=value]... [--resume CKPT | --init-from CKPT] [--plot] [--json]
+// Under `mpirun -np N` every process runs this command as one rank of a data-parallel job
+// (train/distributed.h): only rank 0 prints; an error on any rank prints one line naming the
+// rank and ends the whole job (MPI_Abort), so no rank waits forever in a collective.
 #include <cmath>
 #include <cstdio>
+#include <exception>
 
 #include "app/commands.h"
 #include "train/config.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace qkv::app {
 
-static nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+namespace {
+
+nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+struct TrainArgs {
+  std::string config, resume, init_from;
+  std::vector<std::string> sets;
+  bool json = false, plot = false, quiet = false;
+};
+
+void train_once(const TrainArgs& a, bool root) {
+  const Config cfg = parse_config(a.config, a.sets);
+  train::TrainOptions o;
+  o.resume = a.resume;
+  o.init_from = a.init_from;
+  o.plot = a.plot;
+  o.progress = !a.quiet;
+  const train::TrainSummary s = train::run_training(cfg, o);
+  if (!root) return;
+  std::fprintf(a.json ? stderr : stdout, "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
+               static_cast<long long>(s.step), s.loss, s.val_loss, s.best_val_loss, s.seconds, s.tokens_per_s,
+               s.checkpoint.c_str());
+  if (a.json)
+    print_json({{"step", s.step},
+                {"loss", number_or_null(s.loss)},
+                {"val_loss", number_or_null(s.val_loss)},
+                {"best_val_loss", number_or_null(s.best_val_loss)},
+                {"checkpoint", s.checkpoint},
+                {"seconds", s.seconds},
+                {"tokens_per_s", s.tokens_per_s},
+                {"skipped_steps", s.skipped_steps}});
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("train", "train a model from a TOML config");
-  static std::string config, resume, init_from;
-  static std::vector<std::string> sets;
-  static bool json = false, plot = false, quiet = false;
-  cmd->add_option("--config", config, "config file (TOML)")->required();
-  cmd->add_option("--set", sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
-  cmd->add_option("--resume", resume, "continue a run from its checkpoint, bitwise as if it never stopped");
-  cmd->add_option("--init-from", init_from, "start a new run from a checkpoint's weights");
-  cmd->add_flag("--plot", plot, "write OUT_DIR/loss.svg at the end");
-  cmd->add_flag("--quiet", quiet, "no progress lines on stderr");
-  cmd->add_flag("--json", json, "print the final metrics as one JSON line");
+  auto* cmd = root.add_subcommand("train", "train a model from a TOML config (data-parallel under mpirun -np N)");
+  static TrainArgs args;
+  cmd->add_option("--config", args.config, "config file (TOML)")->required();
+  cmd->add_option("--set", args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
+  cmd->add_option("--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
+  cmd->add_option("--init-from", args.init_from, "start a new run from a checkpoint's weights");
+  cmd->add_flag("--plot", args.plot, "write OUT_DIR/loss.svg at the end");
+  cmd->add_flag("--quiet", args.quiet, "no progress lines on stderr");
+  cmd->add_flag("--json", args.json, "print the final metrics as one JSON line");
   cmd->callback([&exit_code] {
-    const Config cfg = parse_config(config, sets);
-    train::TrainOptions o;
-    o.resume = resume;
-    o.init_from = init_from;
-    o.plot = plot;
-    o.progress = !quiet;
-    const train::TrainSummary s = train::run_training(cfg, o);
-    std::fprintf(json ? stderr : stdout, "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
-                 static_cast<long long>(s.step), s.loss, s.val_loss, s.best_val_loss, s.seconds, s.tokens_per_s,
-                 s.checkpoint.c_str());
-    if (json)
-      print_json({{"step", s.step},
-                  {"loss", number_or_null(s.loss)},
-                  {"val_loss", number_or_null(s.val_loss)},
-                  {"best_val_loss", number_or_null(s.best_val_loss)},
-                  {"checkpoint", s.checkpoint},
-                  {"seconds", s.seconds},
-                  {"tokens_per_s", s.tokens_per_s},
-                  {"skipped_steps", s.skipped_steps}});
+    dist::init(nullptr, nullptr);  // MPI only when an MPI launcher started this process
+    dist::Communicator& comm = dist::world();
+    try {
+      train_once(args, comm.is_root());
+    } catch (const std::exception& e) {
+      if (comm.world() > 1) comm.abort(e.what(), 2);
+      dist::finalize();
+      throw;  // one process: main() prints it and exits 2
+    }
+    dist::finalize();
     exit_code = 0;
   });
 }

@@ -16,6 +16,8 @@ void add_prepare_command(CLI::App& root, int& exit_code);
 void add_plot_command(CLI::App& root, int& exit_code);
 void add_bench_command(CLI::App& root, int& exit_code);
 void add_inspect_command(CLI::App& root, int& exit_code);
+void add_leakcheck_command(CLI::App& root, int& exit_code);
+void add_attention_map_command(CLI::App& root, int& exit_code);
 
 // Prints `j` as the single JSON line that ends stdout (DESIGN §3).
 void print_json(const nlohmann::json& j);

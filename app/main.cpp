@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   qkv::app::add_plot_command(app, exit_code);
   qkv::app::add_bench_command(app, exit_code);
   qkv::app::add_inspect_command(app, exit_code);
+  qkv::app::add_leakcheck_command(app, exit_code);
+  qkv::app::add_attention_map_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

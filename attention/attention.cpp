@@ -3,6 +3,7 @@
 #include "attention/attention.h"
 
 #include "attention/reference.h"
+#include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 
@@ -23,6 +24,28 @@ struct FusedAttentionBackward : autograd::Node {
   }
   void release() override {
     q = k = v = out = lse = Tensor();
+    plan.reset();
+    drop.reset();
+  }
+};
+
+// attention_packed's node: dqkv [B,N,Hq+2Hkv,D] with dq, dk, dv written into its head slices.
+struct PackedAttentionBackward : autograd::Node {
+  Tensor qkv, out, lse;  // out: the token-major [B,N,Hq,D] result (detached)
+  Problem p;
+  std::shared_ptr<const MaskPlan> plan;
+  std::shared_ptr<const DropoutDraw> drop;
+  const char* name() const override { return "PackedAttentionBackward"; }
+  std::vector<Tensor> backward(const Tensor& dout) override {
+    auto heads = [](const Tensor& t, int64_t start, int64_t len) { return t.narrow(2, start, len).transpose(1, 2); };
+    Tensor dqkv = Tensor::empty(qkv.shape(), p.dtype);
+    FusedGrads into{heads(dqkv, 0, p.Hq), heads(dqkv, p.Hq, p.Hkv), heads(dqkv, p.Hq + p.Hkv, p.Hkv)};
+    fused_attention_backward(dout.transpose(1, 2), heads(qkv, 0, p.Hq), heads(qkv, p.Hq, p.Hkv),
+                             heads(qkv, p.Hq + p.Hkv, p.Hkv), out.transpose(1, 2), lse, p, *plan, *drop, &into);
+    return {dqkv};
+  }
+  void release() override {
+    qkv = out = lse = Tensor();
     plan.reset();
     drop.reset();
   }
@@ -60,6 +83,37 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   node->plan = plan;
   node->drop = drop;
   return autograd::record(f.out, node, {q, k, v});
+}
+
+Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
+  QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
+            "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
+            qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
+  const bool grad = autograd::any_requires_grad({&qkv});
+  const bool fused = !routes_to_reference(opts) && !opts.check_invariants &&
+                     !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})) && qkv.stride(3) == 1;
+  if (!fused) {
+    // The composed views: the plain op handles every option (and its errors).
+    auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
+    Tensor y = attention(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), opts);
+    return ag::contiguous(ag::transpose(y, 1, 2));
+  }
+  auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
+  const Tensor q = heads(0, q_heads), k = heads(q_heads, kv_heads), v = heads(q_heads + kv_heads, kv_heads);
+  const Problem p = check_problem(q, k, v, opts);
+  auto plan = std::make_shared<const MaskPlan>(p.shape(), opts, p.dtype);
+  auto drop = std::make_shared<const DropoutDraw>(opts, p.Hq);
+  FusedForward f = fused_attention_forward(q, k, v, p, *plan, *drop, opts.fully_masked, /*token_major=*/true);
+  Tensor out = f.out.transpose(1, 2);  // [B, N, Hq, D], contiguous
+  if (!grad) return out;
+  auto node = std::make_shared<PackedAttentionBackward>();
+  node->qkv = detached(qkv);
+  node->out = detached(out);
+  node->lse = f.lse;
+  node->p = p;
+  node->plan = plan;
+  node->drop = drop;
+  return autograd::record(out, node, {qkv});
 }
 
 AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -69,6 +69,17 @@ struct AttentionOptions {
 // the reference kernel records the composed graph (matmul, masked_fill, softmax, mul, matmul).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts = {});
 
+// Self-attention on a fused projection, the layout of GPT-2's c_attn output viewed by heads:
+// qkv [B, N, Hq + 2·Hkv, D] holds per token the Hq query heads, then Hkv key heads, then Hkv
+// value heads. Returns out [B, N, Hq, D], token-major and contiguous, so [B, N, Hq·D] for the
+// output projection is a view. The same values as
+//   attention(q, k, v, opts).transpose(1, 2), q = qkv[:, :, :Hq].transpose(1, 2), k, v likewise,
+// and differentiable in qkv. The fused kernel records ONE node (PackedAttentionBackward) that
+// writes dq, dk and dv straight into one [B, N, Hq + 2·Hkv, D] gradient: no head transposes, no
+// zero-filled per-piece gradients summed by the engine. Options that route to the reference kernel
+// (or check invariants) fall back to those composed views.
+Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts = {});
+
 // Reference kernel, returning the weights P [B, Hq, Nq, Nk] (after softmax, before dropout) too.
 struct AttentionWeights {
   Tensor out, weights;

@@ -20,21 +20,25 @@ inline int worth_threads(double flops, int64_t tasks, int max_threads) {
 }
 
 struct FusedForward {
-  Tensor out;  // [B, Hq, Nq, Dv] contiguous
+  Tensor out;  // [B, Hq, Nq, Dv]: contiguous, or with token_major a view of a contiguous [B, Nq, Hq, Dv]
   Tensor lse;  // [B, Hq, Nq] in the compute dtype; -inf on fully masked rows
   int64_t fully_masked_rows = 0;
 };
 // q, k, v may be strided views whose last dim is contiguous (KV-cache views are). Under
 // FullyMasked::error throws naming the first fully masked (batch, head, row).
 FusedForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Problem& p,
-                                     const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy);
+                                     const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy,
+                                     bool token_major = false);
 
 struct FusedGrads {
-  Tensor dq, dk, dv;  // contiguous, shaped like q, k, v
+  Tensor dq, dk, dv;  // shaped like q, k, v: contiguous, or the caller's views (rows contiguous)
 };
+// dout and out may be views with contiguous rows (token-major ones from attention_packed). When
+// `into` is given its dq/dk/dv are the destinations (views with contiguous rows, e.g. slices of one
+// packed gradient buffer); every element of them is written.
 FusedGrads fused_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, const Problem& p, const MaskPlan& plan,
-                                    const DropoutDraw& drop);
+                                    const DropoutDraw& drop, const FusedGrads* into = nullptr);
 
 // `t` itself when its rows are contiguous and BLAS can step between them, else a contiguous copy.
 inline Tensor rows_contiguous(const Tensor& t) {

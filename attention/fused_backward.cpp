@@ -1,7 +1,7 @@
 // Fused attention backward, CPU: the hand-derived vjp of seeds §9, recomputing P per tile from the
 // saved row log-sum-exp instead of storing it.
 //
-//   Di  = rowsum(dO ∘ O)                                   [B,Hq,Nq], once
+//   Di  = rowsum(dO ∘ O)                                   [B,Hq,Nq], by each head's task
 //   per (b, h), per key tile j, per query block i that can see it:
 //     S   = s·Q_i·K_jᵀ + bias + alibi, masked −inf         P  = exp(S − lse_i)  (0 on masked rows)
 //     dV_j += (P∘Z)ᵀ·dO_i                                  dP = (dO_i·V_jᵀ) ∘ Z
@@ -9,6 +9,8 @@
 //     dK_j += dSᵀ·Q_i                                      dQ_i += dS·K_j
 //   then dQ ·= s, dK ·= s.
 // Shapes: dO, O [B,Hq,Nq,Dv]; dq [B,Hq,Nq,D]; dk [B,Hkv,Nk,D]; dv [B,Hkv,Nk,Dv]; 5 GEMMs per tile.
+// Every operand may be a view with contiguous rows (any batch/head/row strides): attention_packed
+// reads a token-major dO and writes dq/dk/dv straight into the slices of one packed gradient.
 //
 // Why this loop order: a task owns one query head (b, h) and walks key tiles outermost, so the
 // dK/dV rows it accumulates and the dQ rows it updates belong to it alone — no atomics, no
@@ -28,9 +30,13 @@ namespace {
 
 template <class T>
 struct BwdArgs {
-  const T *q, *k, *v, *dout, *lse, *di;
-  int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
+  const T *q, *k, *v, *dout, *lse;
+  T* di;  // [B,Hq,Nq], each head's rows written by that head's task
+  int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn, do_sb, do_sh, do_sn;
   T *dq, *dk, *dv;  // dk/dv: [B,Hkv,...] when G == 1, else the per-query-head partials [B,Hq,...]
+  int64_t dq_sb, dq_sh, dq_sn, dk_sb, dk_sh, dk_sn, dv_sb, dv_sh, dv_sn;  // rows contiguous
+  const T* out;
+  int64_t o_sb, o_sh, o_sn;
   bool partial;
   int64_t Hq, Hkv, Nq, Nk, D, Dv;
   T scale;
@@ -46,16 +52,27 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
   const int64_t row0 = (b * a.Hq + h) * a.Nq;
-  const T* doh = a.dout + row0 * Dv;
+  const int64_t dos = a.do_sn, dqs = a.dq_sn, dks = a.dk_sn, dvs = a.dv_sn;
+  const T* doh = a.dout + b * a.do_sb + h * a.do_sh;
   const T* lseh = a.lse + row0;
-  const T* dih = a.di + row0;
-  T* dqh = a.dq + row0 * D;
-  const int64_t kv_slot = a.partial ? (b * a.Hq + h) : (b * a.Hkv + hk);
-  T* dkh = a.dk + kv_slot * a.Nk * D;
-  T* dvh = a.dv + kv_slot * a.Nk * Dv;
-  std::fill_n(dqh, a.Nq * D, T(0));
-  std::fill_n(dkh, a.Nk * D, T(0));
-  std::fill_n(dvh, a.Nk * Dv, T(0));
+  T* dih = a.di + row0;
+  {  // Di = rowsum(dO ∘ O) for this head's rows
+    const T* oh = a.out + b * a.o_sb + h * a.o_sh;
+    for (int64_t i = 0; i < a.Nq; ++i) {
+      const T* d = doh + i * dos;
+      const T* o = oh + i * a.o_sn;
+      T acc = 0;
+      for (int64_t c = 0; c < Dv; ++c) acc += d[c] * o[c];
+      dih[i] = acc;
+    }
+  }
+  T* dqh = a.dq + b * a.dq_sb + h * a.dq_sh;
+  const int64_t kv_slot = a.partial ? h : hk;
+  T* dkh = a.dk + b * a.dk_sb + kv_slot * a.dk_sh;
+  T* dvh = a.dv + b * a.dv_sb + kv_slot * a.dv_sh;
+  for (int64_t i = 0; i < a.Nq; ++i) std::fill_n(dqh + i * dqs, D, T(0));
+  for (int64_t j = 0; j < a.Nk; ++j) std::fill_n(dkh + j * dks, D, T(0));
+  for (int64_t j = 0; j < a.Nk; ++j) std::fill_n(dvh + j * dvs, Dv, T(0));
   const bool additive = plan.has_bias() || plan.has_alibi();
 
   for (int64_t j0 = 0; j0 < a.Nk; j0 += kBlockK) {
@@ -64,8 +81,8 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
     plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);
     const T* kj = kh + j0 * a.k_sn;
     const T* vj = vh + j0 * a.v_sn;
-    T* dkj = dkh + j0 * D;
-    T* dvj = dvh + j0 * Dv;
+    T* dkj = dkh + j0 * dks;
+    T* dvj = dvh + j0 * dvs;
     for (int64_t i0 = i_lo; i0 < i_hi; i0 += kBlockQ) {
       const int64_t i1 = std::min(i_hi, i0 + kBlockQ), bq = i1 - i0;
       int64_t j_lo, j_hi;  // the block's own key range may exclude this tile entirely
@@ -89,8 +106,8 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
         }
         pd = pz;
       }
-      tile::gemm(true, false, bk, Dv, bq, T(1), pd, kBlockK, doh + i0 * Dv, Dv, T(1), dvj, Dv);
-      tile::gemm(false, true, bq, bk, Dv, T(1), doh + i0 * Dv, Dv, vj, a.v_sn, T(0), dp, kBlockK);
+      tile::gemm(true, false, bk, Dv, bq, T(1), pd, kBlockK, doh + i0 * dos, dos, T(1), dvj, dvs);
+      tile::gemm(false, true, bq, bk, Dv, T(1), doh + i0 * dos, dos, vj, a.v_sn, T(0), dp, kBlockK);
       for (int64_t r = 0; r < bq; ++r) {
         const T di = dih[i0 + r];
         const T* sr = s + r * kBlockK;
@@ -102,47 +119,35 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
           for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] - di);
         }
       }
-      tile::gemm(true, false, bk, D, bq, T(1), dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, T(1), dkj, D);
-      tile::gemm(false, false, bq, D, bk, T(1), dp, kBlockK, kj, a.k_sn, T(1), dqh + i0 * D, D);
+      tile::gemm(true, false, bk, D, bq, T(1), dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, T(1), dkj, dks);
+      tile::gemm(false, false, bq, D, bk, T(1), dp, kBlockK, kj, a.k_sn, T(1), dqh + i0 * dqs, dqs);
     }
   }
-  tile::scale_row(dqh, a.Nq * D, a.scale);
-  tile::scale_row(dkh, a.Nk * D, a.scale);
+  for (int64_t i = 0; i < a.Nq; ++i) tile::scale_row(dqh + i * dqs, D, a.scale);
+  for (int64_t j = 0; j < a.Nk; ++j) tile::scale_row(dkh + j * dks, D, a.scale);
 }
 
 template <class T>
 void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                   const Tensor& lse, const Problem& p, const MaskPlan& plan, const DropoutDraw& drop, FusedGrads& g) {
-  // Di = rowsum(dO ∘ O)
-  Tensor di = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype);
-  {
-    const T* d = dout.data<T>();
-    const T* o = out.data<T>();
-    T* dd = di.data<T>();
-    const int64_t rows = p.B * p.Hq * p.Nq, Dv = p.Dv;
-#pragma omp parallel for schedule(static) if (rows * Dv > (1 << 15) && !omp_in_parallel())
-    for (int64_t r = 0; r < rows; ++r) {
-      T acc = 0;
-      for (int64_t c = 0; c < Dv; ++c) acc += d[r * Dv + c] * o[r * Dv + c];
-      dd[r] = acc;
-    }
-  }
+  Tensor di = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype);  // filled per head by the head's own task
   const bool partial = p.G > 1;
   Tensor dk_part, dv_part;
   if (partial) {
     dk_part = Tensor::empty({p.B, p.Hq, p.Nk, p.D}, p.dtype);
     dv_part = Tensor::empty({p.B, p.Hq, p.Nk, p.Dv}, p.dtype);
   }
-  const BwdArgs<T> a{q.data<T>(),    k.data<T>(),  v.data<T>(),
-                     dout.data<T>(), lse.data<T>(), di.data<T>(),
-                     q.stride(0),    q.stride(1),   q.stride(2),
-                     k.stride(0),    k.stride(1),   k.stride(2),
-                     v.stride(0),    v.stride(1),   v.stride(2),
-                     g.dq.data<T>(), partial ? dk_part.data<T>() : g.dk.data<T>(),
-                     partial ? dv_part.data<T>() : g.dv.data<T>(),
-                     partial,        p.Hq,          p.Hkv,
-                     p.Nq,           p.Nk,          p.D,
-                     p.Dv,           static_cast<T>(p.scale)};
+  const Tensor& dk_dst = partial ? dk_part : g.dk;
+  const Tensor& dv_dst = partial ? dv_part : g.dv;
+  const BwdArgs<T> a{q.data<T>(),       k.data<T>(),       v.data<T>(),       dout.data<T>(),    lse.data<T>(),
+                     di.data<T>(),      q.stride(0),       q.stride(1),       q.stride(2),       k.stride(0),
+                     k.stride(1),       k.stride(2),       v.stride(0),       v.stride(1),       v.stride(2),
+                     dout.stride(0),    dout.stride(1),    dout.stride(2),    g.dq.data<T>(),    dk_dst.data<T>(),
+                     dv_dst.data<T>(),  g.dq.stride(0),    g.dq.stride(1),    g.dq.stride(2),    dk_dst.stride(0),
+                     dk_dst.stride(1),  dk_dst.stride(2),  dv_dst.stride(0),  dv_dst.stride(1),  dv_dst.stride(2),
+                     out.data<T>(),     out.stride(0),     out.stride(1),     out.stride(2),     partial,
+                     p.Hq,              p.Hkv,             p.Nq,              p.Nk,              p.D,
+                     p.Dv,              static_cast<T>(p.scale)};
   const int64_t tasks = p.B * p.Hq;
   const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
@@ -158,23 +163,24 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   // dK, dV of kv head hk = Σ over the query heads that read it, in head order.
   const T* dkp = dk_part.data<T>();
   const T* dvp = dv_part.data<T>();
-  T* dk = g.dk.data<T>();
-  T* dv = g.dv.data<T>();
   const int64_t nk_d = p.Nk * p.D, nk_dv = p.Nk * p.Dv;
   const int64_t groups = p.B * p.Hkv;
 #pragma omp parallel for schedule(static) if (groups > 1 && !omp_in_parallel())
   for (int64_t bk = 0; bk < groups; ++bk) {
     const int64_t b = bk / p.Hkv, hk = bk % p.Hkv;
-    T* dkd = dk + bk * nk_d;
-    T* dvd = dv + bk * nk_dv;
-    std::fill_n(dkd, nk_d, T(0));
-    std::fill_n(dvd, nk_dv, T(0));
+    T* dkd = g.dk.data<T>() + b * g.dk.stride(0) + hk * g.dk.stride(1);
+    T* dvd = g.dv.data<T>() + b * g.dv.stride(0) + hk * g.dv.stride(1);
+    const int64_t dks = g.dk.stride(2), dvs = g.dv.stride(2);
+    for (int64_t j = 0; j < p.Nk; ++j) std::fill_n(dkd + j * dks, p.D, T(0));
+    for (int64_t j = 0; j < p.Nk; ++j) std::fill_n(dvd + j * dvs, p.Dv, T(0));
     for (int64_t h = 0; h < p.Hq; ++h) {
       if (plan.kv_head(h) != hk) continue;
       const T* sk = dkp + (b * p.Hq + h) * nk_d;
       const T* sv = dvp + (b * p.Hq + h) * nk_dv;
-      for (int64_t e = 0; e < nk_d; ++e) dkd[e] += sk[e];
-      for (int64_t e = 0; e < nk_dv; ++e) dvd[e] += sv[e];
+      for (int64_t j = 0; j < p.Nk; ++j)
+        for (int64_t e = 0; e < p.D; ++e) dkd[j * dks + e] += sk[j * p.D + e];
+      for (int64_t j = 0; j < p.Nk; ++j)
+        for (int64_t e = 0; e < p.Dv; ++e) dvd[j * dvs + e] += sv[j * p.Dv + e];
     }
   }
 }
@@ -183,15 +189,19 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
 
 FusedGrads fused_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const Tensor& out, const Tensor& lse, const Problem& p, const MaskPlan& plan,
-                                    const DropoutDraw& drop) {
+                                    const DropoutDraw& drop, const FusedGrads* into) {
   const Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
-  const Tensor dout = dout_in.dtype() == p.dtype ? dout_in.contiguous() : dout_in.to(p.dtype).contiguous();
+  const Tensor dout = rows_contiguous(dout_in.dtype() == p.dtype ? dout_in : dout_in.to(p.dtype));
   QKV_CHECK(dout.shape() == out.shape(), "[attention] backward got dout ", shape_str(dout.shape()), " for out ",
             shape_str(out.shape()));
   FusedGrads g;
-  g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype);
-  g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype);
-  g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype);
+  if (into) {
+    g = *into;
+  } else {
+    g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype);
+    g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype);
+    g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype);
+  }
   if (p.dtype == DType::f32) run_backward<float>(dout, q, k, v, out, lse, p, plan, drop, g);
   else run_backward<double>(dout, q, k, v, out, lse, p, plan, drop, g);
   return g;

@@ -31,6 +31,7 @@ struct FwdArgs {
   const T *q, *k, *v;
   int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
   T *out, *lse;
+  int64_t o_sb, o_sh, o_sn;  // out's strides (rows contiguous): head-major, or token-major for attention_packed
   int64_t Hq, Nq, D, Dv;
   T scale;
 };
@@ -45,9 +46,10 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
   const T* qb = a.q + b * a.q_sb + h * a.q_sh + i0 * a.q_sn;
   const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
-  T* ob = a.out + ((b * a.Hq + h) * a.Nq + i0) * Dv;
+  T* ob = a.out + b * a.o_sb + h * a.o_sh + i0 * a.o_sn;
+  const int64_t os = a.o_sn;
   T* lb = a.lse + (b * a.Hq + h) * a.Nq + i0;
-  std::fill_n(ob, bq * Dv, T(0));
+  for (int64_t r = 0; r < bq; ++r) std::fill_n(ob + r * os, Dv, T(0));
   std::fill_n(m, bq, ninf);
   std::fill_n(l, bq, T(0));
   const bool additive = plan.has_bias() || plan.has_alibi();
@@ -71,7 +73,7 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
       if (m[r] != m_new) {
         const T alpha = m[r] == ninf ? T(0) : tile::exp_fast(m[r] - m_new);
         l[r] *= alpha;
-        if (m[r] != ninf) tile::scale_row(ob + r * Dv, Dv, alpha);
+        if (m[r] != ninf) tile::scale_row(ob + r * os, Dv, alpha);
         m[r] = m_new;
       }
       l[r] += sum;
@@ -80,16 +82,16 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
         for (int64_t c = 0; c < bk; ++c) sr[c] *= z[c];
       }
     }
-    tile::gemm(false, false, bq, Dv, bk, T(1), s, kBlockK, vh + j0 * a.v_sn, a.v_sn, T(1), ob, Dv);
+    tile::gemm(false, false, bq, Dv, bk, T(1), s, kBlockK, vh + j0 * a.v_sn, a.v_sn, T(1), ob, os);
   }
   int64_t first_masked = -1;
   for (int64_t r = 0; r < bq; ++r) {
     if (m[r] == ninf) {
-      std::fill_n(ob + r * Dv, Dv, T(0));
+      std::fill_n(ob + r * os, Dv, T(0));
       lb[r] = ninf;
       if (first_masked < 0) first_masked = i0 + r;
     } else {
-      tile::scale_row(ob + r * Dv, Dv, T(1) / l[r]);
+      tile::scale_row(ob + r * os, Dv, T(1) / l[r]);
       lb[r] = m[r] + std::log(l[r]);
     }
   }
@@ -101,8 +103,8 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                     const Problem& p, const MaskPlan& plan, const DropoutDraw& drop) {
   const FwdArgs<T> a{q.data<T>(),  k.data<T>(),  v.data<T>(),  q.stride(0), q.stride(1), q.stride(2),
                      k.stride(0),  k.stride(1),  k.stride(2),  v.stride(0), v.stride(1), v.stride(2),
-                     out.data<T>(), lse.data<T>(), p.Hq,       p.Nq,        p.D,         p.Dv,
-                     static_cast<T>(p.scale)};
+                     out.data<T>(), lse.data<T>(), out.stride(0), out.stride(1), out.stride(2),
+                     p.Hq,          p.Nq,          p.D,          p.Dv,          static_cast<T>(p.scale)};
   const int64_t nblk = (p.Nq + kBlockQ - 1) / kBlockQ;
   const int64_t tasks = p.B * p.Hq * nblk;
   const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
@@ -132,10 +134,12 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 }  // namespace
 
 FusedForward fused_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Problem& p,
-                                     const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy) {
+                                     const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy,
+                                     bool token_major) {
   const Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
   FusedForward r;
-  r.out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype);
+  r.out = token_major ? Tensor::empty({p.B, p.Nq, p.Hq, p.Dv}, p.dtype).transpose(1, 2)
+                      : Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype);
   r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype);
   if (p.B * p.Hq * p.Nq == 0) return r;
   const int64_t first = p.dtype == DType::f32 ? run_forward<float>(q, k, v, r.out, r.lse, p, plan, drop)

@@ -1,7 +1,7 @@
 // Gradcheck cases for `qkv gradcheck`: the fused attention primitive over the grid
 //   {no mask, causal, key padding, window, bool mask, bias, causal+padding, fully masked rows}
 //   × {MHA, GQA, MQA} × {Nq = Nk, Nq < Nk} × {dropout off, dropout on (fixed seed)},
-// plus ALiBi, RoPE and the reference path (whose bias is differentiable). Sizes are tiny (B = 2,
+// plus the packed form, ALiBi, RoPE and the reference path (whose bias is differentiable). Sizes are tiny (B = 2,
 // H <= 4, N <= 5, D = 3) so the 96-case grid runs in about a second.
 #include <string>
 
@@ -121,6 +121,25 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
              oo.bias = x[3];
              return attention(x[0], x[1], x[2], oo);
            }});
+  }
+  // The packed form (GPT-2's fused projection): qkv [B, N, Hq + 2·Hkv, D], causal, MHA and GQA,
+  // with and without dropout; the packed tensor itself is the one input.
+  {
+    const std::pair<int64_t, int64_t> packed[] = {{2, 2}, {4, 2}};
+    for (const auto& [hq, hkv] : packed)
+      for (int drop = 0; drop < 2; ++drop) {
+        AttentionOptions o;
+        o.causal = true;
+        if (drop) {
+          o.dropout_p = 0.3;
+          o.dropout_seed = 11;
+          o.dropout_offset = 5;
+        }
+        const int64_t heads = hq + 2 * hkv;
+        r.add({"attention_packed", cat("causal Hq=", hq, " Hkv=", hkv, drop ? " dropout 0.3" : "", " qkv [2,4,", heads, ",3]"),
+               [=] { return std::vector<Tensor>{randn({2, 4, heads, 3}, 7400 + 10 * hq + drop, 0, 0.0, 1.0, DType::f64)}; },
+               [=](const std::vector<Tensor>& x) { return attention_packed(x[0], hq, hkv, o); }});
+      }
   }
   // RoPE: by start position and by per-row positions (left padding).
   r.add({"rope", "[2,3,4,6] start 5 theta 100", [] { return std::vector<Tensor>{randn({2, 3, 4, 6}, 7300, 0, 0.0, 1.0, DType::f64)}; },

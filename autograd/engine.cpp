@@ -17,6 +17,10 @@ thread_local bool g_grad_enabled = true;
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
 
+bool exclusively_owned(const Tensor& t) {
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && !t.impl()->autograd;
+}
+
 std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
   auto impl = leaf_.lock();
   if (!impl) return {};
@@ -26,12 +30,55 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
   Tensor g = leaf.grad();
   if (g.defined()) {
     add_(g, grad_out);
+  } else if (grad_out.dtype() == leaf.dtype() && grad_out.is_contiguous() && grad_out.device() == leaf.device() &&
+             exclusively_owned(grad_out)) {
+    // The engine's handle is the only one (it drops it after this call): take the buffer over.
+    leaf.set_grad(grad_out);
   } else {
     // Own the gradient: the incoming tensor may be a view or shared with another node.
     leaf.set_grad(grad_out.dtype() == leaf.dtype() ? grad_out.clone() : grad_out.to(leaf.dtype()));
   }
   return {};
 }
+
+namespace {
+
+// The engine's pending gradients, seen from the node whose backward is running.
+class EnginePending : public PendingGrads {
+ public:
+  EnginePending(std::unordered_map<Node*, Tensor>& grads, Node* node) : grads_(grads), node_(node) {}
+  const Tensor* exclusive(size_t i, const Shape& shape, DType dtype) override {
+    if (i >= node_->next().size() || !node_->next()[i]) return nullptr;
+    auto it = grads_.find(node_->next()[i].get());
+    if (it == grads_.end()) return nullptr;
+    const Tensor& t = it->second;
+    if (t.shape() != shape || t.dtype() != dtype || !t.is_contiguous() || !exclusively_owned(t)) return nullptr;
+    return &t;
+  }
+
+ private:
+  std::unordered_map<Node*, Tensor>& grads_;
+  Node* node_;
+};
+
+// slot += in, in place when one of the two buffers belongs to the engine alone (a + b == b + a
+// bitwise, so which one is updated does not change the result).
+void accumulate(Tensor& slot, Tensor&& in) {
+  if (slot.shape() == in.shape() && slot.dtype() == in.dtype() && slot.device() == in.device()) {
+    if (slot.is_contiguous() && exclusively_owned(slot)) {
+      add_(slot, in);
+      return;
+    }
+    if (in.is_contiguous() && exclusively_owned(in)) {
+      add_(in, slot);
+      slot = std::move(in);
+      return;
+    }
+  }
+  slot = add(slot, in);
+}
+
+}  // namespace
 
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   if (!grad_enabled()) return false;
@@ -115,15 +162,17 @@ void backward(const Tensor& root, const Tensor& grad) {
     Tensor g = std::move(found->second);
     grads.erase(found);
     std::vector<Tensor> in_grads;
+    EnginePending pending(grads, n);
     if (profiling_enabled()) {
       const auto t0 = std::chrono::steady_clock::now();
-      in_grads = n->backward(g);
+      in_grads = n->backward_accumulate(g, pending);
       profile_add(std::string("backward ") + n->name(),
                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     } else {
-      in_grads = n->backward(g);
+      in_grads = n->backward_accumulate(g, pending);
     }
     n->release();
+    g = Tensor();  // so that a gradient a node passed through unchanged counts as exclusively owned below
     for (size_t i = 0; i < in_grads.size() && i < n->next().size(); ++i) {
       Node* child = n->next()[i].get();
       if (!child || !in_grads[i].defined()) continue;
@@ -131,7 +180,7 @@ void backward(const Tensor& root, const Tensor& grad) {
       if (slot == grads.end()) {
         grads.emplace(child, std::move(in_grads[i]));
       } else {
-        slot->second = add(slot->second, in_grads[i]);
+        accumulate(slot->second, std::move(in_grads[i]));
       }
     }
   }

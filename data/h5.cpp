@@ -222,17 +222,18 @@ std::vector<std::string> File::children(const std::string& group) const {
   if (!has(full)) fail("group ", full, " is missing");
   Id g(H5Gopen2(file_.get(), full.c_str(), H5P_DEFAULT));
   if (!g.valid()) fail(full, " is not a group");
-  H5G_info_t gi;
-  if (H5Gget_info(g.get(), &gi) < 0) fail("cannot list group ", full);
+  // One pass in HDF5's native order, sorted here. Asking for names by index instead makes HDF5
+  // build a sorted table of the whole group per call (quadratic), and on a corrupt group 1.10
+  // frees that half-built table's garbage pointers and aborts.
   std::vector<std::string> names;
-  for (hsize_t i = 0; i < gi.nlinks; ++i) {
-    const ssize_t len = H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (len < 0) fail("cannot list group ", full);
-    std::string s(static_cast<size_t>(len) + 1, '\0');
-    H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, s.data(), s.size(), H5P_DEFAULT);
-    s.resize(static_cast<size_t>(len));
-    names.push_back(std::move(s));
-  }
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  hsize_t idx = 0;
+  if (H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_NATIVE, &idx, collect, &names) < 0)
+    fail("cannot list group ", full, " (corrupt file?)");
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -269,6 +270,8 @@ void File::write_raw(const std::string& name, hid_t mem_type, const void* data, 
     const std::vector<hsize_t> chunk = chunk_dims(shape, elem_size);
     H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
     H5Pset_fletcher32(dcpl.get());
+  } else if (shape.empty()) {
+    H5Pset_layout(dcpl.get(), H5D_COMPACT);  // a scalar: kept in the checksummed object header
   }
   H5Pset_obj_track_times(dcpl.get(), 0);
   // Little-endian file types of the same width as the native memory type.
@@ -383,6 +386,9 @@ void File::write_string(const std::string& name, const std::string& text) {
   Id lcpl = intermediate_lcpl();
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_obj_track_times(dcpl.get(), 0);
+  // Compact: the 16-byte reference to the text lives in the (checksummed) object header; stored
+  // contiguously it would sit unprotected, and a corrupted reference crashes HDF5 1.10.
+  H5Pset_layout(dcpl.get(), H5D_COMPACT);
   Id ds(H5Dcreate2(file_.get(), full.c_str(), type.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
   if (!ds.valid()) fail("cannot create dataset ", full);
   const char* p = text.c_str();

@@ -84,18 +84,29 @@ class SelfAttention : public Module {
     const int64_t B = x.size(0), T = x.size(1), hd = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
     Tensor q, k, v;
     if (c_attn_) {
-      Tensor qkv = c_attn_->forward(x);  // [B, T, (Hq + 2 Hkv) hd]
-      q = ag::narrow(qkv, 2, 0, Hq * hd);
-      k = ag::narrow(qkv, 2, Hq * hd, Hkv * hd);
-      v = ag::narrow(qkv, 2, (Hq + Hkv) * hd, Hkv * hd);
+      // Split by heads after the reshape: each piece stays a view, and in backward the three head
+      // gradients land in one [B, T, Hq + 2 Hkv, hd] buffer (NarrowBackward adds into it) that
+      // reshapes back to the projection's output without a copy.
+      Tensor qkv = ag::reshape(c_attn_->forward(x), {B, T, Hq + 2 * Hkv, hd});
+      if (cfg_.position != Position::rope && !args.cache && !args.attention) {
+        // A whole sequence without RoPE: attention reads q, k, v in place from the packed
+        // projection and returns [B, T, Hq, hd], so neither direction copies a head transpose and
+        // backward writes dq, dk, dv into one gradient (attention/attention.h).
+        const Tensor y = attn::attention_packed(qkv, Hq, Hkv, options(args));
+        return c_proj_->forward(ag::reshape(y, {B, T, Hq * hd}));
+      }
+      q = ag::narrow(qkv, 2, 0, Hq);
+      k = ag::narrow(qkv, 2, Hq, Hkv);
+      v = ag::narrow(qkv, 2, Hq + Hkv, Hkv);
     } else {
-      q = q_proj_->forward(x);
-      k = k_proj_->forward(x);
-      v = v_proj_->forward(x);
+      q = ag::reshape(q_proj_->forward(x), {B, T, Hq, hd});
+      k = ag::reshape(k_proj_->forward(x), {B, T, Hkv, hd});
+      v = ag::reshape(v_proj_->forward(x), {B, T, Hkv, hd});
     }
-    q = ag::transpose(ag::reshape(q, {B, T, Hq, hd}), 1, 2);   // [B, Hq, T, hd]
-    k = ag::transpose(ag::reshape(k, {B, T, Hkv, hd}), 1, 2);  // [B, Hkv, T, hd]
-    v = ag::transpose(ag::reshape(v, {B, T, Hkv, hd}), 1, 2);
+    q = ag::transpose(q, 1, 2);  // [B, Hq, T, hd]
+    k = ag::transpose(k, 1, 2);  // [B, Hkv, T, hd]
+    v = ag::transpose(v, 1, 2);
+    if (args.attention) args.attention->push_back({q, k, v, Tensor()});
     if (cfg_.position == Position::rope) {
       // Rotations by absolute position, so cached keys and fresh queries agree.
       Tensor pos = positions;
@@ -108,6 +119,15 @@ class SelfAttention : public Module {
       k = kv.first;
       v = kv.second;
     }
+    Tensor y = attn::attention(q, k, v, options(args));                    // [B, Hq, T, hd]
+    if (args.attention) args.attention->back().out = y;
+    y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
+    return c_proj_->forward(y);
+  }
+
+ private:
+  // The attention call's options; draws this layer's dropout offset when attention dropout is on.
+  attn::AttentionOptions options(ForwardArgs& args) const {
     attn::AttentionOptions o;
     o.causal = true;
     o.window = cfg_.window;
@@ -122,12 +142,9 @@ class SelfAttention : public Module {
       o.dropout_seed = args.rng.seed;
       o.dropout_offset = args.rng.next_offset();
     }
-    Tensor y = attn::attention(q, k, v, o);                                  // [B, Hq, T, hd]
-    y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
-    return c_proj_->forward(y);
+    return o;
   }
 
- private:
   const ModelConfig& cfg_;
   std::shared_ptr<Linear> c_attn_, q_proj_, k_proj_, v_proj_, c_proj_;
   std::vector<float> alibi_;

@@ -44,6 +44,14 @@ struct ModelCache {
   int64_t length() const;
 };
 
+// What one layer's attention saw and produced, for inspection tools (leakcheck's reference check,
+// attention maps): the projections BEFORE RoPE (this call's tokens only) and the output before
+// the output projection.
+struct AttentionCapture {
+  Tensor q, k, v;  // [B, Hq, T, hd], [B, Hkv, T, hd], [B, Hkv, T, hd]
+  Tensor out;      // [B, Hq, T, hd]
+};
+
 struct ForwardArgs {
   Tensor ids;          // [B, T] int64 (or int32)
   Tensor positions;    // optional [B, T] int64 absolute positions; default: cache length + t
@@ -51,6 +59,7 @@ struct ForwardArgs {
   Tensor segment_ids;  // optional [B, T] document index (packed rows): block-diagonal attention
   ModelCache* cache = nullptr;          // append this call's K/V and attend over all cached keys
   std::vector<Tensor>* hidden = nullptr;  // if set, receives every block's output [B,T,C]
+  std::vector<AttentionCapture>* attention = nullptr;  // if set, receives every layer's attention
   RngContext rng;      // dropout masks (training mode only)
 };
 

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev catch2 libcli11-dev
-          nlohmann-json3-dev libtomlplusplus-dev libpng-dev python3 python3-numpy python3-h5py)
+          nlohmann-json3-dev libtomlplusplus-dev libpng-dev python3 python3-numpy python3-h5py
+          openmpi-bin libopenmpi-dev)  # MPI: data-parallel `mpirun -np N qkv train` (docs/distributed.md)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -95,7 +95,7 @@ TEST_CASE("embedding refuses ids out of range, naming the id and the table size"
 TEST_CASE("embedding backward scatter-adds repeated ids, the same on any thread count", "[ops][nn][embedding]") {
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
-    const int64_t n = 600, c = 130, v = 37;  // n * c large enough to run threaded
+    const int64_t n = 600, c = 230, v = 37;  // n * c large enough to run threaded (nn_kernels.cpp kGrain)
     std::vector<int64_t> idv(n);
     for (int64_t i = 0; i < n; ++i) idv[i] = (i * 7 + i / 5) % v;
     const Tensor ids = from_vector_i64(idv, {20, 30});
@@ -135,8 +135,9 @@ TEST_CASE("layer_norm and rms_norm match naive float64 rows", "[ops][nn][norm]")
 }
 
 TEST_CASE("norm backward in float32 agrees with float64 and is thread-count independent", "[ops][nn][norm]") {
-  const Tensor x = rnd({64, 24, 48}, 8, DType::f64, 2.0), w = rnd({48}, 9, DType::f64), b = rnd({48}, 10, DType::f64);
-  const Tensor dy = rnd({64, 24, 48}, 11, DType::f64);
+  // 64·24·96 elements: above norm.cpp's threading grain, so the threaded path is compared with one thread.
+  const Tensor x = rnd({64, 24, 96}, 8, DType::f64, 2.0), w = rnd({96}, 9, DType::f64), b = rnd({96}, 10, DType::f64);
+  const Tensor dy = rnd({64, 24, 96}, 11, DType::f64);
   const NormResult ln64 = layer_norm(x, w, b, 1e-5);
   const NormGrads g64 = layer_norm_backward(dy, x, w, ln64.mean, ln64.rstd);
   const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32), dy32 = dy.to(DType::f32);

@@ -115,6 +115,16 @@ TEST_CASE("checkpoint rejects flipped bytes in tensor data, metadata and the con
     write_bytes(bad, b);
     CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("config") && Contains("checksum"));
   }
+  SECTION("a corrupted string size in HDF5's unchecksummed global heap is refused, not a crash") {
+    // HDF5 1.10 would read past the collection (a segfault); the loader walks it first.
+    const int64_t at = find_bytes(good, "GCOL\x01\0\0\0", 8);
+    REQUIRE(at > 0);
+    std::vector<char> b = good;
+    b[at + 16 + 8 + 3] ^= 0x40;  // the first object's u64 size, a high byte
+    write_bytes(bad, b);
+    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("corrupt HDF5 global heap"));
+    CHECK_THAT(error_of([&] { list_model_tensors(bad); }), Contains("corrupt HDF5 global heap"));
+  }
   SECTION("a changed character in the tokenizer JSON fails its checksum") {
     const std::string needle = "\"kind\"";
     const int64_t at = find_bytes(good, needle.data(), needle.size());
@@ -326,19 +336,20 @@ TEST_CASE("checkpoint save rejects a config that does not describe the model", "
 
 TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never best.h5", "[checkpoint]") {
   TempDir dir;
-  for (const char* name : {"ckpt_5.h5", "ckpt_10.h5", "ckpt_100.h5", "ckpt_20.h5", "ckpt_0.h5", "best.h5",
+  // The trainer zero-pads (ckpt_000100.h5); the step number decides, whatever the width.
+  for (const char* name : {"ckpt_000005.h5", "ckpt_10.h5", "ckpt_000100.h5", "ckpt_20.h5", "ckpt_0.h5", "best.h5",
                            "ckpt_7.h5.tmp", "ckpt_x.h5", "ckpt_.h5", "notes.txt", "ckpt_-3.h5"})
     write_bytes(dir.file(name), {'x'});
   fs::create_directory(dir.file("ckpt_1.h5"));  // not a file: left alone
   prune_checkpoints(dir.path.string(), 2);
-  // Lexicographic order would have kept ckpt_20 and ckpt_5.
-  CHECK(files_in(dir) == std::set<std::string>{"ckpt_20.h5", "ckpt_100.h5", "best.h5", "ckpt_7.h5.tmp", "ckpt_x.h5",
+  // Lexicographic order would have kept ckpt_10 and ckpt_20.
+  CHECK(files_in(dir) == std::set<std::string>{"ckpt_20.h5", "ckpt_000100.h5", "best.h5", "ckpt_7.h5.tmp", "ckpt_x.h5",
                                                "ckpt_.h5", "notes.txt", "ckpt_-3.h5", "ckpt_1.h5"});
   prune_checkpoints(dir.path.string(), 5);  // fewer than keep_last: nothing goes
   CHECK(files_in(dir).size() == 9);
   prune_checkpoints(dir.path.string(), 1);
   CHECK(files_in(dir).count("ckpt_20.h5") == 0);
-  CHECK(files_in(dir).count("ckpt_100.h5") == 1);
+  CHECK(files_in(dir).count("ckpt_000100.h5") == 1);
   CHECK(files_in(dir).count("best.h5") == 1);
   CHECK_THAT(error_of([&] { prune_checkpoints(dir.path.string(), 0); }), Contains("keep_last"));
   CHECK_THAT(error_of([&] { prune_checkpoints(dir.file("absent"), 3); }), Contains("cannot list"));

@@ -23,6 +23,12 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
+static double cpu_ms_now() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-3;
+}
+
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
@@ -58,12 +64,21 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   for (int i = 0; i < warmup; ++i) step(static_cast<uint64_t>(i));
   autograd::profile_reset();
   autograd::set_profiling(profile);
+  const int64_t os_allocs_before = allocator_stats().os_allocations;
+  reset_peak_bytes();
+  std::vector<double> cpu_ms;
   for (int i = 0; i < steps; ++i) {
+    const double c0 = cpu_ms_now();
     const auto t0 = Clock::now();
     r.final_loss = step(static_cast<uint64_t>(warmup + i));
     r.step_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    cpu_ms.push_back(cpu_ms_now() - c0);
   }
   autograd::set_profiling(false);
+  r.os_allocations_per_step =
+      static_cast<double>(allocator_stats().os_allocations - os_allocs_before) / std::max(steps, 1);
+  r.allocator_peak_bytes = allocator_stats().peak_bytes;
+  r.cpu_ms_per_step = median(cpu_ms);
   if (profile) {
     r.profile = autograd::profile_snapshot();
     for (auto& [name, e] : r.profile) e.ms /= std::max(steps, 1);
@@ -98,15 +113,21 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
   std::vector<GemmBenchResult> out;
   double total_flops = 0, total_s = 0;
   for (const auto& l : layers) {
-    // forward y = x W^T: [N,in]x[in,out]; dx = dy W: [N,out]x[out,in]; dW = dy^T x: [out,N]x[N,in]
+    // The layouts the step really uses (tensor/cpu/matmul.cpp folds the transposes into the call):
+    // forward y = x W^T: x [N,in] NoTrans, W [out,in] Trans; dx = dy W: [N,out]x[out,in] NoTrans;
+    // dW = dy^T x: dy [N,out] Trans, x [N,in] NoTrans.
     const int64_t shapes[3][3] = {{N, l.out, l.in}, {N, l.in, l.out}, {l.out, l.in, N}};
+    const bool trans[3][2] = {{false, true}, {false, false}, {true, false}};
     const char* what[3] = {" fwd", " dx", " dW"};
     for (int s = 0; s < 3; ++s) {
       const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+      const bool ta = trans[s][0], tb = trans[s][1];
       std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f), c(static_cast<size_t>(m * n));
+      const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
       auto run = [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                    1.0f, a.data(), static_cast<int>(k), b.data(), static_cast<int>(n), 0.0f, c.data(), static_cast<int>(n));
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                    static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
+                    static_cast<int>(n));
       };
       run();
       std::vector<double> ts;

@@ -29,7 +29,6 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
-#include <unordered_map>
 #include <utility>
 
 #include "autograd/grad_mode.h"

@@ -13,6 +13,8 @@
 #include "autograd/functions.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
+#include "train/data_parallel.h"  // [dist]
+#include "train/distributed.h"    // [dist]
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
@@ -38,8 +40,10 @@ std::string format_duration(double s) {
   return buf;
 }
 
-BatcherOptions batcher_options(const Config& cfg, uint64_t seed) {
+BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Communicator& comm) {
   BatcherOptions o;
+  o.rank = comm.rank();  // [dist] this rank's rows of the global batch
+  o.world = comm.world();
   o.mode = parse_batch_mode(cfg.data.batching);
   o.batch_size = cfg.train.batch_size;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
@@ -66,9 +70,14 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   QKV_CHECK(cfg.train.device == "cpu", "train.device = \"cuda\": this build trains on the CPU only (the CUDA training path is not available yet)");
   QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
   apply_thread_setting(cfg);
+  // [dist] One rank per process (dist::world(): MPI under mpirun, else one process); only rank 0
+  // prints, writes metrics and checkpoints. Every rank must run the same config.
+  dist::Communicator& comm = dist::world();
+  const bool root = comm.is_root();
+  check_ranks_agree_on_config(comm, cfg, opts.resume, opts.init_from);
   const auto t_start = Clock::now();
 
-  RunData data = load_run_data(cfg);
+  RunData data = load_run_data_rank0_first(comm, cfg);  // [dist] rank 0 writes the prepared-data cache
   auto model = build_model(cfg, data.vocab_size);
   const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
   model->init_weights(seed);
@@ -78,8 +87,9 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   state.batch_mode = cfg.data.batching;
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
-  AdamW opt(oparams, AdamWOptions::from(cfg.train));
-  Batcher batcher(data.train, batcher_options(cfg, seed));
+  // [dist] The optimizer (replicated, or sharded with train.zero = 1) and gradient averaging.
+  DataParallel dp(comm, oparams, AdamWOptions::from(cfg.train), {.zero = cfg.train.zero});
+  Batcher batcher(data.train, batcher_options(cfg, seed, comm));
 
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
@@ -88,23 +98,30 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
               ": the checkpoint's tokenizer differs from the one built from data.path");
     QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
     load_model_weights(opts.resume, *model);
-    load_optimizer_state(opts.resume, opt);
+    dp.load_optimizer_state(opts.resume);
     state = meta.state;
     batcher.restore(state.data);
   } else if (!opts.init_from.empty()) {
     load_model_weights(opts.init_from, *model);
   }
 
+  check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
+  if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
+
   const std::string out_dir = cfg.train.out_dir;
-  std::filesystem::create_directories(out_dir);
   const std::string metrics_path = out_dir + "/metrics.jsonl";
-  std::ofstream metrics(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
-  QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics");
+  std::ofstream metrics;
+  if (root) {  // [dist]
+    std::filesystem::create_directories(out_dir);
+    metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
+    QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics");
+  }
   const LrSchedule schedule = LrSchedule::from(cfg.train);
   const std::vector<Tensor> params = model->parameters();
   const int64_t accum = cfg.train.grad_accum;
   const bool tty = opts.progress && isatty(STDERR_FILENO);
-  BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull);
+  const bool progress = opts.progress && root;  // [dist]
+  BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull, comm);
 
   TrainSummary summary;
   const int64_t first_step = state.step;
@@ -113,25 +130,37 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   double window_ms = 0;
   int64_t window_steps = 0, window_tokens = 0;
 
+  // [dist] Collective: with train.zero = 1 the moments are gathered to rank 0, which writes.
   auto save = [&](const std::string& path) {
     state.data = batcher.state();
-    save_checkpoint(path, cfg, *model, &opt, state, *data.tokenizer);
+    const std::shared_ptr<const AdamW> opt = dp.optimizer_for_checkpoint();
+    if (root) save_checkpoint(path, cfg, *model, opt.get(), state, *data.tokenizer);
     summary.checkpoint = path;
   };
 
   while (state.step < cfg.train.max_steps) {
+    dist::maybe_die_for_test(state.step);  // [dist] test-only fault injection
     const auto t0 = Clock::now();
     model->train();
-    autograd::zero_grad(params);
+    dp.zero_grads();  // [dist] one process: autograd::zero_grad(params)
     double loss_sum = 0;
     int64_t step_tokens = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       Batch b = batcher.next();
-      nn::RngContext rng{seed, static_cast<uint64_t>(state.step * accum + micro), 0};
+      // [dist] w = 1 on one process; per-rank dropout keys (rank 0 keeps the run's seed).
+      const double w = micro_batch_weight(comm, b.n_targets);
+      nn::RngContext rng{rank_dropout_seed(seed, comm.rank()), static_cast<uint64_t>(state.step * accum + micro), 0};
       Tensor loss = batch_loss(*model, b, rng, &masked_rows);
-      loss_sum += loss.item();
-      autograd::backward(accum == 1 ? loss : ag::mul(loss, 1.0 / static_cast<double>(accum)));
+      loss_sum += w * loss.item();
+      const double scale = w / static_cast<double>(accum);
+      autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
       step_tokens += b.x.numel();
+    }
+    // [dist] Mean gradients and the global batch's loss and token count on every rank.
+    dp.reduce_grads();
+    if (dp.distributed()) {
+      loss_sum = comm.sum_ordered(loss_sum) / static_cast<double>(comm.world());
+      step_tokens = comm.sum_ordered(step_tokens);
     }
     const double loss = loss_sum / static_cast<double>(accum);
     const double grad_norm = global_grad_norm(params);
@@ -140,17 +169,18 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
       // Skip: no update, counted; too many in a row ends the run rather than training on NaN.
       state.skipped_steps++;
       state.bad_steps_in_a_row++;
-      std::fprintf(stderr, "qkv: step %lld: non-finite %s, step skipped (%lld in a row)\n",
-                   static_cast<long long>(state.step), std::isfinite(loss) ? "gradients" : "loss",
-                   static_cast<long long>(state.bad_steps_in_a_row));
+      if (root)  // [dist]
+        std::fprintf(stderr, "qkv: step %lld: non-finite %s, step skipped (%lld in a row)\n",
+                     static_cast<long long>(state.step), std::isfinite(loss) ? "gradients" : "loss",
+                     static_cast<long long>(state.bad_steps_in_a_row));
       QKV_CHECK(state.bad_steps_in_a_row < cfg.train.max_bad_steps, "training stopped: ", state.bad_steps_in_a_row,
                 " non-finite steps in a row (train.max_bad_steps = ", cfg.train.max_bad_steps,
                 "); lower train.lr or check the data");
     } else {
       state.bad_steps_in_a_row = 0;
-      opt.step(lr, cfg.train.grad_clip > 0 ? clip_scale(grad_norm, cfg.train.grad_clip) : 1.0f);
+      dp.step(lr, cfg.train.grad_clip > 0 ? clip_scale(grad_norm, cfg.train.grad_clip) : 1.0f);  // [dist]
     }
-    autograd::zero_grad(params);
+    if (!dp.distributed()) autograd::zero_grad(params);  // [dist] else the flat buffer stays bound
     state.step++;
     state.tokens_seen += step_tokens;
     last_loss = loss;
@@ -162,7 +192,9 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
     const bool last = state.step == cfg.train.max_steps;
     bool evaluated = false;
     if ((cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0) || last) {
-      last_val = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches).mean();
+      LossSum val = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
+      if (dp.distributed()) val = {comm.sum_ordered(val.sum), comm.sum_ordered(val.tokens)};  // [dist]
+      last_val = val.mean();
       evaluated = true;
       if (last_val < state.best_val_loss) {
         state.best_val_loss = last_val;
@@ -170,21 +202,25 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
       }
     }
     if (state.step % std::max<int64_t>(cfg.train.log_interval, 1) == 0 || evaluated || last) {
+      const int64_t all_masked_rows = dp.distributed() ? comm.sum_ordered(masked_rows) : masked_rows;  // [dist]
       nlohmann::json j = {{"step", state.step},
                           {"loss", loss},
                           {"lr", lr},
                           {"grad_norm", grad_norm},
                           {"tokens_per_s", window_tokens / (window_ms / 1000.0)},
                           {"ms_per_step", window_ms / static_cast<double>(window_steps)},
-                          {"fully_masked_rows", masked_rows},
+                          {"fully_masked_rows", all_masked_rows},
                           {"skipped_steps", state.skipped_steps}};
       if (evaluated) j["val_loss"] = last_val;
-      metrics << j.dump() << "\n";
-      metrics.flush();
+      if (dp.distributed()) j["comm_ms_per_step"] = 1000.0 * dp.take_comm_seconds() / static_cast<double>(window_steps);  // [dist]
+      if (root) {  // [dist]
+        metrics << j.dump() << "\n";
+        metrics.flush();
+      }
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(state.step - first_step) *
                          static_cast<double>(cfg.train.max_steps - state.step);
-      if (opts.progress) {
+      if (progress) {
         char line[256];
         std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f%s  lr %.2e  %.0f tok/s  %.1f ms/step  ETA %s",
                       static_cast<long long>(state.step), static_cast<long long>(cfg.train.max_steps), loss,
@@ -198,10 +234,12 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
     }
     if ((cfg.train.checkpoint_interval > 0 && state.step % cfg.train.checkpoint_interval == 0) || last) {
       save(out_dir + "/" + checkpoint_name(state.step));
-      prune_checkpoints(out_dir, cfg.train.keep_last);
+      if (root) prune_checkpoints(out_dir, cfg.train.keep_last);  // [dist]
     }
   }
-  if (opts.plot) plot_metrics(metrics_path, out_dir + "/loss.svg");
+  // [dist] Replicas must still agree (a transport that returned different sums would show here).
+  dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the final parameters");
+  if (opts.plot && root) plot_metrics(metrics_path, out_dir + "/loss.svg");
 
   summary.step = state.step;
   summary.loss = last_loss;
@@ -210,7 +248,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   summary.skipped_steps = state.skipped_steps;
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   const int64_t steps_run = state.step - first_step;
-  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * accum * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;
+  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * accum * comm.world() * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;  // [dist] global
   return summary;
 }
 

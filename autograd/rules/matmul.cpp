@@ -1,5 +1,7 @@
 // Linear algebra: matmul and linear. Backward products are GEMMs whose transposes are views, so
 // tensor/cpu/matmul.cpp folds them into the BLAS call instead of copying.
+#include <omp.h>
+
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
@@ -49,6 +51,9 @@ struct MatmulBackward : Node {
 };
 
 // dx = dy·W, dW = dyᵀ·x, db = Σ_rows dy   (x and dy viewed as [rows, in] and [rows, out])
+// dx and dW are independent products of equal cost. On two threads they run side by side, each a
+// single-threaded GEMM (OpenBLAS runs single-threaded inside our parallel region): one fork/join
+// instead of two, and no synchronisation inside either GEMM.
 struct LinearBackward : Node {
   Tensor x, weight;
   bool has_bias = false;
@@ -57,13 +62,35 @@ struct LinearBackward : Node {
     const int64_t in = weight.size(1), out = weight.size(0);
     const int64_t rows = in > 0 ? x.numel() / in : numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
     const Tensor dy2 = dy.reshape({rows, out});
+    const bool want_dx = needs_grad(0), want_dw = needs_grad(1), want_db = has_bias && needs_grad(2);
     Tensor dx, dw, db;
-    if (needs_grad(0)) dx = qkv::matmul(dy2, weight).view(x.shape());
-    if (needs_grad(1)) dw = qkv::matmul(dy2.transpose(0, 1), x.reshape({rows, in}));
-    if (has_bias && needs_grad(2)) {
-      db = Tensor::empty({out}, dy.dtype());
-      cpu::sum_rows(dy2.contiguous(), db);
+    if (want_dx) dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
+    if (want_dw) dw = Tensor::empty({out, in}, dy.dtype(), dy.device());
+    const Tensor x2 = want_dw ? x.reshape({rows, in}) : Tensor();
+    const Tensor dyc = want_db ? dy2.contiguous() : Tensor();
+    if (want_db) db = Tensor::empty({out}, dy.dtype(), dy.device());
+    auto run_dx = [&] {
+      if (want_dx) matmul_into(dy2, weight, dx);
+      if (want_db) cpu::sum_rows(dyc, db);
+    };
+    auto run_dw = [&] {
+      if (want_dw) matmul_into(dy2.transpose(0, 1), x2, dw);
+    };
+    const bool side_by_side = want_dx && want_dw && dy.device() == Device::cpu && omp_get_max_threads() == 2 &&
+                              !omp_in_parallel() && rows * in * out >= (int64_t(1) << 20);
+    if (side_by_side) {
+#pragma omp parallel num_threads(2)
+      {
+        if (omp_get_thread_num() == 0)
+          run_dx();
+        else
+          run_dw();
+      }
+    } else {
+      run_dx();
+      run_dw();
     }
+    if (want_dx) dx = dx.view(x.shape());
     return {dx, dw, db};
   }
   void release() override { x = weight = Tensor(); }

@@ -3,6 +3,7 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
+#include "tensor/cpu/nn_kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -11,21 +12,48 @@ using autograd::record;
 namespace {
 
 // dweight = scatter-add of dy rows at ids (ids get no gradient)
+// A tied LM head's dW reaches the same weight first; when the engine holds it alone, the rows are
+// scattered straight into it rather than into a zero-filled [V, C] copy added afterwards (for
+// GPT-2's 50257 x 768 table that is 154 MB written and read twice per step saved).
 struct EmbeddingBackward : Node {
   Tensor ids;
   int64_t num_embeddings = 0;
   const char* name() const override { return "EmbeddingBackward"; }
   std::vector<Tensor> backward(const Tensor& dy) override { return {embedding_backward(ids, dy, num_embeddings)}; }
+  std::vector<Tensor> backward_accumulate(const Tensor& dy, autograd::PendingGrads& pending) override {
+    const int64_t c = dy.dim() > 0 ? dy.size(-1) : 0;
+    const Tensor* g = dy.device() == Device::cpu && dy.dim() == ids.dim() + 1
+                          ? pending.exclusive(0, {num_embeddings, c}, dy.dtype())
+                          : nullptr;
+    if (!g) return backward(dy);
+    const Tensor idc = ids.contiguous();  // range-checked by the forward
+    if (dy.numel() > 0) cpu::embedding_backward(idc, dy.contiguous().view({idc.numel(), c}), *g);
+    return {Tensor()};
+  }
   void release() override { ids = Tensor(); }
 };
 
 // dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·w;  dw = Σ dy·x̂;  db = Σ dy
+// In a pre-norm block x is the residual stream, whose gradient from the residual add is already
+// pending when this runs: dx is then added into it by the kernel itself (no dx buffer, no add).
 struct LayerNormBackward : Node {
   Tensor x, weight, mean, rstd;
   const char* name() const override { return "LayerNormBackward"; }
   std::vector<Tensor> backward(const Tensor& dy) override {
     NormGrads g = layer_norm_backward(dy, x, weight, mean, rstd);
     return {needs_grad(0) ? g.dx : Tensor(), needs_grad(1) ? g.dweight : Tensor(), needs_grad(2) ? g.dbias : Tensor()};
+  }
+  std::vector<Tensor> backward_accumulate(const Tensor& dy, autograd::PendingGrads& pending) override {
+    const Tensor* into = needs_grad(0) && x.device() == Device::cpu && dy.shape() == x.shape() && dy.dtype() == x.dtype()
+                             ? pending.exclusive(0, x.shape(), x.dtype())
+                             : nullptr;
+    if (!into) return backward(dy);
+    Tensor dweight, dbias;
+    if (weight.defined() && needs_grad(1)) dweight = Tensor::empty(weight.shape(), x.dtype());
+    if (needs_grad(2)) dbias = Tensor::empty({x.size(-1)}, x.dtype());
+    cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), weight.defined() ? weight.contiguous() : weight,
+                             mean.contiguous(), rstd.contiguous(), *into, dweight, dbias, /*accumulate_dx=*/true);
+    return {Tensor(), dweight, dbias};
   }
   void release() override { x = weight = mean = rstd = Tensor(); }
 };

@@ -25,6 +25,9 @@ struct PermuteBackward : Node {
 };
 
 // d(narrow(a, dim, start, len)) = dy placed at [start, start+len) of zeros(a.shape)
+// When the engine already holds a gradient for `a` that nothing else refers to (a sibling narrow
+// of the same tensor ran first, e.g. the q/k/v pieces of a fused projection), dy is added into its
+// slice in place: one full-size buffer for all the pieces instead of one zero-filled copy each.
 struct NarrowBackward : Node {
   Shape in_shape;
   int dim = 0;
@@ -34,6 +37,13 @@ struct NarrowBackward : Node {
     Tensor dx = zeros(in_shape, dy.dtype(), dy.device());
     copy_(dx.narrow(dim, start, dy.size(dim)), dy);
     return {dx};
+  }
+  std::vector<Tensor> backward_accumulate(const Tensor& dy, autograd::PendingGrads& pending) override {
+    if (const Tensor* g = pending.exclusive(0, in_shape, dy.dtype())) {
+      add_(g->narrow(dim, start, dy.size(dim)), dy);
+      return {Tensor()};
+    }
+    return backward(dy);
   }
 };
 

@@ -207,7 +207,8 @@ void fill_rows_typed(const Tensor& out, const Tensor& row) {
   const Tensor src = row.contiguous();
   const T* s = src.data<T>();
   T* o = out.data<T>();
-#pragma omp parallel for schedule(static) if (r * c >= (int64_t(1) << 16) && !omp_in_parallel())
+// A broadcast copy is memory-bound: threads pay off only when it is well beyond a fork/join's cost.
+#pragma omp parallel for schedule(static) if (r * c >= (int64_t(1) << 19) && !omp_in_parallel())
   for (int64_t i = 0; i < r; ++i) std::copy(s, s + c, o + i * rs);
 }
 

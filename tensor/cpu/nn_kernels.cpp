@@ -19,7 +19,7 @@ namespace qkv::cpu {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 15;  // elements of work below which a kernel stays on one thread
+constexpr int64_t kGrain = 1 << 16;  // elements of work below which a kernel stays on one thread
 
 // [c0, c1) of `cols` for thread t of nt, cut at multiples of 64 bytes so that threads seldom
 // write the same cache line. Which thread owns a column never changes what is summed, or in what order.

@@ -34,9 +34,10 @@ void sum_rows(const Tensor& x, const Tensor& out);
 // weight/bias [C] may be undefined (then 1 and 0). mean/rstd are [R].
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd);
-// dweight/dbias may be undefined (not wanted); dx always written.
+// dweight/dbias may be undefined (not wanted); dx always written (dx += ... with accumulate_dx).
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         bool accumulate_dx = false);
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd);
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                        const Tensor& dweight);

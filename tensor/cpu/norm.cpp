@@ -5,6 +5,8 @@
 //   backward: g = dy * w
 //             dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
 //             dw = sum_r dy * xhat,  db = sum_r dy
+//   (with accumulate_dx the kernel adds dx onto what dx holds: the residual stream's gradient
+//   arrives there first, and this saves a separate full-size add)
 // RMSNorm:    rstd = 1/sqrt((1/C) sum_c x^2 + eps),  xhat = x * rstd,  y = xhat * w
 //   backward: g = dy * w
 //             dx = rstd * (g - xhat * mean_c(g * xhat))
@@ -26,7 +28,7 @@ namespace qkv::cpu {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 15;
+constexpr int64_t kGrain = 1 << 17;  // r·c below which a norm stays on one thread (a fork/join costs ~10 µs here, more under load)
 
 // Rows per block for the dw/db partials: at most 64 blocks, at least 16 rows each.
 struct RowBlocks {
@@ -98,7 +100,8 @@ void layer_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
 
 template <class T>
 void layer_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                               const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                               bool accumulate_dx) {
   const int64_t c = x.shape().empty() ? 1 : x.shape().back();
   const int64_t r = c == 0 ? 0 : x.numel() / c;
   const T* px = x.data<T>();
@@ -131,10 +134,18 @@ void layer_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& 
         sgx += static_cast<double>(g) * static_cast<double>(xhat);
       }
       const T a = static_cast<T>(sg * inv_c), b = static_cast<T>(sgx * inv_c);
-      for (int64_t j = 0; j < c; ++j) {
-        const T xhat = (xr[j] - m) * rs;
-        const T g = pw ? gr[j] * pw[j] : gr[j];
-        dxr[j] = rs * (g - a - xhat * b);
+      if (accumulate_dx) {
+        for (int64_t j = 0; j < c; ++j) {
+          const T xhat = (xr[j] - m) * rs;
+          const T g = pw ? gr[j] * pw[j] : gr[j];
+          dxr[j] = dxr[j] + rs * (g - a - xhat * b);
+        }
+      } else {
+        for (int64_t j = 0; j < c; ++j) {
+          const T xhat = (xr[j] - m) * rs;
+          const T g = pw ? gr[j] * pw[j] : gr[j];
+          dxr[j] = rs * (g - a - xhat * b);
+        }
       }
       if (pw_acc)
         for (int64_t j = 0; j < c; ++j) pw_acc[j] += static_cast<double>(gr[j]) * static_cast<double>((xr[j] - m) * rs);
@@ -223,11 +234,12 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         bool accumulate_dx) {
   if (x.dtype() == DType::f32)
-    layer_norm_backward_typed<float>(dy, x, weight, mean, rstd, dx, dweight, dbias);
+    layer_norm_backward_typed<float>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
   else
-    layer_norm_backward_typed<double>(dy, x, weight, mean, rstd, dx, dweight, dbias);
+    layer_norm_backward_typed<double>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
 }
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {

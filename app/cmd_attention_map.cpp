@@ -1,0 +1,55 @@
+// qkv attention-map --checkpoint CKPT --text TEXT [--layer L] [--head H] --out map.png [--grid grid.png] [--json]
+//   One head's attention weights on TEXT as a labelled heatmap (rows = queries, columns = keys),
+//   and optionally every layer x head as a grid.
+#include <cstdio>
+
+#include "app/commands.h"
+#include "train/attention_map.h"
+#include "train/checkpoint.h"
+#include "train/model_factory.h"
+#include "train/png.h"
+#include "train/session.h"
+
+namespace qkv::app {
+
+void add_attention_map_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("attention-map", "draw a head's attention weights on a text as a PNG heatmap");
+  static std::string ckpt, text, out_path, grid_path;
+  static int64_t layer = 0, head = 0;
+  static bool json = false;
+  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  cmd->add_option("--text", text, "the text to run (its last block_size tokens are used)")->required();
+  cmd->add_option("--layer", layer, "layer index")->capture_default_str();
+  cmd->add_option("--head", head, "query head index")->capture_default_str();
+  cmd->add_option("--out", out_path, "PNG file for the head's heatmap")->required();
+  cmd->add_option("--grid", grid_path, "PNG file for the grid of every layer and head");
+  cmd->add_flag("--json", json, "print {out, grid, tokens, layer, head} as one JSON line");
+  cmd->callback([&exit_code] {
+    train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
+    auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
+    train::load_model_weights(ckpt, *model);
+    model->eval();
+    train::apply_thread_setting(meta.config);
+    const nn::ModelConfig& c = model->config();
+    QKV_CHECK(layer >= 0 && layer < c.n_layer, "[attention-map] --layer ", layer, " is outside [0, ", c.n_layer, ")");
+    QKV_CHECK(head >= 0 && head < c.n_head, "[attention-map] --head ", head, " is outside [0, ", c.n_head, ")");
+    std::vector<int32_t> ids = meta.tokenizer->encode(text);
+    QKV_CHECK(!ids.empty(), "[attention-map] --text encodes to no tokens");
+    if (static_cast<int64_t>(ids.size()) > c.block_size) {
+      std::fprintf(stderr, "attention-map: the text is %zu tokens; using its last %lld (block_size)\n", ids.size(),
+                   static_cast<long long>(c.block_size));
+      ids.erase(ids.begin(), ids.end() - c.block_size);
+    }
+    const train::AttentionMaps maps = train::compute_attention_maps(*model, ids, meta.tokenizer.get());
+    train::write_png(out_path, train::render_attention_map(maps, layer, head));
+    if (!grid_path.empty()) train::write_png(grid_path, train::render_attention_grid(maps));
+    std::fprintf(json ? stderr : stdout, "attention-map: layer %lld head %lld over %lld tokens -> %s%s%s\n",
+                 static_cast<long long>(layer), static_cast<long long>(head), static_cast<long long>(maps.tokens),
+                 out_path.c_str(), grid_path.empty() ? "" : ", grid -> ", grid_path.c_str());
+    if (json)
+      print_json({{"out", out_path}, {"grid", grid_path}, {"tokens", maps.tokens}, {"layer", layer}, {"head", head}});
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,220 @@
+// Data-parallel pieces that run in one process: shard and bucket arithmetic, the ZeRO-1 slicing
+// of the optimizer (checked against the full AdamW, bitwise), the single-process group, and the
+// DataParallel wrapper on one rank (it must be exactly the plain AdamW loop). The multi-process
+// behaviour is in test_distributed_mpi.cpp (ctest label "mpi").
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+
+#include "autograd/engine.h"
+#include "tensor/error.h"
+#include "train/data_parallel.h"
+#include "train/distributed.h"
+
+using namespace qkv;
+using namespace qkv::train;
+
+namespace {
+
+// Deterministic values in [-1, 1) (independent of the library's RNG).
+void fill_lcg(const Tensor& t, uint64_t seed) {
+  float* p = t.data<float>();
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = static_cast<float>(static_cast<double>(s >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0);
+  }
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.raw_data(), b.raw_data(), a.numel() * 4) == 0;
+}
+
+// Parameters of assorted sizes (some smaller than 16 elements, some not multiples of 16), with
+// the decay convention of the trainer: 2-D decays, 1-D does not.
+std::vector<OptimParam> make_params(uint64_t seed) {
+  const std::vector<Shape> shapes = {{7, 5}, {3}, {40, 16}, {1}, {33}, {9, 9}, {100}};
+  std::vector<OptimParam> ps;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor t = Tensor::empty(shapes[i], DType::f32);
+    fill_lcg(t, seed + i);
+    ps.push_back({"p" + std::to_string(i), t, shapes[i].size() >= 2});
+  }
+  return ps;
+}
+
+std::vector<OptimParam> clone_params(const std::vector<OptimParam>& ps) {
+  std::vector<OptimParam> out;
+  for (const auto& p : ps) out.push_back({p.name, p.param.clone(), p.decay});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("shard ranges split the flat range into contiguous slices cut at multiples of 16", "[distributed]") {
+  for (int64_t total : {0, 1, 15, 16, 17, 100, 1000, 123457}) {
+    for (int world : {1, 2, 3, 4, 7, 8}) {
+      int64_t expect_lo = 0;
+      for (int r = 0; r < world; ++r) {
+        const auto [lo, hi] = shard_range(total, r, world);
+        INFO("total " << total << " world " << world << " rank " << r << " -> [" << lo << ", " << hi << ")");
+        CHECK(lo == expect_lo);
+        CHECK(hi >= lo);
+        if (r + 1 < world) CHECK((hi % 16 == 0 || hi == total));
+        // Near-equal: no slice longer than an even share plus one cache line.
+        CHECK(hi - lo <= total / world + 16);
+        expect_lo = hi;
+      }
+      CHECK(expect_lo == total);
+    }
+  }
+  CHECK_THROWS_AS(shard_range(10, 2, 2), Error);
+}
+
+TEST_CASE("bucket bounds cover the range in pieces no longer than the bucket", "[distributed]") {
+  CHECK(bucket_bounds(0, 4) == std::vector<int64_t>{0});
+  CHECK(bucket_bounds(10, 4) == std::vector<int64_t>{0, 4, 8, 10});
+  CHECK(bucket_bounds(8, 4) == std::vector<int64_t>{0, 4, 8});
+  CHECK(bucket_bounds(3, 0) == std::vector<int64_t>{0, 1, 2, 3});  // a bucket holds at least 1
+  // Config M: 10.77 M parameters in 4 MiB buckets.
+  const auto b = bucket_bounds(10'770'816, kDefaultBucketBytes / 4);
+  CHECK(b.size() - 1 == 11);
+  CHECK(b.back() == 10'770'816);
+}
+
+TEST_CASE("shard counts of a bucket are its intersections with each rank's slice", "[distributed]") {
+  const int64_t total = 100;  // world 3: slices [0,48) [48,80) [80,100)
+  REQUIRE(shard_range(total, 0, 3) == std::pair<int64_t, int64_t>{0, 48});
+  REQUIRE(shard_range(total, 1, 3) == std::pair<int64_t, int64_t>{48, 80});
+  CHECK(shard_counts(40, 60, total, 3) == std::vector<int64_t>{8, 12, 0});
+  CHECK(shard_counts(0, 100, total, 3) == std::vector<int64_t>{48, 32, 20});
+  CHECK(shard_counts(85, 90, total, 3) == std::vector<int64_t>{0, 0, 5});
+}
+
+TEST_CASE("slice_params gives views of exactly the elements in the range, names and decay kept", "[distributed]") {
+  auto ps = make_params(1);  // numels 35, 3, 640, 1, 33, 81, 100 -> offsets 0, 35, 38, 678, 679, 712, 793
+  const auto s = slice_params(ps, 30, 700);
+  REQUIRE(s.size() == 5);
+  CHECK(s[0].name == "p0");
+  CHECK(s[0].param.numel() == 5);
+  CHECK(s[0].param.data<float>() == ps[0].param.data<float>() + 30);  // a view, not a copy
+  CHECK(s[1].name == "p1");
+  CHECK(s[1].decay == false);
+  CHECK(s[2].param.numel() == 640);
+  CHECK(s[2].decay == true);
+  CHECK(s[4].name == "p4");
+  CHECK(s[4].param.numel() == 700 - 679);
+  CHECK(slice_params(ps, 5, 5).empty());
+}
+
+TEST_CASE("ZeRO-1: per-rank AdamW over the slices updates every element exactly as the full AdamW", "[distributed][zero]") {
+  const AdamWOptions o{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  auto full_params = make_params(11);
+  auto sharded_params = clone_params(full_params);
+  AdamW full(full_params, o);
+  // Three ranks' optimizers over one set of parameters; gradients are the same tensors' slices.
+  const int world = 3;
+  const int64_t total = std::accumulate(full_params.begin(), full_params.end(), int64_t{0},
+                                        [](int64_t a, const OptimParam& p) { return a + p.param.numel(); });
+  std::vector<std::unique_ptr<AdamW>> shards;
+  std::vector<Tensor> grads;
+  for (const auto& p : sharded_params) grads.push_back(Tensor::empty(p.param.shape(), DType::f32));
+  for (int r = 0; r < world; ++r) {
+    const auto [lo, hi] = shard_range(total, r, world);
+    auto mine = slice_params(sharded_params, lo, hi);
+    // The matching gradient slices: slice_params over parameters whose tensors are the gradients.
+    std::vector<OptimParam> gp;
+    for (size_t k = 0; k < grads.size(); ++k) gp.push_back({sharded_params[k].name, grads[k], true});
+    auto gslices = slice_params(gp, lo, hi);
+    REQUIRE(gslices.size() == mine.size());
+    for (size_t i = 0; i < mine.size(); ++i) mine[i].param.set_grad(gslices[i].param);
+    shards.push_back(std::make_unique<AdamW>(std::move(mine), o));
+  }
+  for (int step = 0; step < 3; ++step) {
+    for (size_t k = 0; k < grads.size(); ++k) {
+      fill_lcg(grads[k], 100 + step * 10 + k);
+      Tensor h = full_params[k].param;
+      h.set_grad(grads[k].clone());
+    }
+    full.step(1e-2 * (step + 1), 0.5f);
+    for (auto& s : shards) s->step(1e-2 * (step + 1), 0.5f);
+  }
+  for (size_t k = 0; k < full_params.size(); ++k) {
+    INFO(full_params[k].name);
+    CHECK(same_bits(full_params[k].param, sharded_params[k].param));
+  }
+  CHECK(shards[0]->step_count() == 3);
+}
+
+TEST_CASE("the single-process group: collectives are identities and sums are the value itself", "[distributed]") {
+  dist::SingleProcess one;
+  CHECK(one.world() == 1);
+  CHECK(one.is_root());
+  std::vector<float> v = {1.5f, -2.0f, 3.25f};
+  one.allreduce_sum(v.data(), 3);
+  CHECK(v == std::vector<float>{1.5f, -2.0f, 3.25f});
+  CHECK(one.sum_ordered(0.1) == 0.1);
+  CHECK(one.sum_ordered(int64_t{42}) == 42);
+  CHECK(one.gather_all(7u) == std::vector<uint64_t>{7u});
+  std::vector<float> dst(3, 0.0f);
+  const std::vector<int64_t> counts{3};
+  one.gatherv(v.data(), dst.data(), counts, 0);
+  CHECK(dst == v);
+  CHECK_NOTHROW(dist::check_same_on_all_ranks(one, 123, "anything"));
+  CHECK(micro_batch_weight(one, 77) == 1.0);
+  CHECK(rank_dropout_seed(1337, 0) == 1337);
+  CHECK(rank_dropout_seed(1337, 1) != 1337);
+  CHECK(rank_dropout_seed(1337, 1) != rank_dropout_seed(1337, 2));
+}
+
+TEST_CASE("a process not started by mpirun is one rank, whatever the build", "[distributed]") {
+  if (dist::launched_by_mpi()) return;  // the hidden [mpi] cases are run by ctest, not under mpirun
+  dist::init(nullptr, nullptr);
+  CHECK(dist::world().world() == 1);
+  CHECK(std::string(dist::world().backend()) == "single");
+  dist::finalize();
+}
+
+TEST_CASE("DataParallel on one rank is the plain AdamW loop, bitwise", "[distributed]") {
+  const AdamWOptions o{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  auto a = make_params(5);
+  auto b = clone_params(a);
+  dist::SingleProcess one;
+  DataParallel dp(one, a, o, {.zero = 1});  // zero = 1 on one rank: nothing to shard
+  CHECK_FALSE(dp.distributed());
+  CHECK_FALSE(dp.sharded());
+  CHECK(dp.allreduce_bytes_per_step() == 0);
+  AdamW ref(b, o);
+  for (int step = 0; step < 2; ++step) {
+    dp.zero_grads();
+    for (const auto& p : a) CHECK_FALSE(p.param.grad().defined());
+    for (size_t k = 0; k < a.size(); ++k) {
+      Tensor g = Tensor::empty(a[k].param.shape(), DType::f32);
+      fill_lcg(g, 40 + step * 10 + k);
+      Tensor ha = a[k].param, hb = b[k].param;
+      ha.set_grad(g);
+      hb.set_grad(g.clone());
+    }
+    dp.reduce_grads();
+    dp.step(2e-3, 0.75f);
+    ref.step(2e-3, 0.75f);
+  }
+  for (size_t k = 0; k < a.size(); ++k) CHECK(same_bits(a[k].param, b[k].param));
+  CHECK(dp.step_count() == 2);
+  const auto saved = dp.optimizer_for_checkpoint();
+  REQUIRE(saved);
+  CHECK(same_bits(saved->states()[2].exp_avg, ref.states()[2].exp_avg));
+  CHECK(dp.parameter_hash() != 0);
+}
+
+TEST_CASE("train.zero other than 0 or 1 is refused with a message naming the key", "[distributed]") {
+  dist::SingleProcess one;
+  auto ps = make_params(3);
+  try {
+    DataParallel dp(one, ps, AdamWOptions{}, {.zero = 2});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("train.zero = 2"));
+  }
+}

@@ -1,0 +1,377 @@
+// Leakage and consistency evaluation (train/leakcheck.h): every check passes on clean tiny models
+// and fails under at least one planted fault; the self-test catches every fault with no false
+// alarm; the naive float64 reference reproduces the seeds' worked example; attention maps are the
+// model's real attention and show the causal triangle; PNG and HTML outputs; CLI input errors.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "attention/fault.h"
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+#include "train/attention_map.h"
+#include "train/leakcheck.h"
+#include "train/leakcheck_internal.h"
+#include "train/png.h"
+
+using namespace qkv;
+namespace fs = std::filesystem;
+
+namespace {
+
+// gpt2 preset, GQA 4:2, learned positions; init std 0.2 so attention is far from uniform.
+std::unique_ptr<nn::DecoderModel> tiny_gpt2() {
+  nn::ModelConfig c;
+  c.family = nn::Family::gpt2;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 16;
+  c.block_size = 12;
+  c.vocab_size = 29;
+  c.ffn_hidden = 64;
+  c.init_std = 0.2;
+  auto m = std::make_unique<nn::DecoderModel>(c);
+  m->init_weights(11);
+  m->eval();
+  return m;
+}
+
+// The self-test's probe model: llama, RoPE, GQA 4:2, window 6.
+std::unique_ptr<nn::DecoderModel> tiny_llama() {
+  auto models = train::self_test_models(*tiny_gpt2());
+  return std::move(models[1].model);
+}
+
+const train::LeakCheck& find(const std::vector<train::LeakCheck>& v, const std::string& name) {
+  for (const auto& c : v)
+    if (c.name == name) return c;
+  FAIL("no check named " << name);
+  return v.front();
+}
+
+std::string temp_dir(const std::string& tag) {
+  const fs::path p = fs::temp_directory_path() / ("qkv_leakcheck_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+}  // namespace
+
+TEST_CASE("naive reference attention reproduces the seeds' worked example", "[leakcheck]") {
+  // Seeds §5 and §7.3: Q = K = I (d_k = 2), V = [[10, 0], [0, 20]].
+  train::leak::NaiveSpec s;
+  s.Nq = s.Nk = 2;
+  s.D = s.Dv = 2;
+  const std::vector<double> q{1, 0, 0, 1}, k{1, 0, 0, 1}, v{10, 0, 0, 20};
+  std::vector<double> out, w;
+  s.causal = false;
+  CHECK(train::leak::naive_attention(s, q, k, v, out, &w) == 0);
+  CHECK(w[0] == Approx(0.6698).margin(1e-4));
+  CHECK(w[1] == Approx(0.3302).margin(1e-4));
+  CHECK(out[0] == Approx(6.698).margin(1e-3));
+  CHECK(out[1] == Approx(6.604).margin(1e-3));
+  CHECK(out[2] == Approx(3.302).margin(1e-3));
+  CHECK(out[3] == Approx(13.396).margin(1e-3));
+  s.causal = true;  // §7.3: A = [[1, 0], [0.3302, 0.6698]], O = [[10, 0], [3.302, 13.396]]
+  train::leak::naive_attention(s, q, k, v, out, &w);
+  CHECK(w[0] == 1.0);
+  CHECK(w[1] == 0.0);
+  CHECK(out[0] == Approx(10.0).epsilon(1e-12));
+  CHECK(out[1] == 0.0);
+  CHECK(out[3] == Approx(13.396).margin(1e-3));
+  // §7.5: a row whose keys are all masked gives zero weights and a zero output, never NaN.
+  s.key_valid = {0, 0};
+  CHECK(train::leak::naive_attention(s, q, k, v, out, &w) == 2);
+  for (double x : out) CHECK(x == 0.0);
+}
+
+TEST_CASE("every leak check passes on clean tiny models", "[leakcheck]") {
+  train::LeakCheckOptions o;
+  for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
+    const auto checks = train::run_model_checks(*model, o);
+    CHECK(checks.size() == 15);
+    for (const auto& c : checks) {
+      INFO(nn::family_name(model->config().family) << " " << c.name << " = " << c.value << " (threshold " << c.threshold
+                                                  << "): " << c.detail);
+      CHECK(c.pass);
+    }
+    // The exact-zero properties are exactly zero, not merely small.
+    CHECK(find(checks, "future_token_perturbation").value == 0.0);
+    CHECK(find(checks, "mask.masked_weights_zero").value == 0.0);
+    CHECK(find(checks, "greedy_generation").value == 0.0);
+    CHECK(find(checks, "dropout_discipline").value == 0.0);
+    CHECK(static_cast<int64_t>(find(checks, "kv_decode").per_position.size()) == model->config().block_size);
+  }
+  // The caller's model is untouched: still in the mode it was in.
+  auto m = tiny_gpt2();
+  m->train();
+  train::check_dropout(*m, o);
+  CHECK(m->is_training());
+}
+
+TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[leakcheck]") {
+  struct Expect {
+    const char* check;
+    attn::Fault fault;
+    bool llama;
+  };
+  using F = attn::Fault;
+  const Expect cases[] = {
+      {"future_token_perturbation", F::causal_reversed, false},
+      {"kv_decode", F::top_left_causal, false},
+      {"chunked_prefill", F::top_left_causal, false},
+      {"greedy_generation", F::top_left_causal, false},
+      {"kv_decode", F::rope_cache_relative, true},
+      {"chunked_prefill", F::rope_cache_relative, true},
+      {"padding_invariance", F::ignore_key_padding, false},
+      {"padding_target_loss", F::ignore_key_padding, false},
+      {"packing_invariance", F::mask_after_softmax, false},
+      {"mask.masked_weights_zero", F::causal_reversed, false},
+      {"mask.rows_sum_to_one", F::softmax_over_queries, false},
+      {"mask.rows_sum_to_one", F::mask_after_softmax, false},
+      {"mask.fully_masked_rows", F::ignore_key_padding, false},
+      {"mask.bottom_right_causal", F::top_left_causal, false},
+      {"mask.window_boundary", F::window_off_by_one, true},
+      {"mask.kernels_vs_naive", F::gqa_modulo, false},
+      {"reference_attention", F::scale_d_model, false},
+      {"reference_attention", F::gqa_modulo, true},
+      {"reference_attention", F::causal_reversed, false},
+      {"reference_attention", F::window_off_by_one, true},
+      {"dropout_discipline", F::dropout_in_eval, false},
+  };
+  const auto gpt2 = tiny_gpt2(), llama = tiny_llama();
+  train::LeakCheckOptions o;
+  for (const Expect& e : cases) {
+    attn::ScopedFault planted(e.fault);
+    const auto checks = train::run_model_checks(e.llama ? *llama : *gpt2, o);
+    const auto& c = find(checks, e.check);
+    INFO(e.check << " under " << attn::fault_name(e.fault) << ": value " << c.value << " threshold " << c.threshold
+                 << " (" << c.detail << ")");
+    CHECK_FALSE(c.pass);
+    CHECK(c.value > 10 * std::max(c.threshold, 1e-7));  // well outside, not a rounding accident
+  }
+  CHECK(attn::active_fault() == F::none);
+}
+
+TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck]") {
+  const auto model = tiny_gpt2();
+  std::vector<std::string> lines;
+  const train::SelfTestResult st =
+      train::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
+  CHECK(st.planted() == 10);
+  CHECK(st.detected() == 10);
+  CHECK(st.false_alarms.empty());
+  CHECK(st.pass());
+  CHECK(lines.size() == 2 * 11);  // two models, clean + ten faults
+  for (const auto& f : st.faults) {
+    INFO(attn::fault_name(f.fault));
+    CHECK(f.detected);
+    CHECK_FALSE(f.caught_by.empty());
+  }
+  // The faults the user's gpt2 model cannot show (no RoPE, no window) are caught on the probe.
+  for (const auto& f : st.faults)
+    if (f.fault == attn::Fault::rope_cache_relative)
+      for (const auto& c : f.caught_by) CHECK(c.model == "probe-llama");
+  const nlohmann::json j = train::leakcheck_json({}, &st);
+  CHECK(j["self_test"]["planted"] == 10);
+  CHECK(j["self_test"]["detected"] == 10);
+  CHECK(j["self_test"]["false_alarms"] == 0);
+  CHECK(j["self_test"]["faults"].size() == 10);
+  CHECK(train::self_test_table(st).find("10/10 planted faults detected, PASS") != std::string::npos);
+}
+
+TEST_CASE("data leakage checks flag validation text copied from train", "[leakcheck]") {
+  auto split = [](const std::vector<std::vector<int32_t>>& docs) {
+    TokenSplit s;
+    s.name = "test";
+    s.doc_offsets = {0};
+    for (const auto& d : docs) {
+      s.tokens.insert(s.tokens.end(), d.begin(), d.end());
+      s.doc_offsets.push_back(static_cast<int64_t>(s.tokens.size()));
+    }
+    return s;
+  };
+  auto doc = [](uint64_t seed) {
+    std::vector<int32_t> d(100);
+    uint64_t x = seed;
+    for (auto& t : d) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      t = static_cast<int32_t>((x >> 33) % 1000);
+    }
+    return d;
+  };
+  const TokenSplit train = split({doc(1), doc(2), doc(3)});
+  train::LeakCheckOptions o;  // n = 32: each 100-token document has 69 windows
+  const auto clean = train::check_data_leakage(train, split({doc(4), doc(5)}), o);
+  CHECK(find(clean, "data.val_ngram_share").value == 0.0);
+  CHECK(find(clean, "data.duplicated_docs").value == 0.0);
+  CHECK(find(clean, "data.val_ngram_share").pass);
+  const auto leaky = train::check_data_leakage(train, split({doc(4), doc(2)}), o);
+  CHECK(find(leaky, "data.val_ngram_share").value == Approx(0.5));
+  CHECK(find(leaky, "data.duplicated_docs").value == 1.0);
+  CHECK_FALSE(find(leaky, "data.val_ngram_share").pass);
+  CHECK_FALSE(find(leaky, "data.duplicated_docs").pass);
+}
+
+TEST_CASE("attention maps are the model's own attention and show the causal triangle", "[leakcheck][attention_map]") {
+  for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
+    const nn::ModelConfig& c = model->config();
+    const int64_t T = c.block_size, G = c.n_head / c.n_kv_head, hd = c.head_dim();
+    std::vector<int32_t> ids;
+    for (int64_t t = 0; t < T; ++t) ids.push_back(static_cast<int32_t>((t * 7 + 3) % c.vocab_size));
+    const train::AttentionMaps maps = train::compute_attention_maps(*model, ids, nullptr);
+    REQUIRE(maps.weights.size() == static_cast<size_t>(c.n_layer));
+    // The model's own attention outputs for the same text.
+    std::vector<nn::AttentionCapture> caps;
+    nn::ForwardArgs a;
+    std::vector<int64_t> ids64(ids.begin(), ids.end());
+    a.ids = from_vector_i64(ids64, {1, T});
+    a.attention = &caps;
+    {
+      autograd::NoGradGuard ng;
+      model->forward(a);
+    }
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const auto W = maps.weights[static_cast<size_t>(l)].to_vector();
+      const auto V = caps[static_cast<size_t>(l)].v.to_vector(), O = caps[static_cast<size_t>(l)].out.to_vector();
+      double err = 0, scale = 0;
+      for (int64_t h = 0; h < c.n_head; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          double sum = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            const double w = W[static_cast<size_t>((h * T + i) * T + j)];
+            sum += w;
+            if (!maps.visible(i, j)) CHECK(w == 0.0);
+          }
+          CHECK(sum == Approx(1.0).margin(1e-6));
+          for (int64_t d = 0; d < hd; ++d) {  // O = W·V with query head h reading kv head h / G
+            double o = 0;
+            for (int64_t j = 0; j < T; ++j)
+              o += W[static_cast<size_t>((h * T + i) * T + j)] * V[static_cast<size_t>(((h / G) * T + j) * hd + d)];
+            const double ref = O[static_cast<size_t>((h * T + i) * hd + d)];
+            err = std::max(err, std::abs(o - ref));
+            scale = std::max(scale, std::abs(ref));
+          }
+        }
+      CHECK(err / scale < 1e-5);
+    }
+    // The heatmap: masked cells grey above the diagonal, coloured on and below it.
+    train::HeatmapLayout lay;
+    const train::Image img = train::render_attention_map(maps, c.n_layer - 1, 1, &lay);
+    REQUIRE(lay.cell > 0);
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) {
+        const train::Rgb px = img.get(lay.x0 + static_cast<int>(j) * lay.cell + lay.cell / 2,
+                               lay.y0 + static_cast<int>(i) * lay.cell + lay.cell / 2);
+        INFO("cell " << i << "," << j);
+        CHECK((px == train::kMaskedColour) == !maps.visible(i, j));
+      }
+    // The first query sees only itself: weight 1, the darkest colour.
+    CHECK(img.get(lay.x0 + lay.cell / 2, lay.y0 + lay.cell / 2) == train::weight_colour(1.0));
+  }
+}
+
+TEST_CASE("PNG images round-trip through libpng with the bitmap font", "[leakcheck][png]") {
+  train::Image img(40, 20, {255, 255, 255});
+  img.fill_rect(30, 5, 5, 5, {200, 10, 20});
+  const int w = img.draw_text(1, 1, "A", {0, 0, 0});
+  CHECK(w == 6);
+  // 'A' (drawn from y = 1): glyph row 0 is .###., row 4 is #####.
+  CHECK(img.get(1, 1) == train::Rgb{255, 255, 255});
+  CHECK(img.get(2, 1) == train::Rgb{0, 0, 0});
+  CHECK(img.get(4, 1) == train::Rgb{0, 0, 0});
+  CHECK(img.get(5, 1) == train::Rgb{255, 255, 255});
+  for (int x = 1; x <= 5; ++x) CHECK(img.get(x, 5) == train::Rgb{0, 0, 0});
+  CHECK(img.get(3, 4) == train::Rgb{255, 255, 255});  // row 3 is #...#
+  const std::string dir = temp_dir("png");
+  train::write_png(dir + "/a.png", img);
+  const std::string bytes = train::encode_png(img);
+  REQUIRE(bytes.size() > 8);
+  CHECK(bytes.substr(1, 3) == "PNG");
+  const train::Image back = train::read_png(dir + "/a.png");
+  REQUIRE(back.width() == 40);
+  REQUIRE(back.height() == 20);
+  CHECK(back.pixels() == img.pixels());
+  CHECK_THROWS_WITH(train::read_png(dir + "/missing.png"), Catch::Contains("[png]"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the HTML report holds the tables and both heatmaps", "[leakcheck]") {
+  const auto model = tiny_gpt2();
+  train::LeakCheckReport r;
+  r.subject = "tiny <model>";
+  r.checks = train::run_model_checks(*model, {});
+  r.checks.back().pass = false;  // one failing row, to see it marked
+  const std::string dir = temp_dir("report");
+  std::vector<int32_t> ids{1, 2, 3, 4, 5, 6, 7, 8};
+  train::write_leakcheck_report(dir, r, nullptr, *model, ids, nullptr);
+  std::ifstream in(dir + "/index.html");
+  const std::string html((std::istreambuf_iterator<char>(in)), {});
+  CHECK(html.find("future_token_perturbation") != std::string::npos);
+  CHECK(html.find("tiny &lt;model&gt;") != std::string::npos);
+  CHECK(html.find("FAIL") != std::string::npos);
+  CHECK(html.find("attention_map.png") != std::string::npos);
+  CHECK(html.find("attention_grid.png") != std::string::npos);
+  CHECK(train::read_png(dir + "/attention_map.png").width() > 8 * 8);
+  CHECK(train::read_png(dir + "/attention_grid.png").height() > 2 * 8);
+  for (const auto& e : fs::directory_iterator(dir))  // no temporary files left behind
+    CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  const nlohmann::json j = train::leakcheck_json(r, nullptr);
+  CHECK(j["checks"].size() == r.checks.size());
+  CHECK(j["failed"] == 1);
+  CHECK(j["passed"] == static_cast<int>(r.checks.size()) - 1);
+  CHECK(j["checks"][0].contains("name"));
+  CHECK(j["checks"][0].contains("threshold"));
+  CHECK_FALSE(j.contains("self_test"));
+  fs::remove_all(dir);
+}
+
+namespace {
+// Runs the qkv binary from the source root; returns its exit status, stdout and stderr.
+int run_qkv(const std::string& args, std::string* out, std::string* err) {
+  const std::string base = fs::temp_directory_path() / ("qkv_leakcheck_cli_" + std::to_string(::getpid()));
+  const std::string cmd = std::string("cd ") + QKV_SOURCE_DIR + " && " + QKV_BINARY_DIR + "/qkv " + args + " >" +
+                          base + ".out 2>" + base + ".err";
+  const int rc = std::system(cmd.c_str());
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  if (out) *out = slurp(base + ".out");
+  if (err) *err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return WEXITSTATUS(rc);
+}
+}  // namespace
+
+TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", "[leakcheck][cli]") {
+  if (!fs::exists(std::string(QKV_BINARY_DIR) + "/qkv")) {
+    WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  std::string out, err;
+  CHECK(run_qkv("leakcheck", &out, &err) == 2);
+  CHECK(err.find("exactly one of --checkpoint CKPT or --config FILE") != std::string::npos);
+  CHECK(run_qkv("leakcheck --checkpoint a.h5 --config b.toml", &out, &err) == 2);
+  CHECK(err.find("both were given") != std::string::npos);
+  CHECK(run_qkv("leakcheck --checkpoint /nonexistent/ckpt.h5", &out, &err) == 2);
+  CHECK(run_qkv("attention-map --checkpoint /nonexistent/ckpt.h5 --text hi --out /tmp/x.png", &out, &err) == 2);
+  // The tiny config passes (when the corpus it names is present).
+  if (fs::exists(fs::path(QKV_SOURCE_DIR) / "../shared/data/tinyshakespeare.txt")) {
+    REQUIRE(run_qkv("leakcheck --config configs/tiny.toml --json", &out, &err) == 0);
+    const nlohmann::json j = nlohmann::json::parse(out);  // --json: stdout is the one JSON line
+    CHECK(j["failed"] == 0);
+    CHECK(j["passed"] == 17);
+  }
+}

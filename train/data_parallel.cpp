@@ -1,0 +1,318 @@
+// Gradient averaging and the (optionally sharded) optimizer for data-parallel training; the
+// design is in data_parallel.h.
+//
+// Per step with N ranks and P parameters (float32):
+//   reduce_grads   ceil(4P / bucket_bytes) in-place all-reduces, then one scaling pass (x 1/N)
+//   step, zero 0   the fused AdamW over all P elements, identical on every rank
+//   step, zero 1   the fused AdamW over this rank's ~P/N elements, then per bucket: copy this
+//                  rank's updated elements into a staging buffer, all-gather (v: shards need not
+//                  align with buckets), copy the bucket back into the parameters
+// The scaling by 1/N is exact for N a power of two, and in any case the same on every rank.
+#include "train/data_parallel.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "autograd/engine.h"
+#include "data/h5.h"
+#include "tensor/error.h"
+#include "train/checkpoint.h"
+
+namespace qkv::train {
+
+std::pair<int64_t, int64_t> shard_range(int64_t total, int rank, int world) {
+  QKV_CHECK(world >= 1 && rank >= 0 && rank < world, "[zero] rank ", rank, " of ", world);
+  auto cut = [&](int r) { return r == 0 ? 0 : r == world ? total : std::min(total, (total * r / world + 15) / 16 * 16); };
+  return {cut(rank), cut(rank + 1)};
+}
+
+std::vector<int64_t> bucket_bounds(int64_t total, int64_t elems) {
+  const int64_t step = std::max<int64_t>(1, elems);
+  std::vector<int64_t> b{0};
+  for (int64_t at = 0; at < total;) {
+    at = std::min(total, at + step);
+    b.push_back(at);
+  }
+  return b;
+}
+
+std::vector<int64_t> shard_counts(int64_t a, int64_t b, int64_t total, int world) {
+  std::vector<int64_t> c(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const auto [lo, hi] = shard_range(total, r, world);
+    c[static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(b, hi) - std::max(a, lo));
+  }
+  return c;
+}
+
+std::vector<OptimParam> slice_params(const std::vector<OptimParam>& params, int64_t lo, int64_t hi) {
+  std::vector<OptimParam> out;
+  int64_t at = 0;
+  for (const OptimParam& p : params) {
+    const int64_t n = p.param.numel(), a = std::max(lo, at), b = std::min(hi, at + n);
+    if (a < b) out.push_back({p.name, p.param.flatten().narrow(0, a - at, b - a), p.decay});
+    at += n;
+  }
+  return out;
+}
+
+namespace {
+
+int64_t bucket_bytes_setting(int64_t configured) {
+  if (const char* kb = std::getenv("QKV_DP_BUCKET_KB")) {
+    const long long v = std::atoll(kb);
+    QKV_CHECK(v > 0, "QKV_DP_BUCKET_KB must be a positive number of KiB, got '", kb, "'");
+    return static_cast<int64_t>(v) * 1024;
+  }
+  return configured;
+}
+
+// Copies n floats; big copies are split over the OpenMP threads.
+void copy_floats(float* dst, const float* src, int64_t n) {
+  if (dst == src || n == 0) return;
+  const bool parallel = n >= (1 << 18) && !omp_in_parallel();
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+}  // namespace
+
+template <class F>
+void DataParallel::for_each_piece(int64_t a, int64_t b, F&& f) const {
+  // offset_ is sorted: start at the last parameter beginning at or before a.
+  size_t k = static_cast<size_t>(std::upper_bound(offset_.begin(), offset_.end() - 1, a) - offset_.begin());
+  k = k == 0 ? 0 : k - 1;
+  for (; k < params_.size() && offset_[k] < b; ++k) {
+    const int64_t lo = std::max(a, offset_[k]), hi = std::min(b, offset_[k + 1]);
+    if (lo < hi) f(k, lo - offset_[k], lo, hi - lo);
+  }
+}
+
+DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
+                           DataParallelOptions opts)
+    : comm_(comm), params_(std::move(params)), adamw_opts_(adamw) {
+  QKV_CHECK(opts.zero == 0 || opts.zero == 1, "train.zero = ", opts.zero,
+            " is not implemented: 0 (replicated optimizer) or 1 (optimizer state sharded across ranks)");
+  offset_.reserve(params_.size() + 1);
+  for (const OptimParam& p : params_) {
+    offset_.push_back(total_);
+    total_ += p.param.numel();
+  }
+  offset_.push_back(total_);
+  const int64_t bucket_elems = std::max<int64_t>(16, bucket_bytes_setting(opts.bucket_bytes) / 4);
+  bounds_ = bucket_bounds(total_, bucket_elems);
+  std::tie(lo_, hi_) = shard_range(total_, comm_.rank(), comm_.world());
+
+  if (distributed()) {
+    grad_flat_ = Tensor::empty({total_}, DType::f32);
+    grad_views_.reserve(params_.size());
+    for (size_t k = 0; k < params_.size(); ++k)
+      grad_views_.push_back(grad_flat_.narrow(0, offset_[k], params_[k].param.numel()).view(params_[k].param.shape()));
+  }
+  if (distributed() && opts.zero == 1) {
+    std::vector<OptimParam> mine = slice_params(params_, lo_, hi_);
+    // Each slice's gradient is the matching slice of the reduced buffer, bound once for the run.
+    for_each_piece(lo_, hi_, [&, i = size_t{0}](size_t k, int64_t in_param, int64_t, int64_t n) mutable {
+      mine[i++].param.set_grad(grad_views_[k].flatten().narrow(0, in_param, n));
+    });
+    shard_ = std::make_unique<AdamW>(std::move(mine), adamw_opts_);
+    staging_.resize(static_cast<size_t>(std::min<int64_t>(total_, bucket_elems)));
+  } else {
+    full_ = std::make_unique<AdamW>(params_, adamw_opts_);
+  }
+}
+
+void DataParallel::zero_grads() {
+  if (!distributed()) {
+    std::vector<Tensor> ps;
+    ps.reserve(params_.size());
+    for (const OptimParam& p : params_) ps.push_back(p.param);
+    autograd::zero_grad(ps);
+    return;
+  }
+  float* g = grad_flat_.data<float>();
+  const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t i = 0; i < total_; ++i) g[i] = 0.0f;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor handle = params_[k].param;  // a handle copy shares the autograd slot
+    handle.set_grad(grad_views_[k]);
+  }
+}
+
+void DataParallel::reduce_grads() {
+  if (!distributed()) return;
+  // A .grad replaced by something other than our view (nobody should) would be silently skipped.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Tensor g = params_[k].param.grad();
+    QKV_CHECK(g.defined() && g.raw_data() == grad_views_[k].raw_data(), "[data_parallel] the gradient of ",
+              params_[k].name, " is not its view of the flat buffer (was zero_grads() called before backward?)");
+  }
+  float* g = grad_flat_.data<float>();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t b = 0; b + 1 < bounds_.size(); ++b) comm_.allreduce_sum(g + bounds_[b], bounds_[b + 1] - bounds_[b]);
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const float inv = 1.0f / static_cast<float>(comm_.world());
+  const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t i = 0; i < total_; ++i) g[i] *= inv;
+}
+
+void DataParallel::step(double lr, float grad_scale) {
+  if (!shard_) {
+    full_->step(lr, grad_scale);
+    return;
+  }
+  shard_->step(lr, grad_scale);
+  // All-gather the updated parameters, one bucket at a time through the staging buffer.
+  const int world = comm_.world();
+  for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
+    const int64_t a = bounds_[b], e = bounds_[b + 1];
+    float* stage = staging_.data();
+    for_each_piece(std::max(a, lo_), std::min(e, hi_), [&](size_t k, int64_t in_param, int64_t flat, int64_t n) {
+      copy_floats(stage + (flat - a), params_[k].param.data<float>() + in_param, n);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_.allgatherv(stage, shard_counts(a, e, total_, world));
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for_each_piece(a, e, [&](size_t k, int64_t in_param, int64_t flat, int64_t n) {
+      copy_floats(params_[k].param.data<float>() + in_param, stage + (flat - a), n);
+    });
+  }
+}
+
+int64_t DataParallel::step_count() const { return shard_ ? shard_->step_count() : full_->step_count(); }
+
+std::string DataParallel::describe() const {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets%s",
+                comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
+                static_cast<long long>(bucket_count()),
+                shard_ ? cat(", ZeRO-1: this rank keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
+                       : "");
+  return buf;
+}
+
+double DataParallel::take_comm_seconds() {
+  const double s = comm_seconds_;
+  comm_seconds_ = 0;
+  return s;
+}
+
+int64_t DataParallel::moment_elements() const { return shard_ ? hi_ - lo_ : total_; }
+
+std::shared_ptr<const AdamW> DataParallel::optimizer_for_checkpoint() {
+  if (!shard_) return std::shared_ptr<const AdamW>(std::shared_ptr<const AdamW>(), full_.get());  // not owned
+  std::shared_ptr<AdamW> full;
+  if (comm_.is_root()) {
+    full = std::make_shared<AdamW>(params_, adamw_opts_);
+    full->set_step_count(shard_->step_count());
+  }
+  // This rank's moments, piece by piece in flat order (the shard's params are those pieces).
+  const std::vector<AdamWState>& mine = shard_->states();
+  const int world = comm_.world();
+  for (int which = 0; which < 2; ++which) {
+    for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
+      const int64_t a = bounds_[b], e = bounds_[b + 1];
+      float* stage = staging_.data();
+      // Pieces of my shard inside this bucket: the shard's states are in the same flat order.
+      int64_t piece = 0;
+      for_each_piece(lo_, hi_, [&](size_t, int64_t, int64_t flat, int64_t n) {
+        const int64_t s = std::max(a, flat), t = std::min(e, flat + n);
+        if (s < t) {
+          const Tensor& src = which == 0 ? mine[static_cast<size_t>(piece)].exp_avg : mine[static_cast<size_t>(piece)].exp_avg_sq;
+          copy_floats(stage + (s - a), src.data<float>() + (s - flat), t - s);
+        }
+        ++piece;
+      });
+      const std::vector<int64_t> counts = shard_counts(a, e, total_, world);
+      const int64_t mine_at = std::clamp(lo_, a, e) - a;
+      comm_.gatherv(stage + mine_at, stage, counts, 0);
+      if (!full) continue;
+      for_each_piece(a, e, [&](size_t k, int64_t in_param, int64_t flat, int64_t n) {
+        const AdamWState& st = full->states()[k];
+        copy_floats((which == 0 ? st.exp_avg : st.exp_avg_sq).data<float>() + in_param, stage + (flat - a), n);
+      });
+    }
+  }
+  return full;
+}
+
+void DataParallel::load_optimizer_state(const std::string& path) {
+  if (!shard_) {
+    train::load_optimizer_state(path, *full_);
+    return;
+  }
+  // Every rank reads the whole state (a transient full copy) and keeps its slice.
+  AdamW full(params_, adamw_opts_);
+  train::load_optimizer_state(path, full);
+  const std::vector<AdamWState>& mine = shard_->states();
+  size_t piece = 0;
+  for_each_piece(lo_, hi_, [&](size_t k, int64_t in_param, int64_t, int64_t n) {
+    const AdamWState& src = full.states()[k];
+    copy_floats(mine[piece].exp_avg.data<float>(), src.exp_avg.data<float>() + in_param, n);
+    copy_floats(mine[piece].exp_avg_sq.data<float>(), src.exp_avg_sq.data<float>() + in_param, n);
+    ++piece;
+  });
+  shard_->set_step_count(full.step_count());
+}
+
+void check_ranks_agree_on_config(dist::Communicator& comm, const Config& cfg, const std::string& resume,
+                                 const std::string& init_from) {
+  if (comm.world() == 1) return;
+  const std::string text = to_toml(cfg);
+  uint64_t h = h5::fnv1a64(text.data(), text.size());
+  dist::check_same_on_all_ranks(comm, h, "the resolved config (--config and --set)");
+  const std::string src = "resume=" + resume + "\ninit_from=" + init_from;
+  h = h5::fnv1a64(src.data(), src.size());
+  dist::check_same_on_all_ranks(comm, h, "--resume / --init-from");
+}
+
+void check_ranks_agree_on_start(dist::Communicator& comm, const RunData& data, const DataParallel& dp, int64_t step) {
+  if (comm.world() == 1) return;
+  const std::string tok = data.tokenizer->serialize();
+  uint64_t h = h5::fnv1a64(tok.data(), tok.size());
+  for (const TokenSplit* s : {data.train.get(), data.val.get()}) {
+    if (!s) continue;
+    const int64_t n = static_cast<int64_t>(s->tokens.size());
+    h = h5::fnv1a64(&n, sizeof n, h);
+    // Up to 65536 tokens at a fixed stride: enough to tell two corpora apart, cheap for big ones.
+    const int64_t stride = std::max<int64_t>(1, n / 65536);
+    for (int64_t i = 0; i < n; i += stride) h = h5::fnv1a64(&s->tokens[static_cast<size_t>(i)], sizeof(int32_t), h);
+  }
+  dist::check_same_on_all_ranks(comm, h, "the training data (tokenizer or token splits)");
+  dist::check_same_on_all_ranks(comm, static_cast<uint64_t>(step), "the starting step");
+  dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the starting parameters");
+}
+
+RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg) {
+  if (comm.world() == 1) return load_run_data(cfg);
+  RunData d;
+  if (comm.is_root()) d = load_run_data(cfg);  // if this throws, the job aborts; nobody waits forever
+  comm.barrier();
+  if (!comm.is_root()) d = load_run_data(cfg);
+  return d;
+}
+
+double micro_batch_weight(dist::Communicator& comm, int64_t n_targets) {
+  if (comm.world() == 1) return 1.0;
+  const int64_t global = comm.sum_ordered(n_targets);
+  return global > 0 ? static_cast<double>(comm.world()) * static_cast<double>(n_targets) / static_cast<double>(global)
+                    : 1.0;
+}
+
+uint64_t rank_dropout_seed(uint64_t seed, int rank) { return seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank)); }
+
+uint64_t DataParallel::parameter_hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const OptimParam& p : params_) h = h5::fnv1a64(p.param.raw_data(), static_cast<size_t>(p.param.numel()) * 4, h);
+  return h;
+}
+
+}  // namespace qkv::train

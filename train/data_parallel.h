@@ -1,0 +1,149 @@
+// Data parallelism for the training loop: gradient averaging in buckets over a flat buffer, and
+// the optimizer, replicated (train.zero = 0) or with its moments sharded (train.zero = 1, ZeRO
+// stage 1). With one rank every call reduces to what the single-process loop always did.
+//
+// Flat layout. The parameters, in model order, are laid end to end in one float range:
+// parameter k owns [offset(k), offset(k) + numel(k)). The gradient buffer has that layout; each
+// parameter's .grad is a view of its part, so backward accumulates straight into the buffer and
+// the all-reduce needs no packing copy.
+//
+// Buckets. The range is cut into buckets of bucket_bytes (4 MiB by default; the last one
+// shorter), independent of parameter boundaries. reduce_grads() all-reduces them one after
+// another in index order, then scales by 1/world: the same calls, same sizes, same order every
+// step, which keeps the reduction order fixed and a run bitwise-reproducible. There is no overlap
+// with backward: the engine has no per-leaf "gradient ready" hook yet; with one, a bucket would be
+// sent as soon as its last gradient is written (buckets would then be laid out back to front).
+//
+// ZeRO-1. Rank r owns the slice shard_range(total, r, world) of the flat range. Its AdamW holds
+// moments only for that slice: one OptimParam per parameter piece inside it, a 1-D view of the
+// parameter whose .grad is the matching view of the reduced gradient buffer. After its update
+// the slices are all-gathered bucket by bucket into every rank's parameters. AdamW is
+// element-wise, so with the same reduced gradients ZeRO-1 gives the same bits as the replicated
+// optimizer; only the moments' memory (and the time to update them) is divided by world.
+//
+// Checkpoints hold the full optimizer state either way: in ZeRO mode the moments are gathered to
+// rank 0 (bucket by bucket) into a full AdamW just for the save. A checkpoint therefore resumes
+// under any world size and either zero setting (bitwise only under the same world size).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "train/config.h"
+#include "train/distributed.h"
+#include "train/optimizer.h"
+#include "train/session.h"
+
+namespace qkv::train {
+
+constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
+
+struct DataParallelOptions {
+  int64_t zero = 0;                          // 0: replicated optimizer; 1: moments sharded
+  int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
+};
+
+// Rank r's ZeRO slice [lo, hi) of a flat range of `total` elements: near-equal parts whose inner
+// boundaries are multiples of 16 elements (64 bytes, a cache line).
+std::pair<int64_t, int64_t> shard_range(int64_t total, int rank, int world);
+// Bucket boundaries 0 = b_0 < b_1 < ... < b_K = total with b_{k+1} - b_k <= max(1, elems).
+std::vector<int64_t> bucket_bounds(int64_t total, int64_t elems);
+// For each rank, the length of [a, b) ∩ its shard (the counts of a v-collective over one bucket).
+std::vector<int64_t> shard_counts(int64_t a, int64_t b, int64_t total, int world);
+
+// The pieces of parameter tensors inside [lo, hi) of the flat layout of `params`: one OptimParam
+// per parameter that overlaps, a contiguous 1-D view of that parameter's elements (same name and
+// decay flag), in model order.
+std::vector<OptimParam> slice_params(const std::vector<OptimParam>& params, int64_t lo, int64_t hi);
+
+class DataParallel {
+ public:
+  DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
+               DataParallelOptions opts);
+
+  dist::Communicator& comm() const { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.world(); }
+  bool distributed() const { return comm_.world() > 1; }
+  bool sharded() const { return shard_ != nullptr; }
+
+  // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several: every .grad
+  // bound to its view of the zero-filled flat gradient buffer.
+  void zero_grads();
+  // After the step's last backward: the bucketed all-reduce, then scaling by 1/world, so every
+  // rank holds the mean gradient (bitwise the same on all ranks). No-op for one rank.
+  void reduce_grads();
+  // The optimizer update at `lr` with gradients multiplied by grad_scale (clipping); in ZeRO mode
+  // followed by the parameter all-gather.
+  void step(double lr, float grad_scale);
+  int64_t step_count() const;
+
+  // The full optimizer state for a checkpoint. Collective in ZeRO mode (every rank must call; the
+  // moments are gathered to rank 0): rank 0 gets a full copy, other ranks null. Replicated: the
+  // optimizer itself, on every rank.
+  std::shared_ptr<const AdamW> optimizer_for_checkpoint();
+  // Loads the full optimizer state from a checkpoint on every rank and keeps this rank's slice.
+  void load_optimizer_state(const std::string& path);
+
+  // FNV-1a over the parameters' bytes; the trainer compares it across ranks.
+  uint64_t parameter_hash() const;
+
+  int64_t total_elements() const { return total_; }
+  int64_t bucket_count() const { return static_cast<int64_t>(bounds_.size()) - 1; }
+  // Bytes each rank hands to all-reduce per step (0 for one rank), and, in ZeRO mode, to the
+  // parameter all-gather.
+  int64_t allreduce_bytes_per_step() const { return distributed() ? total_ * 4 : 0; }
+  int64_t allgather_bytes_per_step() const { return sharded() ? total_ * 4 : 0; }
+  // Moment elements (m and v each) this rank holds.
+  int64_t moment_elements() const;
+  // One line for the log: ranks, backend, parameters, buckets, bytes per step, ZeRO slice.
+  std::string describe() const;
+  // Wall time spent in collectives (gradient all-reduce, parameter all-gather) since the last
+  // call, in seconds; resets the count.
+  double take_comm_seconds();
+
+ private:
+  // Calls f(k, begin_in_param, flat_begin, n) for every piece of parameter k inside [a, b).
+  template <class F>
+  void for_each_piece(int64_t a, int64_t b, F&& f) const;
+
+  dist::Communicator& comm_;
+  std::vector<OptimParam> params_;
+  AdamWOptions adamw_opts_;
+  std::vector<int64_t> offset_;  // flat offset of each parameter; offset_.back() == total_
+  int64_t total_ = 0;
+  std::vector<int64_t> bounds_;  // bucket boundaries
+  Tensor grad_flat_;             // float32 [total] (several ranks only)
+  std::vector<Tensor> grad_views_;  // parameter-shaped views of grad_flat_
+  std::unique_ptr<AdamW> full_;     // replicated optimizer
+  std::unique_ptr<AdamW> shard_;    // ZeRO-1: this rank's slice
+  int64_t lo_ = 0, hi_ = 0;         // this rank's slice of the flat range
+  std::vector<float> staging_;      // one bucket (parameter all-gather, checkpoint gather)
+  double comm_seconds_ = 0;
+};
+
+// Start-up agreement checks (collective; no-ops for one rank). Each ends the job with one message
+// from rank 0 when the ranks differ (dist::check_same_on_all_ranks):
+//   config: the resolved TOML (after --set) and the --resume / --init-from sources;
+//   start:  the tokenizer, the split sizes and a sample of their tokens, the step, and the
+//           parameters' bytes (every rank must start from the same weights).
+void check_ranks_agree_on_config(dist::Communicator& comm, const Config& cfg, const std::string& resume,
+                                 const std::string& init_from);
+void check_ranks_agree_on_start(dist::Communicator& comm, const RunData& data, const DataParallel& dp, int64_t step);
+
+// load_run_data on rank 0 first, then on the others: preparing a text corpus writes a cache
+// file beside it (data/dataset.h), which ranks must not race to create. Collective.
+RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg);
+
+// The weight of one micro-batch's mean loss so that averaging over ranks gives the mean over the
+// global batch's targets: world * n_rank / n_global (1 when every rank has as many targets, as in
+// random_windows). Collective (one 8-byte all-gather) when world > 1.
+double micro_batch_weight(dist::Communicator& comm, int64_t n_targets);
+
+// The dropout key of a rank: the run's seed on rank 0, a different key on every other rank (rows
+// on different ranks must not share dropout masks).
+uint64_t rank_dropout_seed(uint64_t seed, int rank);
+
+}  // namespace qkv::train

@@ -1,0 +1,134 @@
+// Leakage and consistency evaluation (`qkv leakcheck`; seeds §7, §17, §20): checks that a model
+// reads no future token, that every way of feeding it tokens (KV cache, chunked prefill, padding,
+// packing) gives the parallel forward's answer, that the attention masks mean what DESIGN §2 says,
+// that each layer's attention equals a naive float64 implementation on its real inputs, that
+// dropout is off in eval, and that validation text does not repeat the training text. A self-test
+// plants each known attention bug (attention/fault.h) and proves the checks catch it.
+//
+// Every model check runs on a fixed, seeded probe batch sized to the model (probe length
+// L = min(block_size, max_probe_len), tokens uniform in [0, vocab)) and on an eval-mode copy of
+// the model (the caller's model is never modified). Each result is one row of the table:
+//   name        value (what was measured)                              threshold   passes when
+//   future_token_perturbation  max over t, positions <= t, logits and every layer's hidden state,
+//               of max|Δ| / max|unperturbed| when tokens > t change      1e-6        value <= thr
+//   kv_decode / chunked_prefill  max |Δlogit| vs the parallel forward     1e-4
+//   greedy_generation  tokens that differ, KV cache vs full recompute     0
+//   padding_invariance  max|Δlogit| / max|logit|, alone vs right/left padded   1e-5
+//   padding_target_loss  |Δloss| / loss, ignore_index on pads vs alone    1e-5
+//   packing_invariance  max|Δlogit| / max|logit|, alone vs packed        1e-5
+//   mask.*      masked weights (exactly 0), row sums, fully masked rows, bottom-right alignment,
+//               window boundary, fused kernel vs naive float64          see each
+//   reference_attention  max over layers of max|Δout| / max|out| against naive float64  1e-4
+//   dropout_discipline  max|Δ| between eval runs, eval vs dropout-free, train runs with one seed
+//               (and train runs with two seeds must differ)              0
+//   data.val_ngram_share, data.duplicated_docs   (with a dataset)        0.05, 0
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attention/fault.h"
+#include "data/dataset.h"
+#include "nn/transformer.h"
+
+namespace qkv::train {
+
+struct LeakCheck {
+  std::string name;
+  double value = 0, threshold = 0;
+  bool pass = false;
+  std::string detail;                 // how it was measured, and where the worst case is
+  std::vector<double> per_position;   // kv_decode / chunked_prefill: max |Δlogit| at each position
+};
+
+struct LeakCheckOptions {
+  uint64_t seed = 0x1eac4ec4;         // probe tokens
+  int64_t max_probe_len = 64;         // probe length L = min(block_size, this)
+  int64_t greedy_tokens = 0;          // generated tokens compared; 0 = min(block_size, 64)
+  std::vector<int64_t> chunk_sizes = {2, 3, 7};
+  int ngram_n = 32;
+  double max_ngram_share = 0.05;
+  int64_t max_duplicated_docs = 0;
+};
+
+// ---- the checks (each on an eval copy of `model`; none modifies it) ----
+LeakCheck check_future_perturbation(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// kv_decode, chunked_prefill, greedy_generation
+std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// padding_invariance, padding_target_loss
+std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCheckOptions& o);
+LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// mask.* on synthetic q, k, v shaped like the model's attention (heads, head dim, window)
+std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const LeakCheckOptions& o);
+LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// On copies with dropout = attn_dropout = 0.1 (or the model's own when > 0) and with none.
+LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// data.val_ngram_share, data.duplicated_docs
+std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o);
+
+// Every model check above, in table order. A check that throws is recorded as failed (value inf)
+// with the error as its detail.
+std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+
+// A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
+// dropout / kernel / window but must have the same parameter shapes. Eval mode.
+std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg);
+
+// ---- self-test ----
+struct SelfTestModel {
+  std::string name, description;
+  std::unique_ptr<nn::DecoderModel> model;
+};
+// The models the self-test plants faults in: the user's model and a probe model built to expose
+// every fault (llama-style: RoPE, GQA 4:2, sliding window, multi-head, strong attention).
+std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model);
+
+struct CaughtBy {
+  std::string check, model;
+  double value = 0, threshold = 0;
+};
+struct FaultOutcome {
+  attn::Fault fault = attn::Fault::none;
+  bool detected = false;
+  std::vector<CaughtBy> caught_by;
+  std::string exposed_by;  // which probe conditions the fault needs
+};
+struct SelfTestResult {
+  std::vector<std::pair<std::string, std::string>> models;  // name, description
+  std::vector<FaultOutcome> faults;
+  std::vector<CaughtBy> false_alarms;  // checks that failed with no fault planted
+  int planted() const { return static_cast<int>(faults.size()); }
+  int detected() const;
+  bool pass() const { return detected() == planted() && false_alarms.empty(); }
+};
+// `progress` (optional) receives one line per model run.
+SelfTestResult run_self_test(const nn::DecoderModel& user_model, const LeakCheckOptions& o,
+                             const std::function<void(const std::string&)>& progress = {});
+// The faults the self-test plants, and what each needs to show.
+std::vector<attn::Fault> planted_faults();
+const char* fault_condition(attn::Fault f);
+
+// ---- output ----
+struct LeakCheckReport {
+  std::string subject;                 // what was checked ("checkpoint X", "config Y (fresh init)")
+  std::vector<LeakCheck> checks;
+  std::vector<std::pair<std::string, std::string>> skipped;  // name, reason
+  int passed() const;
+  int failed() const;
+};
+// DESIGN §3: {"checks":[{"name","value","threshold","pass","detail"}],"passed","failed"} plus
+// "self_test":{"planted","detected","false_alarms","faults":[...],"models":[...]} when given.
+// A value that is not finite (a NaN, or a check that threw) is written as null.
+nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st);
+std::string leakcheck_table(const LeakCheckReport& r);
+std::string self_test_table(const SelfTestResult& st);
+// DIR/index.html (the tables) with DIR/attention_map.png and DIR/attention_grid.png of `model` on
+// `probe_ids` (labels from `tok` when given); every file written atomically.
+void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, const SelfTestResult* st,
+                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok);
+
+}  // namespace qkv::train

@@ -1,0 +1,287 @@
+// The checks that feed the whole model: future-token perturbation (seeds §20), training path vs
+// inference paths (KV-cache decode, chunked prefill, greedy generation; seeds §14), padding and
+// packing invariance (seeds §7.1, §17.4).
+//
+// Each compares two ways of computing the same thing on the seeded probe batch. Comparisons are
+// relative to the largest reference value (max|Δ| / max|ref|) where the paths are mathematically
+// identical but may round differently (different batch shapes reach different GEMM blockings and
+// attention tiles), and absolute where the issue pins |Δlogit|.
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/ops.h"
+#include "train/leakcheck_internal.h"
+#include "train/sampler.h"
+
+namespace qkv::train {
+
+using leak::fmt;
+using leak::max_abs;
+using leak::max_delta;
+
+namespace {
+
+Tensor bool_tensor(const std::vector<uint8_t>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::boolean);
+  bool* p = t.data<bool>();
+  for (size_t i = 0; i < v.size(); ++i) p[i] = v[i] != 0;
+  return t;
+}
+
+// Tokens guaranteed to differ from `row` at every position (the perturbation must change them).
+std::vector<int64_t> replacement(const std::vector<int64_t>& row, const std::vector<int64_t>& draw, int64_t V) {
+  std::vector<int64_t> out = draw;
+  for (size_t t = 0; t < out.size(); ++t)
+    if (out[t] == row[t]) out[t] = (out[t] + 1) % std::max<int64_t>(V, 1);
+  return out;
+}
+
+}  // namespace
+
+LeakCheck check_future_perturbation(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), V = c.vocab_size;
+  const std::string name = "future_token_perturbation";
+  if (L < 2 || V < 2) return leak::make_check(name, 0, 1e-6, "probe too short (or vocabulary too small) to perturb");
+  const auto rows = leak::probe_rows(c, o, 2, L, 1), draws = leak::probe_rows(c, o, 2, L, 2);
+  // Rows per forward besides the unperturbed one, so logits and hidden states stay ~64 MB.
+  const int64_t per_row = L * std::max(V, c.n_embd * c.n_layer);
+  const int64_t group = std::clamp<int64_t>((int64_t{16} << 20) / std::max<int64_t>(per_row, 1), 1, 32);
+  double worst = 0;
+  int64_t worst_t = -1;
+  std::string worst_where = "logits";
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<int64_t> alt = replacement(rows[r], draws[r], V);
+    for (int64_t t0 = 0; t0 < L - 1; t0 += group) {
+      const int64_t n = std::min(group, L - 1 - t0);
+      // Row 0: the probe; row 1 + k: tokens after t = t0 + k replaced.
+      std::vector<std::vector<int64_t>> batch{rows[r]};
+      for (int64_t k = 0; k < n; ++k) {
+        std::vector<int64_t> p = rows[r];
+        for (int64_t s = t0 + k + 1; s < L; ++s) p[s] = alt[s];
+        batch.push_back(p);
+      }
+      std::vector<Tensor> hidden;
+      nn::ForwardArgs a;
+      a.ids = leak::ids_tensor(batch);
+      a.hidden = &hidden;
+      std::vector<Tensor> outs{leak::forward(*m, a)};
+      outs.insert(outs.end(), hidden.begin(), hidden.end());
+      for (size_t w = 0; w < outs.size(); ++w) {
+        const Tensor base = outs[w].select(0, 0);
+        const double norm = max_abs(base);
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t t = t0 + k;
+          const double d = leak::ratio(max_delta(outs[w].select(0, 1 + k).narrow(0, 0, t + 1), base.narrow(0, 0, t + 1)), norm);
+          if (d > worst) {
+            worst = d;
+            worst_t = t;
+            worst_where = w == 0 ? "logits" : "hidden state of layer " + std::to_string(w - 1);
+          }
+        }
+      }
+    }
+  }
+  std::string detail = "every t < " + std::to_string(L) + " on 2 probe rows; logits and " + std::to_string(c.n_layer) +
+                       " hidden states at positions <= t";
+  if (worst_t >= 0 && worst > 0) detail += "; worst: " + worst_where + " at t = " + std::to_string(worst_t);
+  return leak::make_check(name, worst, 1e-6, detail);
+}
+
+std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), B = 2;
+  const auto rows = leak::probe_rows(c, o, B, L, 3);
+  const Tensor ids = leak::ids_tensor(rows);
+  const Tensor full = leak::forward(*m, ids);  // [B, L, V], the training path in eval mode
+  const double scale = max_abs(full);
+  std::vector<LeakCheck> out;
+
+  // Token by token through the KV cache.
+  {
+    nn::ModelCache cache = m->make_cache(B, L);
+    std::vector<double> per(static_cast<size_t>(L), 0.0);
+    for (int64_t t = 0; t < L; ++t) {
+      nn::ForwardArgs a;
+      a.ids = ids.narrow(1, t, 1);
+      a.cache = &cache;
+      per[t] = max_delta(leak::forward(*m, a), full.narrow(1, t, 1));
+    }
+    const auto it = std::max_element(per.begin(), per.end());
+    LeakCheck k = leak::make_check("kv_decode", *it, 1e-4,
+                                   "max |Δlogit|, parallel forward vs one token at a time with the KV cache, " +
+                                       std::to_string(B) + "x" + std::to_string(L) + " tokens (max |logit| " +
+                                       fmt(scale) + ", worst at position " + std::to_string(it - per.begin()) + ")");
+    k.per_position = per;
+    out.push_back(k);
+  }
+
+  // Chunked prefill at several chunk sizes.
+  {
+    std::vector<double> per(static_cast<size_t>(L), 0.0);
+    std::string sizes;
+    for (int64_t cs : o.chunk_sizes) {
+      if (cs < 1 || (cs >= L && !sizes.empty())) continue;
+      nn::ModelCache cache = m->make_cache(B, L);
+      for (int64_t s = 0; s < L; s += cs) {
+        const int64_t n = std::min(cs, L - s);
+        nn::ForwardArgs a;
+        a.ids = ids.narrow(1, s, n);
+        a.cache = &cache;
+        const Tensor lg = leak::forward(*m, a);
+        for (int64_t i = 0; i < n; ++i)
+          per[s + i] = std::max(per[s + i], max_delta(lg.narrow(1, i, 1), full.narrow(1, s + i, 1)));
+      }
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(cs);
+    }
+    const auto it = std::max_element(per.begin(), per.end());
+    LeakCheck k = leak::make_check("chunked_prefill", *it, 1e-4,
+                                   "max |Δlogit|, parallel forward vs prefill in chunks of " + sizes +
+                                       " tokens (worst at position " + std::to_string(it - per.begin()) + ")");
+    k.per_position = per;
+    out.push_back(k);
+  }
+
+  // Greedy generation with and without the cache.
+  {
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(8, L / 2));
+    std::vector<int32_t> prompt(rows[0].begin(), rows[0].begin() + P);
+    SampleOptions so;
+    so.temperature = 0;
+    so.max_new_tokens = o.greedy_tokens > 0 ? o.greedy_tokens : std::min<int64_t>(c.block_size, 64);
+    so.kv_cache = true;
+    const auto with_cache = generate(*m, prompt, so);
+    so.kv_cache = false;
+    const auto without = generate(*m, prompt, so);
+    int64_t differ = 0, first = -1;
+    for (size_t i = 0; i < with_cache.size(); ++i)
+      if (with_cache[i] != without[i]) {
+        ++differ;
+        if (first < 0) first = static_cast<int64_t>(i);
+      }
+    std::string detail = std::to_string(so.max_new_tokens) + " greedy tokens after a " + std::to_string(P) +
+                         "-token prompt, KV cache vs full recompute";
+    if (first >= 0) detail += "; first difference at token " + std::to_string(first);
+    out.push_back(leak::make_check("greedy_generation", static_cast<double>(differ), 0, detail));
+  }
+  return out;
+}
+
+std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), V = c.vocab_size, B = 3;
+  const auto rows = leak::probe_rows(c, o, B, L, 4), targets = leak::probe_rows(c, o, B, L, 5),
+             pads = leak::probe_rows(c, o, B, L, 6);
+  const std::vector<int64_t> len{L, std::max<int64_t>(1, L - std::max<int64_t>(1, L / 4)), std::max<int64_t>(1, L / 2 - 1)};
+
+  // Each sequence alone, and its summed cross-entropy against arbitrary targets.
+  std::vector<Tensor> alone;
+  double alone_scale = 0, loss_sum = 0;
+  int64_t loss_count = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t> seq(rows[b].begin(), rows[b].begin() + len[b]);
+    alone.push_back(leak::forward(*m, leak::ids_tensor(seq)));
+    alone_scale = std::max(alone_scale, max_abs(alone.back()));
+    const std::vector<int64_t> tg(targets[b].begin(), targets[b].begin() + len[b]);
+    const CrossEntropyResult ce = cross_entropy(alone.back().reshape({len[b], V}), from_vector_i64(tg, {len[b]}));
+    loss_sum += ce.loss.item() * static_cast<double>(ce.count);
+    loss_count += ce.count;
+  }
+  const double loss_ref = loss_sum / static_cast<double>(loss_count);
+
+  double worst = 0, worst_loss = 0;
+  std::string worst_side = "right", nonfinite;
+  for (const bool left : {false, true}) {
+    std::vector<int64_t> ids(static_cast<size_t>(B * L)), pos(static_cast<size_t>(B * L)), tgt(static_cast<size_t>(B * L), -100);
+    std::vector<uint8_t> valid(static_cast<size_t>(B * L), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t off = left ? L - len[b] : 0;  // where the sequence starts in its row
+      for (int64_t t = 0; t < L; ++t) {
+        const size_t at = static_cast<size_t>(b * L + t);
+        const int64_t s = t - off;  // index within the sequence
+        const bool real = s >= 0 && s < len[b];
+        ids[at] = real ? rows[b][s] : pads[b][t];  // pad content is arbitrary on purpose
+        // Real tokens keep their positions; pads take 0 on the left, the continuation on the right.
+        pos[at] = real ? s : (left ? 0 : t);
+        valid[at] = real;
+        if (real) tgt[at] = targets[b][s];
+      }
+    }
+    nn::ForwardArgs a;
+    a.ids = from_vector_i64(ids, {B, L});
+    a.positions = from_vector_i64(pos, {B, L});
+    a.key_padding = bool_tensor(valid, {B, L});
+    const Tensor lg = leak::forward(*m, a);
+    if (!std::isfinite(max_abs(lg))) nonfinite = left ? "left" : "right";
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t off = left ? L - len[b] : 0;
+      const double d = leak::ratio(max_delta(lg.select(0, b).narrow(0, off, len[b]), alone[b].select(0, 0)), alone_scale);
+      if (d > worst) {
+        worst = d;
+        worst_side = left ? "left" : "right";
+      }
+    }
+    const CrossEntropyResult ce = cross_entropy(lg.reshape({B * L, V}), from_vector_i64(tgt, {B * L}));
+    worst_loss = std::max(worst_loss, leak::ratio(std::abs(ce.loss.item() - loss_ref), std::abs(loss_ref)));
+  }
+  std::string detail = "3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) + ", " +
+                       std::to_string(len[2]) + ") alone vs in right- and left-padded batches with positions and "
+                       "key_padding; max|Δlogit| / max|logit| (worst: " + worst_side + " padding)";
+  if (!nonfinite.empty()) {
+    worst = INFINITY;
+    detail += "; non-finite logits in the " + nonfinite + "-padded batch";
+  }
+  std::vector<LeakCheck> out;
+  out.push_back(leak::make_check("padding_invariance", worst, 1e-5, detail));
+  out.push_back(leak::make_check("padding_target_loss", worst_loss, 1e-5,
+                                 "|Δloss| / loss: padded batch with ignore_index at pads vs the sequences alone "
+                                 "(token-weighted mean " + fmt(loss_ref) + ")"));
+  return out;
+}
+
+LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), B = 2;
+  const auto rows = leak::probe_rows(c, o, B, L, 7);
+  // Document lengths per row (each > 0, summing to L).
+  std::vector<std::vector<int64_t>> docs{{L / 3, L / 4, L - L / 3 - L / 4}, {L / 2, L - L / 2}};
+  for (auto& d : docs) d.erase(std::remove(d.begin(), d.end(), int64_t{0}), d.end());
+  std::vector<int64_t> seg(static_cast<size_t>(B * L)), pos(static_cast<size_t>(B * L));
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (size_t d = 0; d < docs[b].size(); ++d)
+      for (int64_t s = 0; s < docs[b][d]; ++s, ++t) {
+        seg[static_cast<size_t>(b * L + t)] = static_cast<int64_t>(d);
+        pos[static_cast<size_t>(b * L + t)] = s;
+      }
+  }
+  nn::ForwardArgs a;
+  a.ids = leak::ids_tensor(rows);
+  a.positions = from_vector_i64(pos, {B, L});
+  a.segment_ids = from_vector_i64(seg, {B, L});
+  const Tensor packed = leak::forward(*m, a);
+  double worst = 0, scale = 0;
+  int64_t n_docs = 0;
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t n : docs[b]) {
+      const std::vector<int64_t> doc(rows[b].begin() + start, rows[b].begin() + start + n);
+      const Tensor alone = leak::forward(*m, leak::ids_tensor(doc)).select(0, 0);
+      scale = std::max(scale, max_abs(alone));
+      pairs.emplace_back(packed.select(0, b).narrow(0, start, n), alone);
+      start += n;
+      ++n_docs;
+    }
+  }
+  for (const auto& [p, q] : pairs) worst = std::max(worst, leak::ratio(max_delta(p, q), scale));
+  return leak::make_check("packing_invariance", worst, 1e-5,
+                          std::to_string(n_docs) + " documents packed into 2 rows with segment_ids and per-document "
+                          "positions vs each alone; max|Δlogit| / max|logit|");
+}
+
+}  // namespace qkv::train

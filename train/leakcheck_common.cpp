@@ -1,0 +1,244 @@
+// Shared pieces of the leakage checks: the seeded probe batch, eval copies of the model, float
+// comparisons, and the naive float64 attention that the reference checks trust.
+//
+// The naive attention is deliberately the textbook loop (seeds §7-§8, §10): per (b, h, i) the
+// logits s_ij = (q_i · k_j) / sqrt(d_head) (+ ALiBi) over the keys the mask admits, a max-shifted
+// softmax over j, then Σ_j a_ij v_j, with query head h reading K/V head h / (Hq / Hkv). It shares
+// no code with attention/ (not the mask predicate, not the head mapping), so a bug planted there
+// cannot hide by appearing on both sides of a comparison.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+#include "tensor/philox.h"
+#include "train/leakcheck_internal.h"
+
+namespace qkv::train {
+
+namespace leak {
+
+int64_t probe_len(const nn::ModelConfig& c, const LeakCheckOptions& o) {
+  return std::max<int64_t>(1, std::min(c.block_size, o.max_probe_len));
+}
+
+std::vector<std::vector<int64_t>> probe_rows(const nn::ModelConfig& c, const LeakCheckOptions& o, int64_t rows,
+                                             int64_t len, uint32_t stream) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(rows), std::vector<int64_t>(static_cast<size_t>(len)));
+  const auto V = static_cast<uint32_t>(c.vocab_size);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < len; t += 4) {
+      const Philox4 x = philox4x32_10(static_cast<uint32_t>(t / 4), static_cast<uint32_t>(r), stream, 0x9e37u,
+                                      static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32));
+      for (int64_t k = 0; k < 4 && t + k < len; ++k) out[r][t + k] = static_cast<int64_t>(x.v[k] % V);
+    }
+  return out;
+}
+
+Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
+  const int64_t R = static_cast<int64_t>(rows.size()), T = rows.empty() ? 0 : static_cast<int64_t>(rows[0].size());
+  std::vector<int64_t> flat;
+  flat.reserve(static_cast<size_t>(R * T));
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return from_vector_i64(flat, {R, T});
+}
+Tensor ids_tensor(const std::vector<int64_t>& row) { return from_vector_i64(row, {1, static_cast<int64_t>(row.size())}); }
+
+EvalModel::EvalModel(const nn::DecoderModel& m) : ptr_(&m) {
+  if (m.is_training()) {
+    owned_ = copy_model(m, m.config());
+    ptr_ = owned_.get();
+  }
+}
+
+Tensor forward(const nn::DecoderModel& m, nn::ForwardArgs& a) {
+  autograd::NoGradGuard no_grad;
+  return m.forward(a);
+}
+Tensor forward(const nn::DecoderModel& m, const Tensor& ids) {
+  nn::ForwardArgs a;
+  a.ids = ids;
+  return forward(m, a);
+}
+
+namespace {
+// Calls f(x) on every element of a float tensor as double, in row-major order.
+template <class F>
+void each(const Tensor& a, F&& f) {
+  const Tensor c = a.contiguous();
+  const int64_t n = c.numel();
+  if (c.dtype() == DType::f32) {
+    const float* p = c.data<float>();
+    for (int64_t i = 0; i < n; ++i) f(i, static_cast<double>(p[i]));
+  } else if (c.dtype() == DType::f64) {
+    const double* p = c.data<double>();
+    for (int64_t i = 0; i < n; ++i) f(i, p[i]);
+  } else {
+    const auto v = c.to_vector();
+    for (int64_t i = 0; i < n; ++i) f(i, v[static_cast<size_t>(i)]);
+  }
+}
+}  // namespace
+
+double max_abs(const Tensor& a) {
+  double m = 0;
+  each(a, [&](int64_t, double x) { m = std::isnan(x) ? INFINITY : std::max(m, std::abs(x)); });
+  return m;
+}
+
+double max_delta(const Tensor& a, const Tensor& b) {
+  QKV_CHECK(a.shape() == b.shape(), "[leakcheck] comparing ", shape_str(a.shape()), " with ", shape_str(b.shape()));
+  const Tensor bc = b.to(DType::f64).contiguous();
+  const double* pb = bc.data<double>();
+  double m = 0;
+  each(a, [&](int64_t i, double x) {
+    const double d = std::abs(x - pb[i]);
+    m = std::isnan(d) ? INFINITY : std::max(m, d);
+  });
+  return m;
+}
+
+LeakCheck make_check(std::string name, double value, double threshold, std::string detail) {
+  LeakCheck c;
+  c.name = std::move(name);
+  c.value = std::isnan(value) ? INFINITY : value;
+  c.threshold = threshold;
+  c.pass = std::isfinite(c.value) && c.value <= threshold;
+  c.detail = std::move(detail);
+  return c;
+}
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j) {
+  const int64_t p = s.Nk - s.Nq + i;
+  if ((s.causal || s.window > 0) && j > p) return false;
+  if (s.window > 0 && j <= p - s.window) return false;
+  if (!s.key_valid.empty() && !s.key_valid[static_cast<size_t>(b * s.Nk + j)]) return false;
+  if (!s.segment.empty() && s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
+    return false;
+  return true;
+}
+
+int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
+                        const std::vector<double>& v, std::vector<double>& out, std::vector<double>* weights) {
+  const int64_t G = s.Hq / s.Hkv;
+  const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  out.assign(static_cast<size_t>(s.B * s.Hq * s.Nq * s.Dv), 0.0);
+  if (weights) weights->assign(static_cast<size_t>(s.B * s.Hq * s.Nq * s.Nk), 0.0);
+  std::vector<double> logit(static_cast<size_t>(s.Nk)), a(static_cast<size_t>(s.Nk));
+  std::vector<uint8_t> vis(static_cast<size_t>(s.Nk));
+  int64_t empty_rows = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h) {
+      const int64_t kh = h / G;
+      for (int64_t i = 0; i < s.Nq; ++i) {
+        const double* qi = &q[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.D)];
+        const int64_t p = s.Nk - s.Nq + i;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          vis[j] = naive_visible(s, b, i, j);
+          if (!vis[j]) continue;
+          const double* kj = &k[static_cast<size_t>(((b * s.Hkv + kh) * s.Nk + j) * s.D)];
+          double dot = 0;
+          for (int64_t d = 0; d < s.D; ++d) dot += qi[d] * kj[d];
+          logit[j] = dot * scale - (s.alibi.empty() ? 0.0 : s.alibi[static_cast<size_t>(h)] * static_cast<double>(p - j));
+          mx = std::max(mx, logit[j]);
+        }
+        if (mx == -INFINITY) {  // no visible key: zero weights, zero output (DESIGN §2)
+          ++empty_rows;
+          continue;
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < s.Nk; ++j) sum += a[j] = vis[j] ? std::exp(logit[j] - mx) : 0.0;
+        double* o = &out[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Dv)];
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          if (!vis[j]) continue;
+          a[j] /= sum;
+          if (weights) (*weights)[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Nk + j)] = a[j];
+          const double* vj = &v[static_cast<size_t>(((b * s.Hkv + kh) * s.Nk + j) * s.Dv)];
+          for (int64_t d = 0; d < s.Dv; ++d) o[d] += a[j] * vj[d];
+        }
+      }
+    }
+  return empty_rows;
+}
+
+void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t D, const std::vector<int64_t>& pos,
+                double theta) {
+  const int64_t half = D / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < N; ++n) {
+        double* r = &x[static_cast<size_t>(((b * H + h) * N + n) * D)];
+        const double p = static_cast<double>(pos[static_cast<size_t>(b * N + n)]);
+        for (int64_t f = 0; f < half; ++f) {
+          const double ang = p * std::pow(theta, -2.0 * static_cast<double>(f) / static_cast<double>(D));
+          const double c = std::cos(ang), s = std::sin(ang), x1 = r[f], x2 = r[f + half];
+          r[f] = x1 * c - x2 * s;
+          r[f + half] = x2 * c + x1 * s;
+        }
+      }
+}
+
+std::vector<double> naive_alibi_slopes(int64_t H) {
+  auto pow2_slopes = [](int64_t n) {
+    std::vector<double> s;
+    for (int64_t h = 0; h < n; ++h) s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
+    return s;
+  };
+  int64_t P = 1;
+  while (P * 2 <= H) P *= 2;
+  std::vector<double> s = pow2_slopes(P);
+  if (P == H) return s;
+  const std::vector<double> more = pow2_slopes(2 * P);
+  for (size_t i = 0; static_cast<int64_t>(s.size()) < H; i += 2) s.push_back(more[i]);
+  return s;
+}
+
+}  // namespace leak
+
+std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg) {
+  auto out = std::make_unique<nn::DecoderModel>(cfg);
+  std::map<std::string, Tensor> src;
+  for (const auto& p : model.named_parameters()) src[p.name] = p.tensor;
+  autograd::NoGradGuard no_grad;
+  for (const auto& p : out->named_parameters()) {
+    auto it = src.find(p.name);
+    QKV_CHECK(it != src.end(), "[leakcheck] model copy: parameter ", p.name, " is missing from the source model");
+    QKV_CHECK(it->second.shape() == p.tensor.shape(), "[leakcheck] model copy: ", p.name, " is ",
+              shape_str(it->second.shape()), " in the source but ", shape_str(p.tensor.shape()), " in the copy");
+    copy_(p.tensor, it->second);
+  }
+  out->eval();
+  return out;
+}
+
+std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  std::vector<LeakCheck> out;
+  auto guarded = [&](const char* family, auto&& fn) {
+    try {
+      for (auto& c : fn()) out.push_back(std::move(c));
+    } catch (const std::exception& e) {
+      out.push_back(leak::make_check(family, INFINITY, 0, std::string("error: ") + e.what()));
+    }
+  };
+  using V = std::vector<LeakCheck>;
+  guarded("future_token_perturbation", [&] { return V{check_future_perturbation(*m, o)}; });
+  guarded("train_vs_inference", [&] { return check_train_vs_inference(*m, o); });
+  guarded("padding", [&] { return check_padding(*m, o); });
+  guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
+  guarded("mask", [&] { return check_mask_semantics(*m, o); });
+  guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
+  guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
+  return out;
+}
+
+}  // namespace qkv::train

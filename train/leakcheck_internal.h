@@ -1,0 +1,75 @@
+// Internal to train/leakcheck*.cpp: the probe batch, eval copies, float comparisons, and the
+// naive float64 attention the reference checks compare against.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/leakcheck.h"
+
+namespace qkv::train::leak {
+
+// ---- probe ----
+int64_t probe_len(const nn::ModelConfig& c, const LeakCheckOptions& o);
+// `rows` seeded rows of `len` tokens uniform in [0, vocab); `stream` separates independent draws.
+std::vector<std::vector<int64_t>> probe_rows(const nn::ModelConfig& c, const LeakCheckOptions& o, int64_t rows,
+                                             int64_t len, uint32_t stream);
+// Rows of equal length as an int64 [rows, len] tensor.
+Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows);
+Tensor ids_tensor(const std::vector<int64_t>& row);  // [1, len]
+
+// The model itself when in eval mode, else an eval copy.
+class EvalModel {
+ public:
+  explicit EvalModel(const nn::DecoderModel& m);
+  const nn::DecoderModel& operator*() const { return *ptr_; }
+  const nn::DecoderModel* operator->() const { return ptr_; }
+
+ private:
+  std::unique_ptr<nn::DecoderModel> owned_;
+  const nn::DecoderModel* ptr_;
+};
+
+// Forward without recording a graph.
+Tensor forward(const nn::DecoderModel& m, nn::ForwardArgs& a);
+Tensor forward(const nn::DecoderModel& m, const Tensor& ids);
+
+// ---- comparisons (float32 or float64 tensors of any strides; NaN counts as +inf) ----
+double max_abs(const Tensor& a);
+double max_delta(const Tensor& a, const Tensor& b);  // shapes must match
+inline double ratio(double num, double den) {
+  if (!std::isfinite(num) || !std::isfinite(den)) return std::numeric_limits<double>::infinity();
+  return num / std::max(den, 1e-30);
+}
+
+LeakCheck make_check(std::string name, double value, double threshold, std::string detail);
+std::string fmt(double v);  // "%.3g"
+
+// ---- naive float64 attention, written from the seeds' formulas (§7, §8, §10) ----
+// Row-major arrays: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv], out [B, Hq, Nq, Dv],
+// weights [B, Hq, Nq, Nk]. Query i sits at absolute position p = Nk - Nq + i (bottom-right).
+struct NaiveSpec {
+  int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, D = 1, Dv = 1;
+  bool causal = true;
+  int64_t window = 0;                 // > 0: key j visible iff p - window < j <= p
+  std::vector<uint8_t> key_valid;     // optional [B, Nk]
+  std::vector<int64_t> segment;       // optional [B, Nk]: query at p sees only keys of segment[b, p]
+  std::vector<double> alibi;          // optional slopes per query head: adds -m_h (p - j)
+  double scale = 0;                   // 0 -> 1 / sqrt(D)
+};
+bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j);
+// Fills out (and weights when non-null); fully masked rows give zero weights and a zero output.
+// Returns the number of fully masked (b, h, i) rows.
+int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
+                        const std::vector<double>& v, std::vector<double>& out, std::vector<double>* weights);
+// RoPE, rotate-half pairing, in place on x [B, H, N, D] with positions pos [B, N].
+void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t D, const std::vector<int64_t>& pos,
+                double theta);
+// ALiBi slopes (power-of-two heads: 2^(-8(h+1)/H); otherwise the closest power of two's slopes,
+// then every other slope of twice that many heads).
+std::vector<double> naive_alibi_slopes(int64_t H);
+
+}  // namespace qkv::train::leak

@@ -1,0 +1,228 @@
+// The checks that look inside attention: mask semantics on synthetic inputs (seeds §7, §17.2-17.4;
+// DESIGN §2), every layer's attention on its real inputs against the naive float64 loop
+// (leakcheck_common.cpp), and dropout discipline (seeds §18).
+//
+// Mask semantics compare attention_with_weights' weights P [B, Hq, Nq, Nk] with the naive
+// predicate cell by cell: a masked cell must be exactly 0 (masking happens on logits, before
+// softmax, so nothing leaks as a tiny weight), a visible cell must be > 0 (inputs are drawn so no
+// visible weight underflows), a row with any visible key sums to 1, a row with none is counted
+// and is all zeros with a zero output. The cases cover Nq = Nk, Nq < Nk (bottom-right: query i at
+// Nk - Nq + i), a sliding window at both shapes, and left padding that empties rows.
+#include <algorithm>
+#include <cmath>
+
+#include "attention/attention.h"
+#include "tensor/ops.h"
+#include "train/leakcheck_internal.h"
+
+namespace qkv::train {
+
+using leak::fmt;
+using leak::max_abs;
+using leak::max_delta;
+
+namespace {
+
+std::vector<double> to_f64(const Tensor& t) { return t.to_vector(); }
+
+Tensor f32_tensor(const std::vector<double>& v, const Shape& shape) { return from_vector(v, shape, DType::f32); }
+
+struct MaskCase {
+  const char* name;
+  int64_t nq, nk;
+  bool window, padded;
+};
+
+}  // namespace
+
+std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const nn::ModelConfig& c = model.config();
+  const int64_t B = 2, Hq = c.n_head, Hkv = c.n_kv_head, D = c.head_dim(), N = 12, pad = 3;
+  const int64_t w = c.window > 0 && c.window < N - 1 ? c.window : 4;
+  const MaskCase cases[] = {{"causal, left padding", N, N, false, true},
+                            {"causal, Nq < Nk", 5, N, false, false},
+                            {"window, left padding", N, N, true, true},
+                            {"window, Nq < Nk", 5, N, true, false}};
+  double masked_max = 0, rowsum_err = 0, empty_err = 0, kernel_err = 0;
+  int64_t br_mismatch = 0, win_mismatch = 0, br_cells = 0, win_cells = 0, expected_empty = 0;
+  uint64_t stream = 0x3a5c;
+  for (const MaskCase& mc : cases) {
+    leak::NaiveSpec s;
+    s.B = B, s.Hq = Hq, s.Hkv = Hkv, s.Nq = mc.nq, s.Nk = mc.nk, s.D = D, s.Dv = D;
+    s.causal = true;
+    s.window = mc.window ? w : 0;
+    attn::AttentionOptions opts;
+    opts.causal = true;
+    opts.window = s.window;
+    if (mc.padded) {
+      s.key_valid.assign(static_cast<size_t>(B * mc.nk), 1);
+      for (int64_t j = 0; j < pad; ++j) s.key_valid[static_cast<size_t>(mc.nk + j)] = 0;  // row 1, left padding
+      opts.key_padding = Tensor::empty({B, mc.nk}, DType::boolean);
+      for (int64_t i = 0; i < B * mc.nk; ++i) opts.key_padding.data<bool>()[i] = s.key_valid[static_cast<size_t>(i)];
+    }
+    const Tensor q = randn({B, Hq, mc.nq, D}, o.seed, ++stream << 40), k = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40),
+                 v = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40);
+    std::vector<double> ref_out, ref_w;
+    const int64_t empty = leak::naive_attention(s, to_f64(q), to_f64(k), to_f64(v), ref_out, &ref_w);
+    expected_empty += empty;
+
+    opts.kernel = attn::Kernel::reference;
+    const attn::AttentionWeights r = attn::attention_with_weights(q, k, v, opts);
+    attn::AttentionOptions fused_opts = opts;
+    fused_opts.kernel = attn::Kernel::fused;
+    const Tensor fused = attn::attention(q, k, v, fused_opts);
+    const attn::AttentionShape shape{B, Hq, Hkv, mc.nq, mc.nk};
+    empty_err += std::abs(static_cast<double>(r.fully_masked_rows - empty)) +
+                 std::abs(static_cast<double>(attn::count_fully_masked_rows(shape, opts) - empty));
+
+    const std::vector<double> W = to_f64(r.weights), ro = to_f64(r.out), fo = to_f64(fused);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t i = 0; i < mc.nq; ++i) {
+          const size_t row = static_cast<size_t>((b * Hq + h) * mc.nq + i);
+          double sum = 0;
+          bool any = false;
+          for (int64_t j = 0; j < mc.nk; ++j) {
+            const double x = W[row * static_cast<size_t>(mc.nk) + static_cast<size_t>(j)];
+            const bool vis = leak::naive_visible(s, b, i, j);
+            any = any || vis;
+            sum += x;
+            if (!vis) masked_max = std::isnan(x) ? INFINITY : std::max(masked_max, std::abs(x));
+            const bool mismatch = vis != (x > 0);  // NaN counts as a mismatch on visible cells
+            if (mc.nq < mc.nk) ++br_cells, br_mismatch += mismatch;
+            if (mc.window) ++win_cells, win_mismatch += mismatch;
+          }
+          if (any) {
+            rowsum_err = std::isnan(sum) ? INFINITY : std::max(rowsum_err, std::abs(sum - 1.0));
+          } else {  // a fully masked row: zero weights and zero outputs from both kernels
+            double z = std::abs(sum);
+            for (int64_t d = 0; d < D; ++d)
+              z = std::max({z, std::abs(ro[row * static_cast<size_t>(D) + static_cast<size_t>(d)]),
+                            std::abs(fo[row * static_cast<size_t>(D) + static_cast<size_t>(d)])});
+            empty_err += std::isnan(z) ? INFINITY : z;
+          }
+        }
+    const Tensor ref_t = f32_tensor(ref_out, {B, Hq, mc.nq, D});
+    const double scale = max_abs(ref_t);
+    kernel_err = std::max({kernel_err, leak::ratio(max_delta(r.out, ref_t), scale),
+                           leak::ratio(max_delta(fused, ref_t), scale)});
+  }
+  const std::string shapes = "B=2, Hq=" + std::to_string(Hq) + ", Hkv=" + std::to_string(Hkv) + ", D=" + std::to_string(D);
+  std::vector<LeakCheck> out;
+  out.push_back(leak::make_check("mask.masked_weights_zero", masked_max, 0,
+                                 "max |weight| over masked cells (causal, window, padding; " + shapes + ")"));
+  out.push_back(leak::make_check("mask.rows_sum_to_one", rowsum_err, 1e-6,
+                                 "max |Σ_j weight - 1| over rows with a visible key"));
+  out.push_back(leak::make_check("mask.fully_masked_rows", empty_err, 0,
+                                 std::to_string(expected_empty) + " rows emptied by left padding: |miscount| (weights "
+                                 "and counter) + max |weight or output| in them (both kernels)"));
+  out.push_back(leak::make_check("mask.bottom_right_causal", static_cast<double>(br_mismatch), 0,
+                                 "cells of " + std::to_string(br_cells) + " with Nq=5 < Nk=12 whose visibility differs "
+                                 "from query i at position Nk-Nq+i"));
+  out.push_back(leak::make_check("mask.window_boundary", static_cast<double>(win_mismatch), 0,
+                                 "cells of " + std::to_string(win_cells) + " whose visibility differs from "
+                                 "p-" + std::to_string(w) + " < j <= p (window " + std::to_string(w) + ")"));
+  out.push_back(leak::make_check("mask.kernels_vs_naive", kernel_err, 1e-5,
+                                 "max|Δout| / max|out|, reference and fused kernels vs naive float64 on the four cases "
+                                 "(GQA head h reads kv head h/(Hq/Hkv))"));
+  return out;
+}
+
+LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), B = 3, Hq = c.n_head, Hkv = c.n_kv_head, hd = c.head_dim();
+  const auto rows = leak::probe_rows(c, o, B, L, 8);
+  // Row 0 plain; row 1 left-padded by P (pads in segment -1, positions restart at its first real
+  // token); row 2 two packed documents.
+  const int64_t P = L >= 2 ? std::max<int64_t>(1, L / 4) : 0, half = L / 2;
+  std::vector<int64_t> pos(static_cast<size_t>(B * L)), seg(static_cast<size_t>(B * L), 0);
+  std::vector<uint8_t> valid(static_cast<size_t>(B * L), 1);
+  for (int64_t t = 0; t < L; ++t) {
+    pos[static_cast<size_t>(t)] = t;
+    const size_t r1 = static_cast<size_t>(L + t), r2 = static_cast<size_t>(2 * L + t);
+    valid[r1] = t >= P;
+    seg[r1] = t >= P ? 0 : -1;
+    pos[r1] = t >= P ? t - P : 0;
+    seg[r2] = t >= half ? 1 : 0;
+    pos[r2] = t >= half ? t - half : t;
+  }
+  std::vector<nn::AttentionCapture> caps;
+  nn::ForwardArgs a;
+  a.ids = leak::ids_tensor(rows);
+  a.positions = from_vector_i64(pos, {B, L});
+  a.segment_ids = from_vector_i64(seg, {B, L});
+  a.key_padding = Tensor::empty({B, L}, DType::boolean);
+  for (int64_t i = 0; i < B * L; ++i) a.key_padding.data<bool>()[i] = valid[static_cast<size_t>(i)] != 0;
+  a.attention = &caps;
+  leak::forward(*m, a);
+  QKV_CHECK(static_cast<int64_t>(caps.size()) == c.n_layer, "[leakcheck] captured ", caps.size(),
+            " attention layers from a model of ", c.n_layer);
+
+  leak::NaiveSpec s;
+  s.B = B, s.Hq = Hq, s.Hkv = Hkv, s.Nq = L, s.Nk = L, s.D = hd, s.Dv = hd;
+  s.causal = true;
+  s.window = c.window;
+  s.key_valid = valid;
+  s.segment = seg;
+  if (c.position == nn::Position::alibi) s.alibi = leak::naive_alibi_slopes(Hq);
+  double worst = 0;
+  int64_t worst_layer = 0;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    std::vector<double> q = to_f64(caps[l].q), k = to_f64(caps[l].k), ref;
+    if (c.position == nn::Position::rope) {
+      leak::naive_rope(q, B, Hq, L, hd, pos, c.rope_theta);
+      leak::naive_rope(k, B, Hkv, L, hd, pos, c.rope_theta);
+    }
+    leak::naive_attention(s, q, k, to_f64(caps[l].v), ref, nullptr);
+    const Tensor ref_t = from_vector(ref, {B, Hq, L, hd}, DType::f64);
+    const double d = leak::ratio(max_delta(caps[l].out, ref_t), max_abs(ref_t));
+    if (l == 0 || d > worst) {
+      worst = d;
+      worst_layer = l;
+    }
+  }
+  std::string what = std::string("scale 1/sqrt(") + std::to_string(hd) + "), causal";
+  if (c.window > 0) what += ", window " + std::to_string(c.window);
+  what += ", key padding, segments, GQA " + std::to_string(Hq) + ":" + std::to_string(Hkv);
+  if (c.position == nn::Position::rope) what += ", RoPE at the given positions";
+  if (c.position == nn::Position::alibi) what += ", ALiBi";
+  return leak::make_check("reference_attention", worst, 1e-4,
+                          "every layer's attention output on its real q/k/v (3 rows: plain, left-padded, packed) vs "
+                          "naive float64 (" + what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
+}
+
+LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const nn::ModelConfig& c = model.config();
+  nn::ModelConfig with = c, without = c;
+  with.dropout = c.dropout > 0 ? c.dropout : 0.1;
+  with.attn_dropout = c.attn_dropout > 0 ? c.attn_dropout : 0.1;
+  without.dropout = without.attn_dropout = 0;
+  const auto drop = copy_model(model, with), none = copy_model(model, without);
+  const int64_t L = leak::probe_len(c, o);
+  const Tensor ids = leak::ids_tensor(leak::probe_rows(c, o, 2, L, 9));
+  const Tensor e0 = leak::forward(*none, ids), e1 = leak::forward(*drop, ids), e2 = leak::forward(*drop, ids);
+  const double scale = max_abs(e0);
+  const double d_eval = leak::ratio(std::max(max_delta(e1, e2), max_delta(e1, e0)), scale);
+  drop->train();
+  auto train_run = [&](uint64_t seed) {
+    nn::ForwardArgs a;
+    a.ids = ids;
+    a.rng.seed = seed;
+    a.rng.step = 3;
+    return leak::forward(*drop, a);
+  };
+  const Tensor t1 = train_run(1234), t2 = train_run(1234), t3 = train_run(4321);
+  const double d_train = leak::ratio(max_delta(t1, t2), scale), d_seed = leak::ratio(max_delta(t1, t3), scale);
+  double value = std::max(d_eval, d_train);
+  std::string detail = "copy with dropout " + fmt(with.dropout) + ", attn_dropout " + fmt(with.attn_dropout) +
+                       ": eval twice and vs dropout-free (" + fmt(d_eval) + "), train with one seed twice (" +
+                       fmt(d_train) + "); two seeds differ by " + fmt(d_seed);
+  if (!(d_seed > 0)) {
+    value = INFINITY;
+    detail += " (dropout is not active in training)";
+  }
+  return leak::make_check("dropout_discipline", value, 0, detail);
+}
+
+}  // namespace qkv::train
