@@ -9,7 +9,8 @@
 # load drifts over both alike. Prints per pair and the median: qkv tokens/s, torch tokens/s,
 # their ratio, and each one's peak RSS; also the sgemm rate of OpenBLAS on the step's own GEMM
 # shapes (`qkv bench --what gemm`, run right after each qkv step run) and qkv's model GFLOP/s as a
-# fraction of it. Builds nothing.
+# fraction of it; and each side's median CPU time per step (user + system, all threads), whose
+# ratio is far less sensitive to other load on the machine than the wall-clock one. Builds nothing.
 # Environment: BUILD_DIR (default build) locates qkv; THREADS (default 2); STEPS (timed steps per
 # run, default 10); PYTHON (default /usr/bin/python3, Debian's python3-torch).
 set -euo pipefail
@@ -64,9 +65,26 @@ for ((i = 1; i <= pairs; i++)); do
     >"$tmp/qkv.$i" 2>"$tmp/qkv.$i.err" || { cat "$tmp/qkv.$i.err" >&2; exit 1; }
   "$qkv" bench --what gemm --config "$config" --threads "$threads" --json \
     >"$tmp/gemm.$i" 2>"$tmp/gemm.$i.err" || { cat "$tmp/gemm.$i.err" >&2; exit 1; }
-  "$py" "$torch_bench" --layers "$L" --heads "$H" --embd "$C" --seq "$T" --batch "$B" --vocab "$V" \
+  # The reference script runs unchanged; the wrapper only also notes the process CPU time at each of
+  # its perf_counter() calls (two per timed step) and prints the median CPU ms/step as a last line.
+  "$py" - "$torch_bench" --layers "$L" --heads "$H" --embd "$C" --seq "$T" --batch "$B" --vocab "$V" \
     --block_size "$BS" --threads "$threads" --steps "$steps" --json \
-    >"$tmp/torch.$i" 2>"$tmp/torch.$i.err" || { cat "$tmp/torch.$i.err" >&2; exit 1; }
+    >"$tmp/torch.$i" 2>"$tmp/torch.$i.err" <<'PY' || { cat "$tmp/torch.$i.err" >&2; exit 1; }
+import importlib.util, json, statistics, sys, time, types
+path = sys.argv[1]
+sys.argv = [path] + sys.argv[2:]
+spec = importlib.util.spec_from_file_location("torch_gpt_bench", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+cpu = []
+def perf_counter():
+    cpu.append(time.process_time())
+    return time.perf_counter()
+mod.time = types.SimpleNamespace(perf_counter=perf_counter)
+mod.main()
+steps = [cpu[k + 1] - cpu[k] for k in range(0, len(cpu) - 1, 2)]
+print(json.dumps({"cpu_ms_per_step": statistics.median(steps) * 1e3}))
+PY
   echo "pair $i done ($(cut -d' ' -f1-3 /proc/loadavg) load)" >&2
 done
 
@@ -79,20 +97,27 @@ def last_json(path):
 rows = []
 for i in range(1, pairs + 1):
     q = last_json(f"{tmp}/qkv.{i}")["results"][0]
-    t = last_json(f"{tmp}/torch.{i}")
+    t_lines = [json.loads(l) for l in open(f"{tmp}/torch.{i}").read().splitlines() if l.startswith("{")]
+    t = t_lines[-2]
+    t_cpu = t_lines[-1]["cpu_ms_per_step"]
     g = [r for r in last_json(f"{tmp}/gemm.{i}")["results"] if r["name"] == "step-weighted"][0]
-    rows.append(dict(gemm=g["gflops"], q_ms=q["ms_per_step"], q_tok=q["tokens_per_s"], q_gf=q["gflops"],
+    rows.append(dict(q_cpu=q["cpu_ms_per_step"], t_cpu=t_cpu, gemm=g["gflops"], q_ms=q["ms_per_step"], q_tok=q["tokens_per_s"], q_gf=q["gflops"],
                      q_rss=q["peak_rss_bytes"] / 2**20, t_ms=t["ms_per_step"], t_tok=t["tokens_per_s"],
                      t_gf=t["gflops"], t_rss=t["maxrss_mb"]))
 for r in rows:
     r["ratio"] = r["q_tok"] / r["t_tok"]
     r["frac"] = r["q_gf"] / r["gemm"]
-hdr = f"{'':8}{'qkv ms':>9}{'torch ms':>10}{'qkv tok/s':>11}{'torch tok/s':>12}{'ratio':>7}{'qkv GF/s':>10}{'torch GF/s':>11}{'qkv RSS MB':>12}{'torch RSS MB':>13}{'sgemm GF/s':>11}{'of sgemm':>9}"
-print(f"{config}")
-print(hdr)
+    r["cpu_ratio"] = r["t_cpu"] / r["q_cpu"]
+print(config)
+cols = [  # (header, key, format); each column as wide as its header + 1
+    ("qkv ms", "q_ms", ".1f"), ("torch ms", "t_ms", ".1f"), ("qkv tok/s", "q_tok", ".0f"),
+    ("torch tok/s", "t_tok", ".0f"), ("ratio", "ratio", ".2f"), ("qkv GF/s", "q_gf", ".1f"),
+    ("torch GF/s", "t_gf", ".1f"), ("sgemm GF/s", "gemm", ".1f"), ("of sgemm", "frac", ".0%"),
+    ("qkv cpu ms", "q_cpu", ".1f"), ("torch cpu ms", "t_cpu", ".1f"), ("cpu ratio", "cpu_ratio", ".2f"),
+    ("qkv RSS MB", "q_rss", ".0f"), ("torch RSS MB", "t_rss", ".0f")]
+print(f"{'':8}" + "".join(f"{h:>{len(h) + 2}}" for h, _, _ in cols))
 def line(name, r):
-    print(f"{name:8}{r['q_ms']:9.1f}{r['t_ms']:10.1f}{r['q_tok']:11.0f}{r['t_tok']:12.0f}{r['ratio']:7.2f}"
-          f"{r['q_gf']:10.1f}{r['t_gf']:11.1f}{r['q_rss']:12.0f}{r['t_rss']:13.0f}{r['gemm']:11.1f}{r['frac']:8.0%}")
+    print(f"{name:8}" + "".join(f"{format(r[k], f):>{len(h) + 2}}" for h, k, f in cols))
 for i, r in enumerate(rows, 1):
     line(f"pair {i}", r)
 med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

@@ -155,7 +155,7 @@ TEST_CASE("TOML syntax errors give the file, line and column", "[train][config]"
   CHECK_THROWS_WITH(parse("[model]\nn_layer = = 4\n"), Contains("configs/x.toml:2:") && Contains("syntax error"));
 }
 
-TEST_CASE("--set overrides read the value as TOML, bare words as strings", "[train][config]") {
+TEST_CASE("overrides given by --set read the value as TOML, bare words as strings", "[train][config]") {
   Config c = parse("[train]\nlr = 1e-3\n",
                    {"train.lr=3e-4", "model.family=\"llama\"", "train.max_steps = 50", "model.bias=false",
                     "data.path=runs/my data.txt", "sample.prompt=42", "model.dropout=0"});

@@ -194,7 +194,7 @@ std::string DataParallel::describe() const {
                 "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets%s",
                 comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
                 static_cast<long long>(bucket_count()),
-                shard_ ? cat(", ZeRO-1: this rank keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
+                shard_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
                        : "");
   return buf;
 }
