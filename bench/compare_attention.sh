@@ -46,7 +46,7 @@ tmp, ns = sys.argv[1], [int(n) for n in sys.argv[2:]]
 def last_json(path):
     return json.loads([l for l in open(path).read().splitlines() if l.strip()][-1])
 qkv = {(r["kernel"], r["n"], r["hkv"]): r for r in last_json(f"{tmp}/qkv")["results"]}
-print(f"{'N':>6}{'Hkv':>5}{'torch ms':>10}{'ref ms':>9}{'fused ms':>10}{'fused/torch':>12}"
+print(f"{'N':>6}{'Hkv':>5}{'torch ms':>10}{'ref ms':>9}{'fused ms':>10}{'speed-up':>12}"
       f"{'torch MB':>10}{'ref MB':>9}{'fused MB':>10}")
 for n in ns:
     for hkv in (8, 2):

@@ -188,3 +188,26 @@ TEST_CASE("attention_packed equals attention on the split views, forward and bac
     CHECK(max_abs_diff(p_grad, zeros(p_grad.shape())) > 0.1);
   }
 }
+
+TEST_CASE("cross-entropy backward writes dlogits over the logits only when nothing else holds them",
+          "[autograd][cross_entropy][perf]") {
+  const Tensor x0 = randn({6, 4}, 60, 0, 0.0, 1.0), w0 = randn({9, 4}, 61, 0, 0.0, 1.0);
+  const Tensor targets = from_vector_i64({1, 8, 0, -100, 4, 4}, {6});
+  auto grads = [&](bool hold_logits) {
+    Tensor x = x0.clone(), w = w0.clone();
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor logits = ag::linear(x, w, Tensor());
+    const std::vector<double> before = logits.to_vector();
+    Tensor loss = ag::cross_entropy(logits, targets);
+    if (!hold_logits) logits = Tensor();
+    autograd::backward(loss);
+    if (hold_logits) CHECK(logits.to_vector() == before);  // the caller's logits are untouched
+    return std::make_pair(x.grad(), w.grad());
+  };
+  const auto [gx_reused, gw_reused] = grads(false);
+  const auto [gx_held, gw_held] = grads(true);
+  CHECK(max_abs_diff(gx_reused, gx_held) == 0.0);
+  CHECK(max_abs_diff(gw_reused, gw_held) == 0.0);
+  CHECK(max_abs_diff(gw_held, zeros({9, 4})) > 1e-3);
+}
