@@ -25,7 +25,24 @@ RunData load_run_data(const Config& cfg) {
       s->doc_offsets = {0, n};
       return std::shared_ptr<const TokenSplit>(s);
     };
-    d.tokenizer = std::make_shared<ByteTokenizer>();
+    // A stand-in tokenizer with exactly V symbols (code points from U+0100, in order), so
+    // checkpoints of random-token runs carry a tokenizer that matches the model's vocabulary.
+    std::vector<std::string> symbols;
+    for (int64_t i = 0; i < V; ++i) {
+      const uint32_t cp = 0x100u + static_cast<uint32_t>(i);
+      std::string u;
+      if (cp < 0x800) {
+        u += static_cast<char>(0xC0 | (cp >> 6));
+        u += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        u += static_cast<char>(0xE0 | (cp >> 12));
+        u += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        u += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+      symbols.push_back(u);
+    }
+    QKV_CHECK(V <= 0xD800 - 0x100, "data.random_tokens supports model.vocab_size up to ", 0xD800 - 0x100);
+    d.tokenizer = std::make_shared<CharTokenizer>(std::move(symbols));
     d.train = make(0x7a11u, "random:train");
     d.val = make(0x7a12u, "random:val");
     d.vocab_size = V;
