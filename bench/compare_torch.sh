@@ -54,6 +54,7 @@ print(get("model.n_layer"), get("model.n_head"), get("model.n_embd"), get("model
       get("train.seq_len", bs), get("train.batch_size"))
 PY
 )
+[[ -n "${B:-}" ]] || { echo "compare_torch: could not read the shape from $config" >&2; exit 2; }
 echo "shape: V=$V L=$L H=$H C=$C T=$T B=$B block_size=$BS, $threads threads, $steps timed steps, $pairs pairs" >&2
 
 export OMP_WAIT_POLICY=PASSIVE
@@ -101,7 +102,7 @@ for i in range(1, pairs + 1):
     t = t_lines[-2]
     t_cpu = t_lines[-1]["cpu_ms_per_step"]
     g = [r for r in last_json(f"{tmp}/gemm.{i}")["results"] if r["name"] == "step-weighted"][0]
-    rows.append(dict(q_cpu=q["cpu_ms_per_step"], t_cpu=t_cpu, gemm=g["gflops"], q_ms=q["ms_per_step"], q_tok=q["tokens_per_s"], q_gf=q["gflops"],
+    rows.append(dict(q_cpu=q.get("cpu_ms_per_step", float("nan")), t_cpu=t_cpu, gemm=g["gflops"], q_ms=q["ms_per_step"], q_tok=q["tokens_per_s"], q_gf=q["gflops"],
                      q_rss=q["peak_rss_bytes"] / 2**20, t_ms=t["ms_per_step"], t_tok=t["tokens_per_s"],
                      t_gf=t["gflops"], t_rss=t["maxrss_mb"]))
 for r in rows:

@@ -69,26 +69,19 @@ struct LinearBackward : Node {
     const Tensor x2 = want_dw ? x.reshape({rows, in}) : Tensor();
     const Tensor dyc = want_db ? dy2.contiguous() : Tensor();
     if (want_db) db = Tensor::empty({out}, dy.dtype(), dy.device());
-    auto run_dx = [&] {
-      if (want_dx) matmul_into(dy2, weight, dx);
-      if (want_db) cpu::sum_rows(dyc, db);
-    };
-    auto run_dw = [&] {
-      if (want_dw) matmul_into(dy2.transpose(0, 1), x2, dw);
+    auto run = [&](int task) {
+      if (task == 0 && want_dx) matmul_into(dy2, weight, dx);
+      if (task == 1 && want_dw) matmul_into(dy2.transpose(0, 1), x2, dw);
+      if (task == 2 && want_db) cpu::sum_rows(dyc, db);
     };
     const bool side_by_side = want_dx && want_dw && dy.device() == Device::cpu && omp_get_max_threads() == 2 &&
                               !omp_in_parallel() && rows * in * out >= (int64_t(1) << 20);
     if (side_by_side) {
-#pragma omp parallel num_threads(2)
-      {
-        if (omp_get_thread_num() == 0)
-          run_dx();
-        else
-          run_dw();
-      }
+      // dx and dW start at once; the bias sum goes to whichever thread finishes first.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+      for (int task = 0; task < 3; ++task) run(task);
     } else {
-      run_dx();
-      run_dw();
+      for (int task = 0; task < 3; ++task) run(task);
     }
     if (want_dx) dx = dx.view(x.shape());
     return {dx, dw, db};
