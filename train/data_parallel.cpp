@@ -97,7 +97,7 @@ DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> par
                            DataParallelOptions opts)
     : comm_(comm), params_(std::move(params)), adamw_opts_(adamw) {
   QKV_CHECK(opts.zero == 0 || opts.zero == 1, "train.zero = ", opts.zero,
-            " is not implemented: 0 (replicated optimizer) or 1 (optimizer state sharded across ranks)");
+            " is unsupported; supported stages: 0 (replicated optimizer) or 1 (optimizer state sharded across ranks)");
   offset_.reserve(params_.size() + 1);
   for (const OptimParam& p : params_) {
     offset_.push_back(total_);
