@@ -122,10 +122,10 @@ Tensor record(Tensor out, const std::shared_ptr<Node>& node, const std::vector<T
   return record_impl(std::move(out), node, inputs);
 }
 
-void backward(const Tensor& root, const Tensor& grad) {
+void backward(const Tensor& root, Tensor grad) {
   QKV_CHECK(root.defined(), "[backward] undefined tensor");
   QKV_CHECK(root.requires_grad() || root.grad_fn(), "[backward] tensor does not require grad");
-  Tensor seed = grad;
+  Tensor seed = std::move(grad);
   if (!seed.defined()) {
     QKV_CHECK(root.numel() == 1, "[backward] root of shape ", shape_str(root.shape()),
               " is not a scalar: pass its gradient");
@@ -154,7 +154,7 @@ void backward(const Tensor& root, const Tensor& grad) {
 
   NoGradGuard no_grad;
   std::unordered_map<Node*, Tensor> grads;
-  grads[start.get()] = seed;
+  grads[start.get()] = std::move(seed);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
     auto found = grads.find(n);

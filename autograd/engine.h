@@ -5,8 +5,9 @@
 
 namespace qkv::autograd {
 
-// root must be a scalar unless `grad` (same shape as root) is given.
-void backward(const Tensor& root, const Tensor& grad = Tensor());
+// root must be a scalar unless `grad` (same shape as root) is given. A gradient moved in (nothing
+// else referring to it) may be updated in place and handed on without copies.
+void backward(const Tensor& root, Tensor grad = Tensor());
 // Sets .grad of each tensor to undefined (the next backward writes fresh gradients).
 void zero_grad(const std::vector<Tensor>& params);
 

@@ -6,7 +6,9 @@
 #include "attention/fault.h"
 #include "attention/rope.h"
 #include "autograd/functions.h"
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/node.h"
 #include "autograd/profiler.h"
 
 namespace qkv::nn {
@@ -205,7 +207,11 @@ class Block : public Module {
                            std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
     mlp_ = register_module("mlp", std::make_shared<MLP>(c));
   }
-  Tensor forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
+  // With model recompute on and a graph being recorded, the block keeps only its input: its
+  // forward runs under no-grad and CheckpointedBlockBackward replays it in backward (same dropout
+  // offsets, deterministic kernels, so the gradients are bitwise those of the recorded forward).
+  Tensor forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const;
+  Tensor forward_recorded(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
     Tensor a = attn_->forward(ln1_->forward(x), positions, args, layer);
     Tensor h = ag::add(x, dropout(a, cfg_.dropout, is_training(), args.rng));
     Tensor m = mlp_->forward(ln2_->forward(h));
@@ -218,6 +224,79 @@ class Block : public Module {
   std::shared_ptr<SelfAttention> attn_;
   std::shared_ptr<MLP> mlp_;
 };
+
+namespace {
+
+// Activation recomputation for one block: y = block(x) was computed without recording; backward
+// replays the block with recording on from a detached copy of x and backpropagates grad_out
+// through the replay. Parameter gradients land in their leaves' .grad through the replay's own
+// accumulators; the gradient for x is handed back to the outer graph.
+class CheckpointedBlockBackward : public autograd::Node {
+ public:
+  CheckpointedBlockBackward(const Block* block, Tensor x, Tensor positions, const ForwardArgs& args, int64_t layer)
+      : block_(block), x_(std::move(x)), positions_(std::move(positions)), layer_(layer) {
+    args_.key_padding = args.key_padding;
+    args_.segment_ids = args.segment_ids;
+    args_.rng = args.rng;  // the state before the block drew its dropout offsets
+  }
+  const char* name() const override { return "CheckpointedBlockBackward"; }
+  std::vector<Tensor> backward(const Tensor& grad_out) override {
+    Tensor x = x_;
+    x.set_requires_grad(true);
+    Tensor y;
+    {
+      // The engine runs nodes under no-grad; the replay must record.
+      autograd::set_grad_enabled(true);
+      ForwardArgs replay = args_;
+      try {
+        y = block_->forward_recorded(x, positions_, replay, layer_);
+      } catch (...) {
+        autograd::set_grad_enabled(false);
+        throw;
+      }
+      autograd::set_grad_enabled(false);
+    }
+    // A private copy of grad_out, so the replay's engine owns its seed as the outer engine owns
+    // the gradients it passes along: the same in-place accumulations happen in the same places and
+    // the gradients come out bitwise those of the recorded forward.
+    autograd::backward(y, grad_out.clone());
+    Tensor dx = needs_grad(0) ? x.grad() : Tensor();
+    release();
+    return {dx};
+  }
+  void release() override {
+    x_ = Tensor();
+    positions_ = Tensor();
+    args_ = ForwardArgs();
+  }
+
+ private:
+  const Block* block_;
+  Tensor x_, positions_;
+  ForwardArgs args_;
+  int64_t layer_;
+};
+
+}  // namespace
+
+Tensor Block::forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
+  // Only a block whose input carries a graph is checkpointed (the replay hands dx back through
+  // it); a block fed by frozen layers records normally.
+  const bool checkpoint = cfg_.recompute && autograd::grad_enabled() && !args.cache && !args.attention &&
+                          (x.requires_grad() || x.grad_fn());
+  if (!checkpoint) return forward_recorded(x, positions, args, layer);
+  const ForwardArgs before = args;
+  Tensor y;
+  {
+    autograd::NoGradGuard no_grad;
+    y = forward_recorded(x, positions, args, layer);
+  }
+  // The replay starts from an alias of x with no history of its own.
+  const Tensor x_alias = Tensor::make_view(x, x.shape(), x.strides(), x.offset());
+  auto node = std::make_shared<CheckpointedBlockBackward>(this, x_alias, positions, before, layer);
+  const std::vector<Tensor> inputs{x};
+  return autograd::record(std::move(y), node, inputs);
+}
 
 DecoderModel::DecoderModel(const ModelConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
