@@ -38,6 +38,7 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
     // Own the gradient: the incoming tensor may be a view or shared with another node.
     leaf.set_grad(grad_out.dtype() == leaf.dtype() ? grad_out.clone() : grad_out.to(leaf.dtype()));
   }
+  if (impl->autograd && impl->autograd->post_accumulate_hook) impl->autograd->post_accumulate_hook();
   return {};
 }
 

@@ -3,6 +3,7 @@
 // The autograd slot (grad, producing node) is opaque here: tensor/ never includes autograd/.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -119,6 +120,9 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<autograd::Node> grad_fn;       // null for leaves
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: the node that writes .grad (shared by all uses)
+  // Leaves: called after a backward has written this leaf's gradient for that pass (its .grad is
+  // final for the pass), e.g. to start reducing it across ranks while backward goes on.
+  std::function<void()> post_accumulate_hook;
 };
 
 template <class T>

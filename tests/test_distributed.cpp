@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "autograd/engine.h"
+#include "autograd/functions.h"
 #include "tensor/error.h"
 #include "train/data_parallel.h"
 #include "train/distributed.h"
@@ -216,5 +217,98 @@ TEST_CASE("train.zero other than 0 or 1 is refused with a message naming the key
     FAIL("no error");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("train.zero = 2"));
+  }
+}
+
+namespace {
+
+// Rank 0 of a pretend two-rank group whose other rank holds the same gradients: a sum over ranks
+// doubles each element. Records when each bucket was started and finished relative to backward.
+class TwinRanks final : public dist::Communicator {
+ public:
+  const char* backend() const override { return "twin"; }
+  int rank() const override { return 0; }
+  int world() const override { return 2; }
+  void allreduce_sum(float* data, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) data[i] *= 2.0f;
+    log.push_back({data, n, in_backward});
+  }
+  void allreduce_sum(double* data, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) data[i] *= 2.0;
+  }
+  void allreduce_sum_start(float* data, int64_t n) override {
+    allreduce_sum(data, n);
+    started++;
+  }
+  void wait_all() override { waits++; }
+  void broadcast(void*, int64_t, int) override {}
+  void allgather(const void* send, void* recv, int64_t bytes) override {
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+  }
+  void allgatherv(float*, std::span<const int64_t>) override {}
+  void gatherv(const float*, float*, std::span<const int64_t>, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(const std::string& message, int) override { throw Error(message); }
+
+  struct Call {
+    const float* data;
+    int64_t n;
+    bool during_backward;
+  };
+  std::vector<Call> log;
+  bool in_backward = false;
+  int started = 0, waits = 0;
+};
+
+}  // namespace
+
+TEST_CASE("bucket all-reduces start during the last backward, last bucket first, each exactly once", "[distributed]") {
+  // y = sum_k w_k * x_k over parameters of assorted sizes; 64-byte buckets cut across them.
+  auto ps = make_params(8);
+  std::vector<Tensor> xs;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ps[k].param.set_requires_grad(true);
+    Tensor x = Tensor::empty(ps[k].param.shape(), DType::f32);
+    fill_lcg(x, 70 + k);
+    xs.push_back(x);
+  }
+  auto loss = [&] {
+    Tensor total = ag::sum(ag::mul(ps[0].param, xs[0]));
+    for (size_t k = 1; k < ps.size(); ++k) total = ag::add(total, ag::sum(ag::mul(ps[k].param, xs[k])));
+    return total;
+  };
+  TwinRanks twin;
+  DataParallel dp(twin, ps, AdamWOptions{}, {.zero = 0, .bucket_bytes = 64});
+  REQUIRE(dp.overlaps());
+  REQUIRE(dp.bucket_count() > 10);
+  for (int accum = 1; accum <= 2; ++accum) {
+    INFO("micro-batches " << accum);
+    twin.log.clear();
+    twin.started = twin.waits = 0;
+    dp.zero_grads();
+    for (int micro = 0; micro < accum; ++micro) {
+      if (micro == accum - 1) dp.arm_overlap();
+      twin.in_backward = true;
+      autograd::backward(loss());
+      twin.in_backward = false;
+      if (micro < accum - 1) CHECK(twin.log.empty());  // earlier micro-batches send nothing
+    }
+    dp.reduce_grads();
+    // Every bucket once, in descending order, most of them while backward was still running.
+    REQUIRE(static_cast<int64_t>(twin.log.size()) == dp.bucket_count());
+    CHECK(twin.started == dp.bucket_count());
+    CHECK(twin.waits == 1);
+    int during = 0;
+    for (size_t i = 0; i < twin.log.size(); ++i) {
+      during += twin.log[i].during_backward ? 1 : 0;
+      if (i > 0) CHECK(twin.log[i].data < twin.log[i - 1].data);
+    }
+    CHECK(during == dp.bucket_count());  // every parameter gets its gradient in this backward
+    // Mean over the two equal ranks: the gradient itself, x_k summed over micro-batches.
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const auto g = ps[k].param.grad().to_vector(), x = xs[k].to_vector();
+      for (size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == static_cast<float>(x[i] * accum));
+    }
   }
 }

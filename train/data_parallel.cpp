@@ -114,6 +114,21 @@ DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> par
     for (size_t k = 0; k < params_.size(); ++k)
       grad_views_.push_back(grad_flat_.narrow(0, offset_[k], params_[k].param.numel()).view(params_[k].param.shape()));
   }
+  if (distributed()) {
+    const char* env = std::getenv("QKV_DP_OVERLAP");
+    overlap_ = !(env && std::string(env) == "0");
+  }
+  if (overlap_) {
+    buckets_of_.resize(params_.size());
+    pieces_in_.assign(static_cast<size_t>(bucket_count()), 0);
+    for (int64_t b = 0; b < bucket_count(); ++b)
+      for_each_piece(bounds_[b], bounds_[b + 1], [&](size_t k, int64_t, int64_t, int64_t) {
+        buckets_of_[k].push_back(b);
+        pieces_in_[b]++;
+      });
+    for (size_t k = 0; k < params_.size(); ++k)
+      params_[k].param.autograd_meta().post_accumulate_hook = [this, k] { on_grad_ready(k); };
+  }
   if (distributed() && opts.zero == 1) {
     std::vector<OptimParam> mine = slice_params(params_, lo_, hi_);
     // Each slice's gradient is the matching slice of the reduced buffer, bound once for the run.
@@ -125,6 +140,34 @@ DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> par
   } else {
     full_ = std::make_unique<AdamW>(params_, adamw_opts_);
   }
+}
+
+DataParallel::~DataParallel() {
+  if (!overlap_) return;
+  for (const OptimParam& p : params_)
+    if (p.param.impl()->autograd) p.param.impl()->autograd->post_accumulate_hook = nullptr;
+}
+
+void DataParallel::arm_overlap() {
+  if (!overlap_) return;
+  waiting_ = pieces_in_;
+  next_start_ = bucket_count() - 1;
+  armed_ = true;
+}
+
+void DataParallel::on_grad_ready(size_t k) {
+  if (!armed_) return;  // an earlier micro-batch's backward: its gradients are not final
+  for (int64_t b : buckets_of_[k]) waiting_[b]--;
+  start_ready_buckets(false);
+  comm_.progress();
+}
+
+void DataParallel::start_ready_buckets(bool all) {
+  const auto t0 = std::chrono::steady_clock::now();
+  float* g = grad_flat_.data<float>();
+  for (; next_start_ >= 0 && (all || waiting_[next_start_] == 0); --next_start_)
+    comm_.allreduce_sum_start(g + bounds_[next_start_], bounds_[next_start_ + 1] - bounds_[next_start_]);
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void DataParallel::zero_grads() {
@@ -154,9 +197,17 @@ void DataParallel::reduce_grads() {
               params_[k].name, " is not its view of the flat buffer (was zero_grads() called before backward?)");
   }
   float* g = grad_flat_.data<float>();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t b = 0; b + 1 < bounds_.size(); ++b) comm_.allreduce_sum(g + bounds_[b], bounds_[b + 1] - bounds_[b]);
-  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (armed_) {
+    start_ready_buckets(/*all=*/true);  // buckets whose parameters got no gradient this step
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_.wait_all();
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    armed_ = false;
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t b = bucket_count() - 1; b >= 0; --b) comm_.allreduce_sum(g + bounds_[b], bounds_[b + 1] - bounds_[b]);
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   const float inv = 1.0f / static_cast<float>(comm_.world());
   const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
 #pragma omp parallel for simd schedule(static) if (parallel)

@@ -8,11 +8,17 @@
 // the all-reduce needs no packing copy.
 //
 // Buckets. The range is cut into buckets of bucket_bytes (4 MiB by default; the last one
-// shorter), independent of parameter boundaries. reduce_grads() all-reduces them one after
-// another in index order, then scales by 1/world: the same calls, same sizes, same order every
-// step, which keeps the reduction order fixed and a run bitwise-reproducible. There is no overlap
-// with backward: the engine has no per-leaf "gradient ready" hook yet; with one, a bucket would be
-// sent as soon as its last gradient is written (buckets would then be laid out back to front).
+// shorter), independent of parameter boundaries. Each bucket is all-reduced once per step, then
+// everything is scaled by 1/world: the same calls, same sizes, same order every step, which keeps
+// the reduction order fixed and a run bitwise-reproducible.
+//
+// Overlap. During the step's last backward (arm_overlap()), every parameter's gradient hook
+// (autograd's post-accumulate hook: its .grad is final for the step) counts down the buckets it
+// touches. Buckets are started (non-blocking all-reduce) in a fixed order, last bucket first —
+// backward produces the last layers' gradients first — each as soon as it and every bucket before
+// it in that order are complete; reduce_grads() starts what is left in the same order and waits.
+// A bucket's sum does not depend on when it was started, so overlap changes no bits (with
+// QKV_DP_OVERLAP=0 every bucket is reduced after backward, in the same order).
 //
 // ZeRO-1. Rank r owns the slice shard_range(total, r, world) of the flat range. Its AdamW holds
 // moments only for that slice: one OptimParam per parameter piece inside it, a 1-D view of the
@@ -62,6 +68,9 @@ class DataParallel {
  public:
   DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
                DataParallelOptions opts);
+  ~DataParallel();  // removes the gradient hooks
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   dist::Communicator& comm() const { return comm_; }
   int rank() const { return comm_.rank(); }
@@ -72,6 +81,9 @@ class DataParallel {
   // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several: every .grad
   // bound to its view of the zero-filled flat gradient buffer.
   void zero_grads();
+  // Call before the step's last backward: buckets are sent while it runs (no-op for one rank or
+  // with overlap off).
+  void arm_overlap();
   // After the step's last backward: the bucketed all-reduce, then scaling by 1/world, so every
   // rank holds the mean gradient (bitwise the same on all ranks). No-op for one rank.
   void reduce_grads();
@@ -96,6 +108,7 @@ class DataParallel {
   // parameter all-gather.
   int64_t allreduce_bytes_per_step() const { return distributed() ? total_ * 4 : 0; }
   int64_t allgather_bytes_per_step() const { return sharded() ? total_ * 4 : 0; }
+  bool overlaps() const { return overlap_; }
   // Moment elements (m and v each) this rank holds.
   int64_t moment_elements() const;
   // One line for the log: ranks, backend, parameters, buckets, bytes per step, ZeRO slice.
@@ -108,6 +121,8 @@ class DataParallel {
   // Calls f(k, begin_in_param, flat_begin, n) for every piece of parameter k inside [a, b).
   template <class F>
   void for_each_piece(int64_t a, int64_t b, F&& f) const;
+  void on_grad_ready(size_t k);  // parameter k's gradient hook
+  void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
 
   dist::Communicator& comm_;
   std::vector<OptimParam> params_;
@@ -122,6 +137,12 @@ class DataParallel {
   int64_t lo_ = 0, hi_ = 0;         // this rank's slice of the flat range
   std::vector<float> staging_;      // one bucket (parameter all-gather, checkpoint gather)
   double comm_seconds_ = 0;
+  bool overlap_ = false;                        // several ranks and QKV_DP_OVERLAP != 0
+  bool armed_ = false;                          // inside the step's last backward
+  std::vector<std::vector<int64_t>> buckets_of_;  // per parameter: the buckets it touches
+  std::vector<int64_t> pieces_in_;              // per bucket: how many parameters touch it
+  std::vector<int64_t> waiting_;                // per bucket: parameters not yet final this step
+  int64_t next_start_ = -1;                     // next bucket to start (issue order: K-1 down to 0)
 };
 
 // Start-up agreement checks (collective; no-ops for one rank). Each ends the job with one message

@@ -89,6 +89,22 @@ class MpiGroup final : public Communicator {
 
   void allreduce_sum(float* data, int64_t n) override { allreduce(data, n, MPI_FLOAT); }
   void allreduce_sum(double* data, int64_t n) override { allreduce(data, n, MPI_DOUBLE); }
+  void allreduce_sum_start(float* data, int64_t n) override {
+    for (int64_t at = 0; at < n; at += kMaxCount) {
+      requests_.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, data + at, static_cast<int>(std::min(kMaxCount, n - at)), MPI_FLOAT, MPI_SUM,
+                     MPI_COMM_WORLD, &requests_.back());
+    }
+  }
+  void progress() override {
+    if (requests_.empty()) return;
+    int done = 0;
+    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
+  }
+  void wait_all() override {
+    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    requests_.clear();
+  }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     auto* p = static_cast<char*>(data);
@@ -132,6 +148,7 @@ class MpiGroup final : public Communicator {
   }
   int rank_ = 0, world_ = 1;
   std::vector<int> counts_, displ_;  // reused by the v-collectives
+  std::vector<MPI_Request> requests_;  // started all-reduces (MPI_REQUEST_NULL once complete)
 };
 
 }  // namespace

@@ -5,7 +5,7 @@
 //                  without MPI and by any process not started by an MPI launcher.
 //   MPI            (QKV_WITH_MPI) one rank per process over MPI_COMM_WORLD, started by
 //                  `mpirun -np N qkv train ...`; the host-memory transport.
-//   NCCL           (not written yet) one rank per GPU: the same calls on device pointers, queued
+//   NCCL           (not written yet: needs the CUDA training path) one rank per GPU: the same calls on device pointers, queued
 //                  on the training stream, with the ncclUniqueId sent to every rank by an MPI
 //                  broadcast. Nothing above this header would change: buffers are raw pointers
 //                  into the communicator's memory space and the trainer never names a backend.
@@ -40,6 +40,14 @@ class Communicator {
   // transport can count (MPI counts are int), always cut at the same places.
   virtual void allreduce_sum(float* data, int64_t n) = 0;
   virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // The same sum, started without waiting: the result (the same bits allreduce_sum would give,
+  // see Determinism) is in data after wait_all(); data must not be touched before. Every rank
+  // must start the same calls in the same order. Transports without it finish the call here.
+  virtual void allreduce_sum_start(float* data, int64_t n) { allreduce_sum(data, n); }
+  // Lets started calls advance (MPI moves data only inside library calls); cheap, non-blocking.
+  virtual void progress() {}
+  // Completes every started call.
+  virtual void wait_all() {}
   // root's `bytes` bytes at data are copied to every rank's data.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   // Every rank sends `bytes` bytes; recv (world * bytes) holds them in rank order on every rank.

@@ -153,6 +153,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
       Tensor loss = batch_loss(*model, b, rng, &masked_rows);
       loss_sum += w * loss.item();
       const double scale = w / static_cast<double>(accum);
+      if (micro == accum - 1) dp.arm_overlap();  // [dist] gradients final in this backward: reduce as they come
       autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
       step_tokens += b.x.numel();
     }
