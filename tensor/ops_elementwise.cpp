@@ -1,8 +1,10 @@
 // Elementwise, comparison and selection front ends: check dtypes/devices, broadcast the operands
-// (expand views, no copies), allocate a contiguous result, call the kernel in tensor/cpu/elementwise.cpp.
+// (expand views, no copies), allocate a contiguous result on the operands' device, call the kernel
+// in tensor/cpu/elementwise.cpp or tensor/cuda/elementwise.cu. Comparisons and selection are CPU-only.
 #include <cmath>
 
 #include "tensor/cpu/elementwise.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 
@@ -15,13 +17,17 @@ using detail::require_defined;
 using detail::require_float;
 using detail::require_same_dtype;
 
+using detail::require_same_device;
+
+// Both defined, on one device, of one dtype.
 void check_pair(const char* op, const Tensor& a, const Tensor& b) {
   require_defined(op, a, "a");
   require_defined(op, b, "b");
-  require_cpu(op, a);
-  require_cpu(op, b);
+  require_same_device(op, a, b);
   require_same_dtype(op, a, b);
 }
+
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
 Tensor binary(const char* op, cpu::BinaryOp kind, const Tensor& a, const Tensor& b) {
   check_pair(op, a, b);
@@ -30,17 +36,18 @@ Tensor binary(const char* op, cpu::BinaryOp kind, const Tensor& a, const Tensor&
   QKV_CHECK(t == DType::f32 || t == DType::f64 || (ints_ok && is_integral(t)), "[", op, "] needs ",
             ints_ok ? "float32, float64, int32 or int64" : "float32 or float64", " operands, not ", dtype_name(t));
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-  Tensor out = Tensor::empty(shape, t);
-  cpu::binary_forward(kind, a.expand(shape), b.expand(shape), out);
+  Tensor out = Tensor::empty(shape, t, a.device());
+  if (on_cuda(a)) cuda::binary_forward(kind, a.expand(shape), b.expand(shape), out);
+  else cpu::binary_forward(kind, a.expand(shape), b.expand(shape), out);
   return out;
 }
 
 Tensor unary(const char* op, cpu::UnaryOp kind, const Tensor& a, double s = 0.0) {
   require_defined(op, a, "input");
-  require_cpu(op, a);
   require_float(op, a);
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  cpu::unary_forward(kind, a, out, s);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::unary_forward(kind, a, out, s);
+  else cpu::unary_forward(kind, a, out, s);
   return out;
 }
 
@@ -48,13 +55,15 @@ Tensor unary_grad(const char* op, cpu::UnaryGradOp kind, const Tensor& x, const 
   check_pair(op, x, dy);
   require_float(op, x);
   QKV_CHECK(x.shape() == dy.shape(), "[", op, "] x is ", shape_str(x.shape()), " but dy is ", shape_str(dy.shape()));
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  cpu::unary_backward(kind, x, dy, out);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (on_cuda(x)) cuda::unary_backward(kind, x, dy, out);
+  else cpu::unary_backward(kind, x, dy, out);
   return out;
 }
 
 Tensor compare(const char* op, cpu::CompareOp kind, const Tensor& a, const Tensor& b) {
   check_pair(op, a, b);
+  require_cpu(op, a);
   QKV_CHECK(a.dtype() != DType::bf16 && a.dtype() != DType::f16, "[", op, "] no kernel for ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
   Tensor out = Tensor::empty(shape, DType::boolean);
@@ -109,17 +118,18 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
   for (int d = 0; d < a.dim(); ++d)
     QKV_CHECK(a.size(d) <= 1 || a.stride(d) != 0, "[add_] destination ", shape_str(a.shape()),
               " is a broadcast view (stride 0 on dim ", d, "): its elements overlap");
-  cpu::add_inplace(a, b.expand(a.shape()), alpha);
+  if (on_cuda(a)) cuda::add_inplace(a, b.expand(a.shape()), alpha);
+  else cpu::add_inplace(a, b.expand(a.shape()), alpha);
 }
 
 void mul_(const Tensor& a, double s) {
   require_defined("mul_", a, "input");
-  require_cpu("mul_", a);
   require_float("mul_", a);
   for (int d = 0; d < a.dim(); ++d)
     QKV_CHECK(a.size(d) <= 1 || a.stride(d) != 0, "[mul_] destination ", shape_str(a.shape()),
               " is a broadcast view (stride 0 on dim ", d, "): its elements overlap");
-  cpu::mul_inplace(a, s);
+  if (on_cuda(a)) cuda::mul_inplace(a, s);
+  else cpu::mul_inplace(a, s);
 }
 
 // ---- comparisons and selection ----
@@ -130,6 +140,7 @@ Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", cpu::CompareO
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   check_pair("logical_and", a, b);
+  require_cpu("logical_and", a);
   QKV_CHECK(a.dtype() == DType::boolean, "[logical_and] needs bool operands, not ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "logical_and");
   Tensor out = Tensor::empty(shape, DType::boolean);
@@ -150,6 +161,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   require_defined("where", cond, "cond");
   require_cpu("where", cond);
   check_pair("where", a, b);
+  require_cpu("where", a);
   QKV_CHECK(cond.dtype() == DType::boolean, "[where] cond must be bool, not ", dtype_name(cond.dtype()));
   QKV_CHECK(a.dtype() != DType::bf16 && a.dtype() != DType::f16, "[where] no kernel for ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
@@ -184,7 +196,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   require_defined("max_abs_diff", a, "a");
   require_defined("max_abs_diff", b, "b");
   QKV_CHECK(a.shape() == b.shape(), "[max_abs_diff] a is ", shape_str(a.shape()), " but b is ", shape_str(b.shape()));
-  return cpu::max_abs_diff(a, b);
+  return cpu::max_abs_diff(a.to(Device::cpu), b.to(Device::cpu));
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {

@@ -23,6 +23,7 @@
 #include "tensor/cpu/elementwise.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/cpu/random_bits.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 #include "tensor/philox.h"
@@ -143,8 +144,8 @@ Tensor empty_like(const Tensor& t) {
 
 void fill_(const Tensor& t, double value) {
   detail::require_defined("fill_", t, "tensor");
-  detail::require_cpu("fill_", t);
-  cpu::fill(t, value);
+  if (t.device() == Device::cuda) cuda::fill(t, value);
+  else cpu::fill(t, value);
 }
 
 void copy_(const Tensor& dst, const Tensor& src) {
@@ -152,9 +153,14 @@ void copy_(const Tensor& dst, const Tensor& src) {
   detail::require_defined("copy_", src, "source");
   QKV_CHECK(broadcast_shapes(src.shape(), dst.shape(), "copy_") == dst.shape(), "[copy_] source ",
             shape_str(src.shape()), " does not broadcast to destination ", shape_str(dst.shape()));
-  detail::require_cpu("copy_", dst);
-  detail::require_cpu("copy_", src);
-  cpu::copy_cast(src.expand(dst.shape()), dst);
+  if (dst.device() == Device::cuda) {
+    // A host source crosses once, compactly, and is converted on the device.
+    const Tensor s = src.device() == Device::cuda ? src : src.contiguous().to(Device::cuda);
+    cuda::copy_cast(s.expand(dst.shape()), dst);
+  } else {
+    const Tensor s = src.device() == Device::cpu ? src : src.to(Device::cpu);
+    cpu::copy_cast(s.expand(dst.shape()), dst);
+  }
 }
 
 }  // namespace qkv

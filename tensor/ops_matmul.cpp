@@ -1,10 +1,11 @@
 // Front end of matmul / matmul_into / linear: checks shapes and dtypes, broadcasts the batch dims
 // as stride-0 views (no copies), copies an operand only when its strides fit no BLAS layout, then
-// hands off to the CPU kernel (tensor/cpu/matmul.cpp).
+// hands off to the CPU kernel (tensor/cpu/matmul.cpp) or cuBLAS (tensor/cuda/matmul.cu).
 #include <algorithm>
 #include <climits>
 
 #include "tensor/cpu/matmul.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 
@@ -39,7 +40,6 @@ Tensor expand_batch(const Tensor& t, const Shape& batch) {
 MatmulPlan plan_matmul(const char* op, const Tensor& a, const Tensor& b) {
   detail::require_defined(op, a, "a");
   detail::require_defined(op, b, "b");
-  detail::require_cpu(op, a);
   detail::require_same_device(op, a, b);
   detail::require_float(op, a, "a");
   detail::require_same_dtype(op, a, b);
@@ -77,12 +77,17 @@ MatmulPlan plan_matmul(const char* op, const Tensor& a, const Tensor& b) {
   return p;
 }
 
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.device() == Device::cuda) cuda::matmul_forward(a, b, out, alpha, beta);
+  else cpu::matmul_forward(a, b, out, alpha, beta);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   const MatmulPlan p = plan_matmul("matmul", a, b);
   Tensor out = Tensor::empty(p.out_full, a.dtype(), a.device());
-  cpu::matmul_forward(p.a, p.b, out, 1.0, 0.0);
+  gemm(p.a, p.b, out, 1.0, 0.0);
   return p.out_final == p.out_full ? out : out.view(p.out_final);
 }
 
@@ -101,7 +106,7 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   const cpu::GemmLayout lc = cpu::gemm_layout(o);
   QKV_CHECK(lc.ok && !lc.trans, "[matmul_into] out ", shape_str(out.shape()),
             " must have unit stride along its last dim (strides ", shape_str(out.strides()), ")");
-  cpu::matmul_forward(p.a, p.b, o, alpha, beta);
+  gemm(p.a, p.b, o, alpha, beta);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -124,8 +129,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = Tensor::empty({rows, out_features}, x.dtype(), x.device());
   // matmul_into checks dtypes and devices of x and weight.
   if (bias.defined() && rows > 0 && out_features > 0) {
-    detail::require_cpu("linear", bias);
-    cpu::fill_rows(y, bias);
+    detail::require_same_device("linear", x, bias);
+    if (y.device() == Device::cuda) cuda::fill_rows(y, bias);
+    else cpu::fill_rows(y, bias);
     matmul_into(x2, weight.transpose(0, 1), y, 1.0, 1.0);
   } else {
     matmul_into(x2, weight.transpose(0, 1), y, 1.0, 0.0);

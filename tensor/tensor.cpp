@@ -5,6 +5,7 @@
 
 #include "tensor/cpu/copy.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/kernels.h"
 
 namespace qkv {
 
@@ -222,14 +223,16 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
-  cpu::copy_cast(*this, out);
+  if (device() == Device::cuda) cuda::copy_cast(*this, out);
+  else cpu::copy_cast(*this, out);
   return out;
 }
 
 Tensor Tensor::to(DType t) const {
   if (t == dtype()) return *this;
   Tensor out = empty(shape(), t, device());
-  cpu::copy_cast(*this, out);
+  if (device() == Device::cuda) cuda::copy_cast(*this, out);
+  else cpu::copy_cast(*this, out);
   return out;
 }
 

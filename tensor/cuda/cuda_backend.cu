@@ -7,13 +7,8 @@
 #include <vector>
 
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/cuda_check.h"
 #include "tensor/error.h"
-
-#define QKV_CUDA_CHECK(call)                                                              \
-  do {                                                                                    \
-    cudaError_t err_ = (call);                                                            \
-    if (err_ != cudaSuccess) ::qkv::fail("[cuda] ", #call, " failed: ", cudaGetErrorString(err_)); \
-  } while (0)
 
 namespace qkv::cuda {
 namespace {

@@ -1,5 +1,6 @@
 // Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/error.h"
 
 namespace qkv::cuda {
@@ -14,5 +15,15 @@ void reset_peak_bytes() {}
 void release_cached_memory() {}
 void memcpy(void*, const void*, size_t, int) { no_cuda(); }
 void synchronize() {}
+
+void binary_forward(cpu::BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
+void unary_backward(cpu::UnaryGradOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void add_inplace(const Tensor&, const Tensor&, double) { no_cuda(); }
+void mul_inplace(const Tensor&, double) { no_cuda(); }
+void fill(const Tensor&, double) { no_cuda(); }
+void copy_cast(const Tensor&, const Tensor&) { no_cuda(); }
+void matmul_forward(const Tensor&, const Tensor&, const Tensor&, double, double) { no_cuda(); }
+void fill_rows(const Tensor&, const Tensor&) { no_cuda(); }
 
 }  // namespace qkv::cuda

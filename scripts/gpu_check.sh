@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU check, sized for one call on a lent GPU machine (well under 8 minutes on an H200):
+# configure with CUDA required, build, run every [cuda] test case, and write the logs to
+# $OUT (or the folder given as the first argument, default runs/gpu_check).
+#   scripts/gpu_check.sh [LOG_DIR]
+# Exit status: non-zero when the build fails, no GPU is visible, or a [cuda] case fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-runs/gpu_check}}
+mkdir -p "$out"
+build_dir=${BUILD_DIR:-build-gpu}
+log() { echo "gpu_check: $*" | tee -a "$out/summary.txt" >&2; }
+
+{ nvidia-smi || true; nvcc --version || true; } > "$out/device.txt" 2>&1
+log "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
+
+start=$(date +%s)
+if ! { cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=ON -DQKV_MPI=OFF &&
+       cmake --build "$build_dir" -j"$(nproc)" --target qkv_tests qkv; } > "$out/build.log" 2>&1; then
+  log "build failed (tail of $out/build.log):"; tail -30 "$out/build.log" >&2; exit 2
+fi
+log "built in $(( $(date +%s) - start )) s"
+
+if ! nvidia-smi -L > /dev/null 2>&1; then log "no GPU visible: the [cuda] cases would only skip"; exit 3; fi
+
+"$build_dir/tests/qkv_tests" "[cuda]" -s -r compact > "$out/cuda_tests.log" 2>&1
+status=$?
+grep -E "skipped: no CUDA device" "$out/cuda_tests.log" > /dev/null && { log "the tests saw no CUDA device"; status=3; }
+log "[cuda] tests: $(tail -1 "$out/cuda_tests.log") (exit $status)"
+exit $status

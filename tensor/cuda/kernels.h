@@ -1,0 +1,30 @@
+// The CUDA kernels behind the raw ops (tensor/ops_*.cpp) for tensors on Device::cuda. Same
+// contracts as their CPU counterparts in tensor/cpu/ (the front ends check shapes, dtypes and
+// devices, broadcast operands as stride-0 views and allocate results on the device). Every
+// kernel runs on one stream (the default stream), so calls are ordered as on the CPU.
+// A build without CUDA links tensor/no_cuda/cuda_stubs.cpp, where each refuses clearly.
+#pragma once
+#include "tensor/cpu/elementwise.h"  // the op enums, shared by both devices
+#include "tensor/tensor.h"
+
+namespace qkv::cuda {
+
+// Views of up to this many dims (after merging none): more is refused with a message.
+constexpr int kMaxDims = 8;
+
+void binary_forward(cpu::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& out, double s);
+void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out);
+void add_inplace(const Tensor& a, const Tensor& b, double alpha);
+void mul_inplace(const Tensor& a, double s);
+void fill(const Tensor& t, double value);
+// dst = src converted elementwise (any strides, any of f32/f64/bf16/f16/i32/i64/bool), one device.
+void copy_cast(const Tensor& src, const Tensor& dst);
+
+// The GEMM of cpu::matmul_forward on cuBLAS (float32: SGEMM with fp32 accumulation, float64:
+// DGEMM); a and b have a BLAS layout (cpu::gemm_layout ok), out has unit stride along its rows.
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
+// out [R, C] rows each set to `row` [C] (the bias pre-broadcast of linear).
+void fill_rows(const Tensor& out, const Tensor& row);
+
+}  // namespace qkv::cuda

@@ -1,0 +1,108 @@
+// GEMM on cuBLAS. cuBLAS is column-major; a row-major C[M,N] = A[M,K]·B[K,N] is, read as
+// column-major, Cᵀ[N,M] = Bᵀ[N,K]·Aᵀ[K,M], so the call passes B before A with N and M swapped.
+// A row-major operand stored NoTrans with leading dimension ld is, column-major, its own transpose
+// with that ld (op N); one stored as a row-major transpose is the matrix itself (op T). Batch
+// dims: one strided-batched call over the last batch dim (any stride, 0 for broadcast), looped
+// over the others on the host.
+#include <vector>
+
+#include "tensor/cpu/matmul.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/kernels.h"
+
+namespace qkv::cuda {
+namespace {
+
+cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t handle = nullptr;
+    QKV_CUBLAS_CHECK(cublasCreate(&handle));
+    // Deterministic by default: no split-K with atomics in the results.
+    QKV_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
+    return handle;
+  }();
+  return h;
+}
+
+inline cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Tensor& a, int64_t a_off, int lda,
+                  int64_t a_bs, const Tensor& b, int64_t b_off, int ldb, int64_t b_bs, double beta, const Tensor& out,
+                  int64_t c_off, int ldc, int64_t c_bs, int batch) {
+  if (out.dtype() == DType::f32) {
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const float* A = static_cast<const float*>(a.raw_data()) + a_off;
+    const float* B = static_cast<const float*>(b.raw_data()) + b_off;
+    float* C = static_cast<float*>(out.raw_data()) + c_off;
+    QKV_CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), op(tb), op(ta), n, m, k, &al, B, ldb, b_bs, A, lda, a_bs, &be, C,
+                                               ldc, c_bs, batch));
+  } else {
+    const double* A = static_cast<const double*>(a.raw_data()) + a_off;
+    const double* B = static_cast<const double*>(b.raw_data()) + b_off;
+    double* C = static_cast<double*>(out.raw_data()) + c_off;
+    QKV_CUBLAS_CHECK(cublasDgemmStridedBatched(blas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, b_bs, A, lda, a_bs,
+                                               &beta, C, ldc, c_bs, batch));
+  }
+}
+
+__global__ void fill_rows_kernel(float* out, int64_t rows, int64_t cols, int64_t ld, const float* row, int64_t rs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[(i / cols) * ld + i % cols] = row[(i % cols) * rs];
+}
+__global__ void fill_rows_kernel(double* out, int64_t rows, int64_t cols, int64_t ld, const double* row, int64_t rs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[(i / cols) * ld + i % cols] = row[(i % cols) * rs];
+}
+
+}  // namespace
+
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  QKV_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::f64, "[matmul] CUDA GEMM needs float32 or float64, not ",
+            dtype_name(out.dtype()));
+  const int nd = out.dim(), nb = nd - 2;
+  const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
+  if (out.numel() == 0) return;
+  const cpu::GemmLayout la = cpu::gemm_layout(a), lb = cpu::gemm_layout(b), lc = cpu::gemm_layout(out);
+  QKV_CHECK(la.ok && lb.ok && lc.ok && !lc.trans, "[matmul] CUDA GEMM got operands without a BLAS layout");
+  if (K == 0) {  // C = beta·C: no product to add
+    if (beta == 0.0) fill(out, 0.0);
+    else if (beta != 1.0) mul_inplace(out, beta);
+    return;
+  }
+  // Loop over all batch dims but the last; the last goes to one strided-batched call.
+  int64_t outer = 1;
+  for (int d = 0; d + 1 < nb; ++d) outer *= out.size(d);
+  const int batch = nb > 0 ? static_cast<int>(out.size(nb - 1)) : 1;
+  const int64_t a_bs = nb > 0 ? a.stride(nb - 1) : 0, b_bs = nb > 0 ? b.stride(nb - 1) : 0,
+                c_bs = nb > 0 ? out.stride(nb - 1) : 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t a_off = 0, b_off = 0, c_off = 0, rest = o;
+    for (int d = nb - 2; d >= 0; --d) {
+      const int64_t idx = rest % out.size(d);
+      rest /= out.size(d);
+      a_off += idx * a.stride(d);
+      b_off += idx * b.stride(d);
+      c_off += idx * out.stride(d);
+    }
+    gemm_batched(la.trans, lb.trans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, a, a_off,
+                 static_cast<int>(la.ld), a_bs, b, b_off, static_cast<int>(lb.ld), b_bs, beta, out, c_off,
+                 static_cast<int>(lc.ld), c_bs, batch);
+  }
+}
+
+void fill_rows(const Tensor& out, const Tensor& row) {
+  const int64_t R = out.size(0), C = out.size(1);
+  if (R * C == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((R * C + 255) / 256, 1 << 16));
+  if (out.dtype() == DType::f32)
+    fill_rows_kernel<<<blocks, 256>>>(static_cast<float*>(out.raw_data()), R, C, out.stride(0),
+                                      static_cast<const float*>(row.raw_data()), row.stride(0));
+  else
+    fill_rows_kernel<<<blocks, 256>>>(static_cast<double*>(out.raw_data()), R, C, out.stride(0),
+                                      static_cast<const double*>(row.raw_data()), row.stride(0));
+  QKV_CUDA_LAUNCHED("fill_rows_kernel");
+}
+
+}  // namespace qkv::cuda

@@ -1,0 +1,146 @@
+// CUDA kernels against the CPU kernels (themselves tested against float64 references): the same
+// op on the same inputs, moved to the device and back. Cases carry the [cuda] tag and report
+// "skipped: no CUDA device" where none is present (CI has no GPU; scripts/gpu_check.sh runs them
+// on a machine with one).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/ops.h"
+
+using namespace qkv;
+
+namespace {
+
+bool have_device() {
+  if (cuda::device_count() > 0) return true;
+  static bool said = false;
+  if (!said) std::printf("[cuda] skipped: no CUDA device\n");
+  said = true;
+  return false;
+}
+
+Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
+Tensor host(const Tensor& t) { return t.to(Device::cpu); }
+
+// max |a - b| / max(|b|, tiny) over equally shaped tensors, a on the device, b on the host.
+double rel_err(const Tensor& a_dev, const Tensor& b) {
+  REQUIRE(a_dev.device() == Device::cuda);
+  REQUIRE(a_dev.shape() == b.shape());
+  const auto x = host(a_dev).to_vector(), y = b.to_vector();
+  double d = 0, s = 1e-30;
+  for (size_t i = 0; i < x.size(); ++i) {
+    REQUIRE(std::isfinite(x[i]) == std::isfinite(y[i]));
+    if (std::isfinite(y[i])) d = std::max(d, std::fabs(x[i] - y[i]));
+    s = std::max(s, std::fabs(y[i]));
+  }
+  return d / s;
+}
+
+}  // namespace
+
+TEST_CASE("device round trip keeps every dtype's bits; strided device copies compact views", "[cuda]") {
+  if (!have_device()) return;
+  const Tensor x = randn({3, 5, 7}, 1);
+  CHECK(max_abs_diff(host(gpu(x)), x) == 0.0);
+  for (DType t : {DType::f64, DType::i32, DType::i64, DType::bf16, DType::f16, DType::boolean}) {
+    INFO(dtype_name(t));
+    const Tensor xt = x.to(t);
+    CHECK(max_abs_diff(host(gpu(xt)).to(DType::f64), xt.to(DType::f64)) == 0.0);
+    // Conversions on the device equal the host's.
+    CHECK(max_abs_diff(host(gpu(x).to(t)).to(DType::f64), xt.to(DType::f64)) == 0.0);
+  }
+  const Tensor view = x.permute({2, 0, 1}).narrow(1, 1, 2);  // non-contiguous
+  CHECK(max_abs_diff(host(gpu(x).permute({2, 0, 1}).narrow(1, 1, 2).contiguous()), view.contiguous()) == 0.0);
+  Tensor dst = zeros({7, 2, 5}, DType::f32, Device::cuda);
+  copy_(dst, view);  // host source, device destination
+  CHECK(max_abs_diff(host(dst), view.contiguous()) == 0.0);
+  fill_(dst, 2.5);
+  CHECK(host(dst).to_vector() == std::vector<double>(70, 2.5));
+}
+
+TEST_CASE("CUDA elementwise ops match the CPU kernels, broadcast and strided operands included", "[cuda]") {
+  if (!have_device()) return;
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const double tol = t == DType::f32 ? 1e-6 : 1e-13;
+    const Tensor a = randn({4, 1, 6}, 2, 0, 0.0, 2.0, t), b = randn({3, 1}, 3, 0, 0.0, 2.0, t);
+    const Tensor pos = add(abs(a), 0.5);
+    const Tensor ga = gpu(a), gb = gpu(b), gpos = gpu(pos);
+    CHECK(rel_err(add(ga, gb), add(a, b)) <= tol);
+    CHECK(rel_err(sub(ga, gb), sub(a, b)) <= tol);
+    CHECK(rel_err(mul(ga, gb), mul(a, b)) <= tol);
+    CHECK(rel_err(div(ga, gb), div(a, b)) <= tol);
+    CHECK(rel_err(maximum(ga, gb), maximum(a, b)) <= tol);
+    CHECK(rel_err(add(ga.transpose(0, 2), gb), add(a.transpose(0, 2), b)) <= tol);
+    CHECK(rel_err(neg(ga), neg(a)) <= tol);
+    CHECK(rel_err(exp(ga), exp(a)) <= 4 * tol);
+    CHECK(rel_err(log(gpos), log(pos)) <= 4 * tol);
+    CHECK(rel_err(sqrt(gpos), sqrt(pos)) <= tol);
+    CHECK(rel_err(rsqrt(gpos), rsqrt(pos)) <= tol);
+    CHECK(rel_err(tanh(ga), tanh(a)) <= 4 * tol);
+    CHECK(rel_err(sigmoid(ga), sigmoid(a)) <= 4 * tol);
+    CHECK(rel_err(relu(ga), relu(a)) == 0.0);
+    CHECK(rel_err(abs(ga), abs(a)) == 0.0);
+    CHECK(rel_err(gelu(ga, GeluApprox::tanh), gelu(a, GeluApprox::tanh)) <= 4 * tol);
+    CHECK(rel_err(gelu(ga, GeluApprox::none), gelu(a, GeluApprox::none)) <= 4 * tol);
+    CHECK(rel_err(silu(ga), silu(a)) <= 4 * tol);
+    CHECK(rel_err(add(ga, 1.5), add(a, 1.5)) <= tol);
+    CHECK(rel_err(mul(ga, -3.0), mul(a, -3.0)) <= tol);
+    CHECK(rel_err(rsub(ga, 2.0), rsub(a, 2.0)) <= tol);
+    CHECK(rel_err(rdiv(gpos, 2.0), rdiv(pos, 2.0)) <= tol);
+    CHECK(rel_err(pow(gpos, 2.0), pow(pos, 2.0)) <= tol);
+    CHECK(rel_err(pow(gpos, 1.7), pow(pos, 1.7)) <= 4 * tol);
+    const Tensor dy = randn(a.shape(), 4, 0, 0.0, 1.0, t), gdy = gpu(dy);
+    CHECK(rel_err(gelu_backward(ga, gdy, GeluApprox::tanh), gelu_backward(a, dy, GeluApprox::tanh)) <= 4 * tol);
+    CHECK(rel_err(gelu_backward(ga, gdy, GeluApprox::none), gelu_backward(a, dy, GeluApprox::none)) <= 4 * tol);
+    CHECK(rel_err(silu_backward(ga, gdy), silu_backward(a, dy)) <= 4 * tol);
+    CHECK(rel_err(relu_backward(ga, gdy), relu_backward(a, dy)) == 0.0);
+    // In place, broadcast source and a strided destination.
+    Tensor acc = a.expand({4, 3, 6}).contiguous(), gacc = gpu(acc);
+    add_(gacc, gb, 0.5);
+    add_(acc, b, 0.5);
+    CHECK(rel_err(gacc, acc) <= tol);
+    mul_(gacc.transpose(0, 1), 3.0);
+    mul_(acc.transpose(0, 1), 3.0);
+    CHECK(rel_err(gacc, acc) <= tol);
+  }
+  const Tensor i = from_vector_i64({1, -2, 3, 4}, {2, 2});
+  CHECK(max_abs_diff(host(add(gpu(i), gpu(i))), add(i, i)) == 0.0);
+}
+
+TEST_CASE("cuBLAS matmul and linear match the CPU GEMMs: transposes folded, batch dims broadcast", "[cuda]") {
+  if (!have_device()) return;
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    // float32 GEMM-bound: within cuBLAS's fp32 accumulation (no TF32: cuBLAS's default math mode).
+    const double tol = t == DType::f32 ? 1e-5 : 1e-12;
+    const Tensor a = randn({2, 3, 17, 33}, 5, 0, 0.0, 1.0, t), b = randn({3, 33, 9}, 6, 0, 0.0, 1.0, t);
+    CHECK(rel_err(matmul(gpu(a), gpu(b)), matmul(a, b)) <= tol);
+    const Tensor bt = randn({9, 33}, 7, 0, 0.0, 1.0, t);
+    CHECK(rel_err(matmul(gpu(a), gpu(bt).transpose(0, 1)), matmul(a, bt.transpose(0, 1))) <= tol);
+    const Tensor at = randn({33, 17}, 8, 0, 0.0, 1.0, t);
+    CHECK(rel_err(matmul(gpu(at).transpose(0, 1), gpu(b)), matmul(at.transpose(0, 1), b)) <= tol);
+    const Tensor v = randn({33}, 9, 0, 0.0, 1.0, t);
+    CHECK(rel_err(matmul(gpu(a), gpu(v)), matmul(a, v)) <= tol);
+    Tensor out = randn({17, 9}, 10, 0, 0.0, 1.0, t), gout = gpu(out);
+    matmul_into(gpu(a).select(0, 1).select(0, 2), gpu(b).select(0, 0), gout, 0.5, 2.0);
+    matmul_into(a.select(0, 1).select(0, 2), b.select(0, 0), out, 0.5, 2.0);
+    CHECK(rel_err(gout, out) <= tol);
+    const Tensor x = randn({4, 5, 33}, 11, 0, 0.0, 1.0, t), w = randn({12, 33}, 12, 0, 0.0, 1.0, t),
+                 bias = randn({12}, 13, 0, 0.0, 1.0, t);
+    CHECK(rel_err(linear(gpu(x), gpu(w), gpu(bias)), linear(x, w, bias)) <= tol);
+    CHECK(rel_err(linear(gpu(x), gpu(w), Tensor()), linear(x, w, Tensor())) <= tol);
+  }
+}
+
+TEST_CASE("ops without a CUDA kernel yet refuse device tensors by name", "[cuda]") {
+  if (!have_device()) return;
+  const Tensor a = gpu(randn({4, 4}, 1));
+  CHECK_THROWS_WITH(softmax(a, -1), Catch::Contains("cuda"));
+  CHECK_THROWS_WITH(add(a, randn({4, 4}, 2)), Catch::Contains("is on cuda but b is on cpu"));
+}
