@@ -1,8 +1,10 @@
 // Front ends of the fused neural-net ops: embedding, layer/RMS norm, cross-entropy, dropout.
 // They check shapes, dtypes and index ranges (so a bad id or target is one readable error, never
 // an out-of-bounds read), make inputs contiguous where the kernel needs it, allocate the outputs
-// and call the CPU kernels (tensor/cpu/nn_kernels.h).
+// on the inputs' device and call the CPU kernels (tensor/cpu/nn_kernels.h) or the CUDA ones
+// (tensor/cuda/nn.cu). Ids and targets on the device are range-checked from a host copy.
 #include "tensor/cpu/nn_kernels.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 
@@ -20,16 +22,18 @@ void check_ids(const char* op, const Tensor& ids, int64_t v, const char* what, c
   }
 }
 
-// ids as a contiguous tensor whose values all lie in [0, v).
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
+
+// ids as a contiguous tensor (on their device) whose values all lie in [0, v).
 Tensor checked_ids(const char* op, const Tensor& ids, int64_t v) {
   detail::require_defined(op, ids, "ids");
   QKV_CHECK(is_integral(ids.dtype()), "[", op, "] ids must be int32 or int64, not ", dtype_name(ids.dtype()));
-  detail::require_cpu(op, ids);
   Tensor c = ids.contiguous();
-  if (c.dtype() == DType::i32)
-    check_ids<int32_t>(op, c, v, "id", "embeddings");
+  const Tensor h = c.to(Device::cpu);
+  if (h.dtype() == DType::i32)
+    check_ids<int32_t>(op, h, v, "id", "embeddings");
   else
-    check_ids<int64_t>(op, c, v, "id", "embeddings");
+    check_ids<int64_t>(op, h, v, "id", "embeddings");
   return c;
 }
 
@@ -44,7 +48,6 @@ void check_norm_param(const char* op, const Tensor& p, const Tensor& x, const ch
 
 void check_norm_input(const char* op, const Tensor& x) {
   detail::require_defined(op, x, "x");
-  detail::require_cpu(op, x);
   detail::require_float(op, x, "x");
   QKV_CHECK(x.dim() >= 1, "[", op, "] x must have at least one dim, got a scalar");
 }
@@ -56,6 +59,7 @@ void check_same_shape(const char* op, const Tensor& a, const char* an, const Ten
             shape_str(b.shape()));
   QKV_CHECK(a.dtype() == b.dtype(), "[", op, "] ", an, " is ", dtype_name(a.dtype()), " but ", bn, " is ",
             dtype_name(b.dtype()));
+  detail::require_same_device(op, a, b);
 }
 
 Shape drop_last(const Shape& s) { return Shape(s.begin(), s.end() - 1); }
@@ -68,22 +72,24 @@ Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? t.contigu
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   detail::require_defined("embedding", weight, "weight");
-  detail::require_cpu("embedding", weight);
   detail::require_float("embedding", weight, "weight");
   QKV_CHECK(weight.dim() == 2, "[embedding] weight must be [V, C], got ", shape_str(weight.shape()));
   const int64_t v = weight.size(0), c = weight.size(1);
   const Tensor idc = checked_ids("embedding", ids, v);
+  detail::require_same_device("embedding", weight, idc);
   const Tensor w = (c <= 1 || weight.stride(1) == 1) ? weight : weight.contiguous();
   Shape out_shape = ids.shape();
   out_shape.push_back(c);
-  Tensor out = Tensor::empty(out_shape, weight.dtype());
-  if (out.numel() > 0) cpu::embedding_forward(w, idc, out);
+  Tensor out = Tensor::empty(out_shape, weight.dtype(), weight.device());
+  if (out.numel() > 0) {
+    if (on_cuda(w)) cuda::embedding_forward(w, idc, out);
+    else cpu::embedding_forward(w, idc, out);
+  }
   return out;
 }
 
 Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embeddings) {
   detail::require_defined("embedding_backward", dy, "dy");
-  detail::require_cpu("embedding_backward", dy);
   detail::require_float("embedding_backward", dy, "dy");
   QKV_CHECK(num_embeddings >= 0, "[embedding_backward] num_embeddings ", num_embeddings, " is negative");
   const Tensor idc = checked_ids("embedding_backward", ids, num_embeddings);
@@ -94,8 +100,13 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embed
   QKV_CHECK(dy.shape() == expect, "[embedding_backward] ids are ", shape_str(ids.shape()), " but dy is ",
             shape_str(dy.shape()), ": dy must be [..ids.., C]");
   const int64_t c = dy.size(-1);
-  Tensor dweight = zeros({num_embeddings, c}, dy.dtype());
-  if (dy.numel() > 0) cpu::embedding_backward(idc, dy.contiguous().view({idc.numel(), c}), dweight);
+  detail::require_same_device("embedding_backward", dy, idc);
+  Tensor dweight = zeros({num_embeddings, c}, dy.dtype(), dy.device());
+  if (dy.numel() > 0) {
+    const Tensor dy2 = dy.contiguous().view({idc.numel(), c});
+    if (on_cuda(dy)) cuda::embedding_backward(idc, dy2, dweight);
+    else cpu::embedding_backward(idc, dy2, dweight);
+  }
   return dweight;
 }
 
@@ -108,10 +119,15 @@ NormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
   QKV_CHECK(eps >= 0, "[layer_norm] eps ", eps, " is negative");
   const Tensor xc = x.contiguous();
   NormResult r;
-  r.y = Tensor::empty(x.shape(), x.dtype());
-  r.mean = Tensor::empty(drop_last(x.shape()), x.dtype());
-  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype());
-  cpu::layer_norm_forward(xc, contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean, r.rstd);
+  r.y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  r.mean = Tensor::empty(drop_last(x.shape()), x.dtype(), x.device());
+  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype(), x.device());
+  if (on_cuda(x))
+    cuda::layer_norm_forward(xc, contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean,
+                             r.rstd);
+  else
+    cpu::layer_norm_forward(xc, contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean,
+                            r.rstd);
   return r;
 }
 
@@ -126,11 +142,15 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
             "[layer_norm_backward] x is ", shape_str(x.shape()), " so mean and rstd must be ", dtype_name(x.dtype()),
             " ", shape_str(rows));
   NormGrads g;
-  g.dx = Tensor::empty(x.shape(), x.dtype());
-  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype());
-  g.dbias = Tensor::empty({x.size(-1)}, x.dtype());
-  cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
-                           rstd.contiguous(), g.dx, g.dweight, g.dbias);
+  g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype(), x.device());
+  g.dbias = Tensor::empty({x.size(-1)}, x.dtype(), x.device());
+  if (on_cuda(x))
+    cuda::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
+                              rstd.contiguous(), g.dx, g.dweight, g.dbias);
+  else
+    cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
+                             rstd.contiguous(), g.dx, g.dweight, g.dbias);
   return g;
 }
 
@@ -139,9 +159,10 @@ NormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_param("rms_norm", weight, x, "weight");
   QKV_CHECK(eps >= 0, "[rms_norm] eps ", eps, " is negative");
   NormResult r;
-  r.y = Tensor::empty(x.shape(), x.dtype());
-  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype());
-  cpu::rms_norm_forward(x.contiguous(), contiguous_or_undefined(weight), eps, r.y, r.rstd);
+  r.y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  r.rstd = Tensor::empty(drop_last(x.shape()), x.dtype(), x.device());
+  if (on_cuda(x)) cuda::rms_norm_forward(x.contiguous(), contiguous_or_undefined(weight), eps, r.y, r.rstd);
+  else cpu::rms_norm_forward(x.contiguous(), contiguous_or_undefined(weight), eps, r.y, r.rstd);
   return r;
 }
 
@@ -153,10 +174,14 @@ NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& wei
   QKV_CHECK(rstd.defined() && rstd.shape() == rows && rstd.dtype() == x.dtype(), "[rms_norm_backward] x is ",
             shape_str(x.shape()), " so rstd must be ", dtype_name(x.dtype()), " ", shape_str(rows));
   NormGrads g;
-  g.dx = Tensor::empty(x.shape(), x.dtype());
-  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype());
-  cpu::rms_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), rstd.contiguous(), g.dx,
-                         g.dweight);
+  g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype(), x.device());
+  if (on_cuda(x))
+    cuda::rms_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), rstd.contiguous(), g.dx,
+                            g.dweight);
+  else
+    cpu::rms_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), rstd.contiguous(), g.dx,
+                           g.dweight);
   return g;
 }
 
@@ -188,8 +213,7 @@ int64_t check_targets(const Tensor& t, int64_t v, int64_t ignore, const Shape& l
 CeInputs check_cross_entropy(const char* op, const Tensor& logits, const Tensor& targets, int64_t ignore) {
   detail::require_defined(op, logits, "logits");
   detail::require_defined(op, targets, "targets");
-  detail::require_cpu(op, logits);
-  detail::require_cpu(op, targets);
+  detail::require_same_device(op, logits, targets);
   detail::require_float(op, logits, "logits");
   QKV_CHECK(is_integral(targets.dtype()), "[", op, "] targets must be int32 or int64, not ",
             dtype_name(targets.dtype()));
@@ -199,8 +223,9 @@ CeInputs check_cross_entropy(const char* op, const Tensor& logits, const Tensor&
   const int64_t v = logits.size(1);
   in.logits = (v <= 1 || logits.stride(1) == 1) ? logits : logits.contiguous();
   in.targets = targets.contiguous();
-  in.count = in.targets.dtype() == DType::i32 ? check_targets<int32_t>(in.targets, v, ignore, logits.shape())
-                                              : check_targets<int64_t>(in.targets, v, ignore, logits.shape());
+  const Tensor host_targets = in.targets.to(Device::cpu);
+  in.count = host_targets.dtype() == DType::i32 ? check_targets<int32_t>(host_targets, v, ignore, logits.shape())
+                                                : check_targets<int64_t>(host_targets, v, ignore, logits.shape());
   return in;
 }
 
@@ -210,10 +235,11 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   const CeInputs in = check_cross_entropy("cross_entropy", logits, targets, ignore_index);
   CrossEntropyResult r;
   r.count = in.count;
-  r.lse = Tensor::empty({logits.size(0)}, logits.dtype());
-  const double total = cpu::cross_entropy_forward(in.logits, in.targets, ignore_index, r.lse);
+  r.lse = Tensor::empty({logits.size(0)}, logits.dtype(), logits.device());
+  const double total = on_cuda(logits) ? cuda::cross_entropy_forward(in.logits, in.targets, ignore_index, r.lse)
+                                       : cpu::cross_entropy_forward(in.logits, in.targets, ignore_index, r.lse);
   // All targets ignored: the mean over nothing is taken as 0 (PyTorch gives NaN), with zero grads.
-  r.loss = full({}, in.count > 0 ? total / static_cast<double>(in.count) : 0.0, logits.dtype());
+  r.loss = full({}, in.count > 0 ? total / static_cast<double>(in.count) : 0.0, logits.dtype(), logits.device());
   return r;
 }
 
@@ -223,9 +249,13 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   QKV_CHECK(lse.defined() && lse.shape() == Shape{logits.size(0)} && lse.dtype() == logits.dtype(),
             "[cross_entropy_backward] logits are ", shape_str(logits.shape()), " so lse must be ",
             dtype_name(logits.dtype()), " [", logits.size(0), "]");
-  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype());
+  detail::require_same_device("cross_entropy_backward", logits, lse);
+  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   const double scale = count > 0 ? dloss / static_cast<double>(count) : 0.0;
-  cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
+  if (on_cuda(logits))
+    cuda::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
+  else
+    cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
   return dlogits;
 }
 
@@ -235,10 +265,10 @@ Tensor dropout(const Tensor& a, double p, uint64_t seed, uint64_t offset) {
   detail::require_defined("dropout", a, "input");
   QKV_CHECK(p >= 0.0 && p < 1.0, "[dropout] p must be in [0, 1), got ", p);
   if (p == 0.0) return a;
-  detail::require_cpu("dropout", a);
   detail::require_float("dropout", a);
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  cpu::dropout_forward(a.contiguous(), p, seed, offset, out);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::dropout_forward(a.contiguous(), p, seed, offset, out);
+  else cpu::dropout_forward(a.contiguous(), p, seed, offset, out);
   return out;
 }
 

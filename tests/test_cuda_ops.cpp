@@ -144,3 +144,57 @@ TEST_CASE("ops without a CUDA kernel yet refuse device tensors by name", "[cuda]
   CHECK_THROWS_WITH(softmax(a, -1), Catch::Contains("cuda"));
   CHECK_THROWS_WITH(add(a, randn({4, 4}, 2)), Catch::Contains("is on cuda but b is on cpu"));
 }
+
+TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernels", "[cuda]") {
+  if (!have_device()) return;
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const double tol = t == DType::f32 ? 1e-5 : 1e-12;
+    // Embedding: repeated ids, so the backward's per-id sums are exercised; int32 and int64 ids.
+    const Tensor w = randn({11, 40}, 20, 0, 0.0, 1.0, t);
+    const Tensor ids = from_vector_i64({3, 0, 3, 10, 7, 3, 0, 5}, {2, 4});
+    for (const Tensor& id : {ids, ids.to(DType::i32)}) {
+      CHECK(rel_err(embedding(gpu(w), gpu(id)), embedding(w, id)) == 0.0);
+      const Tensor dy = randn({2, 4, 40}, 21, 0, 0.0, 1.0, t);
+      // Same order of additions per row as the CPU: bitwise equal.
+      CHECK(rel_err(embedding_backward(gpu(id), gpu(dy), 11), embedding_backward(id, dy, 11)) == 0.0);
+    }
+    CHECK_THROWS_WITH(embedding(gpu(w), gpu(from_vector_i64({11}, {1}))), Catch::Contains("out of range"));
+
+    // Norms over 300 rows of 77 (several column-sum chunks), with and without affine parameters.
+    const Tensor x = randn({3, 100, 77}, 22, 0, 0.5, 2.0, t), nw = randn({77}, 23, 0, 1.0, 0.3, t),
+                 nb = randn({77}, 24, 0, 0.0, 0.3, t), dy = randn({3, 100, 77}, 25, 0, 0.0, 1.0, t);
+    const NormResult c = layer_norm(x, nw, nb, 1e-5), g = layer_norm(gpu(x), gpu(nw), gpu(nb), 1e-5);
+    CHECK(rel_err(g.y, c.y) <= tol);
+    CHECK(rel_err(g.mean, c.mean) <= tol);
+    CHECK(rel_err(g.rstd, c.rstd) <= tol);
+    const NormGrads cg = layer_norm_backward(dy, x, nw, c.mean, c.rstd);
+    const NormGrads gg = layer_norm_backward(gpu(dy), gpu(x), gpu(nw), g.mean, g.rstd);
+    CHECK(rel_err(gg.dx, cg.dx) <= 10 * tol);
+    CHECK(rel_err(gg.dweight, cg.dweight) <= 10 * tol);
+    CHECK(rel_err(gg.dbias, cg.dbias) <= 10 * tol);
+    const NormResult cr = rms_norm(x, nw, 1e-6), gr = rms_norm(gpu(x), gpu(nw), 1e-6);
+    CHECK(rel_err(gr.y, cr.y) <= tol);
+    const NormGrads crg = rms_norm_backward(dy, x, nw, cr.rstd), grg = rms_norm_backward(gpu(dy), gpu(x), gpu(nw), gr.rstd);
+    CHECK(rel_err(grg.dx, crg.dx) <= 10 * tol);
+    CHECK(rel_err(grg.dweight, crg.dweight) <= 10 * tol);
+    const NormResult cn = layer_norm(x, Tensor(), Tensor(), 1e-5), gn = layer_norm(gpu(x), Tensor(), Tensor(), 1e-5);
+    CHECK(rel_err(gn.y, cn.y) <= tol);
+
+    // Cross-entropy with an ignored target and a row of -inf but one logit.
+    Tensor logits = randn({6, 1000}, 26, 0, 0.0, 3.0, t);
+    const Tensor targets = from_vector_i64({5, -100, 999, 0, 17, 3}, {6});
+    const CrossEntropyResult ce = cross_entropy(logits, targets), gce = cross_entropy(gpu(logits), gpu(targets));
+    CHECK(gce.count == ce.count);
+    CHECK(std::fabs(gce.loss.item() - ce.loss.item()) <= tol * std::fabs(ce.loss.item()));
+    CHECK(rel_err(gce.lse, ce.lse) <= tol);
+    CHECK(rel_err(cross_entropy_backward(gpu(logits), gpu(targets), gce.lse, 1.0, gce.count),
+                  cross_entropy_backward(logits, targets, ce.lse, 1.0, ce.count)) <= tol);
+    CHECK_THROWS_WITH(cross_entropy(gpu(logits), gpu(from_vector_i64({1, 2, 3, 4, 5, 1000}, {6}))),
+                      Catch::Contains("target 1000 at row 5 is out of range"));
+
+    // Dropout: the same Philox keep decisions as the CPU, so the same elements survive.
+    const Tensor a = randn({5, 333}, 27, 0, 0.0, 1.0, t);
+    CHECK(rel_err(dropout(gpu(a), 0.3, 99, 1234), dropout(a, 0.3, 99, 1234)) <= tol);
+  }
+}

@@ -27,4 +27,22 @@ void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double 
 // out [R, C] rows each set to `row` [C] (the bias pre-broadcast of linear).
 void fill_rows(const Tensor& out, const Tensor& row);
 
+// The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
+// (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.
+void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
+void sum_rows(const Tensor& x, const Tensor& out);
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd);
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         bool accumulate_dx = false);
+void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd);
+void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                       const Tensor& dweight);
+double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& lse);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
+                            int64_t ignore_index, const Tensor& dlogits);
+void dropout_forward(const Tensor& a, double p, uint64_t seed, uint64_t offset, const Tensor& out);
+
 }  // namespace qkv::cuda

@@ -25,5 +25,19 @@ void fill(const Tensor&, double) { no_cuda(); }
 void copy_cast(const Tensor&, const Tensor&) { no_cuda(); }
 void matmul_forward(const Tensor&, const Tensor&, const Tensor&, double, double) { no_cuda(); }
 void fill_rows(const Tensor&, const Tensor&) { no_cuda(); }
+void embedding_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void embedding_backward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void sum_rows(const Tensor&, const Tensor&) { no_cuda(); }
+void layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
+                        const Tensor&) { no_cuda(); }
+void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, bool) { no_cuda(); }
+void rms_norm_forward(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) { no_cuda(); }
+void rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_cuda();
+}
+double cross_entropy_forward(const Tensor&, const Tensor&, int64_t, const Tensor&) { no_cuda(); }
+void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, double, int64_t, const Tensor&) { no_cuda(); }
+void dropout_forward(const Tensor&, double, uint64_t, uint64_t, const Tensor&) { no_cuda(); }
 
 }  // namespace qkv::cuda
