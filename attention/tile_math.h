@@ -7,8 +7,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+
+#include "tensor/cpu/fast_exp.h"
 
 namespace qkv::attn::tile {
 
@@ -26,28 +27,9 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
               c, static_cast<int>(ldc));
 }
 
-// exp for float32 without a libm call, so the row loops vectorise: exp(x) = 2^n · e^r with
-// n = round(x·log2 e) and r = x − n·ln 2 in [−ln2/2, ln2/2], e^r by a degree-7 polynomial
-// (Cephes' expf coefficients, ~1 ulp). x <= −87.5 (including −inf, a masked logit) gives exactly 0.
-inline float exp_fast(float x) {
-  const bool under = x < -87.5f;
-  x = x > 88.0f ? 88.0f : x;
-  x = x < -87.5f ? -87.5f : x;
-  // Round to nearest by adding and removing 1.5·2^23 (no libm call, so the loop vectorises).
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return under ? 0.0f : p * scale;
-}
+// exp for float32 without a libm call, so the row loops vectorise (see tensor/cpu/fast_exp.h).
+// A masked logit (-inf, also after subtracting a finite row max) gives exactly 0.
+inline float exp_fast(float x) { return cpu::fast_exp(x); }
 inline double exp_fast(double x) { return std::exp(x); }
 
 // Reductions carry `omp simd` so the compiler may reorder them into vector lanes (plain loops

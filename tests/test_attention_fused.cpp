@@ -11,6 +11,7 @@
 #include "attention/alibi.h"
 #include "attention/attention.h"
 #include "autograd/engine.h"
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -22,17 +23,7 @@ struct Dims {
   int64_t B, Hq, Hkv, Nq, Nk, D;
 };
 
-// max |a - b| / max |b|: relative to the tensor's scale (elementwise ratios blow up near zero).
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double num = 0, den = 1e-30;
-  for (size_t e = 0; e < x.size(); ++e) {
-    num = std::max(num, std::fabs(x[e] - y[e]));
-    den = std::max(den, std::fabs(y[e]));
-  }
-  return num / den;
-}
+using test::rel_err;
 
 Tensor bool_fn(const Shape& s, const std::function<bool(int64_t)>& f) {
   Tensor t = Tensor::empty(s, DType::boolean);

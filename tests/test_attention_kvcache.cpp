@@ -8,6 +8,7 @@
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "attention/rope.h"
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -15,16 +16,7 @@ using namespace qkv::attn;
 
 namespace {
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector(), y = b.to_vector();
-  REQUIRE(x.size() == y.size());
-  double num = 0, den = 1e-30;
-  for (size_t e = 0; e < x.size(); ++e) {
-    num = std::max(num, std::fabs(x[e] - y[e]));
-    den = std::max(den, std::fabs(y[e]));
-  }
-  return num / den;
-}
+using test::rel_err;
 
 struct DecodeCase {
   int64_t window = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -51,28 +52,10 @@ int64_t bcast_index(int64_t i, const Shape& out, const Shape& in) {
   return idx;
 }
 
-// Every element within atol + rtol |want| (NaN where want is NaN); reports the worst element once
-// (one Catch assertion per tensor keeps large checks fast).
-void check_close(const Tensor& got, const std::vector<double>& want, double rtol, double atol = 0) {
+// Op outputs are fresh contiguous tensors, with every value within test::check_close's tolerance.
+void check_contiguous_close(const Tensor& got, const std::vector<double>& want, double rtol, double atol = 0) {
   REQUIRE(got.is_contiguous());
-  const std::vector<double> g = got.to_vector();
-  REQUIRE(g.size() == want.size());
-  size_t bad = 0, worst = 0;
-  double worst_excess = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i] == want[i] || (std::isnan(want[i]) && std::isnan(g[i]))) continue;
-    const double excess = std::fabs(g[i] - want[i]) - (atol + rtol * std::fabs(want[i]));
-    if (!(excess <= 0)) {
-      if (bad == 0 || !(excess <= worst_excess)) {
-        worst = i;
-        worst_excess = excess;
-      }
-      ++bad;
-    }
-  }
-  INFO(bad << " of " << g.size() << " elements off; worst at " << worst << ": got " << (g.empty() ? 0 : g[worst])
-            << " want " << (want.empty() ? 0 : want[worst]));
-  CHECK(bad == 0);
+  test::check_close(got, want, rtol, atol);
 }
 
 using Binary = std::function<Tensor(const Tensor&, const Tensor&)>;
@@ -105,7 +88,7 @@ void check_binary(const Binary& op, const Ref2& ref, bool positive_b = false) {
       for (size_t i = 0; i < want.size(); ++i)
         want[i] = ref(av[bcast_index(i, os, l.a)], bv[bcast_index(i, os, l.b)]);
       INFO(dtype_name(t) << " " << shape_str(l.a) << " op " << shape_str(l.b) << (l.noncontig ? " strided" : ""));
-      check_close(out, want, rtol_for(t));
+      check_contiguous_close(out, want, rtol_for(t));
     }
   }
 }
@@ -126,7 +109,7 @@ void check_unary(const Unary& op, const Ref1& ref, double lo = -3, double hi = 3
         std::vector<double> want = a.to_vector();
         for (double& v : want) v = ref(v);
         INFO(dtype_name(t) << " " << shape_str(s) << (nc ? " strided" : ""));
-        check_close(out, want, t == DType::f32 ? rtol32 : 1e-13, t == DType::f32 ? 1e-7 : 1e-15);
+        check_contiguous_close(out, want, t == DType::f32 ? rtol32 : 1e-13, t == DType::f32 ? 1e-7 : 1e-15);
       }
     }
   }
@@ -200,7 +183,7 @@ TEST_CASE("fused activation derivatives match finite differences of the activati
       std::vector<double> want(xv.size());
       for (size_t i = 0; i < xv.size(); ++i) want[i] = gv[i] * numeric(c.f, xv[i]);
       INFO(c.name << " " << dtype_name(t));
-      check_close(dx, want, t == DType::f32 ? 1e-5 : 1e-8, t == DType::f32 ? 1e-6 : 1e-9);
+      check_contiguous_close(dx, want, t == DType::f32 ? 1e-5 : 1e-8, t == DType::f32 ? 1e-6 : 1e-9);
     }
   }
 }
@@ -241,14 +224,14 @@ TEST_CASE("where and masked_fill select elementwise with broadcasting", "[ops][e
     std::vector<double> want(72);
     for (size_t i = 0; i < want.size(); ++i)
       want[i] = cv[bcast_index(i, os, {4, 1, 6})] ? av[bcast_index(i, os, {3, 6})] : bv[bcast_index(i, os, {4, 1, 1})];
-    check_close(out, want, 0);
+    check_contiguous_close(out, want, 0);
 
     const Tensor mask = gt(rand({6}, 44), full({}, 0.3));
     const Tensor m = masked_fill(a, mask, -1e9);
     const auto mv = mask.to_vector();
     std::vector<double> want2(18);
     for (size_t i = 0; i < 18; ++i) want2[i] = mv[i % 6] ? -1e9 : av[i];
-    check_close(m, want2, t == DType::f32 ? 1e-7 : 0);
+    check_contiguous_close(m, want2, t == DType::f32 ? 1e-7 : 0);
   }
   const Tensor ids = from_vector_i64({1, 2, 3}, {3});
   CHECK(where(gt(ids, full({}, 1, DType::i64)), ids, zeros({}, DType::i64)).to_vector() ==
@@ -266,10 +249,10 @@ TEST_CASE("in-place add_ and mul_ accumulate into the destination", "[ops][eleme
     add_(a, b, -0.5);
     std::vector<double> want(20);
     for (size_t i = 0; i < 20; ++i) want[i] = a0[i] + -0.5 * bv[i % 4];
-    check_close(a, want, rtol_for(t), 1e-7);
+    check_contiguous_close(a, want, rtol_for(t), 1e-7);
     mul_(a, 3.0);
     for (double& w : want) w *= 3;
-    check_close(a, want, rtol_for(t), 1e-6);
+    check_contiguous_close(a, want, rtol_for(t), 1e-6);
     // A strided destination: only the viewed elements change.
     Tensor base = zeros({4, 5}, t);
     add_(base.transpose(0, 1), ones({5, 4}, t));

@@ -9,6 +9,7 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -57,18 +58,7 @@ std::vector<double> naive_matmul(const Tensor& a, const Tensor& b, Shape* out_sh
   return out;
 }
 
-// |got - want| <= tol * (1 + |want|) elementwise, reported with the worst index.
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(got[i] - want[i]) / (1 + std::fabs(want[i]));
-    if (!(e <= worst)) worst = e, at = i;
-  }
-  INFO("worst relative error " << worst << " at " << at);
-  CHECK(worst <= tol);
-}
+using test::check_mixed_close;
 
 double tol_of(DType t) { return t == DType::f32 ? 2e-5 : 1e-12; }
 
@@ -80,7 +70,7 @@ void check_matmul(const Tensor& a, const Tensor& b) {
   const Tensor c = matmul(a, b);
   CHECK(c.shape() == want_shape);
   CHECK(c.is_contiguous());
-  check_close(c.to_vector(), want, tol_of(a.dtype()));
+  check_mixed_close(c.to_vector(), want, tol_of(a.dtype()));
 }
 
 }  // namespace
@@ -148,7 +138,7 @@ TEST_CASE("matmul of transposed views allocates only its output", "[ops][matmul]
   const Tensor c = matmul(at, bt);
   CHECK(allocator_stats().peak_bytes - before == out_bytes);
   CHECK(allocator_stats().bytes_in_use - before == out_bytes);
-  check_close(c.to_vector(), naive_matmul(at, bt), 2e-5);
+  check_mixed_close(c.to_vector(), naive_matmul(at, bt), 2e-5);
   // Batched attention-shaped q @ k^T: no copy of k either.
   const Tensor q = rnd({2, 4, 8, 16}, 43, DType::f32), k = rnd({2, 4, 8, 16}, 44, DType::f32);
   matmul(q, k.transpose(-1, -2));
@@ -167,18 +157,18 @@ TEST_CASE("matmul_into scales and accumulates into the output in place", "[ops][
     matmul_into(a, b, out, 2.0, 0.5);
     std::vector<double> want(ab.size());
     for (size_t i = 0; i < ab.size(); ++i) want[i] = 2.0 * ab[i] + 0.5 * before[i];
-    check_close(out.to_vector(), want, tol_of(t));
+    check_mixed_close(out.to_vector(), want, tol_of(t));
     // beta = 0 ignores what the buffer held, NaN included (GEMM and both GEMV paths).
     for (Shape bs : {Shape{4, 3}, Shape{4, 1}}) {
       const Tensor o = full({2, 5, bs[1]}, std::numeric_limits<double>::quiet_NaN(), t);
       const Tensor bb = rnd(bs, 48, t);
       matmul_into(a, bb, o, 1.0, 0.0);
-      check_close(o.to_vector(), naive_matmul(a, bb), tol_of(t));
+      check_mixed_close(o.to_vector(), naive_matmul(a, bb), tol_of(t));
     }
     const Tensor row = full({1, 3}, std::numeric_limits<double>::quiet_NaN(), t);
     const Tensor a1 = rnd({1, 4}, 49, t), b1 = rnd({4, 3}, 50, t);
     matmul_into(a1, b1, row, 1.0, 0.0);
-    check_close(row.to_vector(), naive_matmul(a1, b1), tol_of(t));
+    check_mixed_close(row.to_vector(), naive_matmul(a1, b1), tol_of(t));
   }
 }
 
@@ -209,10 +199,10 @@ TEST_CASE("linear is x W^T + b on 3-d and transposed inputs without copying W", 
     for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i % 5];
     const Tensor y = linear(x, w, bias);
     CHECK(y.shape() == Shape{2, 3, 5});
-    check_close(y.to_vector(), want, tol_of(t));
-    check_close(linear(x, w, Tensor()).to_vector(), xw, tol_of(t));
+    check_mixed_close(y.to_vector(), want, tol_of(t));
+    check_mixed_close(linear(x, w, Tensor()).to_vector(), xw, tol_of(t));
     const Tensor xt = rnd({4, 6}, 54, t).transpose(0, 1);  // [6,4] with row stride 1
-    check_close(linear(xt, w, Tensor()).to_vector(), naive_matmul(xt, w.transpose(0, 1)), tol_of(t));
+    check_mixed_close(linear(xt, w, Tensor()).to_vector(), naive_matmul(xt, w.transpose(0, 1)), tol_of(t));
   }
   // Memory: only the output [16,16] float32 (1 KiB) is allocated, W is read transposed in place.
   const Tensor x = rnd({4, 4, 32}, 55, DType::f32), w = rnd({16, 32}, 56, DType::f32), b = rnd({16}, 57, DType::f32);
@@ -231,12 +221,12 @@ TEST_CASE("linear backward gives dx = dy W, dW = dy^T x, db = row sums", "[autog
   const Tensor dy = rnd({3, 2, 5}, 61, DType::f64);
   autograd::backward(ag::linear(x, w, b), dy);
   const Tensor dy2 = dy.reshape({6, 5}), x2 = x.reshape({6, 4});
-  check_close(x.grad().to_vector(), naive_matmul(dy2, w), 1e-12);
-  check_close(w.grad().to_vector(), naive_matmul(dy2.transpose(0, 1), x2), 1e-12);
+  check_mixed_close(x.grad().to_vector(), naive_matmul(dy2, w), 1e-12);
+  check_mixed_close(w.grad().to_vector(), naive_matmul(dy2.transpose(0, 1), x2), 1e-12);
   std::vector<double> db(5, 0.0);
   const std::vector<double> dyv = dy.to_vector();
   for (size_t i = 0; i < dyv.size(); ++i) db[i % 5] += dyv[i];
-  check_close(b.grad().to_vector(), db, 1e-12);
+  check_mixed_close(b.grad().to_vector(), db, 1e-12);
 }
 
 TEST_CASE("batched matmul gives the same values on one thread and on all", "[ops][matmul]") {

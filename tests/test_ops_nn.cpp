@@ -1,13 +1,12 @@
 // embedding, layer/RMS norm, cross-entropy and dropout against naive float64 loops; errors;
 // thread-count independence; gradchecks of every registered nn case.
-#include <omp.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -17,27 +16,8 @@ namespace {
 Tensor rnd(const Shape& s, uint64_t seed, DType t, double std = 1.0) { return randn(s, seed, 0, 0.0, std, t); }
 double tol_of(DType t) { return t == DType::f32 ? 2e-5 : 1e-12; }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(got[i] - want[i]) / (1 + std::fabs(want[i]));
-    if (!(e <= worst)) worst = e, at = i;
-  }
-  INFO("worst relative error " << worst << " at " << at);
-  CHECK(worst <= tol);
-}
-
-// Runs f with OpenMP limited to `n` threads, restoring the previous limit.
-template <class F>
-auto with_threads(int n, F&& f) {
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(n);
-  auto r = f();
-  omp_set_num_threads(prev);
-  return r;
-}
+using test::check_mixed_close;
+using test::with_threads;
 
 // Naive layer norm / rms norm rows in float64: returns y.
 std::vector<double> naive_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, bool rms) {
@@ -107,7 +87,7 @@ TEST_CASE("embedding backward scatter-adds repeated ids, the same on any thread 
     const std::vector<double> dyv = dy.to_vector();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < c; ++j) want[idv[i] * c + j] += dyv[i * c + j];
-    check_close(many.to_vector(), want, tol_of(t) * 10);
+    check_mixed_close(many.to_vector(), want, tol_of(t) * 10);
   }
 }
 
@@ -118,18 +98,18 @@ TEST_CASE("layer_norm and rms_norm match naive float64 rows", "[ops][nn][norm]")
     const Tensor shifted = add(x, 100.0);  // a large mean: the variance must not cancel catastrophically
     for (const Tensor& in : {x, shifted}) {
       const NormResult ln = layer_norm(in, w, b, 1e-5);
-      check_close(ln.y.to_vector(), naive_norm(in, w, b, 1e-5, false), tol_of(t) * 5);
+      check_mixed_close(ln.y.to_vector(), naive_norm(in, w, b, 1e-5, false), tol_of(t) * 5);
       CHECK(ln.mean.shape() == Shape{3, 4});
       CHECK(ln.rstd.shape() == Shape{3, 4});
       const NormResult rn = rms_norm(in, w, 1e-6);
-      check_close(rn.y.to_vector(), naive_norm(in, w, Tensor(), 1e-6, true), tol_of(t) * 5);
+      check_mixed_close(rn.y.to_vector(), naive_norm(in, w, Tensor(), 1e-6, true), tol_of(t) * 5);
     }
     CHECK(std::fabs(layer_norm(x, w, b, 1e-5).mean.at({1, 2}) - mean(x.select(0, 1).select(0, 2)).item()) < 1e-5);
     // Strided input (a transposed view) and no affine parameters.
     const Tensor xt = rnd({17, 6}, 7, t).transpose(0, 1);
-    check_close(layer_norm(xt, Tensor(), Tensor(), 1e-5).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-5, false),
+    check_mixed_close(layer_norm(xt, Tensor(), Tensor(), 1e-5).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-5, false),
                 tol_of(t) * 5);
-    check_close(rms_norm(xt, Tensor(), 1e-6).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-6, true),
+    check_mixed_close(rms_norm(xt, Tensor(), 1e-6).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-6, true),
                 tol_of(t) * 5);
   }
 }
@@ -143,9 +123,9 @@ TEST_CASE("norm backward in float32 agrees with float64 and is thread-count inde
   const Tensor x32 = x.to(DType::f32), w32 = w.to(DType::f32), dy32 = dy.to(DType::f32);
   const NormResult ln32 = layer_norm(x32, w32, b.to(DType::f32), 1e-5);
   const NormGrads g32 = layer_norm_backward(dy32, x32, w32, ln32.mean, ln32.rstd);
-  check_close(g32.dx.to_vector(), g64.dx.to_vector(), 1e-4);
-  check_close(g32.dweight.to_vector(), g64.dweight.to_vector(), 1e-4);
-  check_close(g32.dbias.to_vector(), g64.dbias.to_vector(), 1e-4);
+  check_mixed_close(g32.dx.to_vector(), g64.dx.to_vector(), 1e-4);
+  check_mixed_close(g32.dweight.to_vector(), g64.dweight.to_vector(), 1e-4);
+  check_mixed_close(g32.dbias.to_vector(), g64.dbias.to_vector(), 1e-4);
   const NormGrads g1 = with_threads(1, [&] { return layer_norm_backward(dy32, x32, w32, ln32.mean, ln32.rstd); });
   CHECK(max_abs_diff(g1.dweight, g32.dweight) == 0.0);
   CHECK(max_abs_diff(g1.dbias, g32.dbias) == 0.0);
@@ -155,8 +135,8 @@ TEST_CASE("norm backward in float32 agrees with float64 and is thread-count inde
   const NormGrads r64 = rms_norm_backward(dy, x, w, rn64.rstd);
   const NormResult rn32 = rms_norm(x32, w32, 1e-6);
   const NormGrads r32 = rms_norm_backward(dy32, x32, w32, rn32.rstd);
-  check_close(r32.dx.to_vector(), r64.dx.to_vector(), 1e-4);
-  check_close(r32.dweight.to_vector(), r64.dweight.to_vector(), 1e-4);
+  check_mixed_close(r32.dx.to_vector(), r64.dx.to_vector(), 1e-4);
+  check_mixed_close(r32.dweight.to_vector(), r64.dweight.to_vector(), 1e-4);
   const NormGrads r1 = with_threads(1, [&] { return rms_norm_backward(dy32, x32, w32, rn32.rstd); });
   CHECK(max_abs_diff(r1.dweight, r32.dweight) == 0.0);
 }
@@ -188,10 +168,10 @@ TEST_CASE("cross_entropy with ignore_index matches a naive log-softmax loss and 
         for (int64_t j = 0; j < v; ++j) grad[i * v + j] = (std::exp(zv[i * v + j] - lse[i]) - (j == tv[i])) * 0.5 / 7;
       }
       loss /= 7;
-      check_close({r.loss.item()}, {loss}, tol_of(t));
-      check_close(r.lse.to_vector(), lse, tol_of(t));
+      check_mixed_close({r.loss.item()}, {loss}, tol_of(t));
+      check_mixed_close(r.lse.to_vector(), lse, tol_of(t));
       const Tensor d = cross_entropy_backward(logits, targets, r.lse, 0.5, r.count, -100);
-      check_close(d.to_vector(), grad, tol_of(t));
+      check_mixed_close(d.to_vector(), grad, tol_of(t));
     }
   }
 }

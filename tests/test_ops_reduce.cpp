@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "compare_util.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -34,28 +35,7 @@ int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
   return i;
 }
 
-// Every element within atol + rtol |want| (NaN where want is NaN); reports the worst element once
-// (one Catch assertion per tensor keeps large checks fast).
-void check_close(const Tensor& got, const std::vector<double>& want, double rtol, double atol) {
-  const std::vector<double> g = got.to_vector();
-  REQUIRE(g.size() == want.size());
-  size_t bad = 0, worst = 0;
-  double worst_excess = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (g[i] == want[i] || (std::isnan(want[i]) && std::isnan(g[i]))) continue;
-    const double excess = std::fabs(g[i] - want[i]) - (atol + rtol * std::fabs(want[i]));
-    if (!(excess <= 0)) {
-      if (bad == 0 || !(excess <= worst_excess)) {
-        worst = i;
-        worst_excess = excess;
-      }
-      ++bad;
-    }
-  }
-  INFO(bad << " of " << g.size() << " elements off; worst at " << worst << ": got " << (g.empty() ? 0 : g[worst])
-            << " want " << (want.empty() ? 0 : want[worst]));
-  CHECK(bad == 0);
-}
+using test::check_close;
 
 // Naive sum over the dims in `red` (keepdim layout), in float64.
 std::vector<double> naive_sum(const Tensor& a, const std::vector<bool>& red, Shape& kshape) {

@@ -3,14 +3,13 @@
 // aliasing two gradients), narrow pieces adding into one pending gradient, the tied embedding
 // scattering into the LM head's dW, LinearBackward's dx ‖ dW on two threads, and
 // attention_packed against attention on the split views (bitwise, one and two threads).
-#include <omp.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 
 #include "attention/attention.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "compare_util.h"
 
 using namespace qkv;
 
@@ -22,15 +21,7 @@ Tensor leaf(const Shape& s, uint64_t seed, DType t = DType::f64) {
   return x;
 }
 
-// Runs f with OpenMP limited to `n` threads, restoring the previous limit.
-template <class F>
-auto with_threads(int n, F&& f) {
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(n);
-  auto r = f();
-  omp_set_num_threads(prev);
-  return r;
-}
+using test::with_threads;
 
 }  // namespace
 

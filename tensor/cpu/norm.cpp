@@ -58,33 +58,38 @@ void reduce_partials(std::vector<double>& partial, int64_t blocks, int64_t c, co
   for (int64_t j = 0; j < c; ++j) out[j] = static_cast<T>(acc[j]);
 }
 
-template <class T>
-void layer_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
-                              const Tensor& mean, const Tensor& rstd) {
+// One kernel per direction serves both norms: RMSNorm is LayerNorm with mean := 0 and no bias,
+// which also drops the mean_c(g) term from dx. kCentered (LayerNorm) is a template argument so
+// that for RMSNorm the zero mean is a constant and `x - 0` folds away (x - 0 == x exactly).
+template <class T, bool kCentered>
+void norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd) {
   const int64_t c = x.shape().empty() ? 1 : x.shape().back();
   const int64_t r = c == 0 ? 0 : x.numel() / c;
   const T* px = x.data<T>();
   const T* pw = weight.defined() ? weight.data<T>() : nullptr;
   const T* pb = bias.defined() ? bias.data<T>() : nullptr;
   T* py = y.data<T>();
-  T* pm = mean.data<T>();
+  T* pm = kCentered ? mean.data<T>() : nullptr;
   T* pr = rstd.data<T>();
 #pragma omp parallel for schedule(static) if (r * c >= kGrain && !omp_in_parallel())
   for (int64_t i = 0; i < r; ++i) {
     const T* xr = px + i * c;
     T* yr = py + i * c;
-    double s = 0;
+    double m = 0;
+    if constexpr (kCentered) {
+      double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < c; ++j) s += static_cast<double>(xr[j]);
-    const double m = s / static_cast<double>(c);
+      for (int64_t j = 0; j < c; ++j) s += static_cast<double>(xr[j]);
+      m = s / static_cast<double>(c);
+    }
     double v = 0;
 #pragma omp simd reduction(+ : v)
     for (int64_t j = 0; j < c; ++j) {
       const double d = static_cast<double>(xr[j]) - m;
       v += d * d;
     }
-    const double rs = 1.0 / std::sqrt(v / static_cast<double>(c) + eps);
-    const T mt = static_cast<T>(m), rt = static_cast<T>(rs);
+    const T mt = static_cast<T>(m), rt = static_cast<T>(1.0 / std::sqrt(v / static_cast<double>(c) + eps));
     if (pw && pb)
       for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mt) * rt * pw[j] + pb[j];
     else if (pw)
@@ -93,21 +98,20 @@ void layer_norm_forward_typed(const Tensor& x, const Tensor& weight, const Tenso
       for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mt) * rt + pb[j];
     else
       for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mt) * rt;
-    pm[i] = mt;
+    if constexpr (kCentered) pm[i] = mt;
     pr[i] = rt;
   }
 }
 
-template <class T>
-void layer_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                               const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                               bool accumulate_dx) {
+template <class T, bool kCentered>
+void norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dweight, const Tensor& dbias, bool accumulate_dx) {
   const int64_t c = x.shape().empty() ? 1 : x.shape().back();
   const int64_t r = c == 0 ? 0 : x.numel() / c;
   const T* px = x.data<T>();
   const T* pg = dy.data<T>();
   const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-  const T* pm = mean.data<T>();
+  const T* pm = kCentered ? mean.data<T>() : nullptr;
   const T* pr = rstd.data<T>();
   T* pdx = dx.data<T>();
   const bool want_w = dweight.defined(), want_b = dbias.defined();
@@ -124,16 +128,17 @@ void layer_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& 
       const T* xr = px + i * c;
       const T* gr = pg + i * c;
       T* dxr = pdx + i * c;
-      const T m = pm[i], rs = pr[i];
+      const T m = kCentered ? pm[i] : T(0), rs = pr[i];
       double sg = 0, sgx = 0;
 #pragma omp simd reduction(+ : sg, sgx)
       for (int64_t j = 0; j < c; ++j) {
         const T xhat = (xr[j] - m) * rs;
         const T g = pw ? gr[j] * pw[j] : gr[j];
-        sg += static_cast<double>(g);
+        if constexpr (kCentered) sg += static_cast<double>(g);
         sgx += static_cast<double>(g) * static_cast<double>(xhat);
       }
-      const T a = static_cast<T>(sg * inv_c), b = static_cast<T>(sgx * inv_c);
+      // a = mean_c(g) (LayerNorm only), b = mean_c(g * xhat).
+      const T a = kCentered ? static_cast<T>(sg * inv_c) : T(0), b = static_cast<T>(sgx * inv_c);
       if (accumulate_dx) {
         for (int64_t j = 0; j < c; ++j) {
           const T xhat = (xr[j] - m) * rs;
@@ -157,104 +162,38 @@ void layer_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& 
   reduce_partials<T>(part_b, blocks.count, c, dbias);
 }
 
-template <class T>
-void rms_norm_forward_typed(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
-  const int64_t c = x.shape().empty() ? 1 : x.shape().back();
-  const int64_t r = c == 0 ? 0 : x.numel() / c;
-  const T* px = x.data<T>();
-  const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-  T* py = y.data<T>();
-  T* pr = rstd.data<T>();
-#pragma omp parallel for schedule(static) if (r * c >= kGrain && !omp_in_parallel())
-  for (int64_t i = 0; i < r; ++i) {
-    const T* xr = px + i * c;
-    T* yr = py + i * c;
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < c; ++j) s += static_cast<double>(xr[j]) * static_cast<double>(xr[j]);
-    const T rt = static_cast<T>(1.0 / std::sqrt(s / static_cast<double>(c) + eps));
-    if (pw)
-      for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * rt * pw[j];
-    else
-      for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * rt;
-    pr[i] = rt;
-  }
-}
-
-template <class T>
-void rms_norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             const Tensor& dx, const Tensor& dweight) {
-  const int64_t c = x.shape().empty() ? 1 : x.shape().back();
-  const int64_t r = c == 0 ? 0 : x.numel() / c;
-  const T* px = x.data<T>();
-  const T* pg = dy.data<T>();
-  const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-  const T* pr = rstd.data<T>();
-  T* pdx = dx.data<T>();
-  const bool want_w = dweight.defined();
-  const RowBlocks blocks(r);
-  std::vector<double> part_w(want_w ? blocks.count * c : 0, 0.0);
-  const double inv_c = 1.0 / static_cast<double>(std::max<int64_t>(c, 1));
-
-#pragma omp parallel for schedule(static) if (r * c >= kGrain && !omp_in_parallel())
-  for (int64_t bi = 0; bi < blocks.count; ++bi) {
-    double* pw_acc = want_w ? part_w.data() + bi * c : nullptr;
-    const int64_t i1 = std::min(r, (bi + 1) * blocks.rows_per_block);
-    for (int64_t i = bi * blocks.rows_per_block; i < i1; ++i) {
-      const T* xr = px + i * c;
-      const T* gr = pg + i * c;
-      T* dxr = pdx + i * c;
-      const T rs = pr[i];
-      double sgx = 0;
-#pragma omp simd reduction(+ : sgx)
-      for (int64_t j = 0; j < c; ++j) {
-        const T g = pw ? gr[j] * pw[j] : gr[j];
-        sgx += static_cast<double>(g) * static_cast<double>(xr[j] * rs);
-      }
-      const T b = static_cast<T>(sgx * inv_c);
-      for (int64_t j = 0; j < c; ++j) {
-        const T g = pw ? gr[j] * pw[j] : gr[j];
-        dxr[j] = rs * (g - xr[j] * rs * b);
-      }
-      if (pw_acc)
-        for (int64_t j = 0; j < c; ++j) pw_acc[j] += static_cast<double>(gr[j]) * static_cast<double>(xr[j] * rs);
-    }
-  }
-  reduce_partials<T>(part_w, blocks.count, c, dweight);
-}
-
 }  // namespace
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd) {
   if (x.dtype() == DType::f32)
-    layer_norm_forward_typed<float>(x, weight, bias, eps, y, mean, rstd);
+    norm_forward_typed<float, true>(x, weight, bias, eps, y, mean, rstd);
   else
-    layer_norm_forward_typed<double>(x, weight, bias, eps, y, mean, rstd);
+    norm_forward_typed<double, true>(x, weight, bias, eps, y, mean, rstd);
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                          bool accumulate_dx) {
   if (x.dtype() == DType::f32)
-    layer_norm_backward_typed<float>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
+    norm_backward_typed<float, true>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
   else
-    layer_norm_backward_typed<double>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
+    norm_backward_typed<double, true>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
 }
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
   if (x.dtype() == DType::f32)
-    rms_norm_forward_typed<float>(x, weight, eps, y, rstd);
+    norm_forward_typed<float, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
   else
-    rms_norm_forward_typed<double>(x, weight, eps, y, rstd);
+    norm_forward_typed<double, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                        const Tensor& dweight) {
   if (x.dtype() == DType::f32)
-    rms_norm_backward_typed<float>(dy, x, weight, rstd, dx, dweight);
+    norm_backward_typed<float, false>(dy, x, weight, Tensor(), rstd, dx, dweight, Tensor(), false);
   else
-    rms_norm_backward_typed<double>(dy, x, weight, rstd, dx, dweight);
+    norm_backward_typed<double, false>(dy, x, weight, Tensor(), rstd, dx, dweight, Tensor(), false);
 }
 
 }  // namespace qkv::cpu
