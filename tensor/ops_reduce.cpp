@@ -1,8 +1,9 @@
-// Reduction and softmax front ends: normalise dims, check dtypes, shape the result, call
-// tensor/cpu/reduce.cpp.
+// Reduction and softmax front ends: normalise dims, check dtypes, shape the result on the input's
+// device, call tensor/cpu/reduce.cpp or tensor/cuda/reduce.cu.
 #include <algorithm>
 
 #include "tensor/cpu/reduce.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 
@@ -10,15 +11,15 @@ namespace qkv {
 
 namespace {
 
-using detail::require_cpu;
 using detail::require_defined;
 using detail::require_float;
 
 void check_input(const char* op, const Tensor& a) {
   require_defined(op, a, "input");
-  require_cpu(op, a);
   require_float(op, a);
 }
+
+bool on_cuda(const Tensor& t) { return t.device() == Device::cuda; }
 
 // Marks the reduced dims (each once; negative dims count from the end).
 std::vector<bool> reduce_mask(const char* op, const Tensor& a, const std::vector<int>& dims) {
@@ -43,8 +44,10 @@ Tensor reduce_sum(const char* op, const Tensor& a, const std::vector<bool>& red,
     }
   }
   QKV_CHECK(!mean || count > 0, "[", op, "] mean over an empty set of elements of ", shape_str(a.shape()));
-  Tensor out = Tensor::empty(kshape, a.dtype());
-  cpu::sum_forward(a, red, out, mean ? 1.0 / static_cast<double>(count) : 1.0);
+  Tensor out = Tensor::empty(kshape, a.dtype(), a.device());
+  const double scale = mean ? 1.0 / static_cast<double>(count) : 1.0;
+  if (on_cuda(a)) cuda::sum_forward(a, red, out, scale);
+  else cpu::sum_forward(a, red, out, scale);
   return keepdim ? out : out.view(out_shape);
 }
 
@@ -52,20 +55,24 @@ Tensor softmax_impl(const char* op, const Tensor& a, int dim, bool log) {
   check_input(op, a);
   const int d = normalize_dim(dim, a.dim(), op);
   QKV_CHECK(a.size(d) > 0, "[", op, "] dim ", dim, " of ", shape_str(a.shape()), " is empty");
-  Tensor y = Tensor::empty(a.shape(), a.dtype());
-  cpu::softmax_forward(a, d, y, log);
+  Tensor y = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::softmax_forward(a, d, y, log);
+  else cpu::softmax_forward(a, d, y, log);
   return y;
 }
 
 Tensor softmax_backward_impl(const char* op, const Tensor& y, const Tensor& dy, int dim, bool log) {
   check_input(op, y);
   require_defined(op, dy, "dy");
-  require_cpu(op, dy);
+  detail::require_same_device(op, y, dy);
   detail::require_same_dtype(op, y, dy);
   QKV_CHECK(y.shape() == dy.shape(), "[", op, "] y is ", shape_str(y.shape()), " but dy is ", shape_str(dy.shape()));
   const int d = normalize_dim(dim, y.dim(), op);
-  Tensor dx = Tensor::empty(y.shape(), y.dtype());
-  if (y.size(d) > 0) cpu::softmax_backward(y, dy, d, dx, log);
+  Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+  if (y.size(d) > 0) {
+    if (on_cuda(y)) cuda::softmax_backward(y, dy, d, dx, log);
+    else cpu::softmax_backward(y, dy, d, dx, log);
+  }
   return dx;
 }
 
@@ -98,9 +105,10 @@ std::pair<Tensor, Tensor> max_impl(const char* op, const Tensor& a, int dim, boo
   QKV_CHECK(a.size(d) > 0, "[", op, "] dim ", dim, " of ", shape_str(a.shape()), " is empty");
   Shape kshape = a.shape();
   kshape[d] = 1;
-  Tensor values = Tensor::empty(kshape, a.dtype());
-  Tensor indices = Tensor::empty(kshape, DType::i64);
-  cpu::max_forward(a, d, values, indices);
+  Tensor values = Tensor::empty(kshape, a.dtype(), a.device());
+  Tensor indices = Tensor::empty(kshape, DType::i64, a.device());
+  if (on_cuda(a)) cuda::max_forward(a, d, values, indices);
+  else cpu::max_forward(a, d, values, indices);
   if (keepdim) return {values, indices};
   return {values.squeeze(d), indices.squeeze(d)};
 }

@@ -141,7 +141,7 @@ TEST_CASE("cuBLAS matmul and linear match the CPU GEMMs: transposes folded, batc
 TEST_CASE("ops without a CUDA kernel yet refuse device tensors by name", "[cuda]") {
   if (!have_device()) return;
   const Tensor a = gpu(randn({4, 4}, 1));
-  CHECK_THROWS_WITH(softmax(a, -1), Catch::Contains("cuda"));
+  CHECK_THROWS_WITH(eq(a, a), Catch::Contains("[eq] has no cuda kernel yet"));
   CHECK_THROWS_WITH(add(a, randn({4, 4}, 2)), Catch::Contains("is on cuda but b is on cpu"));
 }
 
@@ -196,5 +196,33 @@ TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernel
     // Dropout: the same Philox keep decisions as the CPU, so the same elements survive.
     const Tensor a = randn({5, 333}, 27, 0, 0.0, 1.0, t);
     CHECK(rel_err(dropout(gpu(a), 0.3, 99, 1234), dropout(a, 0.3, 99, 1234)) <= tol);
+  }
+}
+
+TEST_CASE("CUDA reductions and softmax match the CPU kernels along any dims and strides", "[cuda]") {
+  if (!have_device()) return;
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const double tol = t == DType::f32 ? 1e-6 : 1e-13;
+    const Tensor a = randn({5, 300, 7}, 30, 0, 0.0, 2.0, t), ga = gpu(a);
+    CHECK(rel_err(sum(ga), sum(a)) <= tol);
+    CHECK(rel_err(sum(ga, {1}), sum(a, {1})) <= tol);
+    CHECK(rel_err(sum(ga, {0, 2}, true), sum(a, {0, 2}, true)) <= tol);
+    CHECK(rel_err(mean(ga, {-1}), mean(a, {-1})) <= tol);
+    CHECK(rel_err(sum(ga.transpose(0, 2), {1}), sum(a.transpose(0, 2), {1})) <= tol);
+    CHECK(rel_err(sum_to(ga, {300, 1}), sum_to(a, {300, 1})) <= tol);
+    CHECK(rel_err(max(ga, 1), max(a, 1)) == 0.0);
+    CHECK(max_abs_diff(host(argmax(ga, 1)), argmax(a, 1)) == 0.0);
+    // Ties and NaN: the first maximum wins, NaN counts as the maximum.
+    const Tensor tie = from_vector({1, 3, 3, 2, 0, NAN, 5, NAN}, {2, 4}, t);
+    CHECK(max_abs_diff(host(argmax(gpu(tie), 1)), argmax(tie, 1)) == 0.0);
+    for (int dim : {0, 1, 2}) {
+      INFO("dim " << dim);
+      CHECK(rel_err(softmax(ga, dim), softmax(a, dim)) <= 4 * tol);
+      CHECK(rel_err(log_softmax(ga, dim), log_softmax(a, dim)) <= 4 * tol);
+      const Tensor y = softmax(a, dim), ly = log_softmax(a, dim), dy = randn(a.shape(), 31, 0, 0.0, 1.0, t);
+      CHECK(rel_err(softmax_backward(gpu(y), gpu(dy), dim), softmax_backward(y, dy, dim)) <= 4 * tol);
+      CHECK(rel_err(log_softmax_backward(gpu(ly), gpu(dy), dim), log_softmax_backward(ly, dy, dim)) <= 4 * tol);
+    }
   }
 }

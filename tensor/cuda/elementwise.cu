@@ -14,44 +14,16 @@
 #include <cstdint>
 
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/geometry.cuh"
 #include "tensor/cuda/kernels.h"
 
 namespace qkv::cuda {
 namespace {
 
-struct Geometry {
-  int dim = 1;
-  int64_t size[kMaxDims] = {1};
-  int64_t stride[kMaxDims] = {1};
-};
-
-Geometry geometry_of(const Tensor& t, const char* op) {
-  Geometry g;
-  if (t.is_contiguous()) {
-    g.dim = 1;
-    g.size[0] = std::max<int64_t>(t.numel(), 1);
-    g.stride[0] = 1;
-    return g;
-  }
-  QKV_CHECK(t.dim() <= kMaxDims, "[", op, "] CUDA kernels take up to ", kMaxDims, " dims, got ", shape_str(t.shape()));
-  g.dim = t.dim();
-  for (int d = 0; d < t.dim(); ++d) {
-    g.size[d] = t.size(d);
-    g.stride[d] = t.stride(d);
-  }
-  return g;
-}
-
-// Element offset of the i-th element (row-major order of the shape) of a view.
-__device__ __forceinline__ int64_t offset_of(int64_t i, const Geometry& g) {
-  int64_t off = 0;
-  for (int d = g.dim - 1; d >= 0; --d) {
-    const int64_t n = g.size[d];
-    off += (i % n) * g.stride[d];
-    i /= n;
-  }
-  return off;
-}
+using detail::Geometry;
+using detail::geometry_of;
+using detail::offset_of;
+using detail::ptr;
 
 constexpr int kThreads = 256;
 inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16)); }
@@ -238,10 +210,6 @@ void with_arith(DType t, const char* op, F&& f) {
   fail("[", op, "] no CUDA kernel for ", dtype_name(t));
 }
 
-template <class T>
-T* ptr(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
-}
 
 }  // namespace
 

@@ -4,6 +4,8 @@
 // kernel runs on one stream (the default stream), so calls are ordered as on the CPU.
 // A build without CUDA links tensor/no_cuda/cuda_stubs.cpp, where each refuses clearly.
 #pragma once
+#include <vector>
+
 #include "tensor/cpu/elementwise.h"  // the op enums, shared by both devices
 #include "tensor/tensor.h"
 
@@ -26,6 +28,13 @@ void copy_cast(const Tensor& src, const Tensor& dst);
 void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
 // out [R, C] rows each set to `row` [C] (the bias pre-broadcast of linear).
 void fill_rows(const Tensor& out, const Tensor& row);
+
+// Reductions and softmax of tensor/cpu/reduce.h (tensor/cuda/reduce.cu); one block per output
+// element or row, fixed combination trees: deterministic.
+void sum_forward(const Tensor& a, const std::vector<bool>& reduce, const Tensor& out, double scale);
+void max_forward(const Tensor& a, int dim, const Tensor& values, const Tensor& indices);
+void softmax_forward(const Tensor& x, int dim, const Tensor& y, bool log);
+void softmax_backward(const Tensor& y, const Tensor& dy, int dim, const Tensor& dx, bool log);
 
 // The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
 // (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.

@@ -25,6 +25,10 @@ void fill(const Tensor&, double) { no_cuda(); }
 void copy_cast(const Tensor&, const Tensor&) { no_cuda(); }
 void matmul_forward(const Tensor&, const Tensor&, const Tensor&, double, double) { no_cuda(); }
 void fill_rows(const Tensor&, const Tensor&) { no_cuda(); }
+void sum_forward(const Tensor&, const std::vector<bool>&, const Tensor&, double) { no_cuda(); }
+void max_forward(const Tensor&, int, const Tensor&, const Tensor&) { no_cuda(); }
+void softmax_forward(const Tensor&, int, const Tensor&, bool) { no_cuda(); }
+void softmax_backward(const Tensor&, const Tensor&, int, const Tensor&, bool) { no_cuda(); }
 void embedding_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void embedding_backward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void sum_rows(const Tensor&, const Tensor&) { no_cuda(); }
