@@ -55,16 +55,19 @@ struct PackedAttentionBackward : autograd::Node {
 // slot (that would be a reference cycle through grad_fn).
 Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
 
-bool routes_to_reference(const AttentionOptions& o) {
+// The fused kernels are CPU-only for now: device tensors take the composed reference path
+// (docs/cuda.md).
+bool routes_to_reference(const AttentionOptions& o, Device device) {
   const Fault f = active_fault();
-  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax;
+  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax ||
+         device != Device::cpu;
 }
 
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   const Problem p = check_problem(q, k, v, opts);
-  if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
+  if (routes_to_reference(opts, q.device())) return reference_attention(q, k, v, opts, p).out;
   QKV_CHECK(!(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})),
             "[attention] the fused kernel treats bias as a constant, but bias ", shape_str(opts.bias.shape()),
             " requires grad: use kernel = reference to learn it");
@@ -90,7 +93,7 @@ Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, co
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
   const bool grad = autograd::any_requires_grad({&qkv});
-  const bool fused = !routes_to_reference(opts) && !opts.check_invariants &&
+  const bool fused = !routes_to_reference(opts, qkv.device()) && !opts.check_invariants &&
                      !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})) && qkv.stride(3) == 1;
   if (!fused) {
     // The composed views: the plain op handles every option (and its errors).

@@ -74,6 +74,8 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
 MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bias_dtype)
     : B(s.batch), Hq(s.q_heads), Hkv(s.kv_heads), G(s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1), Nq(s.nq),
       Nk(s.nk) {
+  // The predicate runs on the host: masks given on a device are read from host copies.
+  auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
   const Fault f = active_fault();
   q_offset_ = f == Fault::top_left_causal ? 0 : Nk - Nq;
   causal_like_ = o.causal || o.window > 0;
@@ -94,7 +96,7 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     if (use_padding) key_len_ = key_len_store_.data();
   }
   if (o.key_padding.defined()) {
-    const Tensor& kp = o.key_padding;
+    const Tensor kp = host(o.key_padding);
     QKV_CHECK(kp.dtype() == DType::boolean, "[attention] key_padding must be bool [B,Nk], got ", dtype_name(kp.dtype()));
     QKV_CHECK(kp.dim() == 2 && kp.size(0) == B && kp.size(1) == Nk, "[attention] key_padding is ",
               shape_str(kp.shape()), " but [B,Nk] = ", shape_str({B, Nk}));
@@ -106,7 +108,7 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     }
   }
   if (o.segment_ids.defined()) {
-    const Tensor& sg = o.segment_ids;
+    const Tensor sg = host(o.segment_ids);
     QKV_CHECK(is_integral(sg.dtype()), "[attention] segment_ids must be int32/int64 [B,Nk], got ",
               dtype_name(sg.dtype()));
     QKV_CHECK(sg.dim() == 2 && sg.size(0) == B && sg.size(1) == Nk, "[attention] segment_ids is ",
@@ -120,15 +122,17 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
   if (o.allow_mask.defined()) {
     QKV_CHECK(o.allow_mask.dtype() == DType::boolean, "[attention] allow_mask must be bool, got ",
               dtype_name(o.allow_mask.dtype()));
-    broadcast_strides(o.allow_mask, s, "allow_mask", al_s_);
-    keep_.push_back(o.allow_mask);
-    allow_ = o.allow_mask.data<bool>();
+    const Tensor allow = host(o.allow_mask);
+    broadcast_strides(allow, s, "allow_mask", al_s_);
+    keep_.push_back(allow);
+    allow_ = allow.data<bool>();
   }
   if (o.bias.defined()) {
     QKV_CHECK(is_floating(o.bias.dtype()), "[attention] bias must be a float tensor, got ", dtype_name(o.bias.dtype()));
     int64_t st[4];
     broadcast_strides(o.bias, s, "bias", st);  // shape check first, then convert
-    Tensor bt = o.bias.dtype() == bias_dtype ? o.bias : o.bias.to(bias_dtype);
+    const Tensor hb = host(o.bias);
+    Tensor bt = hb.dtype() == bias_dtype ? hb : hb.to(bias_dtype);
     broadcast_strides(bt, s, "bias", bi_s_);
     keep_.push_back(bt);
     bias_ = bt.raw_data();

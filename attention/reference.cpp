@@ -90,11 +90,14 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   Tensor qg = heads_to_groups(q, p, modulo);
   Tensor s = ag::mul(ag::matmul(qg, ag::transpose(k, 2, 3)), p.scale);
   s = groups_to_heads(s, p, modulo);
+  // Masks are built on the host and moved to q's device (a no-op on the CPU).
+  const Device dev = q.device();
   if (bias.defined()) s = ag::add(s, bias);
   if (!opts.alibi_slopes.empty())
-    s = ag::add(s, p.dtype == DType::f32 ? alibi_tensor<float>(p, plan) : alibi_tensor<double>(p, plan));
+    s = ag::add(s, (p.dtype == DType::f32 ? alibi_tensor<float>(p, plan) : alibi_tensor<double>(p, plan)).to(dev));
 
-  const Tensor valid = p.dtype == DType::f32 ? row_flags<float>(row_valid, p) : row_flags<double>(row_valid, p);
+  const Tensor valid =
+      (p.dtype == DType::f32 ? row_flags<float>(row_valid, p) : row_flags<double>(row_valid, p)).to(dev);
   // fill = masked, except on rows with nothing visible (kept finite there, zeroed after softmax).
   Tensor fill = Tensor::empty(vis.shape(), DType::boolean);
   bool any_fill = false;
@@ -108,21 +111,26 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
         any_fill = any_fill || fd[r * p.Nk + j];
       }
   }
+  fill = fill.to(dev);
+  const Tensor vis_dev = vis.to(dev);
   Tensor a;
   if (fault == Fault::mask_after_softmax) {
-    a = ag::mul(ag::softmax(s, -1), vis.to(p.dtype));  // the planted bug: rows no longer sum to 1
+    a = ag::mul(ag::softmax(s, -1), vis_dev.to(p.dtype));  // the planted bug: rows no longer sum to 1
   } else if (fault == Fault::softmax_over_queries) {
     // the planted bug: normalised over queries (finite fill so empty columns stay finite)
-    a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis.to(p.dtype));
+    a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis_dev.to(p.dtype));
   } else {
     a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
     if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
   }
   res.weights = a;
-  if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype));
+  if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype).to(dev));
   Tensor o = ag::matmul(heads_to_groups(a, p, modulo), v);  // [B, Hkv, G·Nq, Dv]
   res.out = groups_to_heads(o, p, modulo);
-  if (opts.check_invariants) check_reference_invariants(res, p, plan);
+  if (opts.check_invariants) {
+    QKV_CHECK(dev == Device::cpu, "[attention] check_invariants reads the weights on the host: CPU tensors only");
+    check_reference_invariants(res, p, plan);
+  }
   return res;
 }
 

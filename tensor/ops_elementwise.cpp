@@ -1,6 +1,6 @@
 // Elementwise, comparison and selection front ends: check dtypes/devices, broadcast the operands
 // (expand views, no copies), allocate a contiguous result on the operands' device, call the kernel
-// in tensor/cpu/elementwise.cpp or tensor/cuda/elementwise.cu. Comparisons and selection are CPU-only.
+// in tensor/cpu/elementwise.cpp or tensor/cuda/elementwise.cu.
 #include <cmath>
 
 #include "tensor/cpu/elementwise.h"
@@ -12,7 +12,6 @@ namespace qkv {
 
 namespace {
 
-using detail::require_cpu;
 using detail::require_defined;
 using detail::require_float;
 using detail::require_same_dtype;
@@ -63,11 +62,11 @@ Tensor unary_grad(const char* op, cpu::UnaryGradOp kind, const Tensor& x, const 
 
 Tensor compare(const char* op, cpu::CompareOp kind, const Tensor& a, const Tensor& b) {
   check_pair(op, a, b);
-  require_cpu(op, a);
   QKV_CHECK(a.dtype() != DType::bf16 && a.dtype() != DType::f16, "[", op, "] no kernel for ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-  Tensor out = Tensor::empty(shape, DType::boolean);
-  cpu::compare_forward(kind, a.expand(shape), b.expand(shape), out);
+  Tensor out = Tensor::empty(shape, DType::boolean, a.device());
+  if (on_cuda(a)) cuda::compare_forward(kind, a.expand(shape), b.expand(shape), out);
+  else cpu::compare_forward(kind, a.expand(shape), b.expand(shape), out);
   return out;
 }
 
@@ -140,54 +139,53 @@ Tensor lt(const Tensor& a, const Tensor& b) { return compare("lt", cpu::CompareO
 
 Tensor logical_and(const Tensor& a, const Tensor& b) {
   check_pair("logical_and", a, b);
-  require_cpu("logical_and", a);
   QKV_CHECK(a.dtype() == DType::boolean, "[logical_and] needs bool operands, not ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "logical_and");
-  Tensor out = Tensor::empty(shape, DType::boolean);
-  cpu::logical_and_forward(a.expand(shape), b.expand(shape), out);
+  Tensor out = Tensor::empty(shape, DType::boolean, a.device());
+  if (on_cuda(a)) cuda::logical_and_forward(a.expand(shape), b.expand(shape), out);
+  else cpu::logical_and_forward(a.expand(shape), b.expand(shape), out);
   return out;
 }
 
 Tensor logical_not(const Tensor& a) {
   require_defined("logical_not", a, "input");
-  require_cpu("logical_not", a);
   QKV_CHECK(a.dtype() == DType::boolean, "[logical_not] needs a bool operand, not ", dtype_name(a.dtype()));
-  Tensor out = Tensor::empty(a.shape(), DType::boolean);
-  cpu::logical_not_forward(a, out);
+  Tensor out = Tensor::empty(a.shape(), DType::boolean, a.device());
+  if (on_cuda(a)) cuda::logical_not_forward(a, out);
+  else cpu::logical_not_forward(a, out);
   return out;
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   require_defined("where", cond, "cond");
-  require_cpu("where", cond);
   check_pair("where", a, b);
-  require_cpu("where", a);
+  require_same_device("where", cond, a);
   QKV_CHECK(cond.dtype() == DType::boolean, "[where] cond must be bool, not ", dtype_name(cond.dtype()));
   QKV_CHECK(a.dtype() != DType::bf16 && a.dtype() != DType::f16, "[where] no kernel for ", dtype_name(a.dtype()));
   const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
-  Tensor out = Tensor::empty(shape, a.dtype());
-  cpu::where_forward(cond.expand(shape), a.expand(shape), b.expand(shape), out);
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  if (on_cuda(a)) cuda::where_forward(cond.expand(shape), a.expand(shape), b.expand(shape), out);
+  else cpu::where_forward(cond.expand(shape), a.expand(shape), b.expand(shape), out);
   return out;
 }
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   require_defined("masked_fill", a, "input");
   require_defined("masked_fill", mask, "mask");
-  require_cpu("masked_fill", a);
-  require_cpu("masked_fill", mask);
+  require_same_device("masked_fill", a, mask);
   QKV_CHECK(mask.dtype() == DType::boolean, "[masked_fill] mask must be bool, not ", dtype_name(mask.dtype()));
   QKV_CHECK(a.dtype() != DType::bf16 && a.dtype() != DType::f16, "[masked_fill] no kernel for ", dtype_name(a.dtype()));
   QKV_CHECK(broadcast_shapes(mask.shape(), a.shape(), "masked_fill") == a.shape(), "[masked_fill] mask ",
             shape_str(mask.shape()), " does not broadcast to input ", shape_str(a.shape()));
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  cpu::masked_fill_forward(a, mask.expand(a.shape()), value, out);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::masked_fill_forward(a, mask.expand(a.shape()), value, out);
+  else cpu::masked_fill_forward(a, mask.expand(a.shape()), value, out);
   return out;
 }
 
 bool all_finite(const Tensor& a) {
   require_defined("all_finite", a, "input");
-  require_cpu("all_finite", a);
-  return cpu::all_finite(a);
+  return cpu::all_finite(a.to(Device::cpu));
 }
 
 // ---- comparisons for tests and tools ----

@@ -170,6 +170,31 @@ __device__ __forceinline__ D convert(S v) {
 }
 
 template <class T>
+__global__ void compare_kernel(int op, const T* a, Geometry ga, const T* b, Geometry gb, bool* out, int64_t n) {
+  QKV_GRID_LOOP(i, n) {
+    const T x = a[offset_of(i, ga)], y = b[offset_of(i, gb)];
+    const auto kind = static_cast<cpu::CompareOp>(op);
+    out[i] = kind == cpu::CompareOp::eq ? x == y : kind == cpu::CompareOp::gt ? x > y : x < y;
+  }
+}
+
+__global__ void logical_kernel(bool is_and, const bool* a, Geometry ga, const bool* b, Geometry gb, bool* out,
+                               int64_t n) {
+  QKV_GRID_LOOP(i, n) out[i] = is_and ? (a[offset_of(i, ga)] && b[offset_of(i, gb)]) : !a[offset_of(i, ga)];
+}
+
+template <class T>
+__global__ void where_kernel(const bool* c, Geometry gc, const T* a, Geometry ga, const T* b, Geometry gb, T* out,
+                             int64_t n) {
+  QKV_GRID_LOOP(i, n) out[i] = c[offset_of(i, gc)] ? a[offset_of(i, ga)] : b[offset_of(i, gb)];
+}
+
+template <class T>
+__global__ void masked_fill_kernel(const T* a, Geometry ga, const bool* m, Geometry gm, T value, T* out, int64_t n) {
+  QKV_GRID_LOOP(i, n) out[i] = m[offset_of(i, gm)] ? value : a[offset_of(i, ga)];
+}
+
+template <class T>
 __global__ void fill_kernel(T* t, Geometry g, int64_t n, T value) {
   QKV_GRID_LOOP(i, n) t[offset_of(i, g)] = value;
 }
@@ -266,6 +291,56 @@ void mul_inplace(const Tensor& a, double s) {
     mul_inplace_kernel<T><<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, n, static_cast<T>(s));
   });
   QKV_CUDA_LAUNCHED("mul_inplace_kernel");
+}
+
+void compare_forward(cpu::CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Geometry ga = geometry_of(a, "compare"), gb = geometry_of(b, "compare");
+  with_arith(a.dtype(), "compare", [&](auto tag) {
+    using T = decltype(tag);
+    compare_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), gb, ptr<bool>(out), n);
+  });
+  QKV_CUDA_LAUNCHED("compare_kernel");
+}
+
+void logical_and_forward(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  logical_kernel<<<blocks_for(n), kThreads>>>(true, ptr<bool>(a), geometry_of(a, "logical_and"), ptr<bool>(b),
+                                              geometry_of(b, "logical_and"), ptr<bool>(out), n);
+  QKV_CUDA_LAUNCHED("logical_kernel");
+}
+
+void logical_not_forward(const Tensor& a, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Geometry ga = geometry_of(a, "logical_not");
+  logical_kernel<<<blocks_for(n), kThreads>>>(false, ptr<bool>(a), ga, ptr<bool>(a), ga, ptr<bool>(out), n);
+  QKV_CUDA_LAUNCHED("logical_kernel");
+}
+
+void where_forward(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Geometry gc = geometry_of(cond, "where"), ga = geometry_of(a, "where"), gb = geometry_of(b, "where");
+  with_type(out.dtype(), "where", [&](auto tag) {
+    using T = decltype(tag);
+    where_kernel<T><<<blocks_for(n), kThreads>>>(ptr<bool>(cond), gc, ptr<T>(a), ga, ptr<T>(b), gb, ptr<T>(out), n);
+  });
+  QKV_CUDA_LAUNCHED("where_kernel");
+}
+
+void masked_fill_forward(const Tensor& a, const Tensor& mask, double value, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Geometry ga = geometry_of(a, "masked_fill"), gm = geometry_of(mask, "masked_fill");
+  with_arith(out.dtype(), "masked_fill", [&](auto tag) {
+    using T = decltype(tag);
+    masked_fill_kernel<T><<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, ptr<bool>(mask), gm, static_cast<T>(value),
+                                                       ptr<T>(out), n);
+  });
+  QKV_CUDA_LAUNCHED("masked_fill_kernel");
 }
 
 void fill(const Tensor& t, double value) {

@@ -4,6 +4,15 @@
 // with that ld (op N); one stored as a row-major transpose is the matrix itself (op T). Batch
 // dims: one strided-batched call over the last batch dim (any stride, 0 for broadcast), looped
 // over the others on the host.
+//
+// cuBLAS is opened with dlopen on the first GEMM rather than linked: linking it maps and relocates
+// libcublas and libcublasLt at every start (~150 MB of resident memory), which a CPU-only run
+// would pay for nothing.
+#include <dlfcn.h>
+
+#include <cublas_v2.h>
+
+#include <string>
 #include <vector>
 
 #include "tensor/cpu/matmul.h"
@@ -13,15 +22,48 @@
 namespace qkv::cuda {
 namespace {
 
-cublasHandle_t blas() {
-  static cublasHandle_t h = [] {
-    cublasHandle_t handle = nullptr;
-    QKV_CUBLAS_CHECK(cublasCreate(&handle));
+// The few cuBLAS entry points qkv calls, resolved from the shared library at first use.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetAtomicsMode) set_atomics_mode = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  cublasHandle_t handle = nullptr;
+};
+
+void check(const Cublas& c, cublasStatus_t st, const char* call) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("[cuda] ", call, " failed: ", c.status_string ? c.status_string(st) : "?");
+}
+
+template <class F>
+void resolve(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  QKV_CHECK(*out != nullptr, "[cuda] cuBLAS has no symbol ", name, ": ", dlerror());
+}
+
+const Cublas& cublas() {
+  static const Cublas api = [] {
+    void* lib = nullptr;
+    std::string errors;
+    for (const char* name : {"libcublas.so.13", "libcublas.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      errors += std::string(" ") + dlerror();
+    }
+    QKV_CHECK(lib != nullptr, "[cuda] cannot load cuBLAS:", errors);
+    Cublas c;
+    resolve(lib, "cublasCreate_v2", &c.create);
+    resolve(lib, "cublasSetAtomicsMode", &c.set_atomics_mode);
+    resolve(lib, "cublasSgemmStridedBatched", &c.sgemm_strided_batched);
+    resolve(lib, "cublasDgemmStridedBatched", &c.dgemm_strided_batched);
+    resolve(lib, "cublasGetStatusString", &c.status_string);
+    check(c, c.create(&c.handle), "cublasCreate");
     // Deterministic by default: no split-K with atomics in the results.
-    QKV_CUBLAS_CHECK(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_NOT_ALLOWED));
-    return handle;
+    check(c, c.set_atomics_mode(c.handle, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+    return c;
   }();
-  return h;
+  return api;
 }
 
 inline cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
@@ -34,14 +76,18 @@ void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Ten
     const float* A = static_cast<const float*>(a.raw_data()) + a_off;
     const float* B = static_cast<const float*>(b.raw_data()) + b_off;
     float* C = static_cast<float*>(out.raw_data()) + c_off;
-    QKV_CUBLAS_CHECK(cublasSgemmStridedBatched(blas(), op(tb), op(ta), n, m, k, &al, B, ldb, b_bs, A, lda, a_bs, &be, C,
-                                               ldc, c_bs, batch));
+    const Cublas& c = cublas();
+    check(c, c.sgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &al, B, ldb, b_bs, A, lda, a_bs, &be, C, ldc,
+                                     c_bs, batch),
+          "cublasSgemmStridedBatched");
   } else {
     const double* A = static_cast<const double*>(a.raw_data()) + a_off;
     const double* B = static_cast<const double*>(b.raw_data()) + b_off;
     double* C = static_cast<double*>(out.raw_data()) + c_off;
-    QKV_CUBLAS_CHECK(cublasDgemmStridedBatched(blas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, b_bs, A, lda, a_bs,
-                                               &beta, C, ldc, c_bs, batch));
+    const Cublas& c = cublas();
+    check(c, c.dgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &alpha, B, ldb, b_bs, A, lda, a_bs, &beta, C,
+                                     ldc, c_bs, batch),
+          "cublasDgemmStridedBatched");
   }
 }
 

@@ -19,6 +19,11 @@ void synchronize() {}
 void binary_forward(cpu::BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
 void unary_backward(cpu::UnaryGradOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void compare_forward(cpu::CompareOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void logical_and_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void logical_not_forward(const Tensor&, const Tensor&) { no_cuda(); }
+void where_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void masked_fill_forward(const Tensor&, const Tensor&, double, const Tensor&) { no_cuda(); }
 void add_inplace(const Tensor&, const Tensor&, double) { no_cuda(); }
 void mul_inplace(const Tensor&, double) { no_cuda(); }
 void fill(const Tensor&, double) { no_cuda(); }
