@@ -9,10 +9,19 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "tensor/cuda/kernels.h"
 
 namespace qkv::attn {
 
 namespace {
+
+// inv_freq_f = theta^(−2f/D), f < D/2: shared by the CPU and CUDA kernels.
+std::vector<double> rope_inv_freq(double theta, int64_t D) {
+  std::vector<double> inv_freq(D / 2);
+  for (int64_t f = 0; f < D / 2; ++f)
+    inv_freq[f] = std::pow(theta, -2.0 * static_cast<double>(f) / static_cast<double>(D));
+  return inv_freq;
+}
 
 // out = rotate(x, sign·angle); out contiguous [B,H,N,D].
 template <class T>
@@ -22,8 +31,7 @@ void rope_kernel(const Tensor& x, const std::vector<int64_t>& pos, bool pos_per_
   const int64_t sb = x.stride(0), sh = x.stride(1), sn = x.stride(2), sd = x.stride(3);
   const T* xp = x.data<T>();
   T* op = out.data<T>();
-  std::vector<double> inv_freq(half);
-  for (int64_t f = 0; f < half; ++f) inv_freq[f] = std::pow(theta, -2.0 * static_cast<double>(f) / static_cast<double>(D));
+  const std::vector<double> inv_freq = rope_inv_freq(theta, D);
   const int64_t rows = B * N;
 #pragma omp parallel if (rows * H * D > (1 << 15) && !omp_in_parallel())
   {
@@ -52,7 +60,8 @@ void rope_kernel(const Tensor& x, const std::vector<int64_t>& pos, bool pos_per_
 
 Tensor rope_apply(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, double theta, double sign) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.dtype() == DType::f32) rope_kernel<float>(x, pos, per_row, theta, sign, out);
+  if (x.device() == Device::cuda) cuda::rope(x, pos, per_row, rope_inv_freq(theta, x.size(3)), sign, out);
+  else if (x.dtype() == DType::f32) rope_kernel<float>(x, pos, per_row, theta, sign, out);
   else rope_kernel<double>(x, pos, per_row, theta, sign, out);
   return out;
 }
@@ -83,7 +92,6 @@ void check_x(const Tensor& x, double theta) {
   QKV_CHECK(x.size(3) % 2 == 0, "[rope] head dim must be even for rotate-half pairs, x is ", shape_str(x.shape()));
   QKV_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, "[rope] x must be float32/float64, got ",
             dtype_name(x.dtype()));
-  QKV_CHECK(x.device() == Device::cpu, "[rope] only the cpu kernel is built");
   QKV_CHECK(theta > 0, "[rope] theta must be positive, got ", theta);
 }
 

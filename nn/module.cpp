@@ -31,6 +31,16 @@ int64_t Module::parameter_count() const {
   return n;
 }
 
+void Module::to(Device device) {
+  for (auto& p : named_parameters()) {
+    if (p.tensor.device() == device) continue;
+    Tensor moved = p.tensor.to(device);
+    Tensor handle = p.tensor;
+    handle.set_data(moved);
+    handle.set_grad(Tensor());
+  }
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

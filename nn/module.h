@@ -28,6 +28,9 @@ class Module {
   std::vector<Tensor> parameters() const;
   int64_t parameter_count() const;
   void train(bool on = true);
+  // Moves every parameter to `device` in place (handles held by layers follow); gradients are
+  // dropped. Modules with buffers besides parameters extend it.
+  virtual void to(Device device);
   void eval() { train(false); }
   bool is_training() const { return training_; }
 

@@ -352,9 +352,19 @@ void DecoderModel::init_weights(uint64_t seed) {
   }
 }
 
+void DecoderModel::to(Device device) {
+  Module::to(device);
+  if (sinusoid_.defined()) sinusoid_ = sinusoid_.to(device);
+}
+
 Tensor DecoderModel::forward(ForwardArgs& args) const {
   QKV_CHECK(args.ids.defined() && args.ids.dim() == 2, "[model] ids must be [B, T], got ",
             args.ids.defined() ? shape_str(args.ids.shape()) : "undefined");
+  const Device dev = device();
+  auto here = [dev](const Tensor& t) { return t.defined() && t.device() != dev ? t.to(dev) : t; };
+  args.ids = here(args.ids);
+  args.key_padding = here(args.key_padding);
+  args.segment_ids = here(args.segment_ids);
   const int64_t B = args.ids.size(0), T = args.ids.size(1);
   const int64_t start = args.cache ? args.cache->length() : 0;
   Tensor positions = args.positions;
@@ -366,6 +376,7 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
       QKV_CHECK(p >= 0 && p < cfg_.block_size, "[model] position ", p, " is outside model.block_size ",
                 cfg_.block_size);
   }
+  positions = here(positions);
   Tensor x = tok_emb_->forward(args.ids);  // [B, T, C]
   if (pos_emb_) x = ag::add(x, pos_emb_->forward(positions));
   if (sinusoid_.defined()) x = ag::add(x, index_select(sinusoid_, 0, positions.reshape({-1})).reshape(

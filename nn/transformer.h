@@ -72,7 +72,9 @@ class DecoderModel : public Module {
   // GPT-2 initialisation: N(0, init_std) for weights and embeddings, zero biases, residual output
   // projections scaled by 1/sqrt(2 n_layer); norms weight 1.
   void init_weights(uint64_t seed);
-  Tensor forward(ForwardArgs& args) const;  // logits [B, T, V]
+  Tensor forward(ForwardArgs& args) const;  // logits [B, T, V]; inputs on another device are moved
+  void to(Device device) override;
+  Device device() const { return tok_emb_->weight.device(); }
   ModelCache make_cache(int64_t batch, int64_t capacity) const;
   int64_t non_embedding_parameter_count() const;
 

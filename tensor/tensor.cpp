@@ -279,6 +279,14 @@ Tensor& Tensor::set_requires_grad(bool on) {
 }
 Tensor Tensor::grad() const { return impl_->autograd ? impl_->autograd->grad : Tensor(); }
 void Tensor::set_grad(const Tensor& g) { autograd_meta().grad = g; }
+void Tensor::set_data(const Tensor& src) {
+  QKV_CHECK(src.defined(), "[set_data] source is undefined");
+  impl_->storage = src.impl_->storage;
+  impl_->shape = src.impl_->shape;
+  impl_->strides = src.impl_->strides;
+  impl_->offset = src.impl_->offset;
+  impl_->dtype = src.impl_->dtype;
+}
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<autograd::Node> none;
   return impl_->autograd ? impl_->autograd->grad_fn : none;

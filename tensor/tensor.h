@@ -107,6 +107,9 @@ class Tensor {
   Tensor& set_requires_grad(bool on);  // only on leaves
   Tensor grad() const;                 // undefined until a backward reached it
   void set_grad(const Tensor& g);
+  // Points this tensor (and every handle sharing it) at src's data, shape and strides, keeping its
+  // autograd slot: how a module's parameters move between devices in place.
+  void set_data(const Tensor& src);
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   AutogradMeta& autograd_meta() const;  // creates the slot on first use
   bool is_leaf() const;

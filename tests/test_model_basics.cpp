@@ -363,3 +363,22 @@ TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal
     CHECK(peak_recompute < peak_plain);
   }
 }
+
+TEST_CASE("set_data repoints every handle of a parameter and keeps its autograd slot", "[model]") {
+  nn::DecoderModel m(tiny("gpt2", 1));
+  m.init_weights(3);
+  auto params = m.named_parameters();
+  Tensor handle = params[0].tensor;  // transformer.wte.weight, also read by the tied head
+  const Tensor replacement = full(handle.shape(), 0.25);
+  handle.set_data(replacement);
+  CHECK(m.named_parameters()[0].tensor.to_vector() == std::vector<double>(handle.numel(), 0.25));
+  CHECK(handle.requires_grad());
+  // The moved parameter still receives gradients through the model's own handles.
+  nn::ForwardArgs a;
+  a.ids = ids_of(lcg_ids(8, 37, 1), 1);
+  autograd::backward(ag::sum(m.forward(a)));
+  CHECK(params[0].tensor.grad().defined());
+  m.to(Device::cpu);  // already there: nothing moves
+  CHECK(m.named_parameters()[0].tensor.same(handle));
+  CHECK(m.device() == Device::cpu);
+}

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "tensor/error.h"
+#include "tensor/ops.h"
 
 namespace qkv::train {
 namespace {
@@ -105,7 +106,10 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   if (scale == 1.0f) return norm;
   for (const Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
-    QKV_CHECK(g.device() == Device::cpu, "[clip_grad_norm] gradients must be CPU tensors");
+    if (g.device() != Device::cpu) {
+      mul_(g, scale);
+      continue;
+    }
     QKV_CHECK(g.is_contiguous(), "[clip_grad_norm] cannot scale a non-contiguous gradient in place");
     const int64_t n = g.numel();
     const bool parallel = n >= (1 << 16) && !omp_in_parallel();

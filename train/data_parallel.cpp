@@ -362,7 +362,10 @@ uint64_t rank_dropout_seed(uint64_t seed, int rank) { return seed ^ (0x9e3779b97
 
 uint64_t DataParallel::parameter_hash() const {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (const OptimParam& p : params_) h = h5::fnv1a64(p.param.raw_data(), static_cast<size_t>(p.param.numel()) * 4, h);
+  for (const OptimParam& p : params_) {
+    const Tensor host = p.param.to(Device::cpu);  // the parameter itself on the CPU
+    h = h5::fnv1a64(host.raw_data(), static_cast<size_t>(host.numel()) * 4, h);
+  }
   return h;
 }
 

@@ -21,9 +21,9 @@ Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngCont
     o.segment_ids = batch.segment_ids;
     *masked_rows += attn::count_fully_masked_rows({batch.x.size(0), 1, 1, batch.x.size(1), batch.x.size(1)}, o);
   }
-  Tensor logits = model.forward(args);  // [B, T, V]
+  Tensor logits = model.forward(args);  // [B, T, V], on the model's device (inputs are moved there)
   const int64_t V = logits.size(2);
-  return ag::cross_entropy(ag::reshape(logits, {-1, V}), batch.y.reshape({-1}), kIgnoreIndex);
+  return ag::cross_entropy(ag::reshape(logits, {-1, V}), batch.y.reshape({-1}).to(logits.device()), kIgnoreIndex);
 }
 
 LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,

@@ -11,10 +11,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <unordered_set>
 
+#include "tensor/cuda/kernels.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 #include "train/config.h"
 
 namespace qkv::train {
@@ -62,15 +63,16 @@ AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts)
     QKV_CHECK(op.param.defined(), "[adamw] parameter ", op.name, " is undefined");
     QKV_CHECK(op.param.dtype() == DType::f32, "[adamw] parameter ", op.name, " is ",
               dtype_name(op.param.dtype()), " but must be float32");
-    QKV_CHECK(op.param.device() == Device::cpu, "[adamw] parameter ", op.name,
-              " is on ", device_name(op.param.device()), "; only CPU parameters are supported");
+    QKV_CHECK(op.param.device() == params_[0].param.device(), "[adamw] parameter ", op.name, " is on ",
+              device_name(op.param.device()), " but ", params_[0].name, " is on ",
+              device_name(params_[0].param.device()), ": one device per optimizer");
     QKV_CHECK(op.param.is_contiguous(), "[adamw] parameter ", op.name, " must be contiguous");
     QKV_CHECK(index_.emplace(op.name, i).second, "[adamw] parameter name ", op.name, " appears twice");
     QKV_CHECK(op.param.numel() == 0 || seen.insert(op.param.raw_data()).second, "[adamw] parameter ",
               op.name, " shares its data with an earlier parameter (a tied weight must be listed once)");
-    AdamWState st{Tensor::empty(op.param.shape(), DType::f32), Tensor::empty(op.param.shape(), DType::f32)};
-    std::memset(st.exp_avg.raw_data(), 0, st.exp_avg.numel() * sizeof(float));
-    std::memset(st.exp_avg_sq.raw_data(), 0, st.exp_avg_sq.numel() * sizeof(float));
+    // Moments live with the parameter (zeroed on the host, copied once for a device).
+    AdamWState st{zeros(op.param.shape(), DType::f32, op.param.device()),
+                  zeros(op.param.shape(), DType::f32, op.param.device())};
     states_.push_back(std::move(st));
   }
 }
@@ -104,8 +106,9 @@ void AdamW::step(double lr, float grad_scale) {
     if (!g.defined() || op.param.numel() == 0) continue;
     QKV_CHECK(g.shape() == op.param.shape(), "[adamw] gradient of ", op.name, " has shape ",
               shape_str(g.shape()), " but the parameter is ", shape_str(op.param.shape()));
-    QKV_CHECK(g.dtype() == DType::f32 && g.device() == Device::cpu, "[adamw] gradient of ", op.name,
-              " must be a float32 CPU tensor, got ", dtype_name(g.dtype()), " on ", device_name(g.device()));
+    QKV_CHECK(g.dtype() == DType::f32 && g.device() == op.param.device(), "[adamw] gradient of ", op.name,
+              " must be float32 on ", device_name(op.param.device()), ", got ", dtype_name(g.dtype()), " on ",
+              device_name(g.device()));
     if (!g.is_contiguous()) {
       g = g.contiguous();
       keep.push_back(g);
@@ -116,6 +119,16 @@ void AdamW::step(double lr, float grad_scale) {
     total += op.param.numel();
   }
   if (total == 0) return;
+  if (params_[0].param.device() == Device::cuda) {
+    // One kernel per parameter, in order, on the device's one stream.
+    for (const WorkItem& it : items) {
+      const cpu::AdamWScalars& s = it.decay ? with_decay : without_decay;
+      cuda::adamw_update(it.p, it.g, it.m, it.v, it.n,
+                         {s.decay_factor, s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.step_size,
+                          s.bc2_sqrt, s.eps, s.grad_scale});
+    }
+    return;
+  }
 
   constexpr int64_t kGrain = 1 << 14;  // elements per thread worth a fork
   const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -157,9 +170,7 @@ void AdamW::load_state(const std::string& name, const Tensor& exp_avg, const Ten
               " but the parameter is ", shape_str(dst.shape()));
     QKV_CHECK(src.dtype() == DType::f32 || src.dtype() == DType::f64, "[adamw] ", name, ".", what,
               " is ", dtype_name(src.dtype()), "; expected float32");
-    Tensor s = src.device() == Device::cpu ? src : src.to(Device::cpu);
-    s = s.dtype() == DType::f32 ? s.contiguous() : s.to(DType::f32).contiguous();
-    std::memcpy(dst.raw_data(), s.raw_data(), dst.numel() * sizeof(float));
+    copy_(dst, src);  // any device, float32 or float64 in
   };
   load(st.exp_avg, exp_avg, "exp_avg");
   load(st.exp_avg_sq, exp_avg_sq, "exp_avg_sq");

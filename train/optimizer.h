@@ -42,7 +42,7 @@ struct AdamWOptions {
 // weights decay; biases, norm gains and other 1-D tensors do not).
 struct OptimParam {
   std::string name;  // unique; the checkpoint key /optimizer/<name>/...
-  Tensor param;      // float32, contiguous, CPU; its .grad() is read at step()
+  Tensor param;      // float32, contiguous, all on one device; its .grad() is read at step()
   bool decay = true;
 };
 
@@ -53,8 +53,9 @@ struct AdamWState {
 
 class AdamW {
  public:
-  // Allocates zeroed moments for every parameter. Throws on duplicate names, a parameter listed
-  // twice (same storage and offset), or a non-float32 / non-contiguous / non-CPU parameter.
+  // Allocates zeroed moments for every parameter, on its device. Throws on duplicate names, a
+  // parameter listed twice (same storage and offset), a non-float32 / non-contiguous parameter,
+  // or parameters on different devices.
   AdamW(std::vector<OptimParam> params, AdamWOptions opts);
 
   // One update of every parameter that has a gradient, at learning rate `lr`, with each gradient

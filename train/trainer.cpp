@@ -11,6 +11,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
 #include "train/data_parallel.h"  // [dist]
@@ -67,7 +68,7 @@ void check_resumable(const Config& now, const Config& then, const std::string& c
 TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const Config cfg = cfg_in.resolved();
   QKV_CHECK(cfg.train.device == "cpu" || cfg.train.device == "cuda", "train.device must be cpu or cuda");
-  QKV_CHECK(cfg.train.device == "cpu", "train.device = \"cuda\": this build trains on the CPU only (the CUDA training path is not available yet)");
+  const bool on_gpu = cfg.train.device == "cuda";
   QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
   apply_thread_setting(cfg);
   // [dist] One rank per process (dist::world(): MPI under mpirun, else one process); only rank 0
@@ -80,7 +81,14 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   RunData data = load_run_data_rank0_first(comm, cfg);  // [dist] rank 0 writes the prepared-data cache
   auto model = build_model(cfg, data.vocab_size);
   const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
-  model->init_weights(seed);
+  model->init_weights(seed);  // on the CPU: the same initial weights whatever the device
+  if (on_gpu) {
+    QKV_CHECK(cuda::device_count() > 0,
+              "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
+    QKV_CHECK(comm.world() == 1, "train.device = \"cuda\" with ", comm.world(),
+              " ranks needs the NCCL path, which is not built yet: run one process");
+    model->to(Device::cuda);  // before the optimizer, so its moments are allocated there
+  }
 
   TrainState state;
   state.seed = seed;

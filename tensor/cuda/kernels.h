@@ -41,6 +41,17 @@ void max_forward(const Tensor& a, int dim, const Tensor& values, const Tensor& i
 void softmax_forward(const Tensor& x, int dim, const Tensor& y, bool log);
 void softmax_backward(const Tensor& y, const Tensor& dy, int dim, const Tensor& dx, bool log);
 
+// RoPE rotate-half on x [B, H, N, D] (rows contiguous along D or strided): out contiguous,
+// out[.., f] = x1·cos − x2·sin, out[.., f + D/2] = x2·cos + x1·sin with angle pos·inv_freq[f]·sign;
+// pos has N entries (or B·N with per_row), inv_freq D/2, both host vectors copied to the device.
+void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const std::vector<double>& inv_freq,
+          double sign, const Tensor& out);
+// AdamW over n contiguous device floats (the formula of train/optimizer.h).
+struct AdamWStep {
+  float decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, grad_scale;
+};
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
+
 // The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
 // (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.
 void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out);
