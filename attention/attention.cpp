@@ -2,10 +2,15 @@
 // node whose backward is the hand-derived vjp (attention/fused_backward.cpp).
 #include "attention/attention.h"
 
+#include <cmath>
+
 #include "attention/reference.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#ifdef QKV_WITH_CUDA
+#include "attention/cuda/fused_cuda.h"
+#endif
 
 namespace qkv::attn {
 
@@ -55,19 +60,66 @@ struct PackedAttentionBackward : autograd::Node {
 // slot (that would be a reference cycle through grad_fn).
 Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
 
-// The fused kernels are CPU-only for now: device tensors take the composed reference path
-// (docs/cuda.md).
-bool routes_to_reference(const AttentionOptions& o, Device device) {
+bool routes_to_reference(const AttentionOptions& o) {
   const Fault f = active_fault();
-  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax ||
-         device != Device::cpu;
+  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax;
+}
+
+#ifdef QKV_WITH_CUDA
+// The CUDA fused kernels' node: the same vjp, on the device (attention/cuda/fused_cuda.h).
+struct CudaAttentionBackward : autograd::Node {
+  Tensor q, k, v, out, lse;
+  std::shared_ptr<const cuda_fused::Plan> plan;
+  const char* name() const override { return "CudaAttentionBackward"; }
+  std::vector<Tensor> backward(const Tensor& dout) override {
+    FusedGrads g = cuda_fused::backward(dout, q, k, v, out, lse, *plan);
+    return {g.dq, g.dk, g.dv};
+  }
+  void release() override {
+    q = k = v = out = lse = Tensor();
+    plan.reset();
+  }
+};
+#endif
+
+// Device tensors: the CUDA fused kernels where they support the options, else the composed
+// reference path (which handles everything on any device).
+Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                        const Problem& p) {
+#ifdef QKV_WITH_CUDA
+  if (q.device() == Device::cuda && !routes_to_reference(opts) && !opts.check_invariants &&
+      cuda_fused::supported(opts, p)) {
+    QKV_CHECK(k.device() == q.device() && v.device() == q.device(), "[attention] q, k and v must be on one device");
+    auto plan = cuda_fused::make_plan(opts, p);
+    FusedForward f = cuda_fused::forward(q, k, v, *plan);
+    if (opts.fully_masked == FullyMasked::error) {
+      const std::vector<double> lse = f.lse.to_vector();
+      for (size_t r = 0; r < lse.size(); ++r)
+        QKV_CHECK(!std::isinf(lse[r]), "[attention] query row ", static_cast<int64_t>(r) % p.Nq, " of batch ",
+                  static_cast<int64_t>(r) / (p.Nq * p.Hq), ", head ", (static_cast<int64_t>(r) / p.Nq) % p.Hq,
+                  " has no visible key (fully_masked = error); q [", p.B, ",", p.Hq, ",", p.Nq, ",", p.D,
+                  "], Nk=", p.Nk);
+    }
+    if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
+    auto node = std::make_shared<CudaAttentionBackward>();
+    node->q = detached(q);
+    node->k = detached(k);
+    node->v = detached(v);
+    node->out = detached(f.out);
+    node->lse = f.lse;
+    node->plan = plan;
+    return autograd::record(f.out, node, {q, k, v});
+  }
+#endif
+  return reference_attention(q, k, v, opts, p).out;
 }
 
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
   const Problem p = check_problem(q, k, v, opts);
-  if (routes_to_reference(opts, q.device())) return reference_attention(q, k, v, opts, p).out;
+  if (q.device() != Device::cpu) return device_attention(q, k, v, opts, p);
+  if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
   QKV_CHECK(!(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})),
             "[attention] the fused kernel treats bias as a constant, but bias ", shape_str(opts.bias.shape()),
             " requires grad: use kernel = reference to learn it");
@@ -93,7 +145,7 @@ Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, co
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
   const bool grad = autograd::any_requires_grad({&qkv});
-  const bool fused = !routes_to_reference(opts, qkv.device()) && !opts.check_invariants &&
+  const bool fused = qkv.device() == Device::cpu && !routes_to_reference(opts) && !opts.check_invariants &&
                      !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})) && qkv.stride(3) == 1;
   if (!fused) {
     // The composed views: the plain op handles every option (and its errors).

@@ -180,6 +180,11 @@ class DropoutDraw {
         keep_scale_(o.dropout_p > 0 ? 1.0 / (1.0 - o.dropout_p) : 1.0) {}
   bool on() const { return on_; }
   double keep_scale() const { return keep_scale_; }
+  // The Philox key and counter word and the keep threshold (for the CUDA kernels' own draw).
+  struct Key {
+    uint32_t k0, k1, c3, thr;
+  };
+  Key key() const { return {k0_, k1_, c3_, thr_}; }
   // z[c] = keep(b, h, i, j0 + c) ? 1/(1-p) : 0 for c < n.
   template <class T>
   void row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n, T* z) const {

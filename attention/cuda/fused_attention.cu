@@ -1,0 +1,376 @@
+// CUDA fused attention, forward and backward (design and limits in fused_cuda.h). Per query row
+// i (absolute position p = q_offset + i) the visible keys are the interval
+//   lo = max(0, p − w + 1) (window w > 0, else 0)  ≤ j <  hi = min(Nk, p + 1 (causal), key_len[b])
+// minus keys failing key_padding or segment equality. One warp handles one row; lane l holds the
+// head-dim elements l, l + 32, ... of its vectors (up to kMaxPerLane each).
+//   forward (online softmax):  s = scale·q·k_j − slope·(p − j);  m' = max(m, s);
+//                              l = l·e^(m−m') + e^(s−m');  o = o·e^(m−m') + e^(s−m')·z_j·v_j
+//                              out = o / l, lse = m + log l (a row with no visible key: 0, −inf)
+//   backward:                  P_ij = e^(s_ij − lse_i), dP_ij = z_ij·dO_i·v_j, Di = dO_i·O_i,
+//                              dS = P∘(dP − Di), dQ_i = scale·Σ_j dS_ij k_j,
+//                              dK_j = scale·Σ_(h,i) dS_ij q_i, dV_j = Σ_(h,i) P_ij z_ij dO_i
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "attention/cuda/fused_cuda.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/geometry.cuh"
+#include "tensor/ops.h"
+#include "tensor/philox.h"
+
+namespace qkv::attn::cuda_fused {
+namespace {
+
+using cuda::detail::ptr;
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxPerLane = 8;  // head dims up to 256
+
+__device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Strides of one [B, H, N, D] operand (rows contiguous along D).
+struct View {
+  int64_t sb, sh, sn;
+};
+View view_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+__device__ __forceinline__ int64_t key_lo(const DeviceMask& m, int64_t p) {
+  return m.window > 0 ? imax(0, p - m.window + 1) : 0;
+}
+__device__ __forceinline__ int64_t key_hi(const DeviceMask& m, int64_t b, int64_t p) {
+  int64_t h = m.Nk;
+  if (m.causal_like) h = imin(h, p + 1);
+  if (m.key_len) h = imin(h, m.key_len[b]);
+  return imax(h, 0);
+}
+__device__ __forceinline__ bool visible_extra(const DeviceMask& m, int64_t b, int64_t p, int64_t j) {
+  if (m.key_pad && !m.key_pad[b * m.kp_sb + j * m.kp_sj]) return false;
+  if (m.seg && m.seg[b * m.Nk + p] != m.seg[b * m.Nk + j]) return false;
+  return true;
+}
+// z_ij: 0 or 1/(1−p) under dropout (the draw documented in attention.h), else 1.
+template <class T>
+__device__ __forceinline__ T dropout_z(const DeviceMask& m, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (!m.drop) return T(1);
+  const Philox4 r = philox4x32_10(static_cast<uint32_t>(j >> 2), static_cast<uint32_t>(i),
+                                  static_cast<uint32_t>(b * m.Hq + h), m.c3, m.k0, m.k1);
+  return (r.v[j & 3] >> 8) >= m.thr ? static_cast<T>(m.keep_scale) : T(0);
+}
+
+template <class T>
+__device__ __forceinline__ void load_row(const T* src, int64_t D, int lane, T* dst) {
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int64_t c = lane + t * kWarp;
+    dst[t] = c < D ? src[c] : T(0);
+  }
+}
+template <class T>
+__device__ __forceinline__ T dot_row(const T* reg, const T* row, int64_t D, int lane) {
+  T s = 0;
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int64_t c = lane + t * kWarp;
+    if (c < D) s += reg[t] * row[c];
+  }
+  return warp_sum(s);
+}
+
+template <class T>
+struct Args {
+  const T *q, *k, *v, *out, *dout, *lse, *di;
+  View vq, vk, vv, vo, vdo;
+  T *o_w, *lse_w, *di_w, *dq, *dk, *dv;  // outputs (contiguous)
+  int64_t D, Dv;
+  T scale;
+};
+
+template <class T>
+__global__ void forward_kernel(Args<T> a, DeviceMask m) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= m.B * m.Hq * m.Nq) return;
+  const int64_t i = row % m.Nq, h = (row / m.Nq) % m.Hq, b = row / (m.Nq * m.Hq), hk = h / m.G;
+  const int64_t p = m.q_offset + i;
+  T q[kMaxPerLane], o[kMaxPerLane];
+  load_row(a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn, a.D, lane, q);
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) o[t] = T(0);
+  const T ninf = -INFINITY;
+  T mx = ninf, l = 0;
+  const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+  const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
+  const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
+  const int64_t hi = key_hi(m, b, p);
+  for (int64_t j = key_lo(m, p); j < hi; ++j) {
+    if (!visible_extra(m, b, p, j)) continue;
+    T s = a.scale * dot_row(q, kh + j * a.vk.sn, a.D, lane);
+    if (m.alibi) s -= slope * static_cast<T>(p - j);
+    const T m_new = s > mx ? s : mx;
+    const T alpha = mx == ninf ? T(0) : ::exp(mx - m_new);
+    const T e = ::exp(s - m_new);
+    l = l * alpha + e;
+    const T w = e * dropout_z<T>(m, b, h, i, j);
+    const T* vr = vh + j * a.vv.sn;
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int64_t c = lane + t * kWarp;
+      o[t] = o[t] * alpha + (c < a.Dv ? w * vr[c] : T(0));
+    }
+    mx = m_new;
+  }
+  T* orow = a.o_w + row * a.Dv;
+  const T inv = l > T(0) ? T(1) / l : T(0);
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int64_t c = lane + t * kWarp;
+    if (c < a.Dv) orow[c] = o[t] * inv;
+  }
+  if (lane == 0) a.lse_w[row] = mx == ninf ? ninf : mx + ::log(l);
+}
+
+// Di = dO_i · O_i per query row.
+template <class T>
+__global__ void di_kernel(Args<T> a, DeviceMask m) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= m.B * m.Hq * m.Nq) return;
+  const int64_t i = row % m.Nq, h = (row / m.Nq) % m.Hq, b = row / (m.Nq * m.Hq);
+  T d[kMaxPerLane];
+  load_row(a.dout + b * a.vdo.sb + h * a.vdo.sh + i * a.vdo.sn, a.Dv, lane, d);
+  const T s = dot_row(d, a.out + b * a.vo.sb + h * a.vo.sh + i * a.vo.sn, a.Dv, lane);
+  if (lane == 0) a.di_w[row] = s;
+}
+
+template <class T>
+__global__ void dq_kernel(Args<T> a, DeviceMask m) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= m.B * m.Hq * m.Nq) return;
+  const int64_t i = row % m.Nq, h = (row / m.Nq) % m.Hq, b = row / (m.Nq * m.Hq), hk = h / m.G;
+  const int64_t p = m.q_offset + i;
+  T q[kMaxPerLane], d[kMaxPerLane], dq[kMaxPerLane];
+  load_row(a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn, a.D, lane, q);
+  load_row(a.dout + b * a.vdo.sb + h * a.vdo.sh + i * a.vdo.sn, a.Dv, lane, d);
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) dq[t] = T(0);
+  const T lse = a.lse[row], di = a.di[row];
+  const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+  const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
+  const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
+  const int64_t hi = lse == -INFINITY ? 0 : key_hi(m, b, p);  // a fully masked row has no gradient
+  for (int64_t j = key_lo(m, p); j < hi; ++j) {
+    if (!visible_extra(m, b, p, j)) continue;
+    const T* kr = kh + j * a.vk.sn;
+    T s = a.scale * dot_row(q, kr, a.D, lane);
+    if (m.alibi) s -= slope * static_cast<T>(p - j);
+    const T pij = ::exp(s - lse);
+    const T dp = dropout_z<T>(m, b, h, i, j) * dot_row(d, vh + j * a.vv.sn, a.Dv, lane);
+    const T ds = pij * (dp - di);
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int64_t c = lane + t * kWarp;
+      if (c < a.D) dq[t] += ds * kr[c];
+    }
+  }
+  T* out = a.dq + row * a.D;
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int64_t c = lane + t * kWarp;
+    if (c < a.D) out[c] = a.scale * dq[t];
+  }
+}
+
+// One warp per key row j of kv head hk: sums over the G query heads of the group, in order, and
+// over the query rows that can see j.
+template <class T>
+__global__ void dkv_kernel(Args<T> a, DeviceMask m) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= m.B * m.Hkv * m.Nk) return;
+  const int64_t j = row % m.Nk, hk = (row / m.Nk) % m.Hkv, b = row / (m.Nk * m.Hkv);
+  T kr[kMaxPerLane], vr[kMaxPerLane], dk[kMaxPerLane], dv[kMaxPerLane];
+  load_row(a.k + b * a.vk.sb + hk * a.vk.sh + j * a.vk.sn, a.D, lane, kr);
+  load_row(a.v + b * a.vv.sb + hk * a.vv.sh + j * a.vv.sn, a.Dv, lane, vr);
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) dk[t] = dv[t] = T(0);
+  // Query rows whose interval can hold j: p >= j (causal), p < j + w (window).
+  int64_t i_lo = 0, i_hi = m.Nq;
+  if (m.causal_like) i_lo = imax(0, j - m.q_offset);
+  if (m.window > 0) i_hi = imin(m.Nq, imax(0, j + m.window - m.q_offset));
+  if (m.key_len && j >= m.key_len[b]) i_hi = 0;
+  for (int64_t g = 0; g < m.G; ++g) {
+    const int64_t h = hk * m.G + g;
+    const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+    for (int64_t i = i_lo; i < i_hi; ++i) {
+      const int64_t p = m.q_offset + i, qrow = (b * m.Hq + h) * m.Nq + i;
+      if (!visible_extra(m, b, p, j)) continue;
+      const T lse = a.lse[qrow];
+      if (lse == -INFINITY) continue;
+      const T* qi = a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn;
+      const T* doi = a.dout + b * a.vdo.sb + h * a.vdo.sh + i * a.vdo.sn;
+      T s = a.scale * dot_row(kr, qi, a.D, lane);
+      if (m.alibi) s -= slope * static_cast<T>(p - j);
+      const T pij = ::exp(s - lse);
+      const T z = dropout_z<T>(m, b, h, i, j);
+      const T dp = z * dot_row(vr, doi, a.Dv, lane);
+      const T ds = pij * (dp - a.di[qrow]);
+      const T pz = pij * z;
+#pragma unroll
+      for (int t = 0; t < kMaxPerLane; ++t) {
+        const int64_t c = lane + t * kWarp;
+        if (c < a.Dv) dv[t] += pz * doi[c];
+        if (c < a.D) dk[t] += ds * qi[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int64_t c = lane + t * kWarp;
+    if (c < a.D) a.dk[row * a.D + c] = a.scale * dk[t];
+    if (c < a.Dv) a.dv[row * a.Dv + c] = dv[t];
+  }
+}
+
+unsigned blocks_for_rows(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+template <class T>
+Args<T> args_of(const Tensor& q, const Tensor& k, const Tensor& v, const Problem& p) {
+  Args<T> a{};
+  a.q = ptr<T>(q);
+  a.k = ptr<T>(k);
+  a.v = ptr<T>(v);
+  a.vq = view_of(q);
+  a.vk = view_of(k);
+  a.vv = view_of(v);
+  a.D = p.D;
+  a.Dv = p.Dv;
+  a.scale = static_cast<T>(p.scale);
+  return a;
+}
+
+// q, k, v with unit stride along D (the kernels index rows directly).
+Tensor rows_ok(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+}  // namespace
+
+bool supported(const AttentionOptions& o, const Problem& p) {
+  return !o.bias.defined() && !o.allow_mask.defined() && active_fault() == Fault::none &&
+         (p.dtype == DType::f32 || p.dtype == DType::f64) && p.D <= kMaxPerLane * kWarp &&
+         p.Dv <= kMaxPerLane * kWarp;
+}
+
+std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p) {
+  const MaskPlan host(p.shape(), o, p.dtype);  // validates every option, names what is wrong
+  auto plan = std::make_shared<Plan>();
+  plan->p = p;
+  DeviceMask& m = plan->m;
+  m.B = p.B;
+  m.Hq = p.Hq;
+  m.Hkv = p.Hkv;
+  m.G = p.G;
+  m.Nq = p.Nq;
+  m.Nk = p.Nk;
+  m.q_offset = p.Nk - p.Nq;
+  m.window = o.window;
+  m.causal_like = o.causal || o.window > 0;
+  auto keep = [&](Tensor t) {
+    plan->keep.push_back(t);
+    return t;
+  };
+  if (!o.key_lengths.empty()) m.key_len = ptr<int64_t>(keep(from_vector_i64(o.key_lengths, {p.B}).to(Device::cuda)));
+  if (o.key_padding.defined()) {
+    const Tensor kp = keep(o.key_padding.to(Device::cuda));
+    m.key_pad = ptr<bool>(kp);
+    m.kp_sb = kp.stride(0);
+    m.kp_sj = kp.stride(1);
+  }
+  if (o.segment_ids.defined())
+    m.seg = ptr<int64_t>(keep(o.segment_ids.to(Device::cuda).to(DType::i64).contiguous()));
+  if (!o.alibi_slopes.empty()) {
+    const std::vector<double> slopes(o.alibi_slopes.begin(), o.alibi_slopes.end());
+    m.alibi = ptr<float>(keep(from_vector(slopes, {p.Hq}, DType::f32).to(Device::cuda)));
+  }
+  const DropoutDraw draw(o, p.Hq);
+  m.drop = draw.on();
+  const DropoutDraw::Key key = draw.key();
+  m.k0 = key.k0;
+  m.k1 = key.k1;
+  m.c3 = key.c3;
+  m.thr = key.thr;
+  m.keep_scale = draw.keep_scale();
+  return plan;
+}
+
+FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Plan& plan) {
+  const Problem& p = plan.p;
+  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
+  FusedForward r;
+  r.out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype, Device::cuda);
+  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype, Device::cuda);
+  const int64_t rows = p.B * p.Hq * p.Nq;
+  if (rows == 0) return r;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a = args_of<T>(q, k, v, p);
+    a.o_w = ptr<T>(r.out);
+    a.lse_w = ptr<T>(r.lse);
+    forward_kernel<T><<<blocks_for_rows(rows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+  };
+  if (p.dtype == DType::f32) run(float{});
+  else run(double{});
+  QKV_CUDA_LAUNCHED("forward_kernel");
+  return r;
+}
+
+FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                    const Tensor& out_in, const Tensor& lse, const Plan& plan) {
+  const Problem& p = plan.p;
+  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), out = rows_ok(out_in),
+               dout = rows_ok(dout_in);
+  FusedGrads g;
+  g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype, Device::cuda);
+  g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype, Device::cuda);
+  g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype, Device::cuda);
+  const int64_t qrows = p.B * p.Hq * p.Nq, krows = p.B * p.Hkv * p.Nk;
+  Tensor di = Tensor::empty({std::max<int64_t>(qrows, 1)}, p.dtype, Device::cuda);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a = args_of<T>(q, k, v, p);
+    a.out = ptr<T>(out);
+    a.vo = view_of(out);
+    a.dout = ptr<T>(dout);
+    a.vdo = view_of(dout);
+    a.lse = ptr<T>(lse);
+    a.di = ptr<T>(di);
+    a.di_w = ptr<T>(di);
+    a.dq = ptr<T>(g.dq);
+    a.dk = ptr<T>(g.dk);
+    a.dv = ptr<T>(g.dv);
+    if (qrows > 0) {
+      di_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      QKV_CUDA_LAUNCHED("di_kernel");
+      dq_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      QKV_CUDA_LAUNCHED("dq_kernel");
+    }
+    if (krows > 0) {
+      dkv_kernel<T><<<blocks_for_rows(krows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      QKV_CUDA_LAUNCHED("dkv_kernel");
+    }
+  };
+  if (p.dtype == DType::f32) run(float{});
+  else run(double{});
+  return g;
+}
+
+}  // namespace qkv::attn::cuda_fused
