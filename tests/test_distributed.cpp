@@ -9,9 +9,12 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 #include "train/data_parallel.h"
 #include "train/distributed.h"
+#include "train/nccl.h"
 
 using namespace qkv;
 using namespace qkv::train;
@@ -310,5 +313,24 @@ TEST_CASE("bucket all-reduces start during the last backward, last bucket first,
       const auto g = ps[k].param.grad().to_vector(), x = xs[k].to_vector();
       for (size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == static_cast<float>(x[i] * accum));
     }
+  }
+}
+
+TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts", "[distributed]") {
+  dist::SingleProcess one;
+  if (!dist::built_with_nccl()) {
+    CHECK_THROWS_WITH(dist::make_nccl_gradients(one), Catch::Contains("needs both CUDA and MPI"));
+  } else if (cuda::device_count() == 0) {
+    CHECK_THROWS_WITH(dist::make_nccl_gradients(one), Catch::Contains("[nccl] no CUDA device is visible on rank 0"));
+  } else {
+    // One rank on the GPU: the unique id, the communicator and an all-reduce of device memory.
+    auto nccl = dist::make_nccl_gradients(one);
+    CHECK(std::string(nccl->backend()) == "nccl");
+    Tensor x = from_vector({1.5, -2.0, 3.25}, {3}).to(Device::cuda);
+    nccl->allreduce_sum(x.data<float>(), 3);
+    CHECK(x.to_vector() == std::vector<double>{1.5, -2.0, 3.25});
+    double host = 2.5;
+    nccl->allreduce_sum(&host, 1);  // host memory goes to the host group
+    CHECK(host == 2.5);
   }
 }

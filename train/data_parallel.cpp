@@ -21,6 +21,7 @@
 #include "autograd/engine.h"
 #include "data/h5.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 #include "train/checkpoint.h"
 
 namespace qkv::train {
@@ -95,7 +96,8 @@ void DataParallel::for_each_piece(int64_t a, int64_t b, F&& f) const {
 
 DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
                            DataParallelOptions opts)
-    : comm_(comm), params_(std::move(params)), adamw_opts_(adamw) {
+    : comm_(comm), grad_comm_(opts.gradient_comm ? *opts.gradient_comm : comm), params_(std::move(params)),
+      adamw_opts_(adamw) {
   QKV_CHECK(opts.zero == 0 || opts.zero == 1, "train.zero = ", opts.zero,
             " is unsupported; supported stages: 0 (replicated optimizer) or 1 (optimizer state sharded across ranks)");
   offset_.reserve(params_.size() + 1);
@@ -108,8 +110,15 @@ DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> par
   bounds_ = bucket_bounds(total_, bucket_elems);
   std::tie(lo_, hi_) = shard_range(total_, comm_.rank(), comm_.world());
 
+  const Device device = params_.empty() ? Device::cpu : params_[0].param.device();
+  if (distributed() && device != Device::cpu) {
+    QKV_CHECK(opts.gradient_comm != nullptr, "[data_parallel] parameters on ", device_name(device),
+              " need a device communicator (NCCL) for the gradient all-reduce");
+    QKV_CHECK(opts.zero == 0, "train.zero = 1 is built for CPU parameters only; use train.zero = 0 with train.device = \"",
+              device_name(device), "\"");
+  }
   if (distributed()) {
-    grad_flat_ = Tensor::empty({total_}, DType::f32);
+    grad_flat_ = Tensor::empty({total_}, DType::f32, device);
     grad_views_.reserve(params_.size());
     for (size_t k = 0; k < params_.size(); ++k)
       grad_views_.push_back(grad_flat_.narrow(0, offset_[k], params_[k].param.numel()).view(params_[k].param.shape()));
@@ -159,14 +168,14 @@ void DataParallel::on_grad_ready(size_t k) {
   if (!armed_) return;  // an earlier micro-batch's backward: its gradients are not final
   for (int64_t b : buckets_of_[k]) waiting_[b]--;
   start_ready_buckets(false);
-  comm_.progress();
+  grad_comm_.progress();
 }
 
 void DataParallel::start_ready_buckets(bool all) {
   const auto t0 = std::chrono::steady_clock::now();
   float* g = grad_flat_.data<float>();
   for (; next_start_ >= 0 && (all || waiting_[next_start_] == 0); --next_start_)
-    comm_.allreduce_sum_start(g + bounds_[next_start_], bounds_[next_start_ + 1] - bounds_[next_start_]);
+    grad_comm_.allreduce_sum_start(g + bounds_[next_start_], bounds_[next_start_ + 1] - bounds_[next_start_]);
   comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -178,10 +187,14 @@ void DataParallel::zero_grads() {
     autograd::zero_grad(ps);
     return;
   }
-  float* g = grad_flat_.data<float>();
-  const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
+  if (grad_flat_.device() != Device::cpu) {
+    fill_(grad_flat_, 0.0);
+  } else {
+    float* g = grad_flat_.data<float>();
+    const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
 #pragma omp parallel for simd schedule(static) if (parallel)
-  for (int64_t i = 0; i < total_; ++i) g[i] = 0.0f;
+    for (int64_t i = 0; i < total_; ++i) g[i] = 0.0f;
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     Tensor handle = params_[k].param;  // a handle copy shares the autograd slot
     handle.set_grad(grad_views_[k]);
@@ -200,15 +213,20 @@ void DataParallel::reduce_grads() {
   if (armed_) {
     start_ready_buckets(/*all=*/true);  // buckets whose parameters got no gradient this step
     const auto t0 = std::chrono::steady_clock::now();
-    comm_.wait_all();
+    grad_comm_.wait_all();
     comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     armed_ = false;
   } else {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t b = bucket_count() - 1; b >= 0; --b) comm_.allreduce_sum(g + bounds_[b], bounds_[b + 1] - bounds_[b]);
+    for (int64_t b = bucket_count() - 1; b >= 0; --b)
+      grad_comm_.allreduce_sum(g + bounds_[b], bounds_[b + 1] - bounds_[b]);
     comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const float inv = 1.0f / static_cast<float>(comm_.world());
+  if (grad_flat_.device() != Device::cpu) {
+    mul_(grad_flat_, inv);
+    return;
+  }
   const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
 #pragma omp parallel for simd schedule(static) if (parallel)
   for (int64_t i = 0; i < total_; ++i) g[i] *= inv;
@@ -242,9 +260,9 @@ int64_t DataParallel::step_count() const { return shard_ ? shard_->step_count() 
 std::string DataParallel::describe() const {
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets%s",
+                "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s)%s",
                 comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
-                static_cast<long long>(bucket_count()),
+                static_cast<long long>(bucket_count()), grad_comm_.backend(),
                 shard_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
                        : "");
   return buf;

@@ -49,6 +49,9 @@ constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
 struct DataParallelOptions {
   int64_t zero = 0;                          // 0: replicated optimizer; 1: moments sharded
   int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
+  // For parameters on a GPU: the communicator whose float all-reduces take device pointers
+  // (train/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
+  dist::Communicator* gradient_comm = nullptr;
 };
 
 // Rank r's ZeRO slice [lo, hi) of a flat range of `total` elements: near-equal parts whose inner
@@ -125,6 +128,7 @@ class DataParallel {
   void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
 
   dist::Communicator& comm_;
+  dist::Communicator& grad_comm_;  // the gradient buckets' all-reduce (comm_, or NCCL on a GPU)
   std::vector<OptimParam> params_;
   AdamWOptions adamw_opts_;
   std::vector<int64_t> offset_;  // flat offset of each parameter; offset_.back() == total_

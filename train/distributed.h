@@ -5,10 +5,10 @@
 //                  without MPI and by any process not started by an MPI launcher.
 //   MPI            (QKV_WITH_MPI) one rank per process over MPI_COMM_WORLD, started by
 //                  `mpirun -np N qkv train ...`; the host-memory transport.
-//   NCCL           (not written yet: needs the CUDA training path) one rank per GPU: the same calls on device pointers, queued
-//                  on the training stream, with the ncclUniqueId sent to every rank by an MPI
-//                  broadcast. Nothing above this header would change: buffers are raw pointers
-//                  into the communicator's memory space and the trainer never names a backend.
+//   NCCL           (train/nccl.h, CUDA + MPI builds) one rank per GPU for the gradient buckets:
+//                  float all-reduces on device pointers, queued on the training stream, with the
+//                  ncclUniqueId sent to every rank by an MPI broadcast; host-memory collectives
+//                  go to the MPI group. DataParallel takes it as its gradient communicator.
 //
 // Determinism. allreduce_sum's result is the same bits on every rank, and the same bits run to
 // run for a fixed world size and call sequence (OpenMPI picks its algorithm from the message

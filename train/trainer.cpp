@@ -16,6 +16,7 @@
 #include "train/clip.h"
 #include "train/data_parallel.h"  // [dist]
 #include "train/distributed.h"    // [dist]
+#include "train/nccl.h"           // [dist]
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
@@ -82,11 +83,11 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   auto model = build_model(cfg, data.vocab_size);
   const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
   model->init_weights(seed);  // on the CPU: the same initial weights whatever the device
+  std::unique_ptr<dist::Communicator> gpu_comm;  // [dist] NCCL for the gradients, one rank per GPU
   if (on_gpu) {
     QKV_CHECK(cuda::device_count() > 0,
               "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
-    QKV_CHECK(comm.world() == 1, "train.device = \"cuda\" with ", comm.world(),
-              " ranks needs the NCCL path, which is not built yet: run one process");
+    if (comm.world() > 1) gpu_comm = dist::make_nccl_gradients(comm);  // also selects this rank's GPU
     model->to(Device::cuda);  // before the optimizer, so its moments are allocated there
   }
 
@@ -96,7 +97,8 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
   // [dist] The optimizer (replicated, or sharded with train.zero = 1) and gradient averaging.
-  DataParallel dp(comm, oparams, AdamWOptions::from(cfg.train), {.zero = cfg.train.zero});
+  DataParallel dp(comm, oparams, AdamWOptions::from(cfg.train),
+                  {.zero = cfg.train.zero, .gradient_comm = gpu_comm.get()});
   Batcher batcher(data.train, batcher_options(cfg, seed, comm));
 
   if (!opts.resume.empty()) {
