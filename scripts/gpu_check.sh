@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, sized for one call on a lent GPU machine (well under 8 minutes on an H200):
-# configure with CUDA required, build, run every [cuda] test case, and write the logs to
-# $OUT (or the folder given as the first argument, default runs/gpu_check).
+# configure with CUDA required, build, run every [cuda] test case, then the GPT-2 124M training
+# step benchmark (configs/bench/gpt2_gpu.toml), and write the logs to $OUT (or the folder given
+# as the first argument, default runs/gpu_check).
 #   scripts/gpu_check.sh [LOG_DIR]
 # Exit status: non-zero when the build fails, no GPU is visible, or a [cuda] case fails.
 set -uo pipefail
@@ -27,4 +28,9 @@ if ! nvidia-smi -L > /dev/null 2>&1; then log "no GPU visible: the [cuda] cases 
 status=$?
 grep -E "skipped: no CUDA device" "$out/cuda_tests.log" > /dev/null && { log "the tests saw no CUDA device"; status=3; }
 log "[cuda] tests: $(tail -1 "$out/cuda_tests.log") (exit $status)"
+
+# The GPT-2 124M training step on the GPU (float32; figures, not a pass/fail check).
+timeout 180 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
+  > "$out/bench_gpt2_gpu.json" 2> "$out/bench_gpt2_gpu.log"
+log "bench gpt2_gpu: exit $? ($(tail -1 "$out/bench_gpt2_gpu.log"))"
 exit $status

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "autograd/engine.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
@@ -41,6 +42,15 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   auto model = build_model(cfg, data.vocab_size);
   model->init_weights(static_cast<uint64_t>(cfg.train.seed));
   model->train();
+  // train.device = "cuda": the whole step on the GPU. Each step ends in loss.item(), a copy to the
+  // host that waits for every kernel queued before it (the AdamW update included), so the wall
+  // clock measures the device's work.
+  const Device device = cfg.train.device == "cuda" ? Device::cuda : Device::cpu;
+  if (device == Device::cuda) {
+    QKV_CHECK(cuda::device_count() > 0,
+              "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
+    model->to(Device::cuda);
+  }
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
   AdamW opt(oparams, AdamWOptions::from(cfg.train));
@@ -64,8 +74,8 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   for (int i = 0; i < warmup; ++i) step(static_cast<uint64_t>(i));
   autograd::profile_reset();
   autograd::set_profiling(profile);
-  const int64_t os_allocs_before = allocator_stats().os_allocations;
-  reset_peak_bytes();
+  const int64_t os_allocs_before = allocator_stats(device).os_allocations;
+  reset_peak_bytes(device);
   std::vector<double> cpu_ms;
   for (int i = 0; i < steps; ++i) {
     const double c0 = cpu_ms_now();
@@ -76,8 +86,8 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   }
   autograd::set_profiling(false);
   r.os_allocations_per_step =
-      static_cast<double>(allocator_stats().os_allocations - os_allocs_before) / std::max(steps, 1);
-  r.allocator_peak_bytes = allocator_stats().peak_bytes;
+      static_cast<double>(allocator_stats(device).os_allocations - os_allocs_before) / std::max(steps, 1);
+  r.allocator_peak_bytes = allocator_stats(device).peak_bytes;  // the device's allocator on a GPU
   r.cpu_ms_per_step = median(cpu_ms);
   if (profile) {
     r.profile = autograd::profile_snapshot();
