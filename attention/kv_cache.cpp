@@ -1,6 +1,6 @@
 #include "attention/kv_cache.h"
 
-#include "tensor/cpu/copy.h"
+#include "tensor/ops.h"
 
 namespace qkv::attn {
 
@@ -28,8 +28,8 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   QKV_CHECK(length_ + n <= capacity_, "[kv_cache] appending ", n, " tokens to ", length_,
             " cached exceeds the capacity ", capacity_);
   if (n > 0) {
-    cpu::copy_cast(k_new, k_.narrow(2, length_, n));
-    cpu::copy_cast(v_new, v_.narrow(2, length_, n));
+    copy_(k_.narrow(2, length_, n), k_new);  // any device (and dtype), converted
+    copy_(v_.narrow(2, length_, n), v_new);
   }
   length_ += n;
   return view();

@@ -394,7 +394,7 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
 ModelCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
   ModelCache c;
   for (int64_t l = 0; l < cfg_.n_layer; ++l)
-    c.layers.emplace_back(batch, cfg_.n_kv_head, capacity, cfg_.head_dim(), cfg_.head_dim());
+    c.layers.emplace_back(batch, cfg_.n_kv_head, capacity, cfg_.head_dim(), cfg_.head_dim(), DType::f32, device());
   return c;
 }
 

@@ -78,7 +78,7 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
       logits = model.forward(args);
     }
     const int64_t last = logits.size(1) - 1;
-    Tensor row = logits.select(0, 0).select(0, last).contiguous();
+    Tensor row = logits.select(0, 0).select(0, last).contiguous().to(Device::cpu);  // pick on the host
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(n), static_cast<uint32_t>(n >> 32), 0x5a3f1e00u, 0,
                                     static_cast<uint32_t>(opts.seed), static_cast<uint32_t>(opts.seed >> 32));
     const int32_t next = pick_token(row.data<float>(), V, opts, uniform53_from_bits(r.v[0], r.v[1]));
