@@ -116,7 +116,14 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 }  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && q_in.defined() && q_in.dtype() == DType::f32) {
+    // bf16 autocast: q, k, v rounded to bf16, the kernel accumulating in float32, dO rounded.
+    autograd::AutocastGuard inside(false);  // the kernels below see plain float32 tensors
+    return ag::round_grad_bf16(
+        attention(ag::round_bf16(q_in), ag::round_bf16(k_in), ag::round_bf16(v_in), opts));
+  }
+  const Tensor &q = q_in, &k = k_in, &v = v_in;
   const Problem p = check_problem(q, k, v, opts);
   if (q.device() != Device::cpu) return device_attention(q, k, v, opts, p);
   if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
@@ -140,7 +147,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return autograd::record(f.out, node, {q, k, v});
 }
 
-Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
+Tensor attention_packed(const Tensor& qkv_in, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && qkv_in.defined() && qkv_in.dtype() == DType::f32) {
+    autograd::AutocastGuard inside(false);  // as in attention()
+    return ag::round_grad_bf16(attention_packed(ag::round_bf16(qkv_in), q_heads, kv_heads, opts));
+  }
+  const Tensor& qkv = qkv_in;
   QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));

@@ -13,9 +13,12 @@ namespace qkv::autograd {
 
 namespace {
 thread_local bool g_grad_enabled = true;
-}
+thread_local bool g_autocast_bf16 = false;
+}  // namespace
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool on) { g_grad_enabled = on; }
+bool autocast_bf16() { return g_autocast_bf16; }
+void set_autocast_bf16(bool on) { g_autocast_bf16 = on; }
 
 bool exclusively_owned(const Tensor& t) {
   return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && !t.impl()->autograd;

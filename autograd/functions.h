@@ -64,4 +64,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // Inverted dropout with a Philox mask keyed by (seed, offset, element index); identity when p == 0.
 Tensor dropout(const Tensor& a, double p, uint64_t seed, uint64_t offset);
 
+// bf16 autocast helpers (rules/elementwise.cpp), float32 in and out:
+// round_bf16(x) = x rounded to the nearest bfloat16 (ties to even); its gradient passes through.
+Tensor round_bf16(const Tensor& x);
+// round_grad_bf16(y) = y; its gradient is rounded to bfloat16 on the way back.
+Tensor round_grad_bf16(const Tensor& y);
+// When autocast is on and x is float32: round_bf16(x); otherwise x itself.
+Tensor autocast_input(const Tensor& x);
+// When autocast is on and y is float32: round_grad_bf16(y); otherwise y itself.
+Tensor autocast_output(const Tensor& y);
+
 }  // namespace qkv::ag

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
@@ -46,6 +47,7 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   // host that waits for every kernel queued before it (the AdamW update included), so the wall
   // clock measures the device's work.
   const Device device = cfg.train.device == "cuda" ? Device::cuda : Device::cpu;
+  const autograd::AutocastGuard autocast(cfg.train.dtype == "bf16");  // as in the trainer
   if (device == Device::cuda) {
     QKV_CHECK(cuda::device_count() > 0,
               "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");

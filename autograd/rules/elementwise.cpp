@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 
@@ -299,6 +300,53 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
   auto n = std::make_shared<MaskedFillBackward>();
   n->mask = mask.expand(a.shape());
   return record(out, n, {a});
+}
+
+namespace {
+
+// x rounded to bfloat16 and widened back (one rounding, ties to even: the float32 -> bf16 cast).
+Tensor rounded(const Tensor& x) { return x.to(DType::bf16).to(x.dtype()); }
+
+// d round_bf16(x) = dy: the rounding is treated as the identity (straight through), as a dtype cast is
+struct RoundBf16Backward : Node {
+  const char* name() const override { return "RoundBf16Backward"; }
+  std::vector<Tensor> backward(const Tensor& dy) override { return {dy}; }
+};
+
+// d round_grad_bf16(y) = bf16(dy)
+struct RoundGradBf16Backward : Node {
+  const char* name() const override { return "RoundGradBf16Backward"; }
+  std::vector<Tensor> backward(const Tensor& dy) override { return {rounded(dy)}; }
+};
+
+void require_f32(const char* op, const Tensor& t) {
+  QKV_CHECK(t.defined() && t.dtype() == DType::f32, "[", op, "] needs a float32 tensor, got ",
+            t.defined() ? dtype_name(t.dtype()) : "undefined");
+}
+
+}  // namespace
+
+Tensor round_bf16(const Tensor& x) {
+  require_f32("round_bf16", x);
+  Tensor out = rounded(x);
+  if (!autograd::any_requires_grad({&x})) return out;
+  return record(out, std::make_shared<RoundBf16Backward>(), {x});
+}
+
+Tensor round_grad_bf16(const Tensor& y) {
+  require_f32("round_grad_bf16", y);
+  if (!autograd::any_requires_grad({&y})) return y;
+  // A new handle on y's data: the node's output must be a tensor of its own.
+  Tensor out = Tensor::make_view(y, y.shape(), y.strides(), y.offset());
+  return record(out, std::make_shared<RoundGradBf16Backward>(), {y});
+}
+
+Tensor autocast_input(const Tensor& x) {
+  return autograd::autocast_bf16() && x.defined() && x.dtype() == DType::f32 ? round_bf16(x) : x;
+}
+
+Tensor autocast_output(const Tensor& y) {
+  return autograd::autocast_bf16() && y.defined() && y.dtype() == DType::f32 ? round_grad_bf16(y) : y;
 }
 
 }  // namespace qkv::ag

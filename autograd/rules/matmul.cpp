@@ -91,8 +91,9 @@ struct LinearBackward : Node {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  QKV_CHECK(a.defined() && b.defined(), "[matmul] an operand is an undefined tensor");
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  QKV_CHECK(a_in.defined() && b_in.defined(), "[matmul] an operand is an undefined tensor");
+  const Tensor a = autocast_input(a_in), b = autocast_input(b_in);  // bf16 autocast (else a_in, b_in)
   // Vector operands become matrices through recorded reshapes, so the rule only sees >= 2-d.
   if (a.dim() == 1 && autograd::any_requires_grad({&a, &b}))
     return squeeze(ag::matmul(unsqueeze(a, 0), b), b.dim() == 1 ? -1 : -2);
@@ -102,17 +103,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   auto n = std::make_shared<MatmulBackward>();
   n->a = a;
   n->b = b;
-  return record(out, n, {a, b});
+  return autocast_output(record(out, n, {a, b}));
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
+  // bf16 autocast: inputs rounded here, the incoming gradient rounded by autocast_output.
+  const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in);
   Tensor y = qkv::linear(x, weight, bias);
   if (!autograd::any_requires_grad({&x, &weight, &bias})) return y;
   auto n = std::make_shared<LinearBackward>();
   n->x = x;
   n->weight = weight;
   n->has_bias = bias.defined();
-  return n->has_bias ? record(y, n, {x, weight, bias}) : record(y, n, {x, weight});
+  return autocast_output(n->has_bias ? record(y, n, {x, weight, bias}) : record(y, n, {x, weight}));
 }
 
 }  // namespace qkv::ag
