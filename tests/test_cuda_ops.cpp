@@ -17,6 +17,7 @@
 #include "nn/transformer.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
+#include "train/clip.h"
 #include "train/config.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
@@ -421,4 +422,13 @@ TEST_CASE("KV-cached decoding on the device reproduces the device's full forward
     parts.push_back(m->forward(a));
   }
   CHECK(rel_err(cat(parts, 1), host(want)) <= 1e-5);
+}
+
+TEST_CASE("the global gradient norm of device tensors equals the host's", "[cuda]") {
+  if (!have_device()) return;
+  const std::vector<Tensor> host_ts = {randn({300, 7}, 60), randn({5}, 61), randn({2, 2, 2}, 62, 0, 0.0, 1.0, DType::f64)};
+  std::vector<Tensor> dev_ts;
+  for (const Tensor& t : host_ts) dev_ts.push_back(gpu(t));
+  const double want = train::global_norm(host_ts), got = train::global_norm(dev_ts);
+  CHECK(std::fabs(got - want) <= 1e-12 * want);
 }

@@ -4,7 +4,8 @@
 // kBlock elements; the blocks of all tensors are summed in parallel (one double per block, in a
 // reused buffer) and then added in block order, so the result does not depend on how many
 // threads ran. Inside a block `omp simd reduction` lets the compiler keep several vector
-// accumulators: that order is fixed by the binary, not by scheduling.
+// accumulators: that order is fixed by the binary, not by scheduling. Device tensors are reduced
+// on the device (one float64 sum of squares per tensor, gathered to the host in one copy).
 #include "train/clip.h"
 
 #include <omp.h>
@@ -39,19 +40,28 @@ double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
   };
   std::vector<Span> spans;
   std::vector<Tensor> keep;  // contiguous copies of strided inputs
+  std::vector<Tensor> device_sums;  // [1] float64 per device tensor
   spans.reserve(tensors.size());
   int64_t blocks = 0;
   for (const Tensor& t0 : tensors) {
     if (!t0.defined() || t0.numel() == 0) continue;
     QKV_CHECK(t0.dtype() == DType::f32 || t0.dtype() == DType::f64, "[", op, "] tensors must be float32 or float64, got ",
               dtype_name(t0.dtype()));
-    Tensor t = t0.device() == Device::cpu ? t0 : t0.to(Device::cpu);
+    if (t0.device() != Device::cpu) {
+      const Tensor x = t0.to(DType::f64);
+      device_sums.push_back(sum(mul(x, x)).reshape({1}));
+      continue;
+    }
+    Tensor t = t0;
     if (!t.is_contiguous()) t = t.contiguous();
     if (!t.same(t0)) keep.push_back(t);
     spans.push_back({t.raw_data(), t.dtype(), t.numel()});
     blocks += (t.numel() + kBlock - 1) / kBlock;
   }
-  if (blocks == 0) return 0.0;
+  double device_total = 0.0;
+  if (!device_sums.empty())
+    for (double v : cat(device_sums, 0).to_vector()) device_total += v;  // tensor order
+  if (blocks == 0) return std::sqrt(device_total);
 
   // Block b of the whole list -> (span, start). Built serially; tiny next to the data.
   static thread_local std::vector<double> partial;
@@ -72,7 +82,7 @@ double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
     part[b] = sp.dtype == DType::f32 ? sum_squares(static_cast<const float*>(sp.data) + start, n)
                                      : sum_squares(static_cast<const double*>(sp.data) + start, n);
   }
-  double total = 0.0;
+  double total = device_total;
   for (int64_t b = 0; b < blocks; ++b) total += part[b];
   return std::sqrt(total);
 }
