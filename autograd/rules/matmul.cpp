@@ -6,6 +6,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "tensor/cpu/nn_kernels.h"
+#include "tensor/cuda/kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -72,7 +73,10 @@ struct LinearBackward : Node {
     auto run = [&](int task) {
       if (task == 0 && want_dx) matmul_into(dy2, weight, dx);
       if (task == 1 && want_dw) matmul_into(dy2.transpose(0, 1), x2, dw);
-      if (task == 2 && want_db) cpu::sum_rows(dyc, db);
+      if (task == 2 && want_db) {
+        if (dyc.device() == Device::cuda) cuda::sum_rows(dyc, db);
+        else cpu::sum_rows(dyc, db);
+      }
     };
     const bool side_by_side = want_dx && want_dw && dy.device() == Device::cpu && omp_get_max_threads() == 2 &&
                               !omp_in_parallel() && rows * in * out >= (int64_t(1) << 20);
