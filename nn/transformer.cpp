@@ -33,10 +33,10 @@ namespace {
 
 // positions + delta, elementwise on an int64 tensor.
 Tensor shift_positions(const Tensor& positions, int64_t delta) {
-  Tensor out = positions.to(DType::i64).clone();
+  Tensor out = positions.to(Device::cpu).to(DType::i64).clone();
   int64_t* p = out.data<int64_t>();
   for (int64_t i = 0; i < out.numel(); ++i) p[i] += delta;
-  return out;
+  return out.to(positions.device());
 }
 
 // A module that only groups children (e.g. "transformer", "h").
