@@ -133,10 +133,11 @@ void backward(const Tensor& root, Tensor grad) {
   if (!seed.defined()) {
     QKV_CHECK(root.numel() == 1, "[backward] root of shape ", shape_str(root.shape()),
               " is not a scalar: pass its gradient");
-    seed = ones(root.shape(), root.dtype());
+    seed = ones(root.shape(), root.dtype(), root.device());
   }
   QKV_CHECK(seed.shape() == root.shape(), "[backward] gradient ", shape_str(seed.shape()), " does not match root ",
             shape_str(root.shape()));
+  if (seed.device() != root.device()) seed = seed.to(root.device());  // e.g. a host gradient for a device root
   std::shared_ptr<Node> start = root.grad_fn();
   if (!start) start = edge_for(root);
 

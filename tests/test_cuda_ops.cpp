@@ -432,3 +432,15 @@ TEST_CASE("the global gradient norm of device tensors equals the host's", "[cuda
   const double want = train::global_norm(host_ts), got = train::global_norm(dev_ts);
   CHECK(std::fabs(got - want) <= 1e-12 * want);
 }
+
+TEST_CASE("backward from a device scalar, and from a host gradient for a device root", "[cuda]") {
+  if (!have_device()) return;
+  Tensor x = gpu(randn({3, 4}, 70));
+  x.set_requires_grad(true);
+  autograd::backward(ag::sum(ag::mul(x, x)));  // seed of ones made on the root's device
+  CHECK(rel_err(x.grad(), mul(host(x), 2.0)) <= 1e-6);
+  Tensor y = gpu(randn({2, 2}, 71));
+  y.set_requires_grad(true);
+  autograd::backward(ag::mul(y, 3.0), full({2, 2}, 1.0));  // host gradient moved to the device
+  CHECK(rel_err(y.grad(), full({2, 2}, 3.0)) <= 1e-6);
+}
