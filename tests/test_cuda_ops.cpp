@@ -444,3 +444,14 @@ TEST_CASE("backward from a device scalar, and from a host gradient for a device 
   autograd::backward(ag::mul(y, 3.0), full({2, 2}, 1.0));  // host gradient moved to the device
   CHECK(rel_err(y.grad(), full({2, 2}, 3.0)) <= 1e-6);
 }
+
+TEST_CASE("max's gradient on the device goes to the first maximum, as on the host", "[cuda]") {
+  if (!have_device()) return;
+  const Tensor a = from_vector({1, 5, 5, 2, 7, 0}, {2, 3});
+  Tensor h = a.clone(), d = gpu(a);
+  h.set_requires_grad(true);
+  d.set_requires_grad(true);
+  autograd::backward(ag::sum(ag::max(h, 1)));
+  autograd::backward(ag::sum(ag::max(d, 1)));
+  CHECK(rel_err(d.grad(), h.grad()) == 0.0);
+}

@@ -48,8 +48,8 @@ struct MaxBackward : Node {
     // one-hot of the argmax along dim: arange(n) viewed along dim == index
     Shape along(in_shape.size(), 1);
     along[dim] = in_shape[dim];
-    const Tensor hit = eq(arange(0, in_shape[dim]).view(along), index);
-    return {qkv::where(hit, g, zeros({}, dy.dtype()))};
+    const Tensor hit = eq(arange(0, in_shape[dim], DType::i64, dy.device()).view(along), index);
+    return {qkv::where(hit, g, zeros({}, dy.dtype(), dy.device()))};
   }
   void release() override { index = Tensor(); }
 };
