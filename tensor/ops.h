@@ -100,12 +100,16 @@ Tensor index_add(const Shape& shape, int dim, const Tensor& index, const Tensor&
 // ---- linear algebra (tensor/ops_matmul.cpp, kernels tensor/cpu/matmul.cpp) ----
 // a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast; 1-d b is a vector.
 // Transposed views (stride 1 along the row) are passed to BLAS as transposes, never copied.
-Tensor matmul(const Tensor& a, const Tensor& b);
+// bf16_operands: the caller promises float32 operands whose values are all bfloat16 (bf16
+// autocast rounds them); on CUDA the GEMM then runs on bf16 tensor cores with float32
+// accumulation (the conversion is exact), on the CPU nothing changes.
+Tensor matmul(const Tensor& a, const Tensor& b, bool bf16_operands = false);
 // out = alpha * a @ b + beta * out, in place on a contiguous `out` of the right shape.
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0, double beta = 0.0);
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0, double beta = 0.0,
+                 bool bf16_operands = false);
 // x [..., in] @ weight^T + bias -> [..., out]; weight [out, in], bias [out] or undefined. One GEMM
 // on x viewed as [rows, in] with weight read transposed in place, bias added through beta = 1.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf16_operands = false);
 
 // ---- fused neural-net ops (tensor/ops_nn.cpp, kernels tensor/cpu/nn_kernels.cpp) ----
 // weight [V, C], ids int32/int64 of any shape -> [..., C]; ids out of range are errors.

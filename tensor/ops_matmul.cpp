@@ -77,21 +77,21 @@ MatmulPlan plan_matmul(const char* op, const Tensor& a, const Tensor& b) {
   return p;
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
-  if (out.device() == Device::cuda) cuda::matmul_forward(a, b, out, alpha, beta);
-  else cpu::matmul_forward(a, b, out, alpha, beta);
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, bool bf16_operands) {
+  if (out.device() == Device::cuda) cuda::matmul_forward(a, b, out, alpha, beta, bf16_operands);
+  else cpu::matmul_forward(a, b, out, alpha, beta);  // float32 GEMM: exact on bf16-valued operands too
 }
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, bool bf16_operands) {
   const MatmulPlan p = plan_matmul("matmul", a, b);
   Tensor out = Tensor::empty(p.out_full, a.dtype(), a.device());
-  gemm(p.a, p.b, out, 1.0, 0.0);
+  gemm(p.a, p.b, out, 1.0, 0.0, bf16_operands);
   return p.out_final == p.out_full ? out : out.view(p.out_final);
 }
 
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, bool bf16_operands) {
   const MatmulPlan p = plan_matmul("matmul_into", a, b);
   detail::require_defined("matmul_into", out, "out");
   detail::require_same_device("matmul_into", a, out);
@@ -106,10 +106,10 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   const cpu::GemmLayout lc = cpu::gemm_layout(o);
   QKV_CHECK(lc.ok && !lc.trans, "[matmul_into] out ", shape_str(out.shape()),
             " must have unit stride along its last dim (strides ", shape_str(out.strides()), ")");
-  gemm(p.a, p.b, o, alpha, beta);
+  gemm(p.a, p.b, o, alpha, beta, bf16_operands);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf16_operands) {
   detail::require_defined("linear", x, "x");
   detail::require_defined("linear", weight, "weight");
   QKV_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "[linear] x is ", shape_str(x.shape()),
@@ -132,9 +132,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     detail::require_same_device("linear", x, bias);
     if (y.device() == Device::cuda) cuda::fill_rows(y, bias);
     else cpu::fill_rows(y, bias);
-    matmul_into(x2, weight.transpose(0, 1), y, 1.0, 1.0);
+    matmul_into(x2, weight.transpose(0, 1), y, 1.0, 1.0, bf16_operands);
   } else {
-    matmul_into(x2, weight.transpose(0, 1), y, 1.0, 0.0);
+    matmul_into(x2, weight.transpose(0, 1), y, 1.0, 0.0, bf16_operands);
   }
   lead.push_back(out_features);
   return y.view(lead);

@@ -455,3 +455,23 @@ TEST_CASE("max's gradient on the device goes to the first maximum, as on the hos
   autograd::backward(ag::sum(ag::max(d, 1)));
   CHECK(rel_err(d.grad(), h.grad()) == 0.0);
 }
+
+TEST_CASE("bf16 autocast on the device (tensor-core GEMMs) equals the CPU's bf16 autocast", "[cuda]") {
+  if (!have_device()) return;
+  Tensor x = randn({64, 96}, 80), w = randn({48, 96}, 81), b = randn({48}, 82);
+  Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b);
+  for (Tensor* t : {&x, &w, &b, &gx, &gw, &gb}) t->set_requires_grad(true);
+  const Tensor dy = randn({64, 48}, 83);
+  {
+    autograd::AutocastGuard bf16(true);
+    autograd::backward(ag::linear(x, w, b), dy);
+    autograd::backward(ag::linear(gx, gw, gb), gpu(dy));
+    // Batched matmul with a transposed operand, as attention's reference path uses.
+    const Tensor a = randn({3, 16, 32}, 84), c = randn({3, 24, 32}, 85);
+    CHECK(rel_err(ag::matmul(gpu(a), gpu(c).transpose(1, 2)), ag::matmul(a, c.transpose(1, 2))) <= 1e-5);
+  }
+  CHECK(rel_err(ag::linear(gx, gw, gb), ag::linear(x, w, b)) <= 1e-5);  // outside: float32 both
+  CHECK(rel_err(gx.grad(), x.grad()) <= 1e-5);
+  CHECK(rel_err(gw.grad(), w.grad()) <= 1e-5);
+  CHECK(rel_err(gb.grad(), b.grad()) <= 1e-5);
+}

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "tensor/cpu/nn_kernels.h"
@@ -25,25 +26,28 @@ int64_t numel_of(const Shape& s) {
 }
 
 // dA = dC·Bᵀ, dB = Aᵀ·dC (a, b at least 2-d), each summed over the batch dims it was broadcast along
+// (bf16: recorded under autocast, so a, b and the incoming dC all hold bf16 values)
 struct MatmulBackward : Node {
   Tensor a, b;
+  bool bf16 = false;
   const char* name() const override { return "MatmulBackward"; }
   std::vector<Tensor> backward(const Tensor& dc) override {
     Tensor da, db;
     const Shape full = batch_of(dc);
+    auto mm = [this](const Tensor& x, const Tensor& y) { return qkv::matmul(x, y, bf16); };
     if (needs_grad(0)) {
-      da = batch_of(a) == full ? qkv::matmul(dc, mT(b)) : sum_to(qkv::matmul(dc, mT(b)), a.shape());
+      da = batch_of(a) == full ? mm(dc, mT(b)) : sum_to(mm(dc, mT(b)), a.shape());
     }
     if (needs_grad(1)) {
       if (batch_of(b) == full) {
-        db = qkv::matmul(mT(a), dc);
+        db = mm(mT(a), dc);
       } else if (numel_of(batch_of(b)) == 1 && batch_of(a) == full) {
         // b shared by every batch: sum_i A_iᵀ dC_i = (A viewed [rows, K])ᵀ (dC viewed [rows, N]),
         // one GEMM instead of a batch of products and a reduction.
         const int64_t k = a.size(-1), n = dc.size(-1);
-        db = qkv::matmul(mT(a.reshape({-1, k})), dc.reshape({-1, n})).view(b.shape());
+        db = mm(mT(a.reshape({-1, k})), dc.reshape({-1, n})).view(b.shape());
       } else {
-        db = sum_to(qkv::matmul(mT(a), dc), b.shape());
+        db = sum_to(mm(mT(a), dc), b.shape());
       }
     }
     return {da, db};
@@ -58,6 +62,7 @@ struct MatmulBackward : Node {
 struct LinearBackward : Node {
   Tensor x, weight;
   bool has_bias = false;
+  bool bf16 = false;  // recorded under autocast: x, weight and the incoming dy hold bf16 values
   const char* name() const override { return "LinearBackward"; }
   std::vector<Tensor> backward(const Tensor& dy) override {
     const int64_t in = weight.size(1), out = weight.size(0);
@@ -71,8 +76,8 @@ struct LinearBackward : Node {
     const Tensor dyc = want_db ? dy2.contiguous() : Tensor();
     if (want_db) db = Tensor::empty({out}, dy.dtype(), dy.device());
     auto run = [&](int task) {
-      if (task == 0 && want_dx) matmul_into(dy2, weight, dx);
-      if (task == 1 && want_dw) matmul_into(dy2.transpose(0, 1), x2, dw);
+      if (task == 0 && want_dx) matmul_into(dy2, weight, dx, 1.0, 0.0, bf16);
+      if (task == 1 && want_dw) matmul_into(dy2.transpose(0, 1), x2, dw, 1.0, 0.0, bf16);
       if (task == 2 && want_db) {
         if (dyc.device() == Device::cuda) cuda::sum_rows(dyc, db);
         else cpu::sum_rows(dyc, db);
@@ -97,28 +102,32 @@ struct LinearBackward : Node {
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   QKV_CHECK(a_in.defined() && b_in.defined(), "[matmul] an operand is an undefined tensor");
+  const bool bf16 = autograd::autocast_bf16() && a_in.dtype() == DType::f32;
   const Tensor a = autocast_input(a_in), b = autocast_input(b_in);  // bf16 autocast (else a_in, b_in)
   // Vector operands become matrices through recorded reshapes, so the rule only sees >= 2-d.
   if (a.dim() == 1 && autograd::any_requires_grad({&a, &b}))
     return squeeze(ag::matmul(unsqueeze(a, 0), b), b.dim() == 1 ? -1 : -2);
   if (b.dim() == 1 && autograd::any_requires_grad({&a, &b})) return squeeze(ag::matmul(a, unsqueeze(b, 1)), -1);
-  Tensor out = qkv::matmul(a, b);
+  Tensor out = qkv::matmul(a, b, bf16);
   if (!autograd::any_requires_grad({&a, &b})) return out;
   auto n = std::make_shared<MatmulBackward>();
   n->a = a;
   n->b = b;
+  n->bf16 = bf16;
   return autocast_output(record(out, n, {a, b}));
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   // bf16 autocast: inputs rounded here, the incoming gradient rounded by autocast_output.
+  const bool bf16 = autograd::autocast_bf16() && x_in.dtype() == DType::f32;
   const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in);
-  Tensor y = qkv::linear(x, weight, bias);
+  Tensor y = qkv::linear(x, weight, bias, bf16);
   if (!autograd::any_requires_grad({&x, &weight, &bias})) return y;
   auto n = std::make_shared<LinearBackward>();
   n->x = x;
   n->weight = weight;
   n->has_bias = bias.defined();
+  n->bf16 = bf16;
   return autocast_output(n->has_bias ? record(y, n, {x, weight, bias}) : record(y, n, {x, weight}));
 }
 

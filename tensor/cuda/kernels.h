@@ -30,7 +30,10 @@ void copy_cast(const Tensor& src, const Tensor& dst);
 
 // The GEMM of cpu::matmul_forward on cuBLAS (float32: SGEMM with fp32 accumulation, float64:
 // DGEMM); a and b have a BLAS layout (cpu::gemm_layout ok), out has unit stride along its rows.
-void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
+// bf16_operands (float32 only): a and b hold bf16 values; they are converted (exactly) and the
+// product runs on bf16 tensor cores with float32 accumulation (cublasGemmStridedBatchedEx).
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,
+                    bool bf16_operands = false);
 // out [R, C] rows each set to `row` [C] (the bias pre-broadcast of linear).
 void fill_rows(const Tensor& out, const Tensor& row);
 

@@ -28,6 +28,11 @@ struct Cublas {
   decltype(&cublasSetAtomicsMode) set_atomics_mode = nullptr;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
   decltype(&cublasDgemmStridedBatched) dgemm_strided_batched = nullptr;
+  // Spelled out: the C++ header overloads this name.
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                            const void*, const void*, cudaDataType, int, long long, const void*,
+                                            cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                            long long, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
   cublasHandle_t handle = nullptr;
 };
@@ -57,6 +62,7 @@ const Cublas& cublas() {
     resolve(lib, "cublasSetAtomicsMode", &c.set_atomics_mode);
     resolve(lib, "cublasSgemmStridedBatched", &c.sgemm_strided_batched);
     resolve(lib, "cublasDgemmStridedBatched", &c.dgemm_strided_batched);
+    resolve(lib, "cublasGemmStridedBatchedEx", &c.gemm_strided_batched_ex);
     resolve(lib, "cublasGetStatusString", &c.status_string);
     check(c, c.create(&c.handle), "cublasCreate");
     // Deterministic by default: no split-K with atomics in the results.
@@ -71,7 +77,18 @@ inline cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP
 void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Tensor& a, int64_t a_off, int lda,
                   int64_t a_bs, const Tensor& b, int64_t b_off, int ldb, int64_t b_bs, double beta, const Tensor& out,
                   int64_t c_off, int ldc, int64_t c_bs, int batch) {
-  if (out.dtype() == DType::f32) {
+  if (a.dtype() == DType::bf16) {
+    // bf16 operands, float32 output and accumulation: tensor cores.
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const uint16_t* A = static_cast<const uint16_t*>(a.raw_data()) + a_off;
+    const uint16_t* B = static_cast<const uint16_t*>(b.raw_data()) + b_off;
+    float* C = static_cast<float*>(out.raw_data()) + c_off;
+    const Cublas& c = cublas();
+    check(c, c.gemm_strided_batched_ex(c.handle, op(tb), op(ta), n, m, k, &al, B, CUDA_R_16BF, ldb, b_bs, A,
+                                       CUDA_R_16BF, lda, a_bs, &be, C, CUDA_R_32F, ldc, c_bs, batch,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
+  } else if (out.dtype() == DType::f32) {
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     const float* A = static_cast<const float*>(a.raw_data()) + a_off;
     const float* B = static_cast<const float*>(b.raw_data()) + b_off;
@@ -104,9 +121,17 @@ __global__ void fill_rows_kernel(double* out, int64_t rows, int64_t cols, int64_
 
 }  // namespace
 
-void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+void matmul_forward(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alpha, double beta,
+                    bool bf16_operands) {
   QKV_CHECK(out.dtype() == DType::f32 || out.dtype() == DType::f64, "[matmul] CUDA GEMM needs float32 or float64, not ",
             dtype_name(out.dtype()));
+  // bf16 operands: converted (exactly: they hold bf16 values) keeping each one's BLAS layout, so a
+  // transposed operand stays a transpose for cuBLAS.
+  auto as_bf16 = [](const Tensor& t) {
+    return cpu::gemm_layout(t).trans ? t.transpose(-1, -2).to(DType::bf16).transpose(-1, -2) : t.to(DType::bf16);
+  };
+  const bool tensor_cores = bf16_operands && out.dtype() == DType::f32 && a_in.numel() > 0 && b_in.numel() > 0;
+  const Tensor a = tensor_cores ? as_bf16(a_in) : a_in, b = tensor_cores ? as_bf16(b_in) : b_in;
   const int nd = out.dim(), nb = nd - 2;
   const int64_t M = out.size(-2), N = out.size(-1), K = a.size(-1);
   if (out.numel() == 0) return;
