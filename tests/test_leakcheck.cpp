@@ -163,7 +163,7 @@ TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[
   CHECK(attn::active_fault() == F::none);
 }
 
-TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck]") {
+TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck][slow]") {
   const auto model = tiny_gpt2();
   std::vector<std::string> lines;
   const train::SelfTestResult st =
