@@ -1,10 +1,12 @@
 // qkv bench [--config FILE] [--what step|attention|gemm] [--steps N] [--threads N] [--profile] [--json]
+//           attention also: [--n N...] [--head-dim D...]; a config with train.device = "cuda" selects the GPU
 #include <omp.h>
 
 #include <cstdio>
 
 #include "app/commands.h"
 #include "attention/bench.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "train/bench.h"
 
 namespace qkv::app {
@@ -14,7 +16,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   static std::string config, what = "step";
   static std::vector<std::string> sets;
   static int steps = 10, threads = 0;
-  static std::vector<int64_t> ns;
+  static std::vector<int64_t> ns, head_dims;
   static bool profile = false, json = false;
   cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
@@ -22,6 +24,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--steps", steps, "timed steps after the warm-up")->capture_default_str();
   cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
+  cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code] {
@@ -67,11 +70,23 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     } else if (what == "attention") {
       attn::AttentionBenchOptions o;
       if (!ns.empty()) o.ns = ns;
+      if (!head_dims.empty()) o.head_dims = head_dims;
       o.threads = threads > 0 ? threads : omp_get_max_threads();
+      if (!config.empty() && parse_config(config, sets).train.device == "cuda") {
+        // The GPU: the reference kernel's N×N weights only up to N = 1024.
+        QKV_CHECK(cuda::device_count() > 0, config, ": train.device = \"cuda\" but no CUDA device is visible");
+        o.device = Device::cuda;
+        o.reference_max_n = 1024;
+      }
       for (const auto& r : attn::bench_attention(o)) {
-        std::fprintf(out, "%-9s N=%-5lld hkv=%-2lld %10.2f ms  peak %8.2f MB\n", r.kernel.c_str(), static_cast<long long>(r.n),
-                     static_cast<long long>(r.hkv), r.ms, r.peak_bytes / 1048576.0);
-        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv}, {"ms", r.ms}, {"peak_bytes", r.peak_bytes}});
+        std::fprintf(out, "%-9s N=%-5lld hkv=%-2lld D=%-3lld %10.2f ms (fwd %.2f)  %6.2f / %6.2f TFLOP/s fwd/bwd  peak %8.2f MB\n",
+                     r.kernel.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.hkv),
+                     static_cast<long long>(r.head_dim), r.ms, r.forward_ms, r.forward_tflops, r.backward_tflops,
+                     r.peak_bytes / 1048576.0);
+        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
+                           {"head_dim", r.head_dim}, {"ms", r.ms}, {"forward_ms", r.forward_ms},
+                           {"forward_tflops", r.forward_tflops}, {"backward_tflops", r.backward_tflops},
+                           {"peak_bytes", r.peak_bytes}});
       }
     } else {
       fail("[bench] --what must be step, attention or gemm, got '", what, "'");

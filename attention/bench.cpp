@@ -1,5 +1,6 @@
-// One step = out = attention(q, k, v) then backward(out, g); q, k, v, g ~ N(0, 1), float32.
-// Time: median over the timed steps. Memory: allocator peak minus bytes in use before the step
+// One step = out = attention(q, k, v) then backward(out, g); q, k, v, g ~ N(0, 1), float32, on the
+// CPU or the GPU (each phase then ends with a device synchronisation). Time: median over the timed
+// steps, for the whole step and for the forward alone. Memory: allocator peak minus bytes in use before the step
 // (so it counts S/P for the reference, O/lse/scratch for the fused kernel, and the gradients).
 #include "attention/bench.h"
 
@@ -9,6 +10,7 @@
 #include <chrono>
 
 #include "autograd/engine.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
 
 namespace qkv::attn {
@@ -16,42 +18,67 @@ namespace qkv::attn {
 std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& opt) {
   const int prev_threads = omp_get_max_threads();
   omp_set_num_threads(std::max(1, opt.threads));
+  const Device dev = opt.device;
+  auto sync = [dev] {
+    if (dev == Device::cuda) cuda::synchronize();
+  };
   std::vector<AttentionBenchResult> results;
   try {
     for (Kernel kernel : opt.kernels)
-      for (int64_t n : opt.ns)
-        for (int64_t hkv : opt.hkvs) {
-          if (kernel == Kernel::reference && n > opt.reference_max_n) continue;
-          const int64_t B = opt.batch, H = opt.heads, D = opt.head_dim;
-          Tensor q = randn({B, H, n, D}, 1), k = randn({B, hkv, n, D}, 2), v = randn({B, hkv, n, D}, 3);
-          const Tensor g = randn({B, H, n, D}, 4);
-          q.set_requires_grad(true);
-          k.set_requires_grad(true);
-          v.set_requires_grad(true);
-          AttentionOptions o;
-          o.causal = opt.causal;
-          o.kernel = kernel;
-          auto step = [&] {
-            Tensor out = attention(q, k, v, o);
-            autograd::backward(out, g);
-            autograd::zero_grad({q, k, v});
-          };
-          step();  // warm-up: fills the caching allocator and BLAS buffers
-          const int reps = opt.repeats > 0 ? opt.repeats : (n <= 1024 ? 5 : 3);
-          std::vector<double> ms;
-          int64_t peak = 0;
-          for (int r = 0; r < reps; ++r) {
-            const int64_t before = allocator_stats().bytes_in_use;
-            reset_peak_bytes();
-            const auto t0 = std::chrono::steady_clock::now();
-            step();
-            const auto t1 = std::chrono::steady_clock::now();
-            peak = std::max(peak, allocator_stats().peak_bytes - before);
-            ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      for (int64_t D : opt.head_dims)
+        for (int64_t n : opt.ns)
+          for (int64_t hkv : opt.hkvs) {
+            if (kernel == Kernel::reference && n > opt.reference_max_n) continue;
+            const int64_t B = opt.batch, H = opt.heads;
+            Tensor q = randn({B, H, n, D}, 1).to(dev), k = randn({B, hkv, n, D}, 2).to(dev),
+                   v = randn({B, hkv, n, D}, 3).to(dev);
+            const Tensor g = randn({B, H, n, D}, 4).to(dev);
+            q.set_requires_grad(true);
+            k.set_requires_grad(true);
+            v.set_requires_grad(true);
+            AttentionOptions o;
+            o.causal = opt.causal;
+            o.kernel = kernel;
+            double fwd_ms = 0;
+            auto step = [&] {
+              const auto t0 = std::chrono::steady_clock::now();
+              Tensor out = attention(q, k, v, o);
+              sync();
+              fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+              autograd::backward(out, g);
+              sync();
+              autograd::zero_grad({q, k, v});
+            };
+            step();  // warm-up: fills the caching allocator and BLAS buffers
+            const int reps = opt.repeats > 0 ? opt.repeats : (n <= 1024 ? 5 : 3);
+            std::vector<double> ms, fms;
+            int64_t peak = 0;
+            for (int r = 0; r < reps; ++r) {
+              const int64_t before = allocator_stats(dev).bytes_in_use;
+              reset_peak_bytes(dev);
+              const auto t0 = std::chrono::steady_clock::now();
+              step();
+              const auto t1 = std::chrono::steady_clock::now();
+              peak = std::max(peak, allocator_stats(dev).peak_bytes - before);
+              ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+              fms.push_back(fwd_ms);
+            }
+            std::sort(ms.begin(), ms.end());
+            std::sort(fms.begin(), fms.end());
+            AttentionBenchResult res;
+            res.kernel = kernel == Kernel::fused ? "fused" : "reference";
+            res.n = n;
+            res.hkv = hkv;
+            res.head_dim = D;
+            res.ms = ms[ms.size() / 2];
+            res.forward_ms = fms[fms.size() / 2];
+            res.peak_bytes = peak;
+            const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
+                                     static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);
+            res.forward_tflops = fwd_flops / (res.forward_ms * 1e-3) * 1e-12;
+            res.backward_tflops = 2.5 * fwd_flops / (std::max(res.ms - res.forward_ms, 1e-9) * 1e-3) * 1e-12;
+            results.push_back(res);
           }
-          std::sort(ms.begin(), ms.end());
-          results.push_back({kernel == Kernel::fused ? "fused" : "reference", n, hkv, ms[ms.size() / 2], peak});
-        }
   } catch (...) {
     omp_set_num_threads(prev_threads);
     throw;

@@ -15,7 +15,9 @@ struct AttentionBenchOptions {
   std::vector<int64_t> hkvs = {8, 2};
   std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused};
   int threads = 2;                  // OpenMP threads for the measurement (restored afterwards)
-  int64_t batch = 1, heads = 8, head_dim = 64;
+  int64_t batch = 1, heads = 8;
+  std::vector<int64_t> head_dims = {64};
+  Device device = Device::cpu;       // cuda: the tensors live on the GPU, timings synchronise
   bool causal = true;
   int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
   int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
@@ -23,8 +25,10 @@ struct AttentionBenchOptions {
 
 struct AttentionBenchResult {
   std::string kernel;  // "reference" | "fused"
-  int64_t n = 0, hkv = 0;
+  int64_t n = 0, hkv = 0, head_dim = 0;
   double ms = 0;            // median forward + backward
+  double forward_ms = 0;    // median forward alone
+  double forward_tflops = 0, backward_tflops = 0;  // causal work: fwd 2·B·H·N²·D, bwd 2.5x that
   int64_t peak_bytes = 0;   // allocator peak during one step, above what was in use before it
 };
 

@@ -33,4 +33,8 @@ log "[cuda] tests: $(tail -1 "$out/cuda_tests.log") (exit $status)"
 timeout 180 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
   > "$out/bench_gpt2_gpu.json" 2> "$out/bench_gpt2_gpu.log"
 log "bench gpt2_gpu: exit $? ($(tail -1 "$out/bench_gpt2_gpu.log"))"
+# Attention alone on the GPU: causal fwd/bwd TFLOP/s at N 1024, 4096 and head dims 64, 128.
+timeout 180 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
+  --head-dim 64 128 --json > "$out/bench_attention_gpu.json" 2> "$out/bench_attention_gpu.log"
+log "bench attention: exit $?"
 exit $status
