@@ -23,6 +23,7 @@
 #include "attention/fault.h"
 #include "autograd/grad_mode.h"
 #include "nn/transformer.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "train/config.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
@@ -80,7 +81,7 @@ Tensor lm_loss(nn::DecoderModel& model, const Tensor& ids, const Tensor& targets
   Tensor logits = model.forward(args);
   if (logits_out) *logits_out = logits;
   const int64_t V = logits.size(2);
-  return ag::cross_entropy(ag::reshape(logits, {-1, V}), targets.reshape({-1}));
+  return ag::cross_entropy(ag::reshape(logits, {-1, V}), targets.reshape({-1}).to(logits.device()));
 }
 
 struct Golden {
@@ -118,8 +119,9 @@ Golden load_model(const std::string& family, const std::string& kernel) {
   return g;
 }
 
-void check_family(const std::string& family, const std::string& kernel) {
+void check_family(const std::string& family, const std::string& kernel, Device device = Device::cpu) {
   Golden g = load_model(family, kernel);
+  if (device != Device::cpu) g.model->to(device);  // the fixture's weights, moved
   const nlohmann::json& fx = g.fx;
   const auto& params = g.params;
   const auto& fparams = fx["params"];
@@ -173,9 +175,9 @@ void check_family(const std::string& family, const std::string& kernel) {
     seq_err = std::max(seq_err, std::abs(losses[k] - want_losses[k]) / std::abs(want_losses[k]));
 
   std::printf(
-      "[golden] %-5s %-9s logits rel %.2e  loss rel %.2e  grad rel %.2e (worst %s)  adamw-10 loss rel %.2e "
+      "[golden] %-5s %-9s %s logits rel %.2e  loss rel %.2e  grad rel %.2e (worst %s)  adamw-10 loss rel %.2e "
       "(loss %.6f -> %.6f)\n",
-      family.c_str(), kernel.c_str(), logit_err, loss_err, grad_err, worst.c_str(), seq_err, losses.front(),
+      family.c_str(), kernel.c_str(), device_name(device), logit_err, loss_err, grad_err, worst.c_str(), seq_err, losses.front(),
       losses.back());
   CHECK(logit_err < 1e-5);
   CHECK(loss_err < 1e-5);
@@ -219,5 +221,15 @@ TEST_CASE("the golden logits comparison detects planted attention bugs", "[golde
     const double err = rel_err(logits.to_vector(), g.fx["logits"].get<std::vector<double>>());
     std::printf("[golden] %-5s with fault %-16s logits rel %.2e\n", c.family, attn::fault_name(c.fault), err);
     CHECK(err > 1e-3);
+  }
+}
+
+TEST_CASE("on the GPU, gpt2 and llama match the same float64 PyTorch fixtures", "[golden][cuda]") {
+  if (cuda::device_count() == 0) {
+    std::printf("[cuda] skipped: no CUDA device\n");
+    return;
+  }
+  for (const char* family : {"gpt2", "llama"}) {
+    SECTION(family) { check_family(family, "fused", Device::cuda); }
   }
 }
