@@ -16,7 +16,7 @@ log() { echo "gpu_check: $*" | tee -a "$out/summary.txt" >&2; }
 log "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
 
 start=$(date +%s)
-if ! { cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=ON -DQKV_MPI=OFF &&
+if ! { cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=ON &&
        cmake --build "$build_dir" -j"$(nproc)" --target qkv_tests qkv; } > "$out/build.log" 2>&1; then
   log "build failed (tail of $out/build.log):"; tail -30 "$out/build.log" >&2; exit 2
 fi
@@ -28,13 +28,25 @@ if ! nvidia-smi -L > /dev/null 2>&1; then log "no GPU visible: the [cuda] cases 
 status=$?
 grep -E "skipped: no CUDA device" "$out/cuda_tests.log" > /dev/null && { log "the tests saw no CUDA device"; status=3; }
 log "[cuda] tests: $(tail -1 "$out/cuda_tests.log") (exit $status)"
+# The attention cases again on the simple (untiled) kernels: if only the tiled run fails, the
+# bug is in the tiling.
+QKV_CUDA_ATTENTION=simple "$build_dir/tests/qkv_tests" "CUDA fused attention*" -s -r compact \
+  > "$out/cuda_attention_simple.log" 2>&1
+simple_status=$?
+log "[cuda] attention, simple kernels: $(tail -1 "$out/cuda_attention_simple.log") (exit $simple_status)"
 
 # The GPT-2 124M training step on the GPU (float32; figures, not a pass/fail check).
-timeout 180 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
+timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
   > "$out/bench_gpt2_gpu.json" 2> "$out/bench_gpt2_gpu.log"
-log "bench gpt2_gpu: exit $? ($(tail -1 "$out/bench_gpt2_gpu.log"))"
+bench_status=$?
+log "bench gpt2_gpu: exit $bench_status ($(tail -1 "$out/bench_gpt2_gpu.log"))"
+timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 5 \
+  --json > "$out/bench_gpt2_gpu_bf16.json" 2> "$out/bench_gpt2_gpu_bf16.log"
+bench_status=$?
+log "bench gpt2_gpu bf16: exit $bench_status ($(tail -1 "$out/bench_gpt2_gpu_bf16.log"))"
 # Attention alone on the GPU: causal fwd/bwd TFLOP/s at N 1024, 4096 and head dims 64, 128.
-timeout 180 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
+timeout 90 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
   --head-dim 64 128 --json > "$out/bench_attention_gpu.json" 2> "$out/bench_attention_gpu.log"
-log "bench attention: exit $?"
+bench_status=$?
+log "bench attention: exit $bench_status"
 exit $status

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "attention/cuda/fused_cuda.h"
@@ -242,6 +244,236 @@ __global__ void dkv_kernel(Args<T> a, DeviceMask m) {
   }
 }
 
+// ---- Tiled variants (the default): a block of kTileWarps warps takes kTileWarps consecutive rows
+// of one (b, head); the K/V rows (forward, dQ) or Q/dO rows (dK/dV) they share are staged through
+// shared memory one tile at a time, so each is read from global memory once per block instead of
+// once per row. Per row the arithmetic and its order are exactly the simple kernels'.
+
+constexpr int kTileWarps = 8;
+
+// Keys per shared-memory tile for rows of width D + Dv of T: 32, or fewer for wide heads so the
+// tile stays within the default 48 KB of shared memory.
+template <class T>
+int tile_rows(int64_t D, int64_t Dv) {
+  int t = 32;
+  while (t > 1 && static_cast<int64_t>(t) * (D + Dv) * static_cast<int64_t>(sizeof(T)) > 48 * 1024) t /= 2;
+  return t;
+}
+
+// Copies rows [r0, r0 + nr) of a [rows, width] operand with row stride `rs` into dst [nr, width].
+template <class T>
+__device__ void stage_rows(T* dst, const T* src, int64_t rs, int64_t r0, int64_t nr, int64_t width) {
+  for (int64_t e = threadIdx.x; e < nr * width; e += blockDim.x) dst[e] = src[(r0 + e / width) * rs + e % width];
+}
+
+template <class T>
+__global__ void forward_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);  // [tile, D]
+  T* vs = ks + tile * a.D;             // [tile, Dv]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t per_head = (m.Nq + kTileWarps - 1) / kTileWarps;
+  const int64_t bh = blockIdx.x / per_head, i0 = (blockIdx.x % per_head) * kTileWarps;
+  const int64_t b = bh / m.Hq, h = bh % m.Hq, hk = h / m.G;
+  const int64_t i = i0 + warp, i_last = imin(i0 + kTileWarps, m.Nq) - 1;
+  const bool active = i < m.Nq;
+  const int64_t p = m.q_offset + (active ? i : i_last);
+  const int64_t lo = key_lo(m, p), hi = key_hi(m, b, p);
+  // The keys any row of the block sees: lo and hi only grow with the position.
+  const int64_t j_begin = key_lo(m, m.q_offset + i0), j_end = key_hi(m, b, m.q_offset + i_last);
+  T q[kMaxPerLane], o[kMaxPerLane];
+  load_row(a.q + b * a.vq.sb + h * a.vq.sh + (active ? i : i_last) * a.vq.sn, a.D, lane, q);
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) o[t] = T(0);
+  const T ninf = -INFINITY;
+  T mx = ninf, l = 0;
+  const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+  const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
+  const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += tile) {
+    const int64_t nt = imin(tile, j_end - j0);
+    __syncthreads();  // the previous tile is consumed
+    stage_rows(ks, kh, a.vk.sn, j0, nt, a.D);
+    stage_rows(vs, vh, a.vv.sn, j0, nt, a.Dv);
+    __syncthreads();
+    if (!active) continue;
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t j = j0 + t;
+      if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
+      T s = a.scale * dot_row(q, ks + t * a.D, a.D, lane);
+      if (m.alibi) s -= slope * static_cast<T>(p - j);
+      const T m_new = s > mx ? s : mx;
+      const T alpha = mx == ninf ? T(0) : ::exp(mx - m_new);
+      const T e = ::exp(s - m_new);
+      l = l * alpha + e;
+      const T w = e * dropout_z<T>(m, b, h, i, j);
+      const T* vr = vs + t * a.Dv;
+#pragma unroll
+      for (int u = 0; u < kMaxPerLane; ++u) {
+        const int64_t c = lane + u * kWarp;
+        o[u] = o[u] * alpha + (c < a.Dv ? w * vr[c] : T(0));
+      }
+      mx = m_new;
+    }
+  }
+  if (!active) return;
+  const int64_t row = (b * m.Hq + h) * m.Nq + i;
+  T* orow = a.o_w + row * a.Dv;
+  const T inv = l > T(0) ? T(1) / l : T(0);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.Dv) orow[c] = o[u] * inv;
+  }
+  if (lane == 0) a.lse_w[row] = mx == ninf ? ninf : mx + ::log(l);
+}
+
+template <class T>
+__global__ void dq_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + tile * a.D;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t per_head = (m.Nq + kTileWarps - 1) / kTileWarps;
+  const int64_t bh = blockIdx.x / per_head, i0 = (blockIdx.x % per_head) * kTileWarps;
+  const int64_t b = bh / m.Hq, h = bh % m.Hq, hk = h / m.G;
+  const int64_t i = i0 + warp, i_last = imin(i0 + kTileWarps, m.Nq) - 1;
+  const bool active = i < m.Nq;
+  const int64_t ir = active ? i : i_last, p = m.q_offset + ir, row = (b * m.Hq + h) * m.Nq + ir;
+  const T lse = a.lse[row], di = a.di[row];
+  const int64_t lo = key_lo(m, p), hi = lse == -INFINITY ? lo : key_hi(m, b, p);  // fully masked: no gradient
+  const int64_t j_begin = key_lo(m, m.q_offset + i0), j_end = key_hi(m, b, m.q_offset + i_last);
+  T q[kMaxPerLane], d[kMaxPerLane], dq[kMaxPerLane];
+  load_row(a.q + b * a.vq.sb + h * a.vq.sh + ir * a.vq.sn, a.D, lane, q);
+  load_row(a.dout + b * a.vdo.sb + h * a.vdo.sh + ir * a.vdo.sn, a.Dv, lane, d);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) dq[u] = T(0);
+  const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+  const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
+  const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += tile) {
+    const int64_t nt = imin(tile, j_end - j0);
+    __syncthreads();
+    stage_rows(ks, kh, a.vk.sn, j0, nt, a.D);
+    stage_rows(vs, vh, a.vv.sn, j0, nt, a.Dv);
+    __syncthreads();
+    if (!active) continue;
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t j = j0 + t;
+      if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
+      const T* kr = ks + t * a.D;
+      T s = a.scale * dot_row(q, kr, a.D, lane);
+      if (m.alibi) s -= slope * static_cast<T>(p - j);
+      const T pij = ::exp(s - lse);
+      const T dp = dropout_z<T>(m, b, h, i, j) * dot_row(d, vs + t * a.Dv, a.Dv, lane);
+      const T ds = pij * (dp - di);
+#pragma unroll
+      for (int u = 0; u < kMaxPerLane; ++u) {
+        const int64_t c = lane + u * kWarp;
+        if (c < a.D) dq[u] += ds * kr[c];
+      }
+    }
+  }
+  if (!active) return;
+  T* out = a.dq + row * a.D;
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.D) out[c] = a.scale * dq[u];
+  }
+}
+
+// Keys j0 .. j0 + kTileWarps − 1 of kv head hk, one per warp; query rows staged with their lse and
+// Di, per query head of the group in order.
+template <class T>
+__global__ void dkv_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);  // [tile, D]
+  T* ds_ = qs + tile * a.D;            // [tile, Dv] (dO rows)
+  T* ls = ds_ + tile * a.Dv;           // [tile] lse
+  T* dis = ls + tile;                  // [tile] Di
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t per_head = (m.Nk + kTileWarps - 1) / kTileWarps;
+  const int64_t bk = blockIdx.x / per_head, j0 = (blockIdx.x % per_head) * kTileWarps;
+  const int64_t b = bk / m.Hkv, hk = bk % m.Hkv;
+  const int64_t j = j0 + warp, j_last = imin(j0 + kTileWarps, m.Nk) - 1;
+  const bool active = j < m.Nk && !(m.key_len && j >= m.key_len[b]);
+  const int64_t jr = j < m.Nk ? j : j_last;
+  T kr[kMaxPerLane], vr[kMaxPerLane], dk[kMaxPerLane], dv[kMaxPerLane];
+  load_row(a.k + b * a.vk.sb + hk * a.vk.sh + jr * a.vk.sn, a.D, lane, kr);
+  load_row(a.v + b * a.vv.sb + hk * a.vv.sh + jr * a.vv.sn, a.Dv, lane, vr);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) dk[u] = dv[u] = T(0);
+  // Query rows any key of the block may be seen by: p >= j (causal), p < j + w (window).
+  int64_t i_begin = 0, i_end = m.Nq;
+  if (m.causal_like) i_begin = imax(0, j0 - m.q_offset);
+  if (m.window > 0) i_end = imin(m.Nq, imax(0, j_last + m.window - m.q_offset));
+  for (int64_t g = 0; g < m.G; ++g) {
+    const int64_t h = hk * m.G + g;
+    const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
+    const T* qh = a.q + b * a.vq.sb + h * a.vq.sh;
+    const T* doh = a.dout + b * a.vdo.sb + h * a.vdo.sh;
+    const int64_t row0 = (b * m.Hq + h) * m.Nq;
+    for (int64_t r0 = i_begin; r0 < i_end; r0 += tile) {
+      const int64_t nt = imin(tile, i_end - r0);
+      __syncthreads();
+      stage_rows(qs, qh, a.vq.sn, r0, nt, a.D);
+      stage_rows(ds_, doh, a.vdo.sn, r0, nt, a.Dv);
+      for (int64_t e = threadIdx.x; e < nt; e += blockDim.x) {
+        ls[e] = a.lse[row0 + r0 + e];
+        dis[e] = a.di[row0 + r0 + e];
+      }
+      __syncthreads();
+      if (!active) continue;
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t i = r0 + t, p = m.q_offset + i;
+        if (m.causal_like && p < j) continue;
+        if (m.window > 0 && p >= j + m.window) continue;
+        if (!visible_extra(m, b, p, j)) continue;
+        const T lse = ls[t];
+        if (lse == -INFINITY) continue;
+        const T* qi = qs + t * a.D;
+        const T* doi = ds_ + t * a.Dv;
+        T s = a.scale * dot_row(kr, qi, a.D, lane);
+        if (m.alibi) s -= slope * static_cast<T>(p - j);
+        const T pij = ::exp(s - lse);
+        const T z = dropout_z<T>(m, b, h, i, j);
+        const T dp = z * dot_row(vr, doi, a.Dv, lane);
+        const T dsv = pij * (dp - dis[t]);
+        const T pz = pij * z;
+#pragma unroll
+        for (int u = 0; u < kMaxPerLane; ++u) {
+          const int64_t c = lane + u * kWarp;
+          if (c < a.Dv) dv[u] += pz * doi[c];
+          if (c < a.D) dk[u] += dsv * qi[c];
+        }
+      }
+    }
+  }
+  if (j >= m.Nk) return;
+  const int64_t row = (b * m.Hkv + hk) * m.Nk + j;  // a key past key_len: zero gradients
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.D) a.dk[row * a.D + c] = a.scale * dk[u];
+    if (c < a.Dv) a.dv[row * a.Dv + c] = dv[u];
+  }
+}
+
+// QKV_CUDA_ATTENTION=simple selects the untiled kernels (one warp per row, every operand read
+// from global memory): slower, and the reference to compare the tiled ones against.
+bool use_tiled() {
+  static const bool tiled = [] {
+    const char* v = std::getenv("QKV_CUDA_ATTENTION");
+    return !(v && std::string(v) == "simple");
+  }();
+  return tiled;
+}
+
+unsigned tiled_blocks(int64_t heads, int64_t rows) {
+  return static_cast<unsigned>(heads * ((rows + kTileWarps - 1) / kTileWarps));
+}
+
 unsigned blocks_for_rows(int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 template <class T>
@@ -325,7 +557,13 @@ FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     Args<T> a = args_of<T>(q, k, v, p);
     a.o_w = ptr<T>(r.out);
     a.lse_w = ptr<T>(r.lse);
-    forward_kernel<T><<<blocks_for_rows(rows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+    if (use_tiled()) {
+      const int tile = tile_rows<T>(p.D, p.Dv);
+      forward_tiled_kernel<T><<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile * (p.D + p.Dv) * sizeof(T)>>>(
+          a, plan.m, tile);
+    } else {
+      forward_kernel<T><<<blocks_for_rows(rows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+    }
   };
   if (p.dtype == DType::f32) run(float{});
   else run(double{});
@@ -360,11 +598,23 @@ FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_i
     if (qrows > 0) {
       di_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
       QKV_CUDA_LAUNCHED("di_kernel");
-      dq_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      if (use_tiled()) {
+        const int tile = tile_rows<T>(p.D, p.Dv);
+        dq_tiled_kernel<T><<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile * (p.D + p.Dv) * sizeof(T)>>>(
+            a, plan.m, tile);
+      } else {
+        dq_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      }
       QKV_CUDA_LAUNCHED("dq_kernel");
     }
     if (krows > 0) {
-      dkv_kernel<T><<<blocks_for_rows(krows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      if (use_tiled()) {
+        const int tile = tile_rows<T>(p.D, p.Dv + 2);  // + lse and Di per staged row
+        dkv_tiled_kernel<T><<<tiled_blocks(p.B * p.Hkv, p.Nk), kTileWarps * kWarp,
+                              tile * (p.D + p.Dv + 2) * sizeof(T)>>>(a, plan.m, tile);
+      } else {
+        dkv_kernel<T><<<blocks_for_rows(krows), kWarpsPerBlock * kWarp>>>(a, plan.m);
+      }
       QKV_CUDA_LAUNCHED("dkv_kernel");
     }
   };
