@@ -238,6 +238,7 @@ class CheckpointedBlockBackward : public autograd::Node {
     args_.key_padding = args.key_padding;
     args_.segment_ids = args.segment_ids;
     args_.rng = args.rng;  // the state before the block drew its dropout offsets
+    autocast_ = autograd::autocast_bf16();  // the replay must round exactly as the forward did
   }
   const char* name() const override { return "CheckpointedBlockBackward"; }
   std::vector<Tensor> backward(const Tensor& grad_out) override {
@@ -247,6 +248,7 @@ class CheckpointedBlockBackward : public autograd::Node {
     {
       // The engine runs nodes under no-grad; the replay must record.
       autograd::set_grad_enabled(true);
+      const autograd::AutocastGuard same_precision(autocast_);
       ForwardArgs replay = args_;
       try {
         y = block_->forward_recorded(x, positions_, replay, layer_);
@@ -275,6 +277,7 @@ class CheckpointedBlockBackward : public autograd::Node {
   Tensor x_, positions_;
   ForwardArgs args_;
   int64_t layer_;
+  bool autocast_ = false;
 };
 
 }  // namespace

@@ -323,9 +323,10 @@ TEST_CASE("packed documents with segment ids and per-document positions equal ea
     }
 }
 
-TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal gradients, less memory", "[model]") {
+TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal gradients, less memory (float32 and bf16 autocast)", "[model]") {
+  for (const bool bf16 : {false, true})
   for (const std::string family : {"gpt2", "llama"}) {
-    INFO(family);
+    INFO(family << (bf16 ? " bf16 autocast" : " float32"));
     nn::ModelConfig c = tiny(family, 3);
     c.dropout = 0.2;       // the replay must redraw the same residual masks
     c.attn_dropout = 0.2;  // and the same attention masks
@@ -341,7 +342,12 @@ TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal
       a.ids = ids;
       a.rng.seed = 9;
       a.rng.step = 4;
-      Tensor loss = ag::cross_entropy(ag::reshape(m.forward(a), {-1, 37}), targets.reshape({-1}));
+      Tensor loss;
+      {
+        // bf16 autocast for the forward only: the replay in backward must round as the forward did.
+        autograd::AutocastGuard precision(bf16);
+        loss = ag::cross_entropy(ag::reshape(m.forward(a), {-1, 37}), targets.reshape({-1}));
+      }
       autograd::backward(loss);
       *peak = allocator_stats().peak_bytes - base;
       std::vector<Tensor> grads{loss};
