@@ -1,12 +1,14 @@
 // qkv sample --checkpoint CKPT [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K]
-//            [--top-p P] [--seed S] [--no-kv-cache] [--json]
-// qkv eval --checkpoint CKPT --data FILE [--json]
+//            [--top-p P] [--seed S] [--no-kv-cache] [--device cpu|cuda] [--json]
+// qkv eval --checkpoint CKPT --data FILE [--device cpu|cuda] [--json]
+// --device (beyond DESIGN): where the model runs; cpu by default, whatever device trained it.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "app/commands.h"
 #include "data/dataset.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
@@ -21,13 +23,18 @@ struct LoadedModel {
   std::unique_ptr<nn::DecoderModel> model;
 };
 
-LoadedModel load_for_inference(const std::string& path) {
+LoadedModel load_for_inference(const std::string& path, const std::string& device) {
+  QKV_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
   LoadedModel m;
   m.meta = train::read_checkpoint_meta(path);
   m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
   train::load_model_weights(path, *m.model);
   m.model->eval();
   train::apply_thread_setting(m.meta.config);
+  if (device == "cuda") {
+    QKV_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (or this build has no CUDA backend)");
+    m.model->to(Device::cuda);
+  }
   return m;
 }
 
@@ -48,9 +55,11 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--top-p", top_p, "nucleus sampling mass in (0, 1]; 1 = off");
   cmd->add_option("--seed", seed, "sampling seed");
   cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
+  static std::string device = "cpu";
+  cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
   cmd->add_flag("--json", json, "print {\"text\", \"tokens\"} as one JSON line at the end");
   cmd->callback([&exit_code, cmd] {
-    LoadedModel m = load_for_inference(ckpt);
+    LoadedModel m = load_for_inference(ckpt, device);
     const SampleSettings& s = m.meta.config.sample;
     train::SampleOptions o;
     o.max_new_tokens = max_new >= 0 ? max_new : s.max_new_tokens;
@@ -88,8 +97,10 @@ void add_eval_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--data", data_path, "text file or prepared .h5 (scored whole, no split)")->required();
   cmd->add_flag("--json", json, "print {loss, perplexity, tokens} as one JSON line");
+  static std::string device = "cpu";
+  cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
   cmd->callback([&exit_code] {
-    LoadedModel m = load_for_inference(ckpt);
+    LoadedModel m = load_for_inference(ckpt, device);
     const std::vector<int32_t> tokens = load_eval_tokens(data_path, *m.meta.tokenizer);
     for (size_t i = 0; i < tokens.size(); ++i)
       QKV_CHECK(tokens[i] >= 0 && tokens[i] < m.model->config().vocab_size, data_path, ": token ", tokens[i],
