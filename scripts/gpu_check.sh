@@ -35,7 +35,12 @@ QKV_CUDA_ATTENTION=simple "$build_dir/tests/qkv_tests" "CUDA fused attention*" -
 simple_status=$?
 log "[cuda] attention, simple kernels: $(tail -1 "$out/cuda_attention_simple.log") (exit $simple_status)"
 
-# The GPT-2 124M training step on the GPU (float32; figures, not a pass/fail check).
+# cuBLAS on the step's GEMM shapes, float32 and bf16 (the denominator of the step's MFU).
+timeout 90 "$build_dir/qkv" bench --what gemm --config configs/bench/gpt2_gpu.toml --json \
+  > "$out/bench_gemm_gpu.json" 2> "$out/bench_gemm_gpu.log"
+bench_status=$?
+log "bench gemm: exit $bench_status ($(grep step-weighted "$out/bench_gemm_gpu.log" | tr '\n' ' '))"
+# The GPT-2 124M training step on the GPU (float32, then bf16 autocast; figures, not pass/fail).
 timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
   > "$out/bench_gpt2_gpu.json" 2> "$out/bench_gpt2_gpu.log"
 bench_status=$?

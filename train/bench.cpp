@@ -123,7 +123,11 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
   std::vector<Layer> layers = {{"attn.qkv", C, qkv, L}, {"attn.proj", C, C, L}, {"mlp.up", C, F, L},
                                {"mlp.down", F, C, L}, {"lm_head", C, V, 1}};
   std::vector<GemmBenchResult> out;
-  double total_flops = 0, total_s = 0;
+  double total_flops = 0, total_s = 0, total_s_bf16 = 0;
+  // train.device = "cuda": the same shapes on cuBLAS (the MFU denominator of a GPU run).
+  const bool gpu = cfg.train.device == "cuda";
+  QKV_CHECK(!gpu || cuda::device_count() > 0,
+            "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
   for (const auto& l : layers) {
     // The layouts the step really uses (tensor/cpu/matmul.cpp folds the transposes into the call):
     // forward y = x W^T: x [N,in] NoTrans, W [out,in] Trans; dx = dy W: [N,out]x[out,in] NoTrans;
@@ -134,6 +138,27 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
     for (int s = 0; s < 3; ++s) {
       const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
       const bool ta = trans[s][0], tb = trans[s][1];
+      const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+      if (gpu) {
+        // cuBLAS through the raw op, float32 and bf16 operands (tensor cores), device-synchronised.
+        const Tensor a = full(ta ? Shape{k, m} : Shape{m, k}, 0.5, DType::f32, Device::cuda);
+        const Tensor b = full(tb ? Shape{n, k} : Shape{k, n}, 0.25, DType::f32, Device::cuda);
+        const Tensor c = Tensor::empty({m, n}, DType::f32, Device::cuda);
+        for (const bool bf16 : {false, true}) {
+          auto run = [&] { matmul_into(ta ? a.transpose(0, 1) : a, tb ? b.transpose(0, 1) : b, c, 1.0, 0.0, bf16); };
+          run();
+          cuda::synchronize();
+          const int reps = std::clamp(static_cast<int>(2e12 / flops), 5, 200);
+          const auto t0 = Clock::now();
+          for (int i = 0; i < reps; ++i) run();
+          cuda::synchronize();
+          const double t = std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+          out.push_back({l.name + what[s] + (bf16 ? " bf16" : " fp32"), m, n, k, flops / t * 1e-9});
+          (bf16 ? total_s_bf16 : total_s) += t * static_cast<double>(l.count);
+        }
+        total_flops += flops * static_cast<double>(l.count);
+        continue;
+      }
       std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f), c(static_cast<size_t>(m * n));
       const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
       auto run = [&] {
@@ -143,7 +168,6 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
       };
       run();
       std::vector<double> ts;
-      const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
       const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
       for (int i = 0; i < reps; ++i) {
         const auto t0 = Clock::now();
@@ -157,6 +181,7 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
     }
   }
   out.push_back({"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9});
+  if (gpu) out.push_back({"step-weighted bf16", 0, 0, 0, total_flops / total_s_bf16 * 1e-9});
   return out;
 }
 
