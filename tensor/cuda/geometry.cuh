@@ -1,7 +1,7 @@
 // Internal to tensor/cuda/: how a kernel addresses a strided view. A Geometry (passed by value
 // to kernels) holds a view's sizes and element strides; offset_of(i, g) is the element offset of
-// the i-th element in row-major order of the shape. A contiguous view collapses to one dim of
-// stride 1, so its offset is i itself.
+// the i-th element in row-major order of the shape (callers keep i < the view's element count).
+// A contiguous view collapses to one dim of stride 1, so its offset is i itself.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -48,6 +48,7 @@ inline Geometry geometry_of(const Tensor& t, const char* op) {
 }
 
 __device__ __forceinline__ int64_t offset_of(int64_t i, const Geometry& g) {
+  if (g.dim == 1) return i * g.stride[0];  // i < size[0]: no division (contiguous operands)
   int64_t off = 0;
   for (int d = g.dim - 1; d >= 0; --d) {
     const int64_t n = g.size[d];
