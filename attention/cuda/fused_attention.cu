@@ -97,6 +97,92 @@ struct Args {
   T scale;
 };
 
+
+// ---- The per-row arithmetic, shared by the simple and the tiled kernels (which differ only in
+// where the other operand's rows come from: global memory or a shared-memory tile).
+
+// Forward, one visible key j (rows kr, vr) for query row i at position p: the online-softmax
+// update of the running max mx, sum l and unnormalised output o.
+template <class T>
+__device__ __forceinline__ void forward_key(const Args<T>& a, const DeviceMask& m, const T* q, const T* kr,
+                                            const T* vr, int64_t b, int64_t h, int64_t i, int64_t p, int64_t j, T slope,
+                                            int lane, T& mx, T& l, T* o) {
+  T s = a.scale * dot_row(q, kr, a.D, lane);
+  if (m.alibi) s -= slope * static_cast<T>(p - j);
+  const T m_new = s > mx ? s : mx;
+  const T alpha = mx == -INFINITY ? T(0) : ::exp(mx - m_new);
+  const T e = ::exp(s - m_new);
+  l = l * alpha + e;
+  const T w = e * dropout_z<T>(m, b, h, i, j);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    o[u] = o[u] * alpha + (c < a.Dv ? w * vr[c] : T(0));
+  }
+  mx = m_new;
+}
+
+// out_row = o / l and lse = m + log l (a row that saw no key: zeros and −inf).
+template <class T>
+__device__ __forceinline__ void forward_finish(const Args<T>& a, int64_t row, int lane, T mx, T l, const T* o) {
+  T* orow = a.o_w + row * a.Dv;
+  const T inv = l > T(0) ? T(1) / l : T(0);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.Dv) orow[c] = o[u] * inv;
+  }
+  if (lane == 0) a.lse_w[row] = mx == -INFINITY ? T(-INFINITY) : mx + ::log(l);
+}
+
+// dQ, one visible key j: dq += dS_ij · k_j with dS_ij = P_ij (z_ij dO_i·v_j − Di).
+template <class T>
+__device__ __forceinline__ void dq_key(const Args<T>& a, const DeviceMask& m, const T* q, const T* d, const T* kr,
+                                       const T* vr, int64_t b, int64_t h, int64_t i, int64_t p, int64_t j, T slope,
+                                       T lse, T di, int lane, T* dq) {
+  T s = a.scale * dot_row(q, kr, a.D, lane);
+  if (m.alibi) s -= slope * static_cast<T>(p - j);
+  const T pij = ::exp(s - lse);
+  const T dp = dropout_z<T>(m, b, h, i, j) * dot_row(d, vr, a.Dv, lane);
+  const T ds = pij * (dp - di);
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.D) dq[u] += ds * kr[c];
+  }
+}
+
+// dK/dV of key j (k, v in registers), one query row i that sees it (rows qi, doi):
+// dv += P_ij z_ij dO_i, dk += dS_ij q_i.
+template <class T>
+__device__ __forceinline__ void dkv_query(const Args<T>& a, const DeviceMask& m, const T* kr, const T* vr,
+                                          const T* qi, const T* doi, int64_t b, int64_t h, int64_t i, int64_t p,
+                                          int64_t j, T slope, T lse, T di, int lane, T* dk, T* dv) {
+  T s = a.scale * dot_row(kr, qi, a.D, lane);
+  if (m.alibi) s -= slope * static_cast<T>(p - j);
+  const T pij = ::exp(s - lse);
+  const T z = dropout_z<T>(m, b, h, i, j);
+  const T dp = z * dot_row(vr, doi, a.Dv, lane);
+  const T ds = pij * (dp - di);
+  const T pz = pij * z;
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < a.Dv) dv[u] += pz * doi[c];
+    if (c < a.D) dk[u] += ds * qi[c];
+  }
+}
+
+// Writes scale·acc to a [rows, width] output row.
+template <class T>
+__device__ __forceinline__ void store_row(T* dst, int64_t width, int lane, T scale, const T* acc) {
+#pragma unroll
+  for (int u = 0; u < kMaxPerLane; ++u) {
+    const int64_t c = lane + u * kWarp;
+    if (c < width) dst[c] = scale * acc[u];
+  }
+}
+
 template <class T>
 __global__ void forward_kernel(Args<T> a, DeviceMask m) {
   const int lane = threadIdx.x % kWarp;
@@ -114,31 +200,10 @@ __global__ void forward_kernel(Args<T> a, DeviceMask m) {
   const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
   const int64_t hi = key_hi(m, b, p);
-  for (int64_t j = key_lo(m, p); j < hi; ++j) {
-    if (!visible_extra(m, b, p, j)) continue;
-    T s = a.scale * dot_row(q, kh + j * a.vk.sn, a.D, lane);
-    if (m.alibi) s -= slope * static_cast<T>(p - j);
-    const T m_new = s > mx ? s : mx;
-    const T alpha = mx == ninf ? T(0) : ::exp(mx - m_new);
-    const T e = ::exp(s - m_new);
-    l = l * alpha + e;
-    const T w = e * dropout_z<T>(m, b, h, i, j);
-    const T* vr = vh + j * a.vv.sn;
-#pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) {
-      const int64_t c = lane + t * kWarp;
-      o[t] = o[t] * alpha + (c < a.Dv ? w * vr[c] : T(0));
-    }
-    mx = m_new;
-  }
-  T* orow = a.o_w + row * a.Dv;
-  const T inv = l > T(0) ? T(1) / l : T(0);
-#pragma unroll
-  for (int t = 0; t < kMaxPerLane; ++t) {
-    const int64_t c = lane + t * kWarp;
-    if (c < a.Dv) orow[c] = o[t] * inv;
-  }
-  if (lane == 0) a.lse_w[row] = mx == ninf ? ninf : mx + ::log(l);
+  for (int64_t j = key_lo(m, p); j < hi; ++j)
+    if (visible_extra(m, b, p, j))
+      forward_key(a, m, q, kh + j * a.vk.sn, vh + j * a.vv.sn, b, h, i, p, j, slope, lane, mx, l, o);
+  forward_finish(a, row, lane, mx, l, o);
 }
 
 // Di = dO_i · O_i per query row.
@@ -171,26 +236,10 @@ __global__ void dq_kernel(Args<T> a, DeviceMask m) {
   const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
   const int64_t hi = lse == -INFINITY ? 0 : key_hi(m, b, p);  // a fully masked row has no gradient
-  for (int64_t j = key_lo(m, p); j < hi; ++j) {
-    if (!visible_extra(m, b, p, j)) continue;
-    const T* kr = kh + j * a.vk.sn;
-    T s = a.scale * dot_row(q, kr, a.D, lane);
-    if (m.alibi) s -= slope * static_cast<T>(p - j);
-    const T pij = ::exp(s - lse);
-    const T dp = dropout_z<T>(m, b, h, i, j) * dot_row(d, vh + j * a.vv.sn, a.Dv, lane);
-    const T ds = pij * (dp - di);
-#pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) {
-      const int64_t c = lane + t * kWarp;
-      if (c < a.D) dq[t] += ds * kr[c];
-    }
-  }
-  T* out = a.dq + row * a.D;
-#pragma unroll
-  for (int t = 0; t < kMaxPerLane; ++t) {
-    const int64_t c = lane + t * kWarp;
-    if (c < a.D) out[c] = a.scale * dq[t];
-  }
+  for (int64_t j = key_lo(m, p); j < hi; ++j)
+    if (visible_extra(m, b, p, j))
+      dq_key(a, m, q, d, kh + j * a.vk.sn, vh + j * a.vv.sn, b, h, i, p, j, slope, lse, di, lane, dq);
+  store_row(a.dq + row * a.D, a.D, lane, a.scale, dq);
 }
 
 // One warp per key row j of kv head hk: sums over the G query heads of the group, in order, and
@@ -219,29 +268,13 @@ __global__ void dkv_kernel(Args<T> a, DeviceMask m) {
       if (!visible_extra(m, b, p, j)) continue;
       const T lse = a.lse[qrow];
       if (lse == -INFINITY) continue;
-      const T* qi = a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn;
-      const T* doi = a.dout + b * a.vdo.sb + h * a.vdo.sh + i * a.vdo.sn;
-      T s = a.scale * dot_row(kr, qi, a.D, lane);
-      if (m.alibi) s -= slope * static_cast<T>(p - j);
-      const T pij = ::exp(s - lse);
-      const T z = dropout_z<T>(m, b, h, i, j);
-      const T dp = z * dot_row(vr, doi, a.Dv, lane);
-      const T ds = pij * (dp - a.di[qrow]);
-      const T pz = pij * z;
-#pragma unroll
-      for (int t = 0; t < kMaxPerLane; ++t) {
-        const int64_t c = lane + t * kWarp;
-        if (c < a.Dv) dv[t] += pz * doi[c];
-        if (c < a.D) dk[t] += ds * qi[c];
-      }
+      dkv_query(a, m, kr, vr, a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn,
+                a.dout + b * a.vdo.sb + h * a.vdo.sh + i * a.vdo.sn, b, h, i, p, j, slope, lse, a.di[qrow], lane, dk,
+                dv);
     }
   }
-#pragma unroll
-  for (int t = 0; t < kMaxPerLane; ++t) {
-    const int64_t c = lane + t * kWarp;
-    if (c < a.D) a.dk[row * a.D + c] = a.scale * dk[t];
-    if (c < a.Dv) a.dv[row * a.Dv + c] = dv[t];
-  }
+  store_row(a.dk + row * a.D, a.D, lane, a.scale, dk);
+  store_row(a.dv + row * a.Dv, a.Dv, lane, T(1), dv);
 }
 
 // ---- Tiled variants (the default): a block of kTileWarps warps takes kTileWarps consecutive rows
@@ -300,32 +333,10 @@ __global__ void forward_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t j = j0 + t;
       if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
-      T s = a.scale * dot_row(q, ks + t * a.D, a.D, lane);
-      if (m.alibi) s -= slope * static_cast<T>(p - j);
-      const T m_new = s > mx ? s : mx;
-      const T alpha = mx == ninf ? T(0) : ::exp(mx - m_new);
-      const T e = ::exp(s - m_new);
-      l = l * alpha + e;
-      const T w = e * dropout_z<T>(m, b, h, i, j);
-      const T* vr = vs + t * a.Dv;
-#pragma unroll
-      for (int u = 0; u < kMaxPerLane; ++u) {
-        const int64_t c = lane + u * kWarp;
-        o[u] = o[u] * alpha + (c < a.Dv ? w * vr[c] : T(0));
-      }
-      mx = m_new;
+      forward_key(a, m, q, ks + t * a.D, vs + t * a.Dv, b, h, i, p, j, slope, lane, mx, l, o);
     }
   }
-  if (!active) return;
-  const int64_t row = (b * m.Hq + h) * m.Nq + i;
-  T* orow = a.o_w + row * a.Dv;
-  const T inv = l > T(0) ? T(1) / l : T(0);
-#pragma unroll
-  for (int u = 0; u < kMaxPerLane; ++u) {
-    const int64_t c = lane + u * kWarp;
-    if (c < a.Dv) orow[c] = o[u] * inv;
-  }
-  if (lane == 0) a.lse_w[row] = mx == ninf ? ninf : mx + ::log(l);
+  if (active) forward_finish(a, (b * m.Hq + h) * m.Nq + i, lane, mx, l, o);
 }
 
 template <class T>
@@ -361,26 +372,10 @@ __global__ void dq_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t j = j0 + t;
       if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
-      const T* kr = ks + t * a.D;
-      T s = a.scale * dot_row(q, kr, a.D, lane);
-      if (m.alibi) s -= slope * static_cast<T>(p - j);
-      const T pij = ::exp(s - lse);
-      const T dp = dropout_z<T>(m, b, h, i, j) * dot_row(d, vs + t * a.Dv, a.Dv, lane);
-      const T ds = pij * (dp - di);
-#pragma unroll
-      for (int u = 0; u < kMaxPerLane; ++u) {
-        const int64_t c = lane + u * kWarp;
-        if (c < a.D) dq[u] += ds * kr[c];
-      }
+      dq_key(a, m, q, d, ks + t * a.D, vs + t * a.Dv, b, h, i, p, j, slope, lse, di, lane, dq);
     }
   }
-  if (!active) return;
-  T* out = a.dq + row * a.D;
-#pragma unroll
-  for (int u = 0; u < kMaxPerLane; ++u) {
-    const int64_t c = lane + u * kWarp;
-    if (c < a.D) out[c] = a.scale * dq[u];
-  }
+  if (active) store_row(a.dq + row * a.D, a.D, lane, a.scale, dq);
 }
 
 // Keys j0 .. j0 + kTileWarps − 1 of kv head hk, one per warp; query rows staged with their lse and
@@ -430,34 +425,15 @@ __global__ void dkv_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
         if (m.causal_like && p < j) continue;
         if (m.window > 0 && p >= j + m.window) continue;
         if (!visible_extra(m, b, p, j)) continue;
-        const T lse = ls[t];
-        if (lse == -INFINITY) continue;
-        const T* qi = qs + t * a.D;
-        const T* doi = ds_ + t * a.Dv;
-        T s = a.scale * dot_row(kr, qi, a.D, lane);
-        if (m.alibi) s -= slope * static_cast<T>(p - j);
-        const T pij = ::exp(s - lse);
-        const T z = dropout_z<T>(m, b, h, i, j);
-        const T dp = z * dot_row(vr, doi, a.Dv, lane);
-        const T dsv = pij * (dp - dis[t]);
-        const T pz = pij * z;
-#pragma unroll
-        for (int u = 0; u < kMaxPerLane; ++u) {
-          const int64_t c = lane + u * kWarp;
-          if (c < a.Dv) dv[u] += pz * doi[c];
-          if (c < a.D) dk[u] += dsv * qi[c];
-        }
+        if (ls[t] == -INFINITY) continue;
+        dkv_query(a, m, kr, vr, qs + t * a.D, ds_ + t * a.Dv, b, h, i, p, j, slope, ls[t], dis[t], lane, dk, dv);
       }
     }
   }
   if (j >= m.Nk) return;
   const int64_t row = (b * m.Hkv + hk) * m.Nk + j;  // a key past key_len: zero gradients
-#pragma unroll
-  for (int u = 0; u < kMaxPerLane; ++u) {
-    const int64_t c = lane + u * kWarp;
-    if (c < a.D) a.dk[row * a.D + c] = a.scale * dk[u];
-    if (c < a.Dv) a.dv[row * a.Dv + c] = dv[u];
-  }
+  store_row(a.dk + row * a.D, a.D, lane, a.scale, dk);
+  store_row(a.dv + row * a.Dv, a.Dv, lane, T(1), dv);
 }
 
 // QKV_CUDA_ATTENTION=simple selects the untiled kernels (one warp per row, every operand read
