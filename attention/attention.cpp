@@ -95,10 +95,7 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     if (opts.fully_masked == FullyMasked::error) {
       const std::vector<double> lse = f.lse.to_vector();
       for (size_t r = 0; r < lse.size(); ++r)
-        QKV_CHECK(!std::isinf(lse[r]), "[attention] query row ", static_cast<int64_t>(r) % p.Nq, " of batch ",
-                  static_cast<int64_t>(r) / (p.Nq * p.Hq), ", head ", (static_cast<int64_t>(r) / p.Nq) % p.Hq,
-                  " has no visible key (fully_masked = error); q [", p.B, ",", p.Hq, ",", p.Nq, ",", p.D,
-                  "], Nk=", p.Nk);
+        if (std::isinf(lse[r])) fail_fully_masked(p, static_cast<int64_t>(r));
     }
     if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
     auto node = std::make_shared<CudaAttentionBackward>();
@@ -116,14 +113,12 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
 
 }  // namespace
 
-Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionOptions& opts) {
-  if (autograd::autocast_bf16() && q_in.defined() && q_in.dtype() == DType::f32) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && q.defined() && q.dtype() == DType::f32) {
     // bf16 autocast: q, k, v rounded to bf16, the kernel accumulating in float32, dO rounded.
     autograd::AutocastGuard inside(false);  // the kernels below see plain float32 tensors
-    return ag::round_grad_bf16(
-        attention(ag::round_bf16(q_in), ag::round_bf16(k_in), ag::round_bf16(v_in), opts));
+    return ag::round_grad_bf16(attention(ag::round_bf16(q), ag::round_bf16(k), ag::round_bf16(v), opts));
   }
-  const Tensor &q = q_in, &k = k_in, &v = v_in;
   const Problem p = check_problem(q, k, v, opts);
   if (q.device() != Device::cpu) return device_attention(q, k, v, opts, p);
   if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
@@ -147,12 +142,11 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, con
   return autograd::record(f.out, node, {q, k, v});
 }
 
-Tensor attention_packed(const Tensor& qkv_in, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
-  if (autograd::autocast_bf16() && qkv_in.defined() && qkv_in.dtype() == DType::f32) {
+Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && qkv.defined() && qkv.dtype() == DType::f32) {
     autograd::AutocastGuard inside(false);  // as in attention()
-    return ag::round_grad_bf16(attention_packed(ag::round_bf16(qkv_in), q_heads, kv_heads, opts));
+    return ag::round_grad_bf16(attention_packed(ag::round_bf16(qkv), q_heads, kv_heads, opts));
   }
-  const Tensor& qkv = qkv_in;
   QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));

@@ -145,9 +145,7 @@ FusedForward fused_attention_forward(const Tensor& q_in, const Tensor& k_in, con
   const int64_t first = p.dtype == DType::f32 ? run_forward<float>(q, k, v, r.out, r.lse, p, plan, drop)
                                               : run_forward<double>(q, k, v, r.out, r.lse, p, plan, drop);
   if (first != INT64_MAX) {
-    const int64_t i = first % p.Nq, h = (first / p.Nq) % p.Hq, b = first / (p.Nq * p.Hq);
-    QKV_CHECK(policy != FullyMasked::error, "[attention] query row ", i, " of batch ", b, ", head ", h,
-              " has no visible key (fully_masked = error); q [", p.B, ",", p.Hq, ",", p.Nq, ",", p.D, "], Nk=", p.Nk);
+    if (policy == FullyMasked::error) fail_fully_masked(p, first);
     // Counted from lse so that rows emptied by a -inf bias count too.
     const std::vector<double> lse = r.lse.to_vector();
     for (double x : lse) r.fully_masked_rows += std::isinf(x) ? 1 : 0;

@@ -71,6 +71,12 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
   return p;
 }
 
+void fail_fully_masked(const Problem& p, int64_t flat_row) {
+  const int64_t i = flat_row % p.Nq, h = (flat_row / p.Nq) % p.Hq, b = flat_row / (p.Nq * p.Hq);
+  fail("[attention] query row ", i, " of batch ", b, ", head ", h, " has no visible key (fully_masked = error); q [",
+       p.B, ",", p.Hq, ",", p.Nq, ",", p.D, "], Nk=", p.Nk);
+}
+
 MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bias_dtype)
     : B(s.batch), Hq(s.q_heads), Hkv(s.kv_heads), G(s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1), Nq(s.nq),
       Nk(s.nk) {

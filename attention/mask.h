@@ -27,6 +27,8 @@ struct Problem {
   AttentionShape shape() const { return {B, Hq, Hkv, Nq, Nk}; }
 };
 Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o);
+// The FullyMasked::error failure for query row `flat_row` = (b·Hq + h)·Nq + i, naming b, h and i.
+[[noreturn]] void fail_fully_masked(const Problem& p, int64_t flat_row);
 
 class MaskPlan {
  public:

@@ -82,8 +82,7 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   if (res.fully_masked_rows > 0 && opts.fully_masked == FullyMasked::error) {
     int64_t b = 0, h = 0, i = 0;
     plan.first_fully_masked(&b, &h, &i);
-    fail("[attention] query row ", i, " of batch ", b, ", head ", h, " has no visible key (fully_masked = error); q [",
-         p.B, ",", p.Hq, ",", p.Nq, ",", p.D, "], Nk=", p.Nk);
+    fail_fully_masked(p, (b * p.Hq + h) * p.Nq + i);
   }
 
   // S = s·Q·Kᵀ (+ bias + alibi), [B, Hq, Nq, Nk]

@@ -9,11 +9,6 @@ inline void require_defined(const char* op, const Tensor& t, const char* what) {
   QKV_CHECK(t.defined(), "[", op, "] ", what, " is an undefined tensor");
 }
 
-// CPU kernels only for now: a CUDA tensor reaching a CPU kernel is refused, not misread.
-inline void require_cpu(const char* op, const Tensor& t) {
-  QKV_CHECK(t.device() == Device::cpu, "[", op, "] has no ", device_name(t.device()), " kernel yet");
-}
-
 inline void require_float(const char* op, const Tensor& t, const char* what = "input") {
   QKV_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "[", op, "] ", what, " must be float32 or float64, not ",
             dtype_name(t.dtype()));

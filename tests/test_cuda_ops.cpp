@@ -149,11 +149,11 @@ TEST_CASE("cuBLAS matmul and linear match the CPU GEMMs: transposes folded, batc
   }
 }
 
-TEST_CASE("ops without a CUDA kernel yet refuse device tensors by name", "[cuda]") {
+TEST_CASE("device ops refuse mixed devices and dtypes without a kernel, by name", "[cuda]") {
   if (!have_device()) return;
   const Tensor a = gpu(randn({4, 4}, 1));
-  CHECK_THROWS_WITH(eq(a, a), Catch::Contains("[eq] has no cuda kernel yet"));
   CHECK_THROWS_WITH(add(a, randn({4, 4}, 2)), Catch::Contains("is on cuda but b is on cpu"));
+  CHECK_THROWS_WITH(exp(a.to(DType::bf16)), Catch::Contains("must be float32 or float64, not bfloat16"));
 }
 
 TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernels", "[cuda]") {

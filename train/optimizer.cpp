@@ -122,10 +122,7 @@ void AdamW::step(double lr, float grad_scale) {
   if (params_[0].param.device() == Device::cuda) {
     // One kernel per parameter, in order, on the device's one stream.
     for (const WorkItem& it : items) {
-      const cpu::AdamWScalars& s = it.decay ? with_decay : without_decay;
-      cuda::adamw_update(it.p, it.g, it.m, it.v, it.n,
-                         {s.decay_factor, s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.step_size,
-                          s.bc2_sqrt, s.eps, s.grad_scale});
+      cuda::adamw_update(it.p, it.g, it.m, it.v, it.n, it.decay ? with_decay : without_decay);
     }
     return;
   }

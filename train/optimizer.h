@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/adamw_scalars.h"
 #include "tensor/tensor.h"
 
 namespace qkv {
@@ -92,12 +93,8 @@ class AdamW {
 };
 
 namespace cpu {
-// The fused kernel over n contiguous elements (see the formula above). decay_factor = 1 - lr*wd,
-// step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t).
-struct AdamWScalars {
-  float decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-      grad_scale;
-};
+// The fused kernel over n contiguous elements (see the formula above and tensor/adamw_scalars.h).
+using qkv::AdamWScalars;
 void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
                   float* __restrict v, int64_t n, const AdamWScalars& s);
 }  // namespace cpu

@@ -2,10 +2,12 @@
 // contracts as their CPU counterparts in tensor/cpu/ (the front ends check shapes, dtypes and
 // devices, broadcast operands as stride-0 views and allocate results on the device). Every
 // kernel runs on one stream (the default stream), so calls are ordered as on the CPU.
-// A build without CUDA links tensor/no_cuda/cuda_stubs.cpp, where each refuses clearly.
+// A build without CUDA links tensor/no_cuda/cuda_stubs.cpp instead: every entry point there throws
+// "qkv was built without CUDA" (that is its whole job, not missing work).
 #pragma once
 #include <vector>
 
+#include "tensor/adamw_scalars.h"
 #include "tensor/cpu/elementwise.h"  // the op enums, shared by both devices
 #include "tensor/tensor.h"
 
@@ -50,10 +52,7 @@ void softmax_backward(const Tensor& y, const Tensor& dy, int dim, const Tensor& 
 void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const std::vector<double>& inv_freq,
           double sign, const Tensor& out);
 // AdamW over n contiguous device floats (the formula of train/optimizer.h).
-struct AdamWStep {
-  float decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, grad_scale;
-};
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s);
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
 
 // The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
 // (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.

@@ -38,7 +38,7 @@ __global__ void rope_kernel(const T* x, int64_t sb, int64_t sh, int64_t sn, int6
   }
 }
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWStep s) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWScalars s) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float gi = g[i] * s.grad_scale;
@@ -71,7 +71,7 @@ void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const 
   QKV_CUDA_LAUNCHED("rope_kernel");
 }
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n), 256>>>(p, g, m, v, n, s);
   QKV_CUDA_LAUNCHED("adamw_kernel");
