@@ -1,4 +1,5 @@
-// qkv leakcheck (--checkpoint CKPT | --config FILE [--set k=v]...) [--json] [--report DIR] [--self-test]
+// qkv leakcheck (--checkpoint CKPT | --config FILE [--set k=v]...) [--device cpu|cuda] [--json] [--report DIR]
+//               [--self-test]
 //   Runs the leakage and consistency checks (train/leakcheck.h) on a trained checkpoint or a
 //   freshly initialised model, plus the data-leakage checks when the dataset can be loaded.
 //   Exit 1 when a check fails, or with --self-test when a planted fault is missed or a clean
@@ -42,7 +43,7 @@ std::vector<int32_t> report_probe(const nn::DecoderModel& model, const train::Ru
 void add_leakcheck_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("leakcheck", "check a model for future-token leaks, train/inference mismatches, "
                                                "mask and attention errors, dropout in eval, and train/val overlap");
-  static std::string ckpt, config, report_dir;
+  static std::string ckpt, config, report_dir, device = "cpu";
   static std::vector<std::string> sets;
   static bool json = false, self_test = false;
   static int ngram = 32;
@@ -50,6 +51,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5) to check");
   cmd->add_option("--config", config, "config file: check a freshly initialised model of it");
   cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
+  cmd->add_option("--device", device, "cpu | cuda: where the model and the checks run")->capture_default_str();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->add_option("--report", report_dir, "write DIR/index.html with the tables and attention heatmaps");
   cmd->add_flag("--self-test", self_test, "plant each known attention bug and verify a check catches it");
@@ -61,6 +63,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
               ckpt.empty() ? "" : " (both were given)");
     QKV_CHECK(sets.empty() || !config.empty(), "[leakcheck] --set needs --config");
     QKV_CHECK(ngram >= 1, "[leakcheck] --ngram must be >= 1, got ", ngram);
+    const Device dev = device_option(device);
     std::FILE* out = json ? stderr : stdout;
 
     Config cfg;
@@ -91,6 +94,8 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     }
     train::apply_thread_setting(cfg);
     model->eval();
+    model->to(dev);
+    if (dev != Device::cpu) report.subject += ", on " + device;
 
     train::LeakCheckOptions opts;
     opts.ngram_n = ngram;

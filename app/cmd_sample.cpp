@@ -24,17 +24,14 @@ struct LoadedModel {
 };
 
 LoadedModel load_for_inference(const std::string& path, const std::string& device) {
-  QKV_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  const Device dev = device_option(device);
   LoadedModel m;
   m.meta = train::read_checkpoint_meta(path);
   m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
   train::load_model_weights(path, *m.model);
   m.model->eval();
   train::apply_thread_setting(m.meta.config);
-  if (device == "cuda") {
-    QKV_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (or this build has no CUDA backend)");
-    m.model->to(Device::cuda);
-  }
+  m.model->to(dev);
   return m;
 }
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tensor/dtype.h"
+
 namespace qkv::app {
 
 void add_gradcheck_command(CLI::App& root, int& exit_code);
@@ -21,5 +23,9 @@ void add_attention_map_command(CLI::App& root, int& exit_code);
 
 // Prints `j` as the single JSON line that ends stdout (DESIGN §3).
 void print_json(const nlohmann::json& j);
+
+// The value of `--device cpu|cuda` (sample, eval, leakcheck), checked before any work: an unknown
+// name, or cuda when no device is visible, is refused with one line.
+Device device_option(const std::string& name);
 
 }  // namespace qkv::app

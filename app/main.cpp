@@ -3,10 +3,18 @@
 #include <iostream>
 
 #include "app/commands.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
 
 namespace qkv::app {
 void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+
+Device device_option(const std::string& name) {
+  QKV_CHECK(name == "cpu" || name == "cuda", "--device must be cpu or cuda, got '", name, "'");
+  if (name == "cpu") return Device::cpu;
+  QKV_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (or this build has no CUDA backend)");
+  return Device::cuda;
+}
 }  // namespace qkv::app
 
 int main(int argc, char** argv) {

@@ -16,6 +16,7 @@
 
 #include "attention/fault.h"
 #include "autograd/grad_mode.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
 #include "train/attention_map.h"
 #include "train/leakcheck.h"
@@ -95,9 +96,14 @@ TEST_CASE("naive reference attention reproduces the seeds' worked example", "[le
   for (double x : out) CHECK(x == 0.0);
 }
 
-TEST_CASE("every leak check passes on clean tiny models", "[leakcheck]") {
+namespace {
+
+// Every check passes on the clean tiny models, run on `dev`; the exact-zero properties are
+// exactly zero, not merely small.
+void expect_clean_models_pass(Device dev) {
   train::LeakCheckOptions o;
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
+    model->to(dev);
     const auto checks = train::run_model_checks(*model, o);
     CHECK(checks.size() == 15);
     for (const auto& c : checks) {
@@ -105,21 +111,16 @@ TEST_CASE("every leak check passes on clean tiny models", "[leakcheck]") {
                                                   << "): " << c.detail);
       CHECK(c.pass);
     }
-    // The exact-zero properties are exactly zero, not merely small.
     CHECK(find(checks, "future_token_perturbation").value == 0.0);
     CHECK(find(checks, "mask.masked_weights_zero").value == 0.0);
     CHECK(find(checks, "greedy_generation").value == 0.0);
     CHECK(find(checks, "dropout_discipline").value == 0.0);
     CHECK(static_cast<int64_t>(find(checks, "kv_decode").per_position.size()) == model->config().block_size);
   }
-  // The caller's model is untouched: still in the mode it was in.
-  auto m = tiny_gpt2();
-  m->train();
-  train::check_dropout(*m, o);
-  CHECK(m->is_training());
 }
 
-TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[leakcheck]") {
+// Each check fails, well outside its threshold, under a planted fault it is meant to catch.
+void expect_planted_faults_caught(Device dev) {
   struct Expect {
     const char* check;
     attn::Fault fault;
@@ -150,6 +151,8 @@ TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[
       {"dropout_discipline", F::dropout_in_eval, false},
   };
   const auto gpt2 = tiny_gpt2(), llama = tiny_llama();
+  gpt2->to(dev);
+  llama->to(dev);
   train::LeakCheckOptions o;
   for (const Expect& e : cases) {
     attn::ScopedFault planted(e.fault);
@@ -161,6 +164,37 @@ TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[
     CHECK(c.value > 10 * std::max(c.threshold, 1e-7));  // well outside, not a rounding accident
   }
   CHECK(attn::active_fault() == F::none);
+}
+
+}  // namespace
+
+TEST_CASE("every leak check passes on clean tiny models", "[leakcheck]") {
+  expect_clean_models_pass(Device::cpu);
+  // The caller's model is untouched: still in the mode it was in.
+  train::LeakCheckOptions o;
+  auto m = tiny_gpt2();
+  m->train();
+  train::check_dropout(*m, o);
+  CHECK(m->is_training());
+}
+
+TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[leakcheck]") {
+  expect_planted_faults_caught(Device::cpu);
+}
+
+TEST_CASE("on the GPU, every leak check passes on clean models and catches each planted fault", "[leakcheck][cuda]") {
+  if (cuda::device_count() == 0) {
+    std::printf("[cuda] skipped: no CUDA device\n");
+    return;
+  }
+  expect_clean_models_pass(Device::cuda);
+  expect_planted_faults_caught(Device::cuda);
+  // The checks really ran on the device: a training-mode device model's eval copy stays there.
+  auto m = tiny_gpt2();
+  m->to(Device::cuda);
+  m->train();
+  const train::leak::EvalModel copy(*m);
+  CHECK(copy->device() == Device::cuda);
 }
 
 TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck][slow]") {

@@ -64,12 +64,14 @@ AttentionMaps compute_attention_maps(const nn::DecoderModel& model, const std::v
   o.kernel = attn::Kernel::reference;
   if (c.position == nn::Position::alibi) o.alibi_slopes = attn::alibi_slopes(c.n_head);
   for (const auto& cap : caps) {
-    Tensor q = cap.q, k = cap.k;
+    // On the host whatever device the model ran on: the maps are small, and they are read on the host.
+    Tensor q = cap.q.to(Device::cpu), k = cap.k.to(Device::cpu);
+    const Tensor v = cap.v.to(Device::cpu);
     if (c.position == nn::Position::rope) {
       q = attn::apply_rope(q, positions, c.rope_theta);
       k = attn::apply_rope(k, positions, c.rope_theta);
     }
-    out.weights.push_back(attn::attention_with_weights(q, k, cap.v, o).weights.select(0, 0).contiguous());
+    out.weights.push_back(attn::attention_with_weights(q, k, v, o).weights.select(0, 0).contiguous());
   }
   return out;
 }

@@ -186,7 +186,7 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
     alone.push_back(leak::forward(*m, leak::ids_tensor(seq)));
     alone_scale = std::max(alone_scale, max_abs(alone.back()));
     const std::vector<int64_t> tg(targets[b].begin(), targets[b].begin() + len[b]);
-    const CrossEntropyResult ce = cross_entropy(alone.back().reshape({len[b], V}), from_vector_i64(tg, {len[b]}));
+    const CrossEntropyResult ce = cross_entropy(alone.back().reshape({len[b], V}), from_vector_i64(tg, {len[b]}).to(alone.back().device()));
     loss_sum += ce.loss.item() * static_cast<double>(ce.count);
     loss_count += ce.count;
   }
@@ -224,7 +224,7 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
         worst_side = left ? "left" : "right";
       }
     }
-    const CrossEntropyResult ce = cross_entropy(lg.reshape({B * L, V}), from_vector_i64(tgt, {B * L}));
+    const CrossEntropyResult ce = cross_entropy(lg.reshape({B * L, V}), from_vector_i64(tgt, {B * L}).to(lg.device()));
     worst_loss = std::max(worst_loss, leak::ratio(std::abs(ce.loss.item() - loss_ref), std::abs(loss_ref)));
   }
   std::string detail = "3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) + ", " +

@@ -65,9 +65,10 @@ Tensor forward(const nn::DecoderModel& m, const Tensor& ids) {
 
 namespace {
 // Calls f(x) on every element of a float tensor as double, in row-major order.
+// Device tensors are copied to the host first.
 template <class F>
 void each(const Tensor& a, F&& f) {
-  const Tensor c = a.contiguous();
+  const Tensor c = a.device() == Device::cpu ? a.contiguous() : a.to(Device::cpu);
   const int64_t n = c.numel();
   if (c.dtype() == DType::f32) {
     const float* p = c.data<float>();
@@ -90,7 +91,7 @@ double max_abs(const Tensor& a) {
 
 double max_delta(const Tensor& a, const Tensor& b) {
   QKV_CHECK(a.shape() == b.shape(), "[leakcheck] comparing ", shape_str(a.shape()), " with ", shape_str(b.shape()));
-  const Tensor bc = b.to(DType::f64).contiguous();
+  const Tensor bc = (b.device() == Device::cpu ? b : b.to(Device::cpu)).to(DType::f64).contiguous();
   const double* pb = bc.data<double>();
   double m = 0;
   each(a, [&](int64_t i, double x) {
@@ -206,6 +207,7 @@ std::vector<double> naive_alibi_slopes(int64_t H) {
 
 std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg) {
   auto out = std::make_unique<nn::DecoderModel>(cfg);
+  out->to(model.device());  // the copy runs where the model runs
   std::map<std::string, Tensor> src;
   for (const auto& p : model.named_parameters()) src[p.name] = p.tensor;
   autograd::NoGradGuard no_grad;

@@ -60,8 +60,13 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
       opts.key_padding = Tensor::empty({B, mc.nk}, DType::boolean);
       for (int64_t i = 0; i < B * mc.nk; ++i) opts.key_padding.data<bool>()[i] = s.key_valid[static_cast<size_t>(i)];
     }
-    const Tensor q = randn({B, Hq, mc.nq, D}, o.seed, ++stream << 40), k = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40),
-                 v = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40);
+    // Drawn on the host (the same values on every device), then moved to where the model runs,
+    // so a GPU model's check exercises the device kernels.
+    const Device dev = model.device();
+    const Tensor q = randn({B, Hq, mc.nq, D}, o.seed, ++stream << 40).to(dev),
+                 k = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40).to(dev),
+                 v = randn({B, Hkv, mc.nk, D}, o.seed, ++stream << 40).to(dev);
+    if (opts.key_padding.defined()) opts.key_padding = opts.key_padding.to(dev);
     std::vector<double> ref_out, ref_w;
     const int64_t empty = leak::naive_attention(s, to_f64(q), to_f64(k), to_f64(v), ref_out, &ref_w);
     expected_empty += empty;

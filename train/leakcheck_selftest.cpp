@@ -78,6 +78,7 @@ std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model) 
   probe.model = std::make_unique<nn::DecoderModel>(p);
   probe.model->init_weights(0x5e1f7e57);
   probe.model->eval();
+  probe.model->to(user_model.device());
   out.push_back(std::move(probe));
   return out;
 }
