@@ -100,9 +100,14 @@ TEST_CASE("training reduces the loss on a tiny corpus", "[train][loop]") {
   CHECK(fs::exists(c.train.out_dir + "/best.h5"));
 }
 
-TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state", "[train][resume]") {
-  const std::string dir = temp_dir("resume");
+namespace {
+
+// 20 steps straight vs 10 steps, a checkpoint, and 10 resumed steps, with dropout on, on `device`:
+// the same losses, gradient norms, learning rates, final parameters and AdamW moments, bitwise.
+void expect_bitwise_resume(const std::string& device) {
+  const std::string dir = temp_dir("resume_" + device);
   Config c = tiny_config(dir);
+  c.train.device = device;
   c.model.dropout = 0.1;
   c.model.attn_dropout = 0.1;
   c.train.checkpoint_interval = 10;
@@ -142,6 +147,20 @@ TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state
     CHECK(opt_a.states()[i].exp_avg.to_vector() == opt_b.states()[i].exp_avg.to_vector());
     CHECK(opt_a.states()[i].exp_avg_sq.to_vector() == opt_b.states()[i].exp_avg_sq.to_vector());
   }
+}
+
+}  // namespace
+
+TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state", "[train][resume]") {
+  expect_bitwise_resume("cpu");
+}
+
+TEST_CASE("on the GPU, resume continues bitwise", "[train][resume][cuda]") {
+  if (cuda::device_count() == 0) {
+    std::printf("[cuda] skipped: no CUDA device\n");
+    return;
+  }
+  expect_bitwise_resume("cuda");
 }
 
 TEST_CASE("sampling with and without the KV cache draws the same tokens", "[train][sample]") {
