@@ -169,10 +169,10 @@ void backward(const Tensor& root, Tensor grad) {
     std::vector<Tensor> in_grads;
     EnginePending pending(grads, n);
     if (profiling_enabled()) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = profile_now();
       in_grads = n->backward_accumulate(g, pending);
       profile_add(std::string("backward ") + n->name(),
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                  std::chrono::duration<double, std::milli>(profile_now() - t0).count());
     } else {
       in_grads = n->backward_accumulate(g, pending);
     }

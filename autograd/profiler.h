@@ -1,6 +1,8 @@
 // A lightweight profiler for `qkv bench --profile`: wall time summed per name. The engine times
 // every backward node by its name; forward code marks regions with ProfileScope. Off by default:
-// a disabled scope costs one branch.
+// a disabled scope costs one branch. For a GPU run the clock first waits for the device
+// (`sync_device`), since kernel launches return before the kernels finish; that serialises the
+// step, so profiled GPU times add up to more than an unprofiled step.
 #pragma once
 #include <chrono>
 #include <map>
@@ -14,7 +16,9 @@ struct ProfileEntry {
 };
 
 bool profiling_enabled();
-void set_profiling(bool on);
+void set_profiling(bool on, bool sync_device = false);
+// The profiler's clock: steady_clock, after a device synchronisation when profiling a GPU run.
+std::chrono::steady_clock::time_point profile_now();
 void profile_add(const std::string& name, double ms);
 std::map<std::string, ProfileEntry> profile_snapshot();
 void profile_reset();
@@ -22,10 +26,10 @@ void profile_reset();
 class ProfileScope {
  public:
   explicit ProfileScope(const char* name) : name_(profiling_enabled() ? name : nullptr) {
-    if (name_) t0_ = std::chrono::steady_clock::now();
+    if (name_) t0_ = profile_now();
   }
   ~ProfileScope() {
-    if (name_) profile_add(name_, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count());
+    if (name_) profile_add(name_, std::chrono::duration<double, std::milli>(profile_now() - t0_).count());
   }
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;

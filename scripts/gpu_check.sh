@@ -49,6 +49,11 @@ timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.to
   --json > "$out/bench_gpt2_gpu_bf16.json" 2> "$out/bench_gpt2_gpu_bf16.log"
 bench_status=$?
 log "bench gpt2_gpu bf16: exit $bench_status ($(tail -1 "$out/bench_gpt2_gpu_bf16.log"))"
+# Where the bf16 step's time goes (each timed region waits for the device, so the sum exceeds
+# the unprofiled step).
+timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 3 \
+  --profile > "$out/bench_gpt2_gpu_bf16_profile.log" 2>&1
+log "bench gpt2_gpu bf16 --profile: exit $?"
 # Attention alone on the GPU: causal fwd/bwd TFLOP/s at N 1024, 4096 and head dims 64, 128.
 timeout 90 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
   --head-dim 64 128 --json > "$out/bench_attention_gpu.json" 2> "$out/bench_attention_gpu.log"

@@ -75,7 +75,7 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   };
   for (int i = 0; i < warmup; ++i) step(static_cast<uint64_t>(i));
   autograd::profile_reset();
-  autograd::set_profiling(profile);
+  autograd::set_profiling(profile, /*sync_device=*/device == Device::cuda);
   const int64_t os_allocs_before = allocator_stats(device).os_allocations;
   reset_peak_bytes(device);
   std::vector<double> cpu_ms;
