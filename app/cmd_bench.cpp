@@ -1,5 +1,7 @@
 // qkv bench [--config FILE] [--what step|attention|gemm] [--steps N] [--threads N] [--profile] [--json]
 //           attention also: [--n N...] [--head-dim D...]; a config with train.device = "cuda" selects the GPU
+//           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
+//           datasheet peak, tensor/device_peaks.cpp)
 #include <omp.h>
 
 #include <cstdio>
@@ -7,6 +9,7 @@
 #include "app/commands.h"
 #include "attention/bench.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/device_info.h"
 #include "train/bench.h"
 
 namespace qkv::app {
@@ -16,6 +19,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   static std::string config, what = "step";
   static std::vector<std::string> sets;
   static int steps = 10, threads = 0;
+  static double peak_tflops = 0;
   static std::vector<int64_t> ns, head_dims;
   static bool profile = false, json = false;
   cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
@@ -26,11 +30,13 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
   cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
+  cmd->add_option("--peak-tflops", peak_tflops, "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code] {
     nlohmann::json results = nlohmann::json::array();
     std::FILE* out = json ? stderr : stdout;
     if (threads > 0) omp_set_num_threads(threads);
+    QKV_CHECK(peak_tflops >= 0, "[bench] --peak-tflops must be positive, got ", peak_tflops);
     if (what == "step" || what == "gemm") {
       QKV_CHECK(!config.empty(), "[bench] --what ", what, " needs --config");
       Config cfg = parse_config(config, sets);
@@ -48,6 +54,20 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                             {"step_ms", r.step_ms},   {"final_loss", r.final_loss},
                             {"cpu_ms_per_step", r.cpu_ms_per_step}, {"os_allocations_per_step", r.os_allocations_per_step},
                             {"allocator_peak_bytes", r.allocator_peak_bytes}};
+        if (cfg.train.device == "cuda") {
+          // MFU: model FLOP/s over the card's dense bf16 peak, for float32 and bf16 runs alike.
+          const cuda::DeviceInfo dev = cuda::device_info();
+          const double peak = peak_tflops > 0 ? peak_tflops : dev.peak_bf16_tflops;
+          const double tflops = r.gflops * 1e-3;
+          j["device"] = dev.name;
+          j["tflops"] = tflops;
+          j["peak_tflops"] = peak;
+          if (peak > 0) j["mfu"] = tflops / peak;
+          char mfu[48] = "n/a (unknown card: pass --peak-tflops)";
+          if (peak > 0) std::snprintf(mfu, sizeof mfu, "%.1f%% of %.0f TFLOP/s", 100 * tflops / peak, peak);
+          std::fprintf(out, "  %s (sm_%d%d): %.1f model TFLOP/s, MFU %s\n", dev.name.c_str(), dev.major, dev.minor,
+                       tflops, mfu);
+        }
         if (profile) {
           nlohmann::json prof = nlohmann::json::array();
           std::vector<std::pair<std::string, autograd::ProfileEntry>> rows(r.profile.begin(), r.profile.end());

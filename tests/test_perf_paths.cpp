@@ -2,7 +2,8 @@
 // in-place gradient accumulation in the engine and AccumulateGrad's hand-over of the buffer (never
 // aliasing two gradients), narrow pieces adding into one pending gradient, the tied embedding
 // scattering into the LM head's dW, LinearBackward's dx ‖ dW on two threads, and
-// attention_packed against attention on the split views (bitwise, one and two threads).
+// attention_packed against attention on the split views (bitwise, one and two threads); and the
+// MFU denominator `qkv bench` divides by on a GPU.
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -10,6 +11,8 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "compare_util.h"
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/device_info.h"
 
 using namespace qkv;
 
@@ -201,4 +204,20 @@ TEST_CASE("cross-entropy backward writes dlogits over the logits only when nothi
   CHECK(max_abs_diff(gx_reused, gx_held) == 0.0);
   CHECK(max_abs_diff(gw_reused, gw_held) == 0.0);
   CHECK(max_abs_diff(gw_held, zeros({9, 4})) > 1e-3);
+}
+
+TEST_CASE("the MFU denominator: dense bf16 datasheet peaks by card, unknown cards 0", "[bench]") {
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA H200", 9, 0) == 989);
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA H100 80GB HBM3", 9, 0) == 989);
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA H100 PCIe", 9, 0) == 756);
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA A100-SXM4-80GB", 8, 0) == 312);
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA A100-SXM4-80GB", 8, 6) == 0);  // name and capability must agree
+  CHECK(cuda::dense_bf16_peak_tflops("NVIDIA GeForce RTX 4090", 8, 9) == 0);
+  if (cuda::device_count() > 0) {  // [cuda] part: the running card describes itself
+    const cuda::DeviceInfo d = cuda::device_info();
+    INFO(d.name << " sm_" << d.major << d.minor);
+    CHECK(!d.name.empty());
+    CHECK(d.major >= 8);  // the build targets sm_80 and sm_90
+    CHECK(d.peak_bf16_tflops == cuda::dense_bf16_peak_tflops(d.name, d.major, d.minor));
+  }
 }

@@ -1,5 +1,6 @@
 // Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/device_info.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/error.h"
 
@@ -15,6 +16,7 @@ void reset_peak_bytes() {}
 void release_cached_memory() {}
 void memcpy(void*, const void*, size_t, int) { no_cuda(); }
 void synchronize() {}
+DeviceInfo device_info() { no_cuda(); }
 
 void binary_forward(cpu::BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
