@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 
+#include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/grad_norm.h"
 #include "tensor/error.h"
 #include "train/clip.h"
 #include "train/config.h"
@@ -318,6 +320,34 @@ TEST_CASE("global norm matches a naive float64 sum over strided, float32 and flo
   naive = std::sqrt(naive);
   CHECK(global_norm({a, b, ct, Tensor()}) == Approx(naive).epsilon(1e-13));
   CHECK(global_norm({}) == 0.0);
+}
+
+TEST_CASE("on the GPU, per-tensor sums of squares match naive float64 sums, across block counts, bitwise run to run",
+          "[train][clip][cuda]") {
+  if (cuda::device_count() == 0) {
+    std::printf("[cuda] skipped: no CUDA device\n");
+    return;
+  }
+  // Sizes from one element to a tensor that takes every block the kernel allows (and an empty one).
+  std::vector<Tensor> host;
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{4097}, int64_t{0}, int64_t{5} << 20})
+    host.push_back(make_f32({n}, lcg_values(n, static_cast<uint64_t>(n) + 7)));
+  Tensor c = Tensor::empty({40, 300}, DType::f64);
+  const auto cv = lcg_values(12000, 4);
+  std::memcpy(c.raw_data(), cv.data(), cv.size() * 8);
+  host.push_back(c.transpose(0, 1));  // float64, non-contiguous
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(t.to(Device::cuda));
+  const std::vector<double> got = cuda::sum_squares(dev), again = cuda::sum_squares(dev);
+  REQUIRE(got.size() == host.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    double naive = 0;
+    for (double x : host[i].to_vector()) naive += x * x;
+    INFO("tensor " << i << " of " << host[i].numel() << " elements");
+    CHECK(got[i] == Approx(naive).epsilon(1e-13));
+    CHECK(got[i] == again[i]);
+  }
+  CHECK(global_norm(dev) == Approx(global_norm(host)).epsilon(1e-13));
 }
 
 TEST_CASE("clip_grad_norm scales gradients to max_norm only when the norm exceeds it", "[train][clip]") {

@@ -5,7 +5,8 @@
 // reused buffer) and then added in block order, so the result does not depend on how many
 // threads ran. Inside a block `omp simd reduction` lets the compiler keep several vector
 // accumulators: that order is fixed by the binary, not by scheduling. Device tensors are reduced
-// on the device (one float64 sum of squares per tensor, gathered to the host in one copy).
+// on the device (cuda::sum_squares: one float64 sum of squares per tensor, gathered to the host
+// in one copy).
 #include "train/clip.h"
 
 #include <omp.h>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tensor/cuda/grad_norm.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -40,7 +42,7 @@ double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
   };
   std::vector<Span> spans;
   std::vector<Tensor> keep;  // contiguous copies of strided inputs
-  std::vector<Tensor> device_sums;  // [1] float64 per device tensor
+  std::vector<Tensor> on_device;  // reduced on the device, one float64 per tensor
   spans.reserve(tensors.size());
   int64_t blocks = 0;
   for (const Tensor& t0 : tensors) {
@@ -48,8 +50,7 @@ double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
     QKV_CHECK(t0.dtype() == DType::f32 || t0.dtype() == DType::f64, "[", op, "] tensors must be float32 or float64, got ",
               dtype_name(t0.dtype()));
     if (t0.device() != Device::cpu) {
-      const Tensor x = t0.to(DType::f64);
-      device_sums.push_back(sum(mul(x, x)).reshape({1}));
+      on_device.push_back(t0);
       continue;
     }
     Tensor t = t0;
@@ -59,8 +60,7 @@ double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
     blocks += (t.numel() + kBlock - 1) / kBlock;
   }
   double device_total = 0.0;
-  if (!device_sums.empty())
-    for (double v : cat(device_sums, 0).to_vector()) device_total += v;  // tensor order
+  for (double v : cuda::sum_squares(on_device)) device_total += v;  // tensor order
   if (blocks == 0) return std::sqrt(device_total);
 
   // Block b of the whole list -> (span, start). Built serially; tiny next to the data.

@@ -1,6 +1,7 @@
 // Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"
+#include "tensor/cuda/grad_norm.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/error.h"
 
@@ -17,6 +18,10 @@ void release_cached_memory() {}
 void memcpy(void*, const void*, size_t, int) { no_cuda(); }
 void synchronize() {}
 DeviceInfo device_info() { no_cuda(); }
+std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
+  if (!xs.empty()) no_cuda();
+  return {};
+}
 
 void binary_forward(cpu::BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
