@@ -138,15 +138,18 @@ TEST_CASE("AdamW's first step moves each weight by lr times the sign of its grad
   CHECK(got[3] == Approx(-0.99).epsilon(1e-6));
 }
 
-TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update on every element",
-          "[train][adamw]") {
-  // Exercises the split of the concatenated range across threads: slices cut inside parameters.
-  const std::vector<int64_t> sizes = {1, 17, 70001, 3, 40000, 129};
+namespace {
+
+// Three AdamW steps on `dev` over odd-sized parameters, against a naive float64 update. On the CPU
+// this exercises the split of the concatenated range across threads (slices cut inside
+// parameters); on the GPU, the one-launch kernel's chunks (parameters of 1 element to many chunks).
+void expect_adamw_matches_naive(Device dev) {
+  const std::vector<int64_t> sizes = {1, 17, 70001, 3, 40000, 129, 4096, 4097};
   std::vector<OptimParam> params;
   std::vector<std::vector<double>> p_ref, m_ref, v_ref, grads;
   for (size_t k = 0; k < sizes.size(); ++k) {
     auto init = lcg_values(sizes[k], 10 + k);
-    params.push_back({"p" + std::to_string(k), make_f32({sizes[k]}, init), k % 2 == 0});
+    params.push_back({"p" + std::to_string(k), make_f32({sizes[k]}, init).to(dev), k % 2 == 0});
     p_ref.push_back(params.back().param.to_vector());
     m_ref.emplace_back(sizes[k], 0.0);
     v_ref.emplace_back(sizes[k], 0.0);
@@ -157,7 +160,7 @@ TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update o
   for (int t = 1; t <= 3; ++t) {
     for (size_t k = 0; k < sizes.size(); ++k) {
       auto g = lcg_values(sizes[k], 100 * t + k);
-      params[k].param.set_grad(make_f32({sizes[k]}, g));
+      params[k].param.set_grad(make_f32({sizes[k]}, g).to(dev));
       g = params[k].param.grad().to_vector();  // the float32 values actually used
       const double wd = params[k].decay ? o.weight_decay : 0.0;
       for (int64_t i = 0; i < sizes[k]; ++i) {
@@ -179,6 +182,21 @@ TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update o
     for (int64_t i = 0; i < sizes[k]; ++i) max_err = std::max(max_err, std::abs(got[i] - p_ref[k][i]));
   }
   CHECK(max_err < 1e-6);
+}
+
+}  // namespace
+
+TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update on every element",
+          "[train][adamw]") {
+  expect_adamw_matches_naive(Device::cpu);
+}
+
+TEST_CASE("on the GPU, AdamW over all parameters in one launch matches a naive float64 update", "[train][adamw][cuda]") {
+  if (cuda::device_count() == 0) {
+    std::printf("[cuda] skipped: no CUDA device\n");
+    return;
+  }
+  expect_adamw_matches_naive(Device::cuda);
 }
 
 TEST_CASE("AdamW restored from saved moments and step continues bitwise identically", "[train][adamw]") {

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <unordered_set>
 
-#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/adamw_multi.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "train/config.h"
@@ -33,19 +33,9 @@ AdamWOptions AdamWOptions::from(const TrainSettings& t) {
 namespace cpu {
 void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
                   float* __restrict v, int64_t n, const AdamWScalars& s) {
-  const float decay = s.decay_factor, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
-              c2 = s.one_minus_beta2, step_size = s.step_size, bc2 = s.bc2_sqrt, eps = s.eps,
-              scale = s.grad_scale;
+  const AdamWScalars local = s;  // by value, so the compiler knows the stores below cannot change it
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
-    const float mi = m[i] * b1 + c1 * gi;
-    const float vi = v[i] * b2 + c2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / bc2 + eps;
-    p[i] = p[i] * decay - step_size * (mi / denom);
-  }
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], local);
 }
 }  // namespace cpu
 
@@ -120,10 +110,11 @@ void AdamW::step(double lr, float grad_scale) {
   }
   if (total == 0) return;
   if (params_[0].param.device() == Device::cuda) {
-    // One kernel per parameter, in order, on the device's one stream.
-    for (const WorkItem& it : items) {
-      cuda::adamw_update(it.p, it.g, it.m, it.v, it.n, it.decay ? with_decay : without_decay);
-    }
+    // Every parameter in one launch (tensor/cuda/adamw_multi.h).
+    std::vector<cuda::AdamWSlice> slices;
+    slices.reserve(items.size());
+    for (const WorkItem& it : items) slices.push_back({it.p, it.g, it.m, it.v, it.n, it.decay});
+    cuda::adamw_update_many(slices, with_decay, without_decay);
     return;
   }
 

@@ -1,5 +1,6 @@
 // Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/cuda/adamw_multi.h"
 #include "tensor/cuda/device_info.h"
 #include "tensor/cuda/grad_norm.h"
 #include "tensor/cuda/kernels.h"
@@ -18,6 +19,9 @@ void release_cached_memory() {}
 void memcpy(void*, const void*, size_t, int) { no_cuda(); }
 void synchronize() {}
 DeviceInfo device_info() { no_cuda(); }
+void adamw_update_many(const std::vector<AdamWSlice>& slices, const AdamWScalars&, const AdamWScalars&) {
+  if (!slices.empty()) no_cuda();
+}
 std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
   if (!xs.empty()) no_cuda();
   return {};
