@@ -46,8 +46,8 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
   QKV_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && (q.dtype() == DType::f32 || q.dtype() == DType::f64),
             "[attention] q, k, v must share dtype float32 or float64, got ", dtype_name(q.dtype()), ", ",
             dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
-  QKV_CHECK(q.device() == Device::cpu && k.device() == Device::cpu && v.device() == Device::cpu,
-            "[attention] only the cpu kernels are built; got q on ", device_name(q.device()));
+  QKV_CHECK(k.device() == q.device() && v.device() == q.device(), "[attention] q, k and v must be on one device, got q on ",
+            device_name(q.device()), ", k on ", device_name(k.device()), ", v on ", device_name(v.device()));
   Problem p;
   p.B = q.size(0);
   p.Hq = q.size(1);

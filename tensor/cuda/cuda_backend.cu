@@ -2,6 +2,7 @@
 // peak-bytes statistics, and host/device copies. Every CUDA call is checked and named on failure.
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -33,8 +34,19 @@ DeviceCache& cache() {
 int device_count() {
   int n = 0;
   // Without a driver or device this returns an error: that is zero devices, not a failure.
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
     cudaGetLastError();
+    // A driver is installed but unusable (e.g. older than this build's runtime): say why once,
+    // since every GPU test would otherwise just skip. Machines without a driver stay silent.
+    static bool said = false;
+    int driver = 0, runtime = 0;
+    if (!said && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+      cudaRuntimeGetVersion(&runtime);
+      std::fprintf(stderr, "[cuda] no usable device: cudaGetDeviceCount failed: %s (driver CUDA %d.%d, runtime %d.%d)\n",
+                   cudaGetErrorString(err), driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+      said = true;
+    }
     return 0;
   }
   return n;

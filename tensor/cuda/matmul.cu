@@ -51,7 +51,7 @@ const Cublas& cublas() {
   static const Cublas api = [] {
     void* lib = nullptr;
     std::string errors;
-    for (const char* name : {"libcublas.so.13", "libcublas.so"}) {
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
       lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (lib) break;
       errors += std::string(" ") + dlerror();

@@ -26,7 +26,8 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 4;  // warps per block in the row kernels
-constexpr int64_t kChunkRows = 256;  // rows per partial in the column sums
+constexpr int64_t kChunkRows = 256;  // rows per partial in the column sums (at least)
+constexpr int64_t kMaxChunks = 65535;  // chunks run along grid.y, whose limit this is
 
 template <class T>
 T* ptr(const Tensor& t) {
@@ -112,11 +113,11 @@ __global__ void norm_backward_dx_kernel(const T* dy, const T* x, const T* w, con
 // mode 1: dy[r,c]·x̂[r,c] (dweight).
 template <class T>
 __global__ void column_partials_kernel(int mode, const T* a, const T* x, const T* mean, const T* rstd, double* partial,
-                                       int64_t rows, int64_t C) {
+                                       int64_t rows, int64_t chunk_rows, int64_t C) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t k = blockIdx.y;
   if (c >= C) return;
-  const int64_t r0 = k * kChunkRows, r1 = min(rows, r0 + kChunkRows);
+  const int64_t r0 = k * chunk_rows, r1 = min(rows, r0 + chunk_rows);
   double s = 0;
   for (int64_t r = r0; r < r1; ++r) {
     double v = static_cast<double>(a[r * C + c]);
@@ -140,10 +141,13 @@ __global__ void column_finish_kernel(const double* partial, int64_t chunks, int6
 template <class T>
 void column_sums(int mode, const T* a, const T* x, const T* mean, const T* rstd, int64_t rows, int64_t C, T* out) {
   if (C == 0) return;
-  const int64_t chunks = std::max<int64_t>(1, (rows + kChunkRows - 1) / kChunkRows);
+  // Chunks of kChunkRows rows, longer when there would be more than kMaxChunks (over ~16.7M rows);
+  // the order stays fixed by the shape.
+  const int64_t chunk_rows = std::max(kChunkRows, (rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
   Tensor partial = Tensor::empty({chunks, C}, DType::f64, Device::cuda);
   const dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(chunks));
-  column_partials_kernel<T><<<grid, 128>>>(mode, a, x, mean, rstd, ptr<double>(partial), rows, C);
+  column_partials_kernel<T><<<grid, 128>>>(mode, a, x, mean, rstd, ptr<double>(partial), rows, chunk_rows, C);
   QKV_CUDA_LAUNCHED("column_partials_kernel");
   column_finish_kernel<T><<<static_cast<unsigned>((C + 127) / 128), 128>>>(ptr<double>(partial), chunks, C, out);
   QKV_CUDA_LAUNCHED("column_finish_kernel");
