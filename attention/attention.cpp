@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #ifdef QKV_WITH_CUDA
 #include "attention/cuda/fused_cuda.h"
+#include "attention/cuda/mma_attention.h"
 #endif
 
 namespace qkv::attn {
@@ -66,13 +67,16 @@ bool routes_to_reference(const AttentionOptions& o) {
 }
 
 #ifdef QKV_WITH_CUDA
-// The CUDA fused kernels' node: the same vjp, on the device (attention/cuda/fused_cuda.h).
+// The CUDA kernels' node: the same vjp, on the device, by the kernels that ran the forward: the
+// float32 ones (attention/cuda/fused_cuda.h) or the tensor-core ones (attention/cuda/mma_attention.h).
 struct CudaAttentionBackward : autograd::Node {
   Tensor q, k, v, out, lse;
   std::shared_ptr<const cuda_fused::Plan> plan;
-  const char* name() const override { return "CudaAttentionBackward"; }
+  bool tensor_cores = false;
+  const char* name() const override { return tensor_cores ? "CudaMmaAttentionBackward" : "CudaAttentionBackward"; }
   std::vector<Tensor> backward(const Tensor& dout) override {
-    FusedGrads g = cuda_fused::backward(dout, q, k, v, out, lse, *plan);
+    FusedGrads g = tensor_cores ? cuda_mma::backward(dout, q, k, v, out, lse, *plan)
+                                : cuda_fused::backward(dout, q, k, v, out, lse, *plan);
     return {g.dq, g.dk, g.dv};
   }
   void release() override {
@@ -83,15 +87,18 @@ struct CudaAttentionBackward : autograd::Node {
 #endif
 
 // Device tensors: the CUDA fused kernels where they support the options, else the composed
-// reference path (which handles everything on any device).
+// reference path (which handles everything on any device). `bf16_operands` (a call made under bf16
+// autocast: q, k, v and the incoming gradient are bf16 values) selects the tensor-core kernels
+// where they support the call, unless QKV_CUDA_ATTENTION asks for the float32 ones.
 Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
-                        const Problem& p) {
+                        const Problem& p, bool bf16_operands) {
 #ifdef QKV_WITH_CUDA
   if (q.device() == Device::cuda && !routes_to_reference(opts) && !opts.check_invariants &&
       cuda_fused::supported(opts, p)) {
     QKV_CHECK(k.device() == q.device() && v.device() == q.device(), "[attention] q, k and v must be on one device");
     auto plan = cuda_fused::make_plan(opts, p);
-    FusedForward f = cuda_fused::forward(q, k, v, *plan);
+    const bool tensor_cores = bf16_operands && cuda_mma::enabled() && cuda_mma::supported(opts, p);
+    FusedForward f = tensor_cores ? cuda_mma::forward(q, k, v, *plan) : cuda_fused::forward(q, k, v, *plan);
     if (opts.fully_masked == FullyMasked::error) {
       const std::vector<double> lse = f.lse.to_vector();
       for (size_t r = 0; r < lse.size(); ++r)
@@ -105,22 +112,20 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     node->out = detached(f.out);
     node->lse = f.lse;
     node->plan = plan;
+    node->tensor_cores = tensor_cores;
     return autograd::record(f.out, node, {q, k, v});
   }
+#else
+  (void)bf16_operands;
 #endif
   return reference_attention(q, k, v, opts, p).out;
 }
 
-}  // namespace
-
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
-  if (autograd::autocast_bf16() && q.defined() && q.dtype() == DType::f32) {
-    // bf16 autocast: q, k, v rounded to bf16, the kernel accumulating in float32, dO rounded.
-    autograd::AutocastGuard inside(false);  // the kernels below see plain float32 tensors
-    return ag::round_grad_bf16(attention(ag::round_bf16(q), ag::round_bf16(k), ag::round_bf16(v), opts));
-  }
+// attention() past its autocast branch; `bf16_operands` says that branch was taken (see device_attention).
+Tensor attention_on(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                    bool bf16_operands) {
   const Problem p = check_problem(q, k, v, opts);
-  if (q.device() != Device::cpu) return device_attention(q, k, v, opts, p);
+  if (q.device() != Device::cpu) return device_attention(q, k, v, opts, p, bf16_operands);
   if (routes_to_reference(opts)) return reference_attention(q, k, v, opts, p).out;
   QKV_CHECK(!(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})),
             "[attention] the fused kernel treats bias as a constant, but bias ", shape_str(opts.bias.shape()),
@@ -142,11 +147,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   return autograd::record(f.out, node, {q, k, v});
 }
 
-Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
-  if (autograd::autocast_bf16() && qkv.defined() && qkv.dtype() == DType::f32) {
-    autograd::AutocastGuard inside(false);  // as in attention()
-    return ag::round_grad_bf16(attention_packed(ag::round_bf16(qkv), q_heads, kv_heads, opts));
-  }
+// attention_packed() past its autocast branch (`bf16_operands` as in attention_on).
+Tensor attention_packed_on(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts,
+                           bool bf16_operands) {
   QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
@@ -156,7 +159,8 @@ Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, co
   if (!fused) {
     // The composed views: the plain op handles every option (and its errors).
     auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
-    Tensor y = attention(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), opts);
+    Tensor y = attention_on(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), opts,
+                            bf16_operands);
     return ag::contiguous(ag::transpose(y, 1, 2));
   }
   auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
@@ -175,6 +179,26 @@ Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, co
   node->plan = plan;
   node->drop = drop;
   return autograd::record(out, node, {qkv});
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && q.defined() && q.dtype() == DType::f32) {
+    // bf16 autocast: q, k, v rounded to bf16, the kernel accumulating in float32, dO rounded.
+    autograd::AutocastGuard inside(false);  // the kernels below see plain float32 tensors
+    return ag::round_grad_bf16(
+        attention_on(ag::round_bf16(q), ag::round_bf16(k), ag::round_bf16(v), opts, /*bf16_operands=*/true));
+  }
+  return attention_on(q, k, v, opts, /*bf16_operands=*/false);
+}
+
+Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
+  if (autograd::autocast_bf16() && qkv.defined() && qkv.dtype() == DType::f32) {
+    autograd::AutocastGuard inside(false);  // as in attention()
+    return ag::round_grad_bf16(attention_packed_on(ag::round_bf16(qkv), q_heads, kv_heads, opts, /*bf16_operands=*/true));
+  }
+  return attention_packed_on(qkv, q_heads, kv_heads, opts, /*bf16_operands=*/false);
 }
 
 AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,

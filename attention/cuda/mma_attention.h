@@ -1,0 +1,40 @@
+// Internal to attention/: the tensor-core (bf16 MMA) attention kernels (attention/cuda/mma_attention.cu),
+// built only with QKV_WITH_CUDA and used for calls made under bf16 autocast, whose q, k, v (and the
+// incoming gradient dO) are bf16 values held in float32 tensors. Same semantics and outputs as the
+// float32 CUDA kernels of fused_cuda.h (O float32, lse float32 with −inf on rows that see no key,
+// zero gradients for them), FlashAttention-2 style:
+//   forward   one CTA per 64 query rows of one (b, h), 4 warps × 16 rows; K/V tiles of 64 keys are
+//             converted to bf16 in shared memory; S = Q·Kᵀ and O += P·V by mma.sync m16n8k16 (bf16
+//             operands, float32 accumulators); online softmax in float32 registers, P rounded to bf16
+//             for P·V; O = acc / l, lse = m + log l.
+//   backward  Di = rowsum(dO∘O) (float32); a key-block kernel (one CTA per 64 keys of one kv head)
+//             recomputes P and dS = P∘(dP − Di) for every query block and query head of the group, in
+//             a fixed order, into dK, dV; a query-block kernel recomputes them again into dQ. No
+//             atomics: every gradient element is summed by one thread in one order (deterministic).
+// Supported: head dim D = Dv ∈ {64, 128}, float32 tensors, causal (bottom-right), sliding window,
+// key_lengths, GQA/MQA (kv head h / G, never copied). Everything else keeps the float32 kernels.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "attention/cuda/fused_cuda.h"
+
+namespace qkv::attn::cuda_mma {
+
+// True when these kernels handle the call (options, dtype, head dim and sizes).
+bool supported(const AttentionOptions& o, const Problem& p);
+// False when QKV_CUDA_ATTENTION is set to anything but "mma" (e.g. "simt" or "simple"): then bf16
+// autocast keeps the float32 kernels, so a first GPU run can tell a bad MMA kernel apart. Read once.
+bool enabled();
+
+// out [B, Hq, Nq, D] contiguous float32, lse [B, Hq, Nq] (−inf on rows with no visible key).
+FusedForward forward(const Tensor& q, const Tensor& k, const Tensor& v, const cuda_fused::Plan& plan);
+// dq, dk, dv contiguous float32, shaped like q, k, v.
+FusedGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor& lse, const cuda_fused::Plan& plan);
+
+// Launch counts since the process started (tests check that autocast dispatch reaches these kernels).
+int64_t forward_calls();
+int64_t backward_calls();
+
+}  // namespace qkv::attn::cuda_mma
