@@ -92,10 +92,16 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
       o.threads = threads > 0 ? threads : omp_get_max_threads();
-      if (!config.empty() && parse_config(config, sets).train.device == "cuda") {
-        // The GPU: the reference kernel's N×N weights only up to N = 1024.
+      const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
+      if (!config.empty() && cfg.train.device == "cuda") {
+        // The GPU: the config's batch and heads (B1 H8 would leave most SMs idle), its dtype (bf16:
+        // the tensor-core kernels), and the reference kernel's N×N weights only up to N = 1024.
         QKV_CHECK(cuda::device_count() > 0, config, ": train.device = \"cuda\" but no CUDA device is visible");
         o.device = Device::cuda;
+        o.batch = cfg.train.batch_size;
+        o.heads = cfg.model.n_head;
+        o.hkvs = {cfg.model.n_head};
+        o.bf16_autocast = cfg.train.dtype == "bf16";
         o.reference_max_n = 1024;
       }
       for (const auto& r : attn::bench_attention(o)) {

@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
 
@@ -41,6 +42,7 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             o.kernel = kernel;
             double fwd_ms = 0;
             auto step = [&] {
+              autograd::AutocastGuard autocast(opt.bf16_autocast);
               const auto t0 = std::chrono::steady_clock::now();
               Tensor out = attention(q, k, v, o);
               sync();
@@ -66,7 +68,7 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             std::sort(ms.begin(), ms.end());
             std::sort(fms.begin(), fms.end());
             AttentionBenchResult res;
-            res.kernel = kernel == Kernel::fused ? "fused" : "reference";
+            res.kernel = std::string(kernel == Kernel::fused ? "fused" : "reference") + (opt.bf16_autocast ? "/bf16" : "");
             res.n = n;
             res.hkv = hkv;
             res.head_dim = D;

@@ -21,10 +21,11 @@ struct AttentionBenchOptions {
   bool causal = true;
   int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
   int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
+  bool bf16_autocast = false;       // run under bf16 autocast (on the GPU: the tensor-core kernels)
 };
 
 struct AttentionBenchResult {
-  std::string kernel;  // "reference" | "fused"
+  std::string kernel;  // "reference" | "fused", with "/bf16" under bf16 autocast
   int64_t n = 0, hkv = 0, head_dim = 0;
   double ms = 0;            // median forward + backward
   double forward_ms = 0;    // median forward alone

@@ -35,28 +35,37 @@ QKV_CUDA_ATTENTION=simple "$build_dir/tests/qkv_tests" "CUDA fused attention*" -
 simple_status=$?
 log "[cuda] attention, simple kernels: $(tail -1 "$out/cuda_attention_simple.log") (exit $simple_status)"
 
+# Everything but the tensor-core tests again with the float32 attention kernels under bf16
+# autocast: if a bf16 case fails only in the first run, the tensor-core kernels are at fault.
+QKV_CUDA_ATTENTION=simt "$build_dir/tests/qkv_tests" "[cuda]~[mma]" -s -r compact > "$out/cuda_tests_simt.log" 2>&1
+simt_status=$?
+log "[cuda] without tensor-core attention: $(tail -1 "$out/cuda_tests_simt.log") (exit $simt_status)"
+
 # cuBLAS on the step's GEMM shapes, float32 and bf16 (the denominator of the step's MFU).
-timeout 90 "$build_dir/qkv" bench --what gemm --config configs/bench/gpt2_gpu.toml --json \
+timeout 60 "$build_dir/qkv" bench --what gemm --config configs/bench/gpt2_gpu.toml --json \
   > "$out/bench_gemm_gpu.json" 2> "$out/bench_gemm_gpu.log"
 bench_status=$?
 log "bench gemm: exit $bench_status ($(grep step-weighted "$out/bench_gemm_gpu.log" | tr '\n' ' '))"
 # The GPT-2 124M training step on the GPU (float32, then bf16 autocast; figures, not pass/fail).
-timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
+timeout 60 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --steps 5 --json \
   > "$out/bench_gpt2_gpu.json" 2> "$out/bench_gpt2_gpu.log"
 bench_status=$?
 log "bench gpt2_gpu: exit $bench_status ($(tail -1 "$out/bench_gpt2_gpu.log"))"
-timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 5 \
+timeout 60 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 5 \
   --json > "$out/bench_gpt2_gpu_bf16.json" 2> "$out/bench_gpt2_gpu_bf16.log"
 bench_status=$?
 log "bench gpt2_gpu bf16: exit $bench_status ($(tail -1 "$out/bench_gpt2_gpu_bf16.log"))"
 # Where the bf16 step's time goes (each timed region waits for the device, so the sum exceeds
 # the unprofiled step).
-timeout 90 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 3 \
+timeout 60 "$build_dir/qkv" bench --what step --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 --steps 3 \
   --profile > "$out/bench_gpt2_gpu_bf16_profile.log" 2>&1
 log "bench gpt2_gpu bf16 --profile: exit $?"
 # Attention alone on the GPU: causal fwd/bwd TFLOP/s at N 1024, 4096 and head dims 64, 128.
-timeout 90 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
+timeout 60 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --n 1024 4096 \
   --head-dim 64 128 --json > "$out/bench_attention_gpu.json" 2> "$out/bench_attention_gpu.log"
 bench_status=$?
 log "bench attention: exit $bench_status"
+timeout 60 "$build_dir/qkv" bench --what attention --config configs/bench/gpt2_gpu.toml --set train.dtype=bf16 \
+  --n 1024 4096 --head-dim 64 128 --json > "$out/bench_attention_gpu_bf16.json" 2> "$out/bench_attention_gpu_bf16.log"
+log "bench attention bf16 (tensor cores): exit $?"
 exit $status
