@@ -7,7 +7,6 @@
 #pragma once
 #include <vector>
 
-#include "tensor/adamw_scalars.h"
 #include "tensor/cpu/elementwise.h"  // the op enums, shared by both devices
 #include "tensor/tensor.h"
 
@@ -51,8 +50,6 @@ void softmax_backward(const Tensor& y, const Tensor& dy, int dim, const Tensor& 
 // pos has N entries (or B·N with per_row), inv_freq D/2, both host vectors copied to the device.
 void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const std::vector<double>& inv_freq,
           double sign, const Tensor& out);
-// AdamW over n contiguous device floats (the formula of train/optimizer.h).
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
 
 // The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
 // (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.

@@ -48,7 +48,6 @@ void softmax_backward(const Tensor&, const Tensor&, int, const Tensor&, bool) { 
 void rope(const Tensor&, const std::vector<int64_t>&, bool, const std::vector<double>&, double, const Tensor&) {
   no_cuda();
 }
-void adamw_update(float*, const float*, float*, float*, int64_t, const AdamWScalars&) { no_cuda(); }
 void embedding_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void embedding_backward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void sum_rows(const Tensor&, const Tensor&) { no_cuda(); }

@@ -1,9 +1,7 @@
-// CUDA kernels for two model/optimizer steps with their own formulas:
+// The CUDA RoPE kernel (AdamW is tensor/cuda/adamw_multi.cu):
 //   RoPE (attention/rope.h): out_f = x_f·cos a − x_{f+D/2}·sin a, out_{f+D/2} = x_{f+D/2}·cos a + x_f·sin a,
 //     a = sign·pos·inv_freq_f, computed in float64 like the CPU kernel (inv_freq comes from the host,
-//     so both devices use the same frequencies bit for bit);
-//   AdamW (train/optimizer.h): g' = g·scale, m = b1·m + (1−b1)·g', v = b2·v + (1−b2)·g'²,
-//     p = p·(1 − lr·wd) − step_size·m / (sqrt(v)/sqrt(1−b2^t) + eps).
+//     so both devices use the same frequencies bit for bit).
 #include <algorithm>
 #include <vector>
 
@@ -38,18 +36,6 @@ __global__ void rope_kernel(const T* x, int64_t sb, int64_t sh, int64_t sn, int6
   }
 }
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWScalars s) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gi = g[i] * s.grad_scale;
-    const float mi = m[i] * s.beta1 + s.one_minus_beta1 * gi;
-    const float vi = v[i] * s.beta2 + s.one_minus_beta2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = ::sqrtf(vi) / s.bc2_sqrt + s.eps;
-    p[i] = p[i] * s.decay_factor - s.step_size * (mi / denom);
-  }
-}
 
 }  // namespace
 
@@ -69,12 +55,6 @@ void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const 
                                          ptr<int64_t>(d_pos), per_row, ptr<double>(d_freq), sign, ptr<double>(out),
                                          B, H, N, half);
   QKV_CUDA_LAUNCHED("rope_kernel");
-}
-
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
-  if (n == 0) return;
-  adamw_kernel<<<blocks_for(n), 256>>>(p, g, m, v, n, s);
-  QKV_CUDA_LAUNCHED("adamw_kernel");
 }
 
 }  // namespace qkv::cuda
