@@ -316,7 +316,7 @@ TEST_CASE("bucket all-reduces start during the last backward, last bucket first,
   }
 }
 
-TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts", "[distributed]") {
+TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts", "[distributed][cuda]") {
   dist::SingleProcess one;
   if (!dist::built_with_nccl()) {
     CHECK_THROWS_WITH(dist::make_nccl_gradients(one), Catch::Contains("needs both CUDA and MPI"));
