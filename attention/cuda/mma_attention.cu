@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cmath>
@@ -523,7 +524,10 @@ Params params_of(const Tensor& q, const Tensor& k, const Tensor& v, const cuda_f
   a.Nq = static_cast<int>(p.Nq);
   a.Nk = static_cast<int>(p.Nk);
   a.q_offset = static_cast<int>(m.q_offset);
-  a.window = static_cast<int>(m.window);
+  // The window is int64 and unbounded (e.g. INT64_MAX for "no limit"); the kernels do int position
+  // arithmetic (pos − w, j + w − q_offset). A window of Nk + 1 or more hides nothing the causal mask
+  // does not (pos <= Nk − 1), so clamp it there: no truncation, no overflow, same visible keys.
+  a.window = static_cast<int>(std::min<int64_t>(m.window, p.Nk + 1));
   a.causal_like = m.causal_like;
   a.key_len = m.key_len;
   a.scale = static_cast<float>(p.scale);
