@@ -1,6 +1,7 @@
-// Internal to attention/: the tensor-core (bf16 MMA) attention kernels (attention/cuda/mma_attention.cu),
-// built only with QKV_WITH_CUDA and used for calls made under bf16 autocast, whose q, k, v (and the
-// incoming gradient dO) are bf16 values held in float32 tensors. Same semantics and outputs as the
+// Internal to attention/: the tensor-core (bf16 MMA) attention kernels (device code in
+// attention/cuda/mma_attention_kernels.cuh, host side in mma_attention.cu), built only with
+// QKV_WITH_CUDA and used for calls made under bf16 autocast, whose q, k, v (and the incoming
+// gradient dO) are bf16 values held in float32 tensors. Same semantics and outputs as the
 // float32 CUDA kernels of fused_cuda.h (O float32, lse float32 with −inf on rows that see no key,
 // zero gradients for them), FlashAttention-2 style:
 //   forward   one CTA per 64 query rows of one (b, h), 4 warps × 16 rows; K/V tiles of 64 keys are
