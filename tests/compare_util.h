@@ -1,5 +1,6 @@
-// Shared by the op and attention tests: tolerance checks of results against reference values
-// (usually naive float64 loops), and a scope that runs code on a given number of OpenMP threads.
+// Shared by the tests: tolerance checks of results against reference values (usually naive
+// float64 loops), a scope that runs code on a given number of OpenMP threads, and the skip of
+// [cuda] cases where no GPU is visible.
 #pragma once
 #include <omp.h>
 
@@ -7,11 +8,23 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <vector>
 
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/tensor.h"
 
 namespace qkv::test {
+
+// A [cuda] case starts with `if (!cuda_device_present()) return;`: where no device is visible it
+// prints "[cuda] skipped: no CUDA device" (once per process; CI has no GPU) and checks nothing.
+inline bool cuda_device_present() {
+  if (cuda::device_count() > 0) return true;
+  static bool said = false;
+  if (!said) std::printf("[cuda] skipped: no CUDA device\n");
+  said = true;
+  return false;
+}
 
 // Every element within atol + rtol |want| (NaN where want is NaN); reports the worst element once
 // (one Catch assertion per tensor keeps large checks fast).

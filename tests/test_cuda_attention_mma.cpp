@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "compare_util.h"
 #include "attention/attention.h"
 #include "attention/mask.h"
 #include "autograd/engine.h"
@@ -27,14 +28,6 @@
 using namespace qkv;
 
 namespace {
-
-bool have_device() {
-  if (cuda::device_count() > 0) return true;
-  static bool said = false;
-  if (!said) std::printf("[cuda] skipped: no CUDA device\n");
-  said = true;
-  return false;
-}
 
 double bf16_of(double x) { return bf16_to_float(float_to_bf16(static_cast<float>(x))); }
 
@@ -222,7 +215,7 @@ Result check_against_float64(const Case& c, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("tensor-core attention meets FlashAttention's accuracy rule: D 64/128, causal or not, GQA/MQA, decode", "[cuda][mma]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   if (!attn::cuda_mma::enabled()) std::printf("[cuda] QKV_CUDA_ATTENTION set: autocast uses the float32 kernels\n");
   uint64_t seed = 100;
@@ -231,7 +224,7 @@ TEST_CASE("tensor-core attention meets FlashAttention's accuracy rule: D 64/128,
 }
 
 TEST_CASE("tensor-core attention: fully masked rows give O = 0, lse = -inf and zero gradients", "[cuda][mma]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   // Window 4 with key_lengths 10 (batch 0): rows at positions >= 13 see no key; batch 1 key length 0: none does.
   const Case c{"window 4, key lengths {10, 0}", 2, 2, 1, 32, 32, 128, true, 4, {10, 0}};
@@ -265,7 +258,7 @@ TEST_CASE("tensor-core attention: fully masked rows give O = 0, lse = -inf and z
 }
 
 TEST_CASE("tensor-core attention is deterministic: two runs give bitwise-identical outputs and gradients", "[cuda][mma]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   const Case c{"GQA 4:2, causal", 2, 4, 2, 200, 200, 128, true};
   const Inputs in = inputs_of(c, 31);
@@ -279,7 +272,7 @@ TEST_CASE("tensor-core attention is deterministic: two runs give bitwise-identic
 }
 
 TEST_CASE("bf16 autocast on the device dispatches supported attention calls to the tensor-core kernels", "[cuda][mma]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   const bool on = attn::cuda_mma::enabled();
   auto calls_of = [](const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o, bool autocast) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compare_util.h"
 #include "attention/attention.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
@@ -26,14 +27,6 @@
 using namespace qkv;
 
 namespace {
-
-bool have_device() {
-  if (cuda::device_count() > 0) return true;
-  static bool said = false;
-  if (!said) std::printf("[cuda] skipped: no CUDA device\n");
-  said = true;
-  return false;
-}
 
 Tensor gpu(const Tensor& t) { return t.to(Device::cuda); }
 Tensor host(const Tensor& t) { return t.to(Device::cpu); }
@@ -55,7 +48,7 @@ double rel_err(const Tensor& a_dev, const Tensor& b) {
 }  // namespace
 
 TEST_CASE("device round trip keeps every dtype's bits; strided device copies compact views", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   const Tensor x = randn({3, 5, 7}, 1);
   CHECK(max_abs_diff(host(gpu(x)), x) == 0.0);
   for (DType t : {DType::f64, DType::i32, DType::i64, DType::bf16, DType::f16, DType::boolean}) {
@@ -75,7 +68,7 @@ TEST_CASE("device round trip keeps every dtype's bits; strided device copies com
 }
 
 TEST_CASE("CUDA elementwise ops match the CPU kernels, broadcast and strided operands included", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
     const double tol = t == DType::f32 ? 1e-6 : 1e-13;
@@ -125,7 +118,7 @@ TEST_CASE("CUDA elementwise ops match the CPU kernels, broadcast and strided ope
 }
 
 TEST_CASE("cuBLAS matmul and linear match the CPU GEMMs: transposes folded, batch dims broadcast", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
     // float32 GEMM-bound: within cuBLAS's fp32 accumulation (no TF32: cuBLAS's default math mode).
@@ -150,14 +143,14 @@ TEST_CASE("cuBLAS matmul and linear match the CPU GEMMs: transposes folded, batc
 }
 
 TEST_CASE("device ops refuse mixed devices and dtypes without a kernel, by name", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   const Tensor a = gpu(randn({4, 4}, 1));
   CHECK_THROWS_WITH(add(a, randn({4, 4}, 2)), Catch::Contains("is on cuda but b is on cpu"));
   CHECK_THROWS_WITH(exp(a.to(DType::bf16)), Catch::Contains("must be float32 or float64, not bfloat16"));
 }
 
 TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernels", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
     const double tol = t == DType::f32 ? 1e-5 : 1e-12;
@@ -211,7 +204,7 @@ TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernel
 }
 
 TEST_CASE("CUDA reductions and softmax match the CPU kernels along any dims and strides", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
     const double tol = t == DType::f32 ? 1e-6 : 1e-13;
@@ -239,7 +232,7 @@ TEST_CASE("CUDA reductions and softmax match the CPU kernels along any dims and 
 }
 
 TEST_CASE("CUDA comparisons, selection and shape copies match the CPU; attention runs the reference path", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   const Tensor a = randn({4, 6}, 40), b = randn({1, 6}, 41);
   const Tensor ga = gpu(a), gb = gpu(b);
   CHECK(max_abs_diff(host(gt(ga, gb)).to(DType::f32), gt(a, b).to(DType::f32)) == 0.0);
@@ -274,7 +267,7 @@ TEST_CASE("CUDA comparisons, selection and shape copies match the CPU; attention
 }
 
 TEST_CASE("a tiny gpt2 and llama on the device: logits, loss, gradients and AdamW steps match the CPU", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   for (const std::string family : {"gpt2", "llama"}) {
     INFO(family);
     Config cfg;
@@ -335,7 +328,7 @@ TEST_CASE("a tiny gpt2 and llama on the device: logits, loss, gradients and Adam
 }
 
 TEST_CASE("CUDA fused attention matches the CPU fused kernel: masks, GQA, ALiBi, dropout, gradients", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   struct Case {
     const char* name;
     int64_t Hq, Hkv, Nq, Nk, D;
@@ -407,7 +400,7 @@ TEST_CASE("CUDA fused attention matches the CPU fused kernel: masks, GQA, ALiBi,
 }
 
 TEST_CASE("KV-cached decoding on the device reproduces the device's full forward", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   Config cfg;
   cfg.model.family = "llama";  // RoPE at absolute positions, GQA
   cfg.model.vocab_size = 29;
@@ -439,7 +432,7 @@ TEST_CASE("KV-cached decoding on the device reproduces the device's full forward
 }
 
 TEST_CASE("the global gradient norm of device tensors equals the host's", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   const std::vector<Tensor> host_ts = {randn({300, 7}, 60), randn({5}, 61), randn({2, 2, 2}, 62, 0, 0.0, 1.0, DType::f64)};
   std::vector<Tensor> dev_ts;
   for (const Tensor& t : host_ts) dev_ts.push_back(gpu(t));
@@ -448,7 +441,7 @@ TEST_CASE("the global gradient norm of device tensors equals the host's", "[cuda
 }
 
 TEST_CASE("backward from a device scalar, and from a host gradient for a device root", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   Tensor x = gpu(randn({3, 4}, 70));
   x.set_requires_grad(true);
   autograd::backward(ag::sum(ag::mul(x, x)));  // seed of ones made on the root's device
@@ -460,7 +453,7 @@ TEST_CASE("backward from a device scalar, and from a host gradient for a device 
 }
 
 TEST_CASE("max's gradient on the device goes to the first maximum, as on the host", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   const Tensor a = from_vector({1, 5, 5, 2, 7, 0}, {2, 3});
   Tensor h = a.clone(), d = gpu(a);
   h.set_requires_grad(true);
@@ -471,7 +464,7 @@ TEST_CASE("max's gradient on the device goes to the first maximum, as on the hos
 }
 
 TEST_CASE("bf16 autocast on the device (tensor-core GEMMs) equals the CPU's bf16 autocast", "[cuda]") {
-  if (!have_device()) return;
+  if (!test::cuda_device_present()) return;
   Tensor x = randn({64, 96}, 80), w = randn({48, 96}, 81), b = randn({48}, 82);
   Tensor gx = gpu(x), gw = gpu(w), gb = gpu(b);
   for (Tensor* t : {&x, &w, &b, &gx, &gw, &gb}) t->set_requires_grad(true);

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "compare_util.h"
 #include "attention/fault.h"
 #include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -183,10 +184,7 @@ TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[
 }
 
 TEST_CASE("on the GPU, every leak check passes on clean models and catches each planted fault", "[leakcheck][cuda]") {
-  if (cuda::device_count() == 0) {
-    std::printf("[cuda] skipped: no CUDA device\n");
-    return;
-  }
+  if (!test::cuda_device_present()) return;
   expect_clean_models_pass(Device::cuda);
   expect_planted_faults_caught(Device::cuda);
   // The checks really ran on the device: a training-mode device model's eval copy stays there.

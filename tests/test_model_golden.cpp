@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "compare_util.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "attention/fault.h"
@@ -225,10 +226,7 @@ TEST_CASE("the golden logits comparison detects planted attention bugs", "[golde
 }
 
 TEST_CASE("on the GPU, gpt2 and llama match the same float64 PyTorch fixtures", "[golden][cuda]") {
-  if (cuda::device_count() == 0) {
-    std::printf("[cuda] skipped: no CUDA device\n");
-    return;
-  }
+  if (!test::cuda_device_present()) return;
   for (const char* family : {"gpt2", "llama"}) {
     SECTION(family) { check_family(family, "fused", Device::cuda); }
   }

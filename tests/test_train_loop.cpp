@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "compare_util.h"
 #include "data/dataset.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
@@ -156,10 +157,7 @@ TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state
 }
 
 TEST_CASE("on the GPU, resume continues bitwise", "[train][resume][cuda]") {
-  if (cuda::device_count() == 0) {
-    std::printf("[cuda] skipped: no CUDA device\n");
-    return;
-  }
+  if (!test::cuda_device_present()) return;
   expect_bitwise_resume("cuda");
 }
 

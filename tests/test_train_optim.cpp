@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 
+#include "compare_util.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/grad_norm.h"
 #include "tensor/error.h"
@@ -192,10 +193,7 @@ TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update o
 }
 
 TEST_CASE("on the GPU, AdamW over all parameters in one launch matches a naive float64 update", "[train][adamw][cuda]") {
-  if (cuda::device_count() == 0) {
-    std::printf("[cuda] skipped: no CUDA device\n");
-    return;
-  }
+  if (!test::cuda_device_present()) return;
   expect_adamw_matches_naive(Device::cuda);
 }
 
@@ -342,10 +340,7 @@ TEST_CASE("global norm matches a naive float64 sum over strided, float32 and flo
 
 TEST_CASE("on the GPU, per-tensor sums of squares match naive float64 sums, across block counts, bitwise run to run",
           "[train][clip][cuda]") {
-  if (cuda::device_count() == 0) {
-    std::printf("[cuda] skipped: no CUDA device\n");
-    return;
-  }
+  if (!test::cuda_device_present()) return;
   // Sizes from one element to a tensor that takes every block the kernel allows (and an empty one).
   std::vector<Tensor> host;
   for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{4097}, int64_t{0}, int64_t{5} << 20})
