@@ -11,9 +11,11 @@ out=${1:-${OUT:-runs/gpu_check}}
 mkdir -p "$out"
 build_dir=${BUILD_DIR:-build-gpu}
 log() { echo "gpu_check: $*" | tee -a "$out/summary.txt" >&2; }
+last_line() { grep -v '^[[:space:]]*$' "$1" | tail -1; }  # Catch's compact report ends in a blank line
 
 { nvidia-smi || true; nvcc --version || true; } > "$out/device.txt" 2>&1
 log "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
+log "source: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo ' + uncommitted changes')"
 
 start=$(date +%s)
 if ! { cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=ON &&
@@ -27,19 +29,19 @@ if ! nvidia-smi -L > /dev/null 2>&1; then log "no GPU visible: the [cuda] cases 
 "$build_dir/tests/qkv_tests" "[cuda]" -s -r compact > "$out/cuda_tests.log" 2>&1
 status=$?
 grep -E "skipped: no CUDA device" "$out/cuda_tests.log" > /dev/null && { log "the tests saw no CUDA device"; status=3; }
-log "[cuda] tests: $(tail -1 "$out/cuda_tests.log") (exit $status)"
+log "[cuda] tests: $(last_line "$out/cuda_tests.log") (exit $status)"
 # The attention cases again on the simple (untiled) kernels: if only the tiled run fails, the
 # bug is in the tiling.
 QKV_CUDA_ATTENTION=simple "$build_dir/tests/qkv_tests" "CUDA fused attention*" -s -r compact \
   > "$out/cuda_attention_simple.log" 2>&1
 simple_status=$?
-log "[cuda] attention, simple kernels: $(tail -1 "$out/cuda_attention_simple.log") (exit $simple_status)"
+log "[cuda] attention, simple kernels: $(last_line "$out/cuda_attention_simple.log") (exit $simple_status)"
 
 # Everything but the tensor-core tests again with the float32 attention kernels under bf16
 # autocast: if a bf16 case fails only in the first run, the tensor-core kernels are at fault.
 QKV_CUDA_ATTENTION=simt "$build_dir/tests/qkv_tests" "[cuda]~[mma]" -s -r compact > "$out/cuda_tests_simt.log" 2>&1
 simt_status=$?
-log "[cuda] without tensor-core attention: $(tail -1 "$out/cuda_tests_simt.log") (exit $simt_status)"
+log "[cuda] without tensor-core attention: $(last_line "$out/cuda_tests_simt.log") (exit $simt_status)"
 
 # cuBLAS on the step's GEMM shapes, float32 and bf16 (the denominator of the step's MFU).
 timeout 60 "$build_dir/qkv" bench --what gemm --config configs/bench/gpt2_gpu.toml --json \
