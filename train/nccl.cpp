@@ -8,10 +8,10 @@
 
 #if defined(QKV_WITH_CUDA) && defined(QKV_WITH_MPI)
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/dynamic_library.h"
 #endif
 
 namespace qkv::dist {
@@ -31,28 +31,16 @@ struct NcclApi {
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
-template <class F>
-void resolve(void* lib, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(lib, name));
-  QKV_CHECK(*out != nullptr, "[nccl] libnccl has no symbol ", name);
-}
-
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    void* lib = nullptr;
-    std::string errors;
-    for (const char* name : {"libnccl.so.2", "libnccl.so"}) {
-      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      errors += std::string(" ") + dlerror();
-    }
-    QKV_CHECK(lib != nullptr, "[nccl] cannot load NCCL:", errors);
+    const char* what = "[nccl] libnccl";
+    void* lib = open_first_library({"libnccl.so.2", "libnccl.so"}, what);
     NcclApi a;
-    resolve(lib, "ncclGetUniqueId", &a.get_unique_id);
-    resolve(lib, "ncclCommInitRank", &a.comm_init_rank);
-    resolve(lib, "ncclAllReduce", &a.all_reduce);
-    resolve(lib, "ncclCommDestroy", &a.comm_destroy);
-    resolve(lib, "ncclGetErrorString", &a.error_string);
+    resolve_symbol(lib, "ncclGetUniqueId", &a.get_unique_id, what);
+    resolve_symbol(lib, "ncclCommInitRank", &a.comm_init_rank, what);
+    resolve_symbol(lib, "ncclAllReduce", &a.all_reduce, what);
+    resolve_symbol(lib, "ncclCommDestroy", &a.comm_destroy, what);
+    resolve_symbol(lib, "ncclGetErrorString", &a.error_string, what);
     return a;
   }();
   return api;

@@ -8,7 +8,6 @@
 // cuBLAS is opened with dlopen on the first GEMM rather than linked: linking it maps and relocates
 // libcublas and libcublasLt at every start (~150 MB of resident memory), which a CPU-only run
 // would pay for nothing.
-#include <dlfcn.h>
 
 #include <cublas_v2.h>
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "tensor/cpu/matmul.h"
+#include "tensor/dynamic_library.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
 
@@ -41,29 +41,17 @@ void check(const Cublas& c, cublasStatus_t st, const char* call) {
   if (st != CUBLAS_STATUS_SUCCESS) fail("[cuda] ", call, " failed: ", c.status_string ? c.status_string(st) : "?");
 }
 
-template <class F>
-void resolve(void* lib, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(lib, name));
-  QKV_CHECK(*out != nullptr, "[cuda] cuBLAS has no symbol ", name, ": ", dlerror());
-}
-
 const Cublas& cublas() {
   static const Cublas api = [] {
-    void* lib = nullptr;
-    std::string errors;
-    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-      lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      errors += std::string(" ") + dlerror();
-    }
-    QKV_CHECK(lib != nullptr, "[cuda] cannot load cuBLAS:", errors);
+    const char* what = "[cuda] cuBLAS";
+    void* lib = open_first_library({"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, what);
     Cublas c;
-    resolve(lib, "cublasCreate_v2", &c.create);
-    resolve(lib, "cublasSetAtomicsMode", &c.set_atomics_mode);
-    resolve(lib, "cublasSgemmStridedBatched", &c.sgemm_strided_batched);
-    resolve(lib, "cublasDgemmStridedBatched", &c.dgemm_strided_batched);
-    resolve(lib, "cublasGemmStridedBatchedEx", &c.gemm_strided_batched_ex);
-    resolve(lib, "cublasGetStatusString", &c.status_string);
+    resolve_symbol(lib, "cublasCreate_v2", &c.create, what);
+    resolve_symbol(lib, "cublasSetAtomicsMode", &c.set_atomics_mode, what);
+    resolve_symbol(lib, "cublasSgemmStridedBatched", &c.sgemm_strided_batched, what);
+    resolve_symbol(lib, "cublasDgemmStridedBatched", &c.dgemm_strided_batched, what);
+    resolve_symbol(lib, "cublasGemmStridedBatchedEx", &c.gemm_strided_batched_ex, what);
+    resolve_symbol(lib, "cublasGetStatusString", &c.status_string, what);
     check(c, c.create(&c.handle), "cublasCreate");
     // Deterministic by default: no split-K with atomics in the results.
     check(c, c.set_atomics_mode(c.handle, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
