@@ -35,6 +35,8 @@ Tensor tanh(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::tanh);
+// gelu(a + bias), bias [C] along a's last dim: a Linear's bias and GELU in one kernel each way.
+Tensor bias_gelu(const Tensor& a, const Tensor& bias, GeluApprox approx = GeluApprox::tanh);
 Tensor silu(const Tensor& a);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // grads to a and b
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);

@@ -58,6 +58,11 @@ Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::tanh);
 Tensor silu(const Tensor& a);
 // Fused derivative kernels used by the autograd rules: return dy * f'(x).
 Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx);
+// gelu(a + bias) with bias [C] added along a's last dim, in one pass: a Linear's bias and its GELU
+// fused (the Linear runs without bias). The backward gives dy · gelu'(a + bias); the bias's
+// gradient is its column sum.
+Tensor bias_gelu(const Tensor& a, const Tensor& bias, GeluApprox approx = GeluApprox::tanh);
+Tensor bias_gelu_backward(const Tensor& a, const Tensor& bias, const Tensor& dy, GeluApprox approx);
 Tensor silu_backward(const Tensor& x, const Tensor& dy);
 Tensor relu_backward(const Tensor& x, const Tensor& dy);
 // a += alpha * b in place (b broadcast to a). The accumulation primitive of the engine and optimizers.

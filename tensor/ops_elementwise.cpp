@@ -101,6 +101,39 @@ Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx) {
   return unary_grad("gelu_backward", approx == GeluApprox::tanh ? cpu::UnaryGradOp::gelu_tanh : cpu::UnaryGradOp::gelu_erf,
                     x, dy);
 }
+namespace {
+
+// The bias of a bias-fused activation: 1-d, as long as a's last dim, a's dtype and device.
+void check_row_bias(const char* op, const Tensor& a, const Tensor& bias) {
+  check_pair(op, a, bias);
+  require_float(op, a);
+  QKV_CHECK(a.dim() >= 1 && bias.dim() == 1 && bias.size(0) == a.size(-1), "[", op, "] bias ",
+            shape_str(bias.shape()), " does not match the last dim of ", shape_str(a.shape()));
+}
+
+}  // namespace
+
+Tensor bias_gelu(const Tensor& a, const Tensor& bias, GeluApprox approx) {
+  check_row_bias("bias_gelu", a, bias);
+  const cpu::UnaryOp op = approx == GeluApprox::tanh ? cpu::UnaryOp::gelu_tanh : cpu::UnaryOp::gelu_erf;
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::bias_unary_forward(op, a, bias, out);
+  else cpu::bias_unary_forward(op, a, bias, out);
+  return out;
+}
+
+Tensor bias_gelu_backward(const Tensor& a, const Tensor& bias, const Tensor& dy, GeluApprox approx) {
+  check_row_bias("bias_gelu_backward", a, bias);
+  check_pair("bias_gelu_backward", a, dy);
+  QKV_CHECK(a.shape() == dy.shape(), "[bias_gelu_backward] a is ", shape_str(a.shape()), " but dy is ",
+            shape_str(dy.shape()));
+  const cpu::UnaryGradOp op = approx == GeluApprox::tanh ? cpu::UnaryGradOp::gelu_tanh : cpu::UnaryGradOp::gelu_erf;
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (on_cuda(a)) cuda::bias_unary_backward(op, a, bias, dy, out);
+  else cpu::bias_unary_backward(op, a, bias, dy, out);
+  return out;
+}
+
 Tensor silu_backward(const Tensor& x, const Tensor& dy) {
   return unary_grad("silu_backward", cpu::UnaryGradOp::silu, x, dy);
 }

@@ -104,6 +104,15 @@ TEST_CASE("CUDA elementwise ops match the CPU kernels, broadcast and strided ope
     CHECK(rel_err(gelu_backward(ga, gdy, GeluApprox::none), gelu_backward(a, dy, GeluApprox::none)) <= 4 * tol);
     CHECK(rel_err(silu_backward(ga, gdy), silu_backward(a, dy)) <= 4 * tol);
     CHECK(rel_err(relu_backward(ga, gdy), relu_backward(a, dy)) == 0.0);
+    {
+      const Tensor x = randn({5, 7}, 6, 0, 0.0, 2.0, t).transpose(0, 1), bias = randn({5}, 7, 0, 0.0, 1.0, t);
+      const Tensor g = randn({7, 5}, 8, 0, 0.0, 1.0, t);
+      for (GeluApprox approx : {GeluApprox::tanh, GeluApprox::none}) {
+        CHECK(rel_err(bias_gelu(gpu(x), gpu(bias), approx), bias_gelu(x, bias, approx)) <= 4 * tol);
+        CHECK(rel_err(bias_gelu_backward(gpu(x), gpu(bias), gpu(g), approx), bias_gelu_backward(x, bias, g, approx)) <=
+              4 * tol);
+      }
+    }
     // In place, broadcast source and a strided destination.
     Tensor acc = a.expand({4, 3, 6}).contiguous(), gacc = gpu(acc);
     add_(gacc, gb, 0.5);

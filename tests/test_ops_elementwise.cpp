@@ -188,6 +188,39 @@ TEST_CASE("fused activation derivatives match finite differences of the activati
   }
 }
 
+TEST_CASE("bias_gelu and its backward match gelu of the float64 sum, on strided inputs", "[ops][elementwise]") {
+  const auto numeric = [](double (*f)(double), double x) {
+    const double h = 1e-5;
+    return (f(x + h) - f(x - h)) / (2 * h);
+  };
+  for (DType t : kFloatTypes) {
+    for (GeluApprox approx : {GeluApprox::tanh, GeluApprox::none}) {
+      double (*f)(double) = approx == GeluApprox::tanh ? gelu_tanh_ref : gelu_erf_ref;
+      const Tensor a = strided({9, 13}, 33, t, -5, 5);  // a transposed view: rows are strided
+      const Tensor bias = rand({13}, 34, 0, -2, 2, t), dy = rand({9, 13}, 35, 0, -1, 1, t);
+      const Tensor y = bias_gelu(a, bias, approx), da = bias_gelu_backward(a, bias, dy, approx);
+      const auto av = a.to_vector(), bv = bias.to_vector(), gv = dy.to_vector();
+      std::vector<double> want_y(av.size()), want_da(av.size());
+      for (size_t i = 0; i < av.size(); ++i) {
+        // The sum rounded to the dtype first, as the separate add it replaces would round it.
+        const double z = t == DType::f32 ? static_cast<float>(av[i] + bv[i % 13]) : av[i] + bv[i % 13];
+        want_y[i] = f(z);
+        want_da[i] = gv[i] * numeric(f, z);
+      }
+      INFO(dtype_name(t) << (approx == GeluApprox::tanh ? " tanh" : " erf"));
+      check_contiguous_close(y, want_y, t == DType::f32 ? 1e-5 : 1e-12, t == DType::f32 ? 1e-6 : 1e-13);
+      check_contiguous_close(da, want_da, t == DType::f32 ? 1e-5 : 1e-8, t == DType::f32 ? 1e-6 : 1e-9);
+      // The fused op is the composition it replaces, to the last bit.
+      CHECK(max_abs_diff(y, gelu(add(a, bias), approx)) == 0.0);
+      CHECK(max_abs_diff(da, gelu_backward(add(a, bias), dy, approx)) == 0.0);
+    }
+  }
+  CHECK_THROWS_WITH(bias_gelu(ones({2, 3}), ones({2})), Catch::Contains("[bias_gelu] bias [2]") && Catch::Contains("[2,3]"));
+  CHECK_THROWS_WITH(bias_gelu(ones({2, 3}), ones({3}, DType::f64)), Catch::Contains("[bias_gelu]"));
+  CHECK_THROWS_WITH(bias_gelu_backward(ones({2, 3}), ones({3}), ones({3, 2}), GeluApprox::tanh),
+                    Catch::Contains("[bias_gelu_backward] a is [2,3] but dy is [3,2]"));
+}
+
 TEST_CASE("integer arithmetic, comparisons and logic follow their definitions", "[ops][elementwise]") {
   const Tensor a = from_vector_i64({1, -2, 3, 4, 5, 6}, {2, 3});
   const Tensor b = from_vector_i64({10, 20, 30}, {3});

@@ -8,6 +8,8 @@
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
+#include "tensor/cpu/nn_kernels.h"
+#include "tensor/cuda/kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -162,6 +164,30 @@ struct GeluBackward : Node {
   void release() override { a = Tensor(); }
 };
 
+// z = a + bias (bias along the last dim): dz = gelu'(z) dy (one fused kernel from a and bias, z is
+// never stored); da = dz, dbias = the column sums of dz (fixed order, as a Linear's bias gradient).
+struct BiasGeluBackward : Node {
+  Tensor a, bias;
+  GeluApprox approx = GeluApprox::tanh;
+  const char* name() const override { return "BiasGeluBackward"; }
+  std::vector<Tensor> backward(const Tensor& dy) override {
+    const Tensor dz = bias_gelu_backward(a, bias, dy, approx);
+    Tensor dbias;
+    if (needs_grad(1)) {
+      const int64_t C = bias.size(0);
+      const Tensor rows = dz.reshape({C > 0 ? dz.numel() / C : 0, C});
+      dbias = Tensor::empty({C}, dz.dtype(), dz.device());
+      if (dz.device() == Device::cuda) cuda::sum_rows(rows, dbias);
+      else cpu::sum_rows(rows, dbias);
+    }
+    return {needs_grad(0) ? dz : Tensor(), dbias};
+  }
+  void release() override {
+    a = Tensor();
+    bias = Tensor();
+  }
+};
+
 // d(a sigmoid a) = s (1 + a (1 - s)) dy, s = sigmoid(a)
 struct SiluBackward : Node {
   Tensor a;
@@ -282,6 +308,16 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
   n->a = detached(a);
   n->approx = approx;
   return record(out, n, {a});
+}
+
+Tensor bias_gelu(const Tensor& a, const Tensor& bias, GeluApprox approx) {
+  Tensor out = qkv::bias_gelu(a, bias, approx);
+  if (!autograd::any_requires_grad({&a, &bias})) return out;
+  auto n = std::make_shared<BiasGeluBackward>();
+  n->a = detached(a);
+  n->bias = detached(bias);
+  n->approx = approx;
+  return record(out, n, {a, bias});
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -418,6 +454,11 @@ void register_elementwise_gradchecks(GradcheckRegistry& r) {
   r.add({"gelu", "tanh approximation transposed [4,3]^T (std 3)",
          [=] { return V{randn({4, 3}, 45, 0, 0.0, 3.0, DType::f64)}; },
          [=](X x) { return ag::gelu(tr(x[0]), GeluApprox::tanh); }});
+  r.add({"bias_gelu", "tanh approximation [2,3,5] + [5]", [=] { return V{in({2, 3, 5}, 48), in({5}, 49)}; },
+         [](X x) { return ag::bias_gelu(x[0], x[1], GeluApprox::tanh); }});
+  r.add({"bias_gelu", "exact erf, transposed [4,3]^T + [4] (std 3)",
+         [=] { return V{randn({4, 3}, 50, 0, 0.0, 3.0, DType::f64), in({4}, 51)}; },
+         [=](X x) { return ag::bias_gelu(tr(x[0]), x[1], GeluApprox::none); }});
   r.add({"silu", "[3,5]", [=] { return V{in({3, 5}, 46)}; }, [](X x) { return ag::silu(x[0]); }});
   r.add({"silu", "size-1 dims [1,6,1] (std 4)", [=] { return V{randn({1, 6, 1}, 47, 0, 0.0, 4.0, DType::f64)}; },
          [](X x) { return ag::silu(x[0]); }});

@@ -95,6 +95,28 @@ void map2(const Tensor& x, const Tensor& y, const Tensor& out, F f) {
                       });
 }
 
+// out = f(x, y, z) over typed operands of one dtype (the contiguous case with a stride-0 y, a
+// broadcast row, gets its own loop).
+template <class T, class F>
+void map3(const Tensor& x, const Tensor& y, const Tensor& z, const Tensor& out, F f) {
+  for_each_strided<4>(out.shape(), {&out.strides(), &x.strides(), &y.strides(), &z.strides()},
+                      std::array<T*, 4>{out.data<T>(), x.data<T>(), y.data<T>(), z.data<T>()},
+                      [&](std::array<T*, 4> p, std::array<int64_t, 4> s, int64_t n) __attribute__((flatten)) {
+                        T* o = p[0];
+                        const T* a = p[1];
+                        const T* b = p[2];
+                        const T* c = p[3];
+                        if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i], c[i]);
+                        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0 && s[3] == 1) {
+                          const T bv = *b;
+                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv, c[i]);
+                        } else {
+                          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]], c[i * s[3]]);
+                        }
+                      });
+}
+
 // Operands of different element types: walk with byte strides; F gets (ptrs, byte strides, n).
 template <int N, class F>
 void for_each_bytes(const Shape& shape, const std::array<const Tensor*, N>& ts, F&& f) {
@@ -186,48 +208,51 @@ QKV_INLINE T gelu_erf_of(T x) {
   return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
 }
 
-template <class T>
-void unary_typed(UnaryOp op, const Tensor& a, const Tensor& out, double sd) {
+// Calls run(f) with f(x) the op's function (scalar ops use s), so one list of formulas serves the
+// plain kernel and the bias-fused one.
+template <class T, class Run>
+void with_unary(UnaryOp op, double sd, Run&& run) {
   const T s = static_cast<T>(sd);
   switch (op) {
-    case UnaryOp::neg: return map1<T>(a, out, [](T x) { return -x; });
-    case UnaryOp::exp: return map1<T>(a, out, [](T x) { return exp_of(x); });
-    case UnaryOp::log: return map1<T>(a, out, [](T x) { return std::log(x); });
-    case UnaryOp::sqrt: return map1<T>(a, out, [](T x) { return std::sqrt(x); });
-    case UnaryOp::rsqrt: return map1<T>(a, out, [](T x) { return T(1) / std::sqrt(x); });
-    case UnaryOp::tanh: return map1<T>(a, out, [](T x) { return tanh_of(x); });
-    case UnaryOp::sigmoid: return map1<T>(a, out, [](T x) { return sigmoid_of(x); });
+    case UnaryOp::neg: return run([](T x) { return -x; });
+    case UnaryOp::exp: return run([](T x) { return exp_of(x); });
+    case UnaryOp::log: return run([](T x) { return std::log(x); });
+    case UnaryOp::sqrt: return run([](T x) { return std::sqrt(x); });
+    case UnaryOp::rsqrt: return run([](T x) { return T(1) / std::sqrt(x); });
+    case UnaryOp::tanh: return run([](T x) { return tanh_of(x); });
+    case UnaryOp::sigmoid: return run([](T x) { return sigmoid_of(x); });
     // x > 0 ? x : 0 keeps NaN as NaN (x > 0 is false for NaN, so write x's NaN explicitly).
-    case UnaryOp::relu: return map1<T>(a, out, [](T x) { return x > T(0) ? x : (x != x ? x : T(0)); });
-    case UnaryOp::abs: return map1<T>(a, out, [](T x) { return std::fabs(x); });
-    case UnaryOp::gelu_tanh: return map1<T>(a, out, [](T x) { return gelu_tanh_of(x); });
-    case UnaryOp::gelu_erf: return map1<T>(a, out, [](T x) { return gelu_erf_of(x); });
-    case UnaryOp::silu: return map1<T>(a, out, [](T x) { return x * sigmoid_of(x); });
-    case UnaryOp::add_scalar: return map1<T>(a, out, [s](T x) { return x + s; });
-    case UnaryOp::mul_scalar: return map1<T>(a, out, [s](T x) { return x * s; });
-    case UnaryOp::rsub_scalar: return map1<T>(a, out, [s](T x) { return s - x; });
-    case UnaryOp::rdiv_scalar: return map1<T>(a, out, [s](T x) { return s / x; });
+    case UnaryOp::relu: return run([](T x) { return x > T(0) ? x : (x != x ? x : T(0)); });
+    case UnaryOp::abs: return run([](T x) { return std::fabs(x); });
+    case UnaryOp::gelu_tanh: return run([](T x) { return gelu_tanh_of(x); });
+    case UnaryOp::gelu_erf: return run([](T x) { return gelu_erf_of(x); });
+    case UnaryOp::silu: return run([](T x) { return x * sigmoid_of(x); });
+    case UnaryOp::add_scalar: return run([s](T x) { return x + s; });
+    case UnaryOp::mul_scalar: return run([s](T x) { return x * s; });
+    case UnaryOp::rsub_scalar: return run([s](T x) { return s - x; });
+    case UnaryOp::rdiv_scalar: return run([s](T x) { return s / x; });
     case UnaryOp::pow_scalar:
       // Common exponents get exact, vectorisable forms instead of the generic pow().
-      if (sd == 2.0) return map1<T>(a, out, [](T x) { return x * x; });
-      if (sd == 3.0) return map1<T>(a, out, [](T x) { return x * x * x; });
-      if (sd == 1.0) return map1<T>(a, out, [](T x) { return x; });
-      if (sd == 0.5) return map1<T>(a, out, [](T x) { return std::sqrt(x); });
-      if (sd == -1.0) return map1<T>(a, out, [](T x) { return T(1) / x; });
-      if (sd == -0.5) return map1<T>(a, out, [](T x) { return T(1) / std::sqrt(x); });
-      return map1<T>(a, out, [s](T x) { return std::pow(x, s); });
+      if (sd == 2.0) return run([](T x) { return x * x; });
+      if (sd == 3.0) return run([](T x) { return x * x * x; });
+      if (sd == 1.0) return run([](T x) { return x; });
+      if (sd == 0.5) return run([](T x) { return std::sqrt(x); });
+      if (sd == -1.0) return run([](T x) { return T(1) / x; });
+      if (sd == -0.5) return run([](T x) { return T(1) / std::sqrt(x); });
+      return run([s](T x) { return std::pow(x, s); });
   }
 }
 
-template <class T>
-void unary_grad_typed(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out) {
+// Calls run(f) with f(v, g) = g · f'(v) for the derivative kernel `op`.
+template <class T, class Run>
+void with_unary_grad(UnaryGradOp op, Run&& run) {
   switch (op) {
     case UnaryGradOp::relu:
-      return map2<T>(x, dy, out, [](T v, T g) { return v > T(0) ? g : T(0); });
+      return run([](T v, T g) { return v > T(0) ? g : T(0); });
     case UnaryGradOp::gelu_tanh:
       // d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) u',  t = tanh u, u = k (x + c x^3), u' = k (1 + 3 c x^2);
       // with s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so d/dx = s + 2 x s (1 - s) u'.
-      return map2<T>(x, dy, out, [](T v, T g) {
+      return run([](T v, T g) {
         const T v2 = v * v;
         const T s = sigmoid_of<T>(T(2 * kSqrt2OverPi) * (v + T(kGeluCubic) * v2 * v));
         const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v2);
@@ -235,18 +260,41 @@ void unary_grad_typed(UnaryGradOp op, const Tensor& x, const Tensor& dy, const T
       });
     case UnaryGradOp::gelu_erf:
       // d/dx = Phi(x) + x phi(x)
-      return map2<T>(x, dy, out, [](T v, T g) {
+      return run([](T v, T g) {
         const T cdf = T(0.5) * (T(1) + std::erf(v * T(kInvSqrt2)));
         const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
         return g * (cdf + v * pdf);
       });
     case UnaryGradOp::silu:
       // d/dx = s (1 + x (1 - s)),  s = sigmoid(x)
-      return map2<T>(x, dy, out, [](T v, T g) {
+      return run([](T v, T g) {
         const T sg = sigmoid_of(v);
         return g * (sg * (T(1) + v * (T(1) - sg)));
       });
   }
+}
+
+template <class T>
+void unary_typed(UnaryOp op, const Tensor& a, const Tensor& out, double sd) {
+  with_unary<T>(op, sd, [&](auto f) { map1<T>(a, out, f); });
+}
+
+template <class T>
+void unary_grad_typed(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out) {
+  with_unary_grad<T>(op, [&](auto f) { map2<T>(x, dy, out, f); });
+}
+
+// The bias-fused forms: the sum x + b is rounded to T first, as a separate add would round it.
+template <class T>
+void bias_unary_typed(UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out) {
+  with_unary<T>(op, 0.0, [&](auto f) { map2<T>(a, bias, out, [f](T x, T b) { return f(static_cast<T>(x + b)); }); });
+}
+
+template <class T>
+void bias_unary_grad_typed(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out) {
+  with_unary_grad<T>(op, [&](auto f) {
+    map3<T>(x, bias, dy, out, [f](T v, T b, T g) { return f(static_cast<T>(v + b), g); });
+  });
 }
 
 template <class T>
@@ -282,6 +330,16 @@ void unary_forward(UnaryOp op, const Tensor& a, const Tensor& out, double s) {
 
 void unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out) {
   dispatch_float(out.dtype(), [&](auto tag) { unary_grad_typed<decltype(tag)>(op, x, dy, out); });
+}
+
+void bias_unary_forward(UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out) {
+  const Tensor rows = bias.expand(a.shape());
+  dispatch_float(out.dtype(), [&](auto tag) { bias_unary_typed<decltype(tag)>(op, a, rows, out); });
+}
+
+void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out) {
+  const Tensor rows = bias.expand(x.shape());
+  dispatch_float(out.dtype(), [&](auto tag) { bias_unary_grad_typed<decltype(tag)>(op, x, rows, dy, out); });
 }
 
 void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {

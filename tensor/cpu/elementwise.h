@@ -22,6 +22,10 @@ void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor&
 // out = f(a) (scalar ops use s); float32/float64.
 void unary_forward(UnaryOp op, const Tensor& a, const Tensor& out, double s = 0.0);
 void unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out);
+// Bias-fused forms (a Linear's bias and its activation in one pass): out = f(a + bias) and
+// out = dy * f'(x + bias), bias a 1-d [C] added along the last dim of a (x, dy: a's shape).
+void bias_unary_forward(UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out);
+void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out);
 // out (bool) = a (op) b for any equal dtype of a and b.
 void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void logical_and_forward(const Tensor& a, const Tensor& b, const Tensor& out);

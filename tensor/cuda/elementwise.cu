@@ -128,6 +128,21 @@ __global__ void unary_grad_kernel(int op, const T* x, Geometry gx, const T* dy, 
   QKV_GRID_LOOP(i, n) out[i] = apply_unary_grad<T>(op, x[offset_of(i, gx)], dy[offset_of(i, gdy)]);
 }
 
+// The bias-fused forms: a Linear's bias (bias[i mod C], out contiguous) and its activation in one
+// pass, x + b rounded to T first as a separate add would round it.
+template <class T>
+__global__ void bias_unary_kernel(int op, const T* a, Geometry ga, const T* bias, int64_t C, T* out, int64_t n) {
+  QKV_GRID_LOOP(i, n) out[i] = apply_unary<T>(op, static_cast<T>(a[offset_of(i, ga)] + bias[i % C]), T(0));
+}
+
+template <class T>
+__global__ void bias_unary_grad_kernel(int op, const T* x, Geometry gx, const T* bias, int64_t C, const T* dy,
+                                       Geometry gdy, T* out, int64_t n) {
+  QKV_GRID_LOOP(i, n) {
+    out[i] = apply_unary_grad<T>(op, static_cast<T>(x[offset_of(i, gx)] + bias[i % C]), dy[offset_of(i, gdy)]);
+  }
+}
+
 template <class T>
 __global__ void add_inplace_kernel(T* a, Geometry ga, const T* b, Geometry gb, int64_t n, T alpha, bool unit) {
   QKV_GRID_LOOP(i, n) {
@@ -269,6 +284,33 @@ void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, cons
     unary_grad_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(x), gx, ptr<T>(dy), gdy, ptr<T>(out), n);
   });
   QKV_CUDA_LAUNCHED("unary_grad_kernel");
+}
+
+void bias_unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Tensor b = bias.contiguous();
+  const Geometry ga = geometry_of(a, "bias_unary");
+  with_float(out.dtype(), "bias_unary", [&](auto tag) {
+    using T = decltype(tag);
+    bias_unary_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), b.numel(),
+                                                      ptr<T>(out), n);
+  });
+  QKV_CUDA_LAUNCHED("bias_unary_kernel");
+}
+
+void bias_unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy,
+                         const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Tensor b = bias.contiguous();
+  const Geometry gx = geometry_of(x, "bias_unary_backward"), gdy = geometry_of(dy, "bias_unary_backward");
+  with_float(out.dtype(), "bias_unary_backward", [&](auto tag) {
+    using T = decltype(tag);
+    bias_unary_grad_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(x), gx, ptr<T>(b), b.numel(),
+                                                           ptr<T>(dy), gdy, ptr<T>(out), n);
+  });
+  QKV_CUDA_LAUNCHED("bias_unary_grad_kernel");
 }
 
 void add_inplace(const Tensor& a, const Tensor& b, double alpha) {

@@ -18,6 +18,8 @@ constexpr int kMaxDims = 8;
 void binary_forward(cpu::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& out, double s);
 void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out);
+void bias_unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out);
+void bias_unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out);
 void compare_forward(cpu::CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void logical_and_forward(const Tensor& a, const Tensor& b, const Tensor& out);
 void logical_not_forward(const Tensor& a, const Tensor& out);

@@ -96,12 +96,8 @@ void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Ten
   }
 }
 
-__global__ void fill_rows_kernel(float* out, int64_t rows, int64_t cols, int64_t ld, const float* row, int64_t rs) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[(i / cols) * ld + i % cols] = row[(i % cols) * rs];
-}
-__global__ void fill_rows_kernel(double* out, int64_t rows, int64_t cols, int64_t ld, const double* row, int64_t rs) {
+template <class T>
+__global__ void fill_rows_kernel(T* out, int64_t rows, int64_t cols, int64_t ld, const T* row, int64_t rs) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[(i / cols) * ld + i % cols] = row[(i % cols) * rs];
@@ -156,11 +152,11 @@ void fill_rows(const Tensor& out, const Tensor& row) {
   if (R * C == 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>((R * C + 255) / 256, 1 << 16));
   if (out.dtype() == DType::f32)
-    fill_rows_kernel<<<blocks, 256>>>(static_cast<float*>(out.raw_data()), R, C, out.stride(0),
-                                      static_cast<const float*>(row.raw_data()), row.stride(0));
+    fill_rows_kernel<float><<<blocks, 256>>>(static_cast<float*>(out.raw_data()), R, C, out.stride(0),
+                                             static_cast<const float*>(row.raw_data()), row.stride(0));
   else
-    fill_rows_kernel<<<blocks, 256>>>(static_cast<double*>(out.raw_data()), R, C, out.stride(0),
-                                      static_cast<const double*>(row.raw_data()), row.stride(0));
+    fill_rows_kernel<double><<<blocks, 256>>>(static_cast<double*>(out.raw_data()), R, C, out.stride(0),
+                                              static_cast<const double*>(row.raw_data()), row.stride(0));
   QKV_CUDA_LAUNCHED("fill_rows_kernel");
 }
 

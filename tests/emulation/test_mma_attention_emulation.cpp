@@ -1,5 +1,5 @@
 // The tensor-core attention kernels (attention/cuda/mma_attention_kernels.cuh, the very source the
-// CUDA build compiles) run on the host through mma_emulator.h, so CI, which has no GPU, checks them:
+// CUDA build compiles) run on the host through cuda_emulator.h, so CI, which has no GPU, checks them:
 // O, lse, dQ, dK and dV against float64 attention by the accuracy rule of
 // tests/test_cuda_attention_mma.cpp (max error at most 2x (O, lse, dQ) or 4x (dK, dV) that of a naive
 // all-bf16 attention, + 1e-5), no shared-memory races or reads of unwritten shared memory, warp
@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "mma_emulator.h"
+#include "cuda_emulator.h"
 
 // after the emulator: it defines QKV_MMA_EMULATION and the CUDA names the kernels use
 #include "attention/cuda/mma_attention_kernels.cuh"
@@ -33,7 +33,7 @@ namespace {
 
 namespace kernels = qkv::attn::cuda_mma;
 
-double bf16_of(double x) { return mma_emu::bf16_value(mma_emu::bf16_bits(static_cast<float>(x))); }
+double bf16_of(double x) { return cuda_emu::bf16_value(cuda_emu::bf16_bits(static_cast<float>(x))); }
 
 struct Case {
   int B, Hq, Hkv, Nq, Nk, D;
@@ -171,7 +171,7 @@ template <int D>
 void launch_forward(const kernels::Params& a, int heads) {
   for (int y = 0; y < blocks_of(a.Nq); ++y)
     for (int x = 0; x < heads; ++x)
-      mma_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::forward_smem<D>(),
+      cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::forward_smem<D>(),
                          [&] { kernels::forward_kernel<D>(a); });
 }
 
@@ -180,16 +180,16 @@ void launch_backward(const kernels::Params& a, int B, int64_t qrows, int64_t kro
   constexpr int tile = kernels::kBackwardTile<D>;
   if (qrows > 0) {
     for (int x = 0; x < int((qrows + kernels::kWarps - 1) / kernels::kWarps); ++x)
-      mma_emu::run_block({unsigned(x), 0, 0}, kernels::kThreads, 0, [&] { kernels::di_kernel(a, qrows, D); });
+      cuda_emu::run_block({unsigned(x), 0, 0}, kernels::kThreads, 0, [&] { kernels::di_kernel(a, qrows, D); });
     for (int y = 0; y < blocks_of(a.Nq); ++y)
       for (int x = 0; x < B * a.Hq; ++x)
-        mma_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dq_smem<D, tile>(),
+        cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dq_smem<D, tile>(),
                            [&] { kernels::dq_kernel<D, tile>(a); });
   }
   if (krows > 0)
     for (int y = 0; y < blocks_of(a.Nk); ++y)
       for (int x = 0; x < B * a.Hkv; ++x)
-        mma_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dkv_smem<D, tile>(),
+        cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dkv_smem<D, tile>(),
                            [&] { kernels::dkv_kernel<D, tile>(a); });
 }
 
@@ -358,6 +358,6 @@ int main(int argc, char** argv) {
   std::printf("worst error/bound:");
   for (int t = 0; t < kOutputs; ++t) std::printf(" %s %.2f", kOutputNames[t], worst_ratio[t]);
   std::printf("\n%zu cases, %d failed, %ld shared-memory races, %ld reads of unwritten shared memory\n", cases.size(),
-              failures, mma_emu::g_races, mma_emu::g_uninitialised_reads);
-  return failures || mma_emu::g_races || mma_emu::g_uninitialised_reads ? 1 : 0;
+              failures, cuda_emu::g_races, cuda_emu::g_uninitialised_reads);
+  return failures || cuda_emu::g_races || cuda_emu::g_uninitialised_reads ? 1 : 0;
 }
