@@ -84,6 +84,51 @@ struct CudaAttentionBackward : autograd::Node {
     plan.reset();
   }
 };
+
+// attention_packed's node on the device: the kernels read q, k, v in place from qkv and dO from the
+// token-major gradient (transposed views, rows contiguous); dq, dk, dv come back per head and are
+// copied into the head slices of one dqkv, with no zero fill and no sum of three full-size
+// narrow gradients. Only the token-major output is kept (the head-major one is freed).
+struct CudaPackedAttentionBackward : autograd::Node {
+  Tensor qkv, out, lse;  // out: the token-major [B,N,Hq,D] result (detached)
+  std::shared_ptr<const cuda_fused::Plan> plan;
+  bool tensor_cores = false;
+  const char* name() const override {
+    return tensor_cores ? "CudaMmaPackedAttentionBackward" : "CudaPackedAttentionBackward";
+  }
+  std::vector<Tensor> backward(const Tensor& dout) override {
+    const Problem& p = plan->p;
+    auto heads = [&](const Tensor& t, int64_t start, int64_t len) { return t.narrow(2, start, len).transpose(1, 2); };
+    const Tensor q = heads(qkv, 0, p.Hq), k = heads(qkv, p.Hq, p.Hkv), v = heads(qkv, p.Hq + p.Hkv, p.Hkv);
+    const Tensor dout_h = dout.transpose(1, 2), out_h = out.transpose(1, 2);
+    FusedGrads g = tensor_cores ? cuda_mma::backward(dout_h, q, k, v, out_h, lse, *plan)
+                                : cuda_fused::backward(dout_h, q, k, v, out_h, lse, *plan);
+    Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+    copy_(heads(dqkv, 0, p.Hq), g.dq);
+    copy_(heads(dqkv, p.Hq, p.Hkv), g.dk);
+    copy_(heads(dqkv, p.Hq + p.Hkv, p.Hkv), g.dv);
+    return {dqkv};
+  }
+  void release() override {
+    qkv = out = lse = Tensor();
+    plan.reset();
+  }
+};
+#endif
+
+#ifdef QKV_WITH_CUDA
+// The CUDA forward by the kernels chosen (tensor cores or float32), then the fully-masked-row
+// policy `error`, which needs the lse on the host.
+FusedForward device_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
+                            const cuda_fused::Plan& plan, bool tensor_cores) {
+  FusedForward f = tensor_cores ? cuda_mma::forward(q, k, v, plan) : cuda_fused::forward(q, k, v, plan);
+  if (opts.fully_masked == FullyMasked::error) {
+    const std::vector<double> lse = f.lse.to_vector();
+    for (size_t r = 0; r < lse.size(); ++r)
+      if (std::isinf(lse[r])) fail_fully_masked(plan.p, static_cast<int64_t>(r));
+  }
+  return f;
+}
 #endif
 
 // Device tensors: the CUDA fused kernels where they support the options, else the composed
@@ -98,12 +143,7 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     QKV_CHECK(k.device() == q.device() && v.device() == q.device(), "[attention] q, k and v must be on one device");
     auto plan = cuda_fused::make_plan(opts, p);
     const bool tensor_cores = bf16_operands && cuda_mma::enabled() && cuda_mma::supported(opts, p);
-    FusedForward f = tensor_cores ? cuda_mma::forward(q, k, v, *plan) : cuda_fused::forward(q, k, v, *plan);
-    if (opts.fully_masked == FullyMasked::error) {
-      const std::vector<double> lse = f.lse.to_vector();
-      for (size_t r = 0; r < lse.size(); ++r)
-        if (std::isinf(lse[r])) fail_fully_masked(p, static_cast<int64_t>(r));
-    }
+    FusedForward f = device_forward(q, k, v, opts, *plan, tensor_cores);
     if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
     auto node = std::make_shared<CudaAttentionBackward>();
     node->q = detached(q);
@@ -154,6 +194,28 @@ Tensor attention_packed_on(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
             "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
             qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
   const bool grad = autograd::any_requires_grad({&qkv});
+#ifdef QKV_WITH_CUDA
+  if (qkv.device() == Device::cuda && qkv.stride(3) == 1 && !routes_to_reference(opts) && !opts.check_invariants) {
+    auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
+    const Tensor q = heads(0, q_heads), k = heads(q_heads, kv_heads), v = heads(q_heads + kv_heads, kv_heads);
+    const Problem p = check_problem(q, k, v, opts);
+    if (cuda_fused::supported(opts, p)) {
+      auto plan = cuda_fused::make_plan(opts, p);
+      const bool tensor_cores = bf16_operands && cuda_mma::enabled() && cuda_mma::supported(opts, p);
+      FusedForward f = device_forward(q, k, v, opts, *plan, tensor_cores);
+      Tensor out = f.out.transpose(1, 2).contiguous();  // [B, N, Hq, D]
+      f.out = Tensor();                                  // the head-major result is not kept
+      if (!grad) return out;
+      auto node = std::make_shared<CudaPackedAttentionBackward>();
+      node->qkv = detached(qkv);
+      node->out = detached(out);
+      node->lse = f.lse;
+      node->plan = plan;
+      node->tensor_cores = tensor_cores;
+      return autograd::record(out, node, {qkv});
+    }
+  }
+#endif
   const bool fused = qkv.device() == Device::cpu && !routes_to_reference(opts) && !opts.check_invariants &&
                      !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})) && qkv.stride(3) == 1;
   if (!fused) {

@@ -408,6 +408,54 @@ TEST_CASE("CUDA fused attention matches the CPU fused kernel: masks, GQA, ALiBi,
   if (const char* mode = std::getenv("QKV_CUDA_ATTENTION")) std::printf("[cuda] attention kernels: %s\n", mode);
 }
 
+TEST_CASE("attention_packed on the device: its own node, equal to attention on the split views, fp32 and bf16",
+          "[cuda]") {
+  if (!test::cuda_device_present()) return;
+  struct Case {
+    int64_t hq, hkv, D;
+    double dropout;
+    bool bf16;  // autocast: the tensor-core kernels (D 64)
+  };
+  for (const Case c : {Case{4, 4, 16, 0.0, false}, Case{4, 2, 24, 0.2, false}, Case{2, 1, 64, 0.0, true}}) {
+    INFO("Hq=" << c.hq << " Hkv=" << c.hkv << " D=" << c.D << " dropout " << c.dropout << (c.bf16 ? " bf16" : ""));
+    const int64_t B = 2, N = 70, H = c.hq + 2 * c.hkv;
+    const Tensor qkv0 = randn({B, N, H, c.D}, 60 + c.hq, 0, 0.0, 1.0), dout = randn({B, N, c.hq, c.D}, 61, 0, 0.0, 1.0);
+    attn::AttentionOptions o;
+    o.causal = true;
+    o.dropout_p = c.dropout;
+    o.dropout_seed = 3;
+    o.dropout_offset = 9;
+    // packed(dev, split): out and dqkv from attention_packed, or from attention on the split views.
+    auto run = [&](Device dev, bool split) {
+      autograd::AutocastGuard autocast(c.bf16);
+      Tensor qkv = qkv0.to(dev);
+      qkv.set_requires_grad(true);
+      Tensor out;
+      if (split) {
+        auto heads = [&](int64_t s0, int64_t n) { return ag::transpose(ag::narrow(qkv, 2, s0, n), 1, 2); };
+        out = ag::transpose(attn::attention(heads(0, c.hq), heads(c.hq, c.hkv), heads(c.hq + c.hkv, c.hkv), o), 1, 2);
+      } else {
+        out = attn::attention_packed(qkv, c.hq, c.hkv, o);
+        CHECK(out.is_contiguous());
+        if (dev == Device::cuda && !c.bf16) {  // (under autocast the output's node rounds the gradient)
+          REQUIRE(out.grad_fn());
+          CHECK(std::string(out.grad_fn()->name()) == "CudaPackedAttentionBackward");
+        }
+      }
+      autograd::backward(out, dout.to(dev));
+      return std::make_pair(host(out), host(qkv.grad()));
+    };
+    const auto [p_out, p_grad] = run(Device::cuda, false);
+    const auto [s_out, s_grad] = run(Device::cuda, true);
+    const auto [c_out, c_grad] = run(Device::cpu, false);
+    CHECK(max_abs_diff(p_out, s_out) == 0.0);
+    CHECK(max_abs_diff(p_grad, s_grad) == 0.0);
+    // Against the CPU: float32 kernels to rounding; the tensor-core ones to bf16's precision.
+    CHECK(rel_err(gpu(p_out), c_out) <= (c.bf16 ? 2e-2 : 1e-5));
+    CHECK(rel_err(gpu(p_grad), c_grad) <= (c.bf16 ? 5e-2 : 1e-4));
+  }
+}
+
 TEST_CASE("KV-cached decoding on the device reproduces the device's full forward", "[cuda]") {
   if (!test::cuda_device_present()) return;
   Config cfg;
