@@ -187,52 +187,14 @@ Tensor attention_on(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   return autograd::record(f.out, node, {q, k, v});
 }
 
-// attention_packed() past its autocast branch (`bf16_operands` as in attention_on).
-Tensor attention_packed_on(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts,
-                           bool bf16_operands) {
-  QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
-            "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
-            qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
-  const bool grad = autograd::any_requires_grad({&qkv});
-#ifdef QKV_WITH_CUDA
-  if (qkv.device() == Device::cuda && qkv.stride(3) == 1 && !routes_to_reference(opts) && !opts.check_invariants) {
-    auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
-    const Tensor q = heads(0, q_heads), k = heads(q_heads, kv_heads), v = heads(q_heads + kv_heads, kv_heads);
-    const Problem p = check_problem(q, k, v, opts);
-    if (cuda_fused::supported(opts, p)) {
-      auto plan = cuda_fused::make_plan(opts, p);
-      const bool tensor_cores = bf16_operands && cuda_mma::enabled() && cuda_mma::supported(opts, p);
-      FusedForward f = device_forward(q, k, v, opts, *plan, tensor_cores);
-      Tensor out = f.out.transpose(1, 2).contiguous();  // [B, N, Hq, D]
-      f.out = Tensor();                                  // the head-major result is not kept
-      if (!grad) return out;
-      auto node = std::make_shared<CudaPackedAttentionBackward>();
-      node->qkv = detached(qkv);
-      node->out = detached(out);
-      node->lse = f.lse;
-      node->plan = plan;
-      node->tensor_cores = tensor_cores;
-      return autograd::record(out, node, {qkv});
-    }
-  }
-#endif
-  const bool fused = qkv.device() == Device::cpu && !routes_to_reference(opts) && !opts.check_invariants &&
-                     !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias})) && qkv.stride(3) == 1;
-  if (!fused) {
-    // The composed views: the plain op handles every option (and its errors).
-    auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
-    Tensor y = attention_on(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), opts,
-                            bf16_operands);
-    return ag::contiguous(ag::transpose(y, 1, 2));
-  }
-  auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
-  const Tensor q = heads(0, q_heads), k = heads(q_heads, kv_heads), v = heads(q_heads + kv_heads, kv_heads);
-  const Problem p = check_problem(q, k, v, opts);
+// attention_packed on the CPU fused kernel: O written token-major, dqkv by PackedAttentionBackward.
+Tensor packed_on_cpu(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Problem& p,
+                     const AttentionOptions& opts) {
   auto plan = std::make_shared<const MaskPlan>(p.shape(), opts, p.dtype);
   auto drop = std::make_shared<const DropoutDraw>(opts, p.Hq);
   FusedForward f = fused_attention_forward(q, k, v, p, *plan, *drop, opts.fully_masked, /*token_major=*/true);
   Tensor out = f.out.transpose(1, 2);  // [B, N, Hq, D], contiguous
-  if (!grad) return out;
+  if (!autograd::any_requires_grad({&qkv})) return out;
   auto node = std::make_shared<PackedAttentionBackward>();
   node->qkv = detached(qkv);
   node->out = detached(out);
@@ -241,6 +203,52 @@ Tensor attention_packed_on(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
   node->plan = plan;
   node->drop = drop;
   return autograd::record(out, node, {qkv});
+}
+
+#ifdef QKV_WITH_CUDA
+// attention_packed on the CUDA kernels (tensor cores under bf16 autocast where they apply).
+Tensor packed_on_device(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Problem& p,
+                        const AttentionOptions& opts, bool bf16_operands) {
+  auto plan = cuda_fused::make_plan(opts, p);
+  const bool tensor_cores = bf16_operands && cuda_mma::enabled() && cuda_mma::supported(opts, p);
+  FusedForward f = device_forward(q, k, v, opts, *plan, tensor_cores);
+  Tensor out = f.out.transpose(1, 2).contiguous();  // [B, N, Hq, D]
+  f.out = Tensor();                                  // the head-major result is not kept
+  if (!autograd::any_requires_grad({&qkv})) return out;
+  auto node = std::make_shared<CudaPackedAttentionBackward>();
+  node->qkv = detached(qkv);
+  node->out = detached(out);
+  node->lse = f.lse;
+  node->plan = plan;
+  node->tensor_cores = tensor_cores;
+  return autograd::record(out, node, {qkv});
+}
+#endif
+
+// attention_packed() past its autocast branch (`bf16_operands` as in attention_on).
+Tensor attention_packed_on(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts,
+                           bool bf16_operands) {
+  QKV_CHECK(qkv.defined() && qkv.dim() == 4 && q_heads > 0 && kv_heads > 0 && qkv.size(2) == q_heads + 2 * kv_heads,
+            "[attention] packed qkv must be [B, N, Hq + 2·Hkv, D] with Hq=", q_heads, ", Hkv=", kv_heads, ", got ",
+            qkv.defined() ? shape_str(qkv.shape()) : std::string("undefined"));
+  // q, k, v read in place: [B, H, N, D] views of qkv's head slices (rows contiguous).
+  const bool in_place = qkv.stride(3) == 1 && !routes_to_reference(opts) && !opts.check_invariants &&
+                        !(opts.bias.defined() && autograd::any_requires_grad({&opts.bias}));
+  if (in_place) {
+    auto heads = [&](int64_t start, int64_t len) { return qkv.narrow(2, start, len).transpose(1, 2); };
+    const Tensor q = heads(0, q_heads), k = heads(q_heads, kv_heads), v = heads(q_heads + kv_heads, kv_heads);
+    const Problem p = check_problem(q, k, v, opts);
+    if (qkv.device() == Device::cpu) return packed_on_cpu(qkv, q, k, v, p, opts);
+#ifdef QKV_WITH_CUDA
+    if (qkv.device() == Device::cuda && cuda_fused::supported(opts, p))
+      return packed_on_device(qkv, q, k, v, p, opts, bf16_operands);
+#endif
+  }
+  // The composed views: the plain op handles every option (and its errors).
+  auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
+  Tensor y = attention_on(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), opts,
+                          bf16_operands);
+  return ag::contiguous(ag::transpose(y, 1, 2));
 }
 
 }  // namespace
