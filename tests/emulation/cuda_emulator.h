@@ -539,12 +539,24 @@ inline void run_block(uint3 block, int threads, size_t shared_bytes, const std::
   g_shared = SharedMemory{};
 }
 
-// Runs every block of a grid, in order (z, y, x), each through run_block.
+// Runs every block of a grid through run_block, one after another in a random order (a GPU gives
+// no order either): a kernel whose result depends on the order of its blocks (one block reading
+// what another writes, or two writing one address) then differs from run to run, which the
+// tests' bitwise run-to-run checks catch.
 inline void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& kernel) {
   gridDim = {grid.x, grid.y, grid.z};
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) run_block({x, y, z}, static_cast<int>(block.x), shared_bytes, kernel);
+  const uint64_t count = uint64_t{grid.x} * grid.y * grid.z;
+  std::vector<uint64_t> order(count);
+  for (uint64_t i = 0; i < count; ++i) order[i] = i;
+  for (uint64_t i = count; i > 1; --i) {
+    const uint64_t j = (uint64_t{g_rng()} << 32 | g_rng()) % i;
+    std::swap(order[i - 1], order[j]);
+  }
+  for (const uint64_t i : order) {
+    const unsigned x = static_cast<unsigned>(i % grid.x), y = static_cast<unsigned>(i / grid.x % grid.y),
+                   z = static_cast<unsigned>(i / (uint64_t{grid.x} * grid.y));
+    run_block({x, y, z}, static_cast<int>(block.x), shared_bytes, kernel);
+  }
 }
 
 }  // namespace cuda_emu
