@@ -71,7 +71,8 @@ Tensor dropout(const Tensor& a, double p, uint64_t seed, uint64_t offset);
 Tensor round_bf16(const Tensor& x);
 // round_grad_bf16(y) = y; its gradient is rounded to bfloat16 on the way back.
 Tensor round_grad_bf16(const Tensor& y);
-// When autocast is on and x is float32: round_bf16(x); otherwise x itself.
+// When autocast is on and x is float32: round_bf16(x) (on the GPU x itself: the tensor-core GEMM
+// rounds its operands in converting them); otherwise x itself. For GEMM operands only.
 Tensor autocast_input(const Tensor& x);
 // When autocast is on and y is float32: round_grad_bf16(y); otherwise y itself.
 Tensor autocast_output(const Tensor& y);

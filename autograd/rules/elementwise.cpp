@@ -378,7 +378,13 @@ Tensor round_grad_bf16(const Tensor& y) {
 }
 
 Tensor autocast_input(const Tensor& x) {
-  return autograd::autocast_bf16() && x.defined() && x.dtype() == DType::f32 ? round_bf16(x) : x;
+  if (!(autograd::autocast_bf16() && x.defined() && x.dtype() == DType::f32)) return x;
+  // On the GPU the GEMM converts its operands to bf16 storage for cuBLAS, and that conversion
+  // rounds (nearest, ties to even) exactly as round_bf16 does, in forward and when the saved
+  // operand is converted again in backward: a separate rounding pass would only add a read and a
+  // write of x.
+  if (x.device() == Device::cuda) return x;
+  return round_bf16(x);
 }
 
 Tensor autocast_output(const Tensor& y) {
