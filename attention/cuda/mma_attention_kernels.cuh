@@ -2,9 +2,9 @@
 // mma_attention.h): kernels, their building blocks and the Params they take. A header so that the
 // host emulation test (tests/emulation/) compiles this very code with a host compiler: it defines
 // QKV_MMA_EMULATION and supplies, before including this file, the CUDA names used here (thread
-// indices, vector types, bf16, __syncthreads, __shfl_xor_sync) and the three hooks below
-// (mma_bf16_m16n8k16, QKV_DYNAMIC_SMEM, QKV_SMEM_READ). Everything sits in an unnamed namespace,
-// as it did in the .cu: each includer gets its own internal copy.
+// indices, vector types, bf16, __syncthreads, __shfl_xor_sync) and the four hooks below
+// (mma_bf16_m16n8k16, ldmatrix_x4, ldmatrix_x2, QKV_DYNAMIC_SMEM). Everything sits in an unnamed
+// namespace, as it did in the .cu: each includer gets its own internal copy.
 //
 // Per (b, h) with s = scale, pos_i = Nk − Nq + i, and visible(i, j) the structural mask
 //   j < key_end (= min(Nk, key_lengths[b]))  and  j <= pos_i (causal or window)  and  j > pos_i − w (window w),
@@ -20,14 +20,19 @@
 //   A (16 × 16, row-major):  a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]
 //   B (16 × 8, k × n):       b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C (16 × 8, float32):     c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..2t+1]
-// (two bf16 per 32-bit register, the lower index in the low half). Every B operand here is kept in
-// shared memory as Bᵀ, i.e. [n][k] with k contiguous, so b0 and b1 are single 32-bit loads; that is
-// why V (forward), K (dQ) and Q, dO (dK/dV) are staged a second time transposed. The C layout of
+// (two bf16 per 32-bit register, the lower index in the low half). Fragments come from shared
+// memory by ldmatrix (m8n8, b16): each 8 × 8 bf16 matrix is named by the addresses of its 8 rows
+// (16 bytes each, given by lanes 8i..8i+7 for matrix i), and lane l receives row l/4, columns
+// 2(l%4)..2(l%4)+1 of matrix i in register i: exactly the A/B fragment layout above. So an A
+// fragment is one .x4 (matrices: rows 0-7 / 8-15 × columns 0-7 / 8-15), and a B fragment one .x2
+// of Bᵀ rows. Every B operand here is kept in shared memory as Bᵀ, i.e. [n][k] with k contiguous;
+// that is why V (forward), K (dQ) and Q, dO (dK/dV) are staged a second time transposed. The C layout of
 // two adjacent 8-column tiles is the A layout of one 16-wide k-step, so P and dS go from the
 // accumulators of one product straight into the A registers of the next.
 //
-// Shared-memory rows are padded by 8 bf16 (16 bytes): with a row stride of 16 bytes mod 128, the 32
-// lanes of a fragment load (rows g, words t) hit 32 different banks.
+// Shared-memory rows are padded by 8 bf16 (16 bytes): with a row stride of 16 bytes mod 128, the 8
+// rows of one ldmatrix phase (16 bytes each) hit 32 different banks, and every row address stays
+// 16-byte aligned, as ldmatrix requires.
 #pragma once
 
 #include <cmath>
@@ -39,9 +44,6 @@
 
 // The block's dynamic shared memory (its size is the launch's third parameter).
 #define QKV_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-// A shared-memory read of `bytes` at p: nothing on the device; the emulator records it for its
-// race and uninitialised-read checks.
-#define QKV_SMEM_READ(p, bytes) ((void)0)
 #endif
 
 namespace qkv::attn::cuda_mma {
@@ -122,24 +124,32 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], const uint32_t 
 }
 #endif
 
+// ldmatrix .x4 / .x2 (layout at the top of the file): `row` is this lane's row address. Every lane
+// of the warp takes part. The host emulator defines its own, which gathers the lanes' addresses.
+#ifndef QKV_MMA_EMULATION
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const bf16* row) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
+#endif
+
 // Two floats rounded to bf16 (nearest even), `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-// The bf16 pair at p (shared memory) as one 32-bit fragment register.
-__device__ __forceinline__ uint32_t pair_at(const bf16* p) {
-  QKV_SMEM_READ(p, 4);
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// A fragment of the 16 × 16 block at `a` (row-major, row stride lda, in shared memory).
+// A fragment of the 16 × 16 block at `a` (row-major, row stride lda, in shared memory): lanes
+// 0-7 name rows 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 at column 8 (a2), 24-31 rows 8-15
+// at column 8 (a3).
 __device__ __forceinline__ void load_a(uint32_t (&f)[4], const bf16* a, int lda, int lane) {
-  const bf16* p = a + (lane >> 2) * lda + 2 * (lane & 3);
-  f[0] = pair_at(p);
-  f[1] = pair_at(p + 8 * lda);
-  f[2] = pair_at(p + 8);
-  f[3] = pair_at(p + 8 * lda + 8);
+  ldmatrix_x4(f, a + ((lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 8);
 }
 // A fragments of two float32 rows in global memory (rows g and g + 8 of a warp's 16; null = a zero
 // row past the end), all KS k-steps of the head dim.
@@ -160,10 +170,10 @@ __device__ __forceinline__ void load_a_rows(uint32_t (&f)[KS][4], const float* r
   }
 }
 // B fragment of a 16 (k) × 8 (n) block stored transposed at `bt`: [n][k], row stride ldb.
+// Lanes 0-7 name rows n = 0-7 at k 0 (b0), lanes 8-15 the same rows at k 8 (b1); the .x2 form
+// ignores lanes 16-31's addresses.
 __device__ __forceinline__ void load_bt(uint32_t& b0, uint32_t& b1, const bf16* bt, int ldb, int lane) {
-  const bf16* p = bt + (lane >> 2) * ldb + 2 * (lane & 3);
-  b0 = pair_at(p);
-  b1 = pair_at(p + 8);
+  ldmatrix_x2(b0, b1, bt + (lane & 7) * ldb + ((lane >> 3) & 1) * 8);
 }
 
 // c (16 × 8·NT) += A (16 × 16·KS, fragments) · B, B given as Bᵀ rows [8·NT][16·KS] at bt.

@@ -19,8 +19,13 @@
 // not from the kernels' own layout comment, so a kernel that packs a fragment wrongly gets a wrong
 // product. Each element must come from exactly one lane.
 //
+// ldmatrix_x4 / ldmatrix_x2 (m8n8 .b16) gather the rows named by the lanes' addresses and hand each
+// lane its fragment words, by the PTX ISA's layout: lanes 8i..8i+7 name the 8 rows of matrix i
+// (16-byte aligned, else an abort), and lane l receives row l/4, elements 2(l%4), 2(l%4)+1 of
+// matrix i in register i.
+//
 // Dynamic shared memory is a buffer of exactly the launch's size, filled with garbage. Stores of
-// bf16, uint2 and float2 and the fragment reads (QKV_SMEM_READ in pair_at) are recorded per byte
+// bf16, uint2 and float2 and the rows ldmatrix reads are recorded per byte
 // with the barrier interval ("epoch") and thread; two different threads touching a byte in one
 // epoch where at least one writes (RAW, WAR, WAW) is a race, reading a never-written byte is an
 // uninitialised read, and an access past the buffer aborts. (Plain float stores and loads are not
@@ -145,7 +150,6 @@ inline unsigned char* dynamic_shared_memory() { return g_shared.data; }
 }  // namespace cuda_emu
 
 #define QKV_DYNAMIC_SMEM(name) unsigned char* name = cuda_emu::dynamic_shared_memory()
-#define QKV_SMEM_READ(p, bytes) cuda_emu::record_read(p, bytes)
 
 // ---- The device math library's min and max on mixed arithmetic types (the usual conversions).
 template <class A, class B>
@@ -276,7 +280,7 @@ inline float __half2float(__half h) { return cuda_emu::half_value(h.bits); }
 namespace cuda_emu {
 
 enum class State { ready, at_warp_collective, at_barrier, exited };
-enum class Collective { none, shuffle, mma };
+enum class Collective { none, shuffle, mma, ldmatrix };
 
 constexpr size_t kStackBytes = 256 * 1024;
 
@@ -328,6 +332,10 @@ struct Fiber {
   unsigned shuffle_member_mask = 0;
   float* c = nullptr;
   uint32_t a[4] = {}, b0 = 0, b1 = 0;
+  long ldmatrix_calls = 0;
+  int ldmatrix_count = 0;                     // matrices: 4 or 2
+  const void* ldmatrix_row = nullptr;         // this lane's row address
+  uint32_t* ldmatrix_out[4] = {};             // where register i goes
 };
 
 inline std::vector<Fiber> g_fibers;
@@ -445,13 +453,37 @@ inline void start_fiber(Fiber& f) {
 #endif
 }
 
+// ldmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16 for one warp (layout at the top of the file).
+inline void resolve_ldmatrix(Fiber* lanes, int first_thread) {
+  const int matrices = lanes[0].ldmatrix_count;
+  for (int i = 0; i < matrices; ++i)
+    for (int r = 0; r < 8; ++r) {
+      const Fiber& f = lanes[8 * i + r];
+      if (reinterpret_cast<uintptr_t>(f.ldmatrix_row) % 16 != 0) fail("ldmatrix: a row address not 16-byte aligned");
+      size_t offset;
+      if (!shared_offset(f.ldmatrix_row, 16, &offset)) fail("ldmatrix: a row address outside shared memory");
+      threadIdx.x = static_cast<unsigned>(first_thread + 8 * i + r);  // the reader, for the race checker
+      record_read(f.ldmatrix_row, 16);
+    }
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < matrices; ++i) {
+      const unsigned char* row = static_cast<const unsigned char*>(lanes[8 * i + l / 4].ldmatrix_row);
+      uint32_t word;
+      std::memcpy(&word, row + 4 * (l % 4), sizeof(word));  // elements 2(l%4), 2(l%4)+1: low, high half
+      *lanes[l].ldmatrix_out[i] = word;
+    }
+}
+
 // Resolves the collective that all `count` lanes of a warp wait at.
-inline void resolve_collective(Fiber* lanes, int count) {
+inline void resolve_collective(Fiber* lanes, int count, int first_thread) {
   const Collective op = lanes[0].collective;
   for (int l = 0; l < count; ++l) {
     const Fiber& f = lanes[l];
     if (f.collective != op) fail("lanes of a warp at different collectives");
     if (op == Collective::mma && f.mma_calls != lanes[0].mma_calls) fail("lanes at different mma calls");
+    if (op == Collective::ldmatrix &&
+        (f.ldmatrix_calls != lanes[0].ldmatrix_calls || f.ldmatrix_count != lanes[0].ldmatrix_count))
+      fail("lanes at different ldmatrix calls");
     if (op == Collective::shuffle &&
         (f.shuffles != lanes[0].shuffles || f.shuffle_lane_mask != lanes[0].shuffle_lane_mask ||
          f.shuffle_bytes != lanes[0].shuffle_bytes))
@@ -460,6 +492,11 @@ inline void resolve_collective(Fiber* lanes, int count) {
   if (op == Collective::mma) {
     if (count != 32) fail("mma.sync in a warp of fewer than 32 threads");
     resolve_mma(lanes);
+    return;
+  }
+  if (op == Collective::ldmatrix) {
+    if (count != 32) fail("ldmatrix in a warp of fewer than 32 threads");
+    resolve_ldmatrix(lanes, first_thread);
     return;
   }
   // __shfl_xor_sync: every lane named in the member mask must take part, and each reads a lane
@@ -512,7 +549,7 @@ inline void run_block(uint3 block, int threads, size_t shared_bytes, const std::
       if (waiting == 0) continue;
       // A lane still ready would have run above, so the others have exited or wait at a barrier.
       if (waiting != count) fail("a warp collective without all lanes of the warp (divergence or exited lanes)");
-      resolve_collective(lanes, count);
+      resolve_collective(lanes, count, w * 32);
       for (int l = 0; l < count; ++l) {
         lanes[l].collective = Collective::none;
         lanes[l].state = State::ready;
@@ -593,4 +630,22 @@ inline void mma_bf16_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0
   f->b1 = b1;
   ++f->mma_calls;
   cuda_emu::suspend(cuda_emu::State::at_warp_collective);
+}
+
+inline void ldmatrix_collective(int matrices, const void* row, uint32_t* const* out) {
+  cuda_emu::Fiber* f = cuda_emu::g_current;
+  f->collective = cuda_emu::Collective::ldmatrix;
+  f->ldmatrix_count = matrices;
+  f->ldmatrix_row = row;
+  for (int i = 0; i < matrices; ++i) f->ldmatrix_out[i] = out[i];
+  ++f->ldmatrix_calls;
+  cuda_emu::suspend(cuda_emu::State::at_warp_collective);
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* row) {
+  uint32_t* const out[4] = {&r[0], &r[1], &r[2], &r[3]};
+  ldmatrix_collective(4, row, out);
+}
+inline void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const __nv_bfloat16* row) {
+  uint32_t* const out[2] = {&r0, &r1};
+  ldmatrix_collective(2, row, out);
 }

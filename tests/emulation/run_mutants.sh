@@ -49,8 +49,8 @@ mutant() {
 
 mutant unmutated ''
 # fragment layouts
-mutant load_a_swap 's/f\[1\] = pair_at(p + 8 \* lda);/f[1] = pair_at(p + 8);/; s/f\[2\] = pair_at(p + 8);/f[2] = pair_at(p + 8 * lda);/'
-mutant load_bt_row 's/b1 = pair_at(p + 8);/b1 = pair_at(p + 8 * ldb);/'
+mutant load_a_swap 's/ldmatrix_x4(f, a + ((lane \& 7) + ((lane >> 3) \& 1) \* 8) \* lda + (lane >> 4) \* 8);/ldmatrix_x4(f, a + ((lane \& 7) + (lane >> 4) * 8) * lda + ((lane >> 3) \& 1) * 8);/'
+mutant load_bt_row 's/ldmatrix_x2(b0, b1, bt + (lane \& 7) \* ldb + ((lane >> 3) \& 1) \* 8);/ldmatrix_x2(b0, b1, bt + (lane \& 7) * ldb + ((lane >> 3) \& 1) * 8 * ldb);/'
 mutant load_a_rows_col 's/f\[kk\]\[2\] = pair(row_g, kk \* 16 + c + 8);/f[kk][2] = pair(row_g, kk * 16 + c + 9);/'
 mutant pbt_tile 's/pack_bf16(p\[2 \* kk\]\[2\], p\[2 \* kk\]\[3\])/pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1])/'
 mutant store_col 's/make_float2(c\[n\]\[2 \* r\] \* mul, c\[n\]\[2 \* r + 1\] \* mul)/make_float2(c[n][2 * r + 1] * mul, c[n][2 * r] * mul)/'
