@@ -316,9 +316,19 @@ qkv_emu_switch:
 )");
 struct Context {
   void* sp = nullptr;
+  const void* stack_bottom = nullptr;  // for AddressSanitizer's fiber annotations
+  size_t stack_size = 0;
 };
 #else
 using Context = ucontext_t;
+#endif
+
+// AddressSanitizer must be told of every stack switch (else it misreads frames on the fibers'
+// stacks), and a reused fiber stack must be unpoisoned before it runs again.
+#if defined(__SANITIZE_ADDRESS__) && defined(__x86_64__)
+#define QKV_EMU_ASAN 1
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 struct Fiber {
@@ -341,10 +351,18 @@ struct Fiber {
 inline std::vector<Fiber> g_fibers;
 inline Context g_scheduler;
 
-inline void switch_to(Context* from, Context* to) {
-#if defined(__x86_64__)
+// `leaving`: the fiber switching away will never run again (AddressSanitizer frees its state).
+inline void switch_to(Context* from, Context* to, bool leaving = false) {
+#if defined(QKV_EMU_ASAN)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(leaving ? nullptr : &fake_stack, to->stack_bottom, to->stack_size);
+  qkv_emu_switch(&from->sp, to->sp);
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#elif defined(__x86_64__)
+  (void)leaving;
   qkv_emu_switch(&from->sp, to->sp);
 #else
+  (void)leaving;
   swapcontext(from, to);
 #endif
 }
@@ -432,9 +450,14 @@ inline void resolve_mma(Fiber* lanes) {
 }
 
 inline void fiber_main() {
+#if defined(QKV_EMU_ASAN)
+  // The first entry does not return from switch_to: finish the switch here, learning the
+  // scheduler's stack (the one switched from), which later switches back to it name.
+  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler.stack_bottom, &g_scheduler.stack_size);
+#endif
   g_kernel();
   g_current->state = State::exited;
-  switch_to(&g_current->context, &g_scheduler);
+  switch_to(&g_current->context, &g_scheduler, /*leaving=*/true);
 }
 
 // Resets `f` to the start of the kernel, on its own stack (kept from block to block).
@@ -451,6 +474,11 @@ inline void start_fiber(Fiber& f) {
   sp[0] = reinterpret_cast<void*>(&fiber_main);
   for (int r = 1; r <= 6; ++r) sp[-r] = nullptr;
   f.context.sp = &sp[-6];
+  f.context.stack_bottom = f.stack.get();
+  f.context.stack_size = kStackBytes;
+#if defined(QKV_EMU_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), kStackBytes);
+#endif
 #else
   getcontext(&f.context);
   f.context.uc_stack.ss_sp = f.stack.get();
