@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "attention/alibi.h"
@@ -80,46 +81,10 @@ struct MaxErr {
   }
 };
 
-}  // namespace
-
-TEST_CASE("fused attention matches the reference kernel in float32 over the mask grid", "[attention]") {
-  const char* masks[] = {"no mask", "bool mask", "causal", "key padding", "window", "bias", "causal+padding",
-                         "fully masked rows"};
-  const std::pair<int64_t, int64_t> heads[] = {{4, 4}, {4, 2}, {3, 1}};
-  const std::pair<int64_t, int64_t> lengths[] = {{70, 70}, {37, 130}};  // not multiples of the 64 tile
-  MaxErr err;
-  int cases = 0;
-  for (const char* mask : masks)
-    for (auto [hq, hkv] : heads)
-      for (auto [nq, nk] : lengths)
-        for (int drop = 0; drop < 2; ++drop) {
-          const Dims d{2, hq, hkv, nq, nk, 16};
-          AttentionOptions o = mask_options(mask, d, DType::f32);
-          if (drop) {
-            o.dropout_p = 0.2;
-            o.dropout_seed = 42;
-            o.dropout_offset = 7;
-          }
-          INFO(mask << " Hq=" << hq << " Hkv=" << hkv << " Nq=" << nq << " Nk=" << nk << " dropout=" << drop);
-          AttentionOptions r = o;
-          r.kernel = Kernel::reference;
-          const Run f = run(d, o, DType::f32, 10 + cases), ref = run(d, r, DType::f32, 10 + cases);
-          MaxErr one;
-          one.add(f, ref);
-          CHECK(one.out <= 1e-5);
-          CHECK(one.dq <= 1e-4);
-          CHECK(one.dk <= 1e-4);
-          CHECK(one.dv <= 1e-4);
-          err.add(f, ref);
-          ++cases;
-        }
-  std::printf("[attention] fused vs reference float32, %d cases: max rel err out %.2e dq %.2e dk %.2e dv %.2e\n", cases,
-              err.out, err.dq, err.dk, err.dv);
-  CHECK(cases == 96);
-}
-
-TEST_CASE("on the GPU, attention matches the CPU fused kernel over the same mask grid", "[attention][cuda]") {
-  if (!test::cuda_device_present()) return;
+// The attention issue's mask grid, 96 cases (8 masks × 3 head layouts × 2 sizes that are not
+// multiples of the 64 tile × dropout off/on, float32, D 16): runs(d, o, seed) gives the pair of
+// runs to compare; out within 1e-5 and the gradients within 1e-4 (relative). The worst errors.
+MaxErr check_mask_grid(const std::function<std::pair<Run, Run>(const Dims&, const AttentionOptions&, uint64_t)>& runs) {
   const char* masks[] = {"no mask", "bool mask", "causal", "key padding", "window", "bias", "causal+padding",
                          "fully masked rows"};
   const std::pair<int64_t, int64_t> heads[] = {{4, 4}, {4, 2}, {3, 1}};
@@ -138,21 +103,41 @@ TEST_CASE("on the GPU, attention matches the CPU fused kernel over the same mask
             o.dropout_offset = 7;
           }
           INFO(mask << " Hq=" << hq << " Hkv=" << hkv << " Nq=" << nq << " Nk=" << nk << " dropout=" << drop);
-          // The device takes its fused kernels, or the composed path for a bias or a bool mask; the
-          // dropout mask is the CPU's Philox draw either way.
-          const Run g = run(d, o, DType::f32, 10 + cases, Device::cuda), c = run(d, o, DType::f32, 10 + cases);
+          const auto [a, b] = runs(d, o, 10 + cases);
           MaxErr one;
-          one.add(g, c);
+          one.add(a, b);
           CHECK(one.out <= 1e-5);
           CHECK(one.dq <= 1e-4);
           CHECK(one.dk <= 1e-4);
           CHECK(one.dv <= 1e-4);
-          err.add(g, c);
+          err.add(a, b);
           ++cases;
         }
-  std::printf("[attention] cuda vs cpu float32, %d cases: max rel err out %.2e dq %.2e dk %.2e dv %.2e\n", cases,
-              err.out, err.dq, err.dk, err.dv);
   CHECK(cases == 96);
+  return err;
+}
+
+}  // namespace
+
+TEST_CASE("fused attention matches the reference kernel in float32 over the mask grid", "[attention]") {
+  const MaxErr err = check_mask_grid([](const Dims& d, const AttentionOptions& o, uint64_t seed) {
+    AttentionOptions r = o;
+    r.kernel = Kernel::reference;
+    return std::make_pair(run(d, o, DType::f32, seed), run(d, r, DType::f32, seed));
+  });
+  std::printf("[attention] fused vs reference float32, 96 cases: max rel err out %.2e dq %.2e dk %.2e dv %.2e\n",
+              err.out, err.dq, err.dk, err.dv);
+}
+
+TEST_CASE("on the GPU, attention matches the CPU fused kernel over the same mask grid", "[attention][cuda]") {
+  if (!test::cuda_device_present()) return;
+  // The device takes its fused kernels, or the composed path for a bias or a bool mask; the
+  // dropout mask is the CPU's Philox draw either way.
+  const MaxErr err = check_mask_grid([](const Dims& d, const AttentionOptions& o, uint64_t seed) {
+    return std::make_pair(run(d, o, DType::f32, seed, Device::cuda), run(d, o, DType::f32, seed));
+  });
+  std::printf("[attention] cuda vs cpu float32, 96 cases: max rel err out %.2e dq %.2e dk %.2e dv %.2e\n", err.out,
+              err.dq, err.dk, err.dv);
 }
 
 TEST_CASE("fused attention matches the reference at larger odd sizes with every feature on", "[attention]") {

@@ -95,8 +95,7 @@ void map2(const Tensor& x, const Tensor& y, const Tensor& out, F f) {
                       });
 }
 
-// out = f(x, y, z) over typed operands of one dtype (the contiguous case with a stride-0 y, a
-// broadcast row, gets its own loop).
+// out = f(x, y, z) over typed operands of one dtype.
 template <class T, class F>
 void map3(const Tensor& x, const Tensor& y, const Tensor& z, const Tensor& out, F f) {
   for_each_strided<4>(out.shape(), {&out.strides(), &x.strides(), &y.strides(), &z.strides()},
@@ -108,9 +107,6 @@ void map3(const Tensor& x, const Tensor& y, const Tensor& z, const Tensor& out, 
                         const T* c = p[3];
                         if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
                           for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i], c[i]);
-                        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0 && s[3] == 1) {
-                          const T bv = *b;
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv, c[i]);
                         } else {
                           for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]], c[i * s[3]]);
                         }

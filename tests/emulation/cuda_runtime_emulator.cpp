@@ -224,13 +224,6 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
   return cudaMemcpy(dst, src, bytes, kind);
 }
-cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
-  if (bytes == 0) return cudaSuccess;
-  if (!cuda_emu::is_device_range(ptr, bytes)) return refuse(cudaErrorInvalidValue, "cudaMemset outside device memory");
-  cuda_emu::DeviceAccess access;
-  std::memset(ptr, value, bytes);
-  return cudaSuccess;
-}
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
@@ -241,7 +234,6 @@ cudaError_t cudaGetLastError() {
   h.last_error = cudaSuccess;
   return e;
 }
-cudaError_t cudaPeekAtLastError() { return heap().last_error; }
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {

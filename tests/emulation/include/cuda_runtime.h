@@ -61,11 +61,9 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = nullptr);
-cudaError_t cudaMemset(void* ptr, int value, size_t bytes);
 cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaGetLastError();
-cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t error);
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value);
 }
