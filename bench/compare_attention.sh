@@ -4,7 +4,7 @@
 #   bench/compare_attention.sh [N...]          default N = 256 1024 4096, Hkv 8 and 2
 #
 # Runs `qkv bench --what attention --json` (reference and fused kernels) and
-# ../shared/bench/torch_attention_bench.py N HKV (PyTorch's manual matmul/mask/softmax/matmul),
+# bench/torch_reference.py attention --n N --hkv HKV (PyTorch's manual matmul/mask/softmax/matmul),
 # both with OMP_WAIT_POLICY=PASSIVE on THREADS threads (default 2), then prints per (N, Hkv): the
 # times, the fused kernel's speed-up over PyTorch and each one's extra memory (qkv: allocator
 # peak above what was in use; PyTorch: peak RSS growth). Builds nothing.
@@ -17,7 +17,7 @@ build="${BUILD_DIR:-build}"
 threads="${THREADS:-2}"
 py="${PYTHON:-/usr/bin/python3}"
 qkv="$build/qkv"
-torch_bench="$repo/../shared/bench/torch_attention_bench.py"
+torch_bench="$repo/bench/torch_reference.py"
 ns=("$@")
 [[ ${#ns[@]} -gt 0 ]] || ns=(256 1024 4096)
 
@@ -34,7 +34,7 @@ for n in "${ns[@]}"; do nargs+=(--n "$n"); done
   || { cat "$tmp/qkv.err" >&2; exit 1; }
 for n in "${ns[@]}"; do
   for hkv in 8 2; do
-    "$py" "$torch_bench" "$n" "$hkv" --threads "$threads" --json >"$tmp/torch.$n.$hkv" 2>&1 \
+    "$py" "$torch_bench" attention --n "$n" --hkv "$hkv" --threads "$threads" --json >"$tmp/torch.$n.$hkv" 2>&1 \
       || { cat "$tmp/torch.$n.$hkv" >&2; exit 1; }
     echo "torch N=$n hkv=$hkv done ($(cut -d' ' -f1-3 /proc/loadavg) load)" >&2
   done

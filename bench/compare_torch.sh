@@ -4,7 +4,7 @@
 #   bench/compare_torch.sh CONFIG [PAIRS]      e.g. bench/compare_torch.sh configs/bench/M.toml 3
 #
 # Runs `qkv bench --what step --config CONFIG --threads T --json` and
-# ../shared/bench/torch_gpt_bench.py with the shape read from CONFIG, alternately (qkv, torch,
+# bench/torch_reference.py step with the shape read from CONFIG, alternately (qkv, torch,
 # qkv, torch, ...: PAIRS pairs, default 3), both with OMP_WAIT_POLICY=PASSIVE, so that machine
 # load drifts over both alike. Prints per pair and the median: qkv tokens/s, torch tokens/s,
 # their ratio, and each one's peak RSS; also the sgemm rate of OpenBLAS on the step's own GEMM
@@ -24,7 +24,7 @@ threads="${THREADS:-2}"
 steps="${STEPS:-10}"
 py="${PYTHON:-/usr/bin/python3}"
 qkv="$build/qkv"
-torch_bench="$repo/../shared/bench/torch_gpt_bench.py"
+torch_bench="$repo/bench/torch_reference.py"
 
 [[ -x "$qkv" ]] || { echo "compare_torch: $qkv not found (build it, or set BUILD_DIR)" >&2; exit 2; }
 [[ -f "$torch_bench" ]] || { echo "compare_torch: $torch_bench not found" >&2; exit 2; }
@@ -66,26 +66,9 @@ for ((i = 1; i <= pairs; i++)); do
     >"$tmp/qkv.$i" 2>"$tmp/qkv.$i.err" || { cat "$tmp/qkv.$i.err" >&2; exit 1; }
   "$qkv" bench --what gemm --config "$config" --threads "$threads" --json \
     >"$tmp/gemm.$i" 2>"$tmp/gemm.$i.err" || { cat "$tmp/gemm.$i.err" >&2; exit 1; }
-  # The reference script runs unchanged; the wrapper only also notes the process CPU time at each of
-  # its perf_counter() calls (two per timed step) and prints the median CPU ms/step as a last line.
-  "$py" - "$torch_bench" --layers "$L" --heads "$H" --embd "$C" --seq "$T" --batch "$B" --vocab "$V" \
-    --block_size "$BS" --threads "$threads" --steps "$steps" --json \
-    >"$tmp/torch.$i" 2>"$tmp/torch.$i.err" <<'PY' || { cat "$tmp/torch.$i.err" >&2; exit 1; }
-import importlib.util, json, statistics, sys, time, types
-path = sys.argv[1]
-sys.argv = [path] + sys.argv[2:]
-spec = importlib.util.spec_from_file_location("torch_gpt_bench", path)
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-cpu = []
-def perf_counter():
-    cpu.append(time.process_time())
-    return time.perf_counter()
-mod.time = types.SimpleNamespace(perf_counter=perf_counter)
-mod.main()
-steps = [cpu[k + 1] - cpu[k] for k in range(0, len(cpu) - 1, 2)]
-print(json.dumps({"cpu_ms_per_step": statistics.median(steps) * 1e3}))
-PY
+  "$py" "$torch_bench" step --layers "$L" --heads "$H" --embd "$C" --seq "$T" --batch "$B" --vocab "$V" \
+    --block-size "$BS" --threads "$threads" --steps "$steps" --json \
+    >"$tmp/torch.$i" 2>"$tmp/torch.$i.err" || { cat "$tmp/torch.$i.err" >&2; exit 1; }
   echo "pair $i done ($(cut -d' ' -f1-3 /proc/loadavg) load)" >&2
 done
 
@@ -98,13 +81,12 @@ def last_json(path):
 rows = []
 for i in range(1, pairs + 1):
     q = last_json(f"{tmp}/qkv.{i}")["results"][0]
-    t_lines = [json.loads(l) for l in open(f"{tmp}/torch.{i}").read().splitlines() if l.startswith("{")]
-    t = t_lines[-2]
-    t_cpu = t_lines[-1]["cpu_ms_per_step"]
+    t = last_json(f"{tmp}/torch.{i}")
+    t_cpu = t["cpu_ms_per_step"]
     g = [r for r in last_json(f"{tmp}/gemm.{i}")["results"] if r["name"] == "step-weighted"][0]
     rows.append(dict(q_cpu=q.get("cpu_ms_per_step", float("nan")), t_cpu=t_cpu, gemm=g["gflops"], q_ms=q["ms_per_step"], q_tok=q["tokens_per_s"], q_gf=q["gflops"],
                      q_rss=q["peak_rss_bytes"] / 2**20, t_ms=t["ms_per_step"], t_tok=t["tokens_per_s"],
-                     t_gf=t["gflops"], t_rss=t["maxrss_mb"]))
+                     t_gf=t["gflops"], t_rss=t["peak_rss_bytes"] / 2**20))
 for r in rows:
     r["ratio"] = r["q_tok"] / r["t_tok"]
     r["frac"] = r["q_gf"] / r["gemm"]

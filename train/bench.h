@@ -1,5 +1,5 @@
 // Benchmarks behind `qkv bench`: the full training step of a config (the work of
-// ../shared/bench/torch_gpt_bench.py: zero grad, forward, loss, backward, AdamW) and OpenBLAS
+// bench/torch_reference.py step: zero grad, forward, loss, backward, AdamW) and OpenBLAS
 // sgemm on that step's own GEMM shapes, so a report can state model FLOP/s as a fraction of the
 // GEMM rate measured in the same run.
 #pragma once
