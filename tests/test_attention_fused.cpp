@@ -275,7 +275,7 @@ TEST_CASE("the fused backward regenerates the forward's dropout mask", "[attenti
   CHECK(max_abs_diff(v.grad(), wrong) > 1e-3);
 }
 
-TEST_CASE("fused attention is bitwise reproducible and independent of the thread count", "[attention]") {
+TEST_CASE("fused attention is bitwise reproducible and independent of the thread count", "[attention][exact]") {
   const Dims d{2, 4, 2, 150, 150, 32};
   AttentionOptions o;
   o.causal = true;

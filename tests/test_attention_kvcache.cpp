@@ -54,7 +54,7 @@ double decode_error(const DecodeCase& dc, const std::vector<int64_t>& chunks) {
 
 }  // namespace
 
-TEST_CASE("KV-cache decoding token by token and in chunks reproduces the full causal forward", "[attention]") {
+TEST_CASE("KV-cache decoding token by token and in chunks reproduces the full causal forward", "[attention][exact]") {
   const std::vector<int64_t> tokens(23, 1), chunks = {5, 1, 7, 2, 8};
   for (Kernel kern : {Kernel::fused, Kernel::reference})
     for (int64_t window : {0, 6})

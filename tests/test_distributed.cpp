@@ -112,7 +112,7 @@ TEST_CASE("slice_params gives views of exactly the elements in the range, names 
   CHECK(slice_params(ps, 5, 5).empty());
 }
 
-TEST_CASE("ZeRO-1: per-rank AdamW over the slices updates every element exactly as the full AdamW", "[distributed][zero]") {
+TEST_CASE("ZeRO-1: per-rank AdamW over the slices updates every element exactly as the full AdamW", "[distributed][zero][exact]") {
   const AdamWOptions o{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   auto full_params = make_params(11);
   auto sharded_params = clone_params(full_params);
@@ -180,7 +180,7 @@ TEST_CASE("a process not started by mpirun is one rank, whatever the build", "[d
   dist::finalize();
 }
 
-TEST_CASE("DataParallel on one rank is the plain AdamW loop, bitwise", "[distributed]") {
+TEST_CASE("DataParallel on one rank is the plain AdamW loop, bitwise", "[distributed][exact]") {
   const AdamWOptions o{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   auto a = make_params(5);
   auto b = clone_params(a);

@@ -139,7 +139,7 @@ TEST_CASE("a tiny gpt2 overfits one batch from ln V to under 0.1 with AdamW", "[
   CHECK(losses[50] < losses[0]);
 }
 
-TEST_CASE("eval mode is deterministic and train-mode dropout reproduces from the same RngContext", "[model]") {
+TEST_CASE("eval mode is deterministic and train-mode dropout reproduces from the same RngContext", "[model][exact]") {
   nn::ModelConfig c = tiny("gpt2", 2);
   c.dropout = 0.2;
   c.attn_dropout = 0.2;
@@ -323,7 +323,7 @@ TEST_CASE("packed documents with segment ids and per-document positions equal ea
     }
 }
 
-TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal gradients, less memory (float32 and bf16 autocast)", "[model]") {
+TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal gradients, less memory (float32 and bf16 autocast)", "[model][exact]") {
   for (const bool bf16 : {false, true})
   for (const std::string family : {"gpt2", "llama"}) {
     INFO(family << (bf16 ? " bf16 autocast" : " float32"));

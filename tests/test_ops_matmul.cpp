@@ -3,13 +3,16 @@
 #include <omp.h>
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "compare_util.h"
+#include "tensor/cpu/matmul.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -229,7 +232,7 @@ TEST_CASE("linear backward gives dx = dy W, dW = dy^T x, db = row sums", "[autog
   check_mixed_close(b.grad().to_vector(), db, 1e-12);
 }
 
-TEST_CASE("batched matmul gives the same values on one thread and on all", "[ops][matmul]") {
+TEST_CASE("batched matmul gives the same values on one thread and on all", "[ops][matmul][exact]") {
   const Tensor a = rnd({24, 16, 12}, 62, DType::f32), b = rnd({24, 12, 10}, 63, DType::f32);
   const int threads = omp_get_max_threads();
   const Tensor many = matmul(a, b);
@@ -237,6 +240,21 @@ TEST_CASE("batched matmul gives the same values on one thread and on all", "[ops
   const Tensor one = matmul(a, b);
   omp_set_num_threads(threads);
   CHECK(max_abs_diff(many, one) == 0.0);
+}
+
+// scripts/test.sh runs the [exact] cases once per OpenBLAS kernel the CPU can run, with
+// OPENBLAS_CORETYPE and QKV_EXPECT_BLAS_KERNEL set to the kernel's name: this case proves that the
+// kernel asked for is the one those runs used (an unknown name would silently fall back).
+TEST_CASE("the BLAS kernel asked for by OPENBLAS_CORETYPE is the one in use", "[ops][matmul][exact]") {
+  const std::string name = cpu::blas_kernel_name();
+  WARN("BLAS GEMM kernel: " << name);
+  const char* expected = std::getenv("QKV_EXPECT_BLAS_KERNEL");
+  if (expected == nullptr || *expected == '\0') return;
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  CHECK(lower(name) == lower(expected));
 }
 
 TEST_CASE("matmul and linear gradients match finite differences", "[autograd][matmul][gradcheck]") {

@@ -141,7 +141,7 @@ TEST_CASE("linear backward on two threads (dx and dW side by side) equals one th
 }
 
 TEST_CASE("attention_packed equals attention on the split views, forward and backward, bitwise",
-          "[attention][perf]") {
+          "[attention][perf][exact]") {
   struct Case {
     int64_t hq, hkv;
     double dropout;

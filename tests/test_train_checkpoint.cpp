@@ -16,7 +16,7 @@ using namespace qkv::train;
 using namespace qkv::ckpt_test;
 
 TEST_CASE("checkpoint round trip restores weights, moments, run state, tokenizer and config bitwise",
-          "[checkpoint]") {
+          "[checkpoint][exact]") {
   const std::string family = GENERATE(as<std::string>{}, "gpt2", "llama");
   INFO("family " << family);
   TempDir dir;

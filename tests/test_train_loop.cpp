@@ -152,7 +152,7 @@ void expect_bitwise_resume(const std::string& device) {
 
 }  // namespace
 
-TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state", "[train][resume]") {
+TEST_CASE("resume continues bitwise: same losses, parameters and optimizer state", "[train][resume][exact]") {
   expect_bitwise_resume("cpu");
 }
 

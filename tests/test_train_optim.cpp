@@ -197,7 +197,7 @@ TEST_CASE("on the GPU, AdamW over all parameters in one launch matches a naive f
   expect_adamw_matches_naive(Device::cuda);
 }
 
-TEST_CASE("AdamW restored from saved moments and step continues bitwise identically", "[train][adamw]") {
+TEST_CASE("AdamW restored from saved moments and step continues bitwise identically", "[train][adamw][exact]") {
   auto make_params = [] {
     return std::vector<OptimParam>{{"a", make_f32({3, 5}, lcg_values(15, 1)), true},
                                    {"b", make_f32({7}, lcg_values(7, 2)), false}};
@@ -410,7 +410,7 @@ TEST_CASE("the gradient norm is the same bits with one thread or several", "[tra
   CHECK(std::memcmp(&one, &many, sizeof(double)) == 0);
 }
 
-TEST_CASE("clipping inside AdamW's step equals clipping the gradients first, bitwise", "[train][clip][adamw]") {
+TEST_CASE("clipping inside AdamW's step equals clipping the gradients first, bitwise", "[train][clip][adamw][exact]") {
   auto make = [] {
     std::vector<OptimParam> ps{{"a", make_f32({64, 33}, lcg_values(64 * 33, 11)), true},
                                {"b", make_f32({33}, lcg_values(33, 12)), false}};

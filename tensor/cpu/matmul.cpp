@@ -16,6 +16,7 @@
 #include "tensor/cpu/matmul.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -226,6 +227,14 @@ void fill_rows(const Tensor& out, const Tensor& row) {
     fill_rows_typed<float>(out, row);
   else
     fill_rows_typed<double>(out, row);
+}
+
+std::string blas_kernel_name() {
+  // Looked up at run time, not linked, so qkv still links against a BLAS without this extension.
+  using CoreName = char* (*)();
+  const auto corename = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = corename ? corename() : nullptr;
+  return name && *name ? name : "unknown";
 }
 
 }  // namespace qkv::cpu

@@ -1,6 +1,7 @@
 // CPU GEMM on OpenBLAS: batched, broadcast, with transposed views folded into the BLAS call.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "tensor/tensor.h"
 
@@ -27,5 +28,10 @@ void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double 
 // out [R, C] (row stride >= C, unit column stride) gets `row` [C] (any stride) copied into every row:
 // the bias pre-broadcast that lets a linear layer add its bias through GEMM's beta = 1.
 void fill_rows(const Tensor& out, const Tensor& row);
+
+// The GEMM kernel family the linked BLAS chose at run time (OpenBLAS's openblas_get_corename(),
+// e.g. "Haswell", "SkylakeX", "Zen", "Prescott"; OPENBLAS_CORETYPE overrides its choice), or
+// "unknown" when the BLAS does not say (another BLAS linked in its place).
+std::string blas_kernel_name();
 
 }  // namespace qkv::cpu
