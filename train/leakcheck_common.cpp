@@ -101,6 +101,18 @@ double max_delta(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+double rounding_tolerance(const nn::ModelConfig& c, int64_t probe_len) {
+  const double u = std::ldexp(1.0, -24);
+  const int64_t K = std::max({c.n_embd, c.ffn_hidden, probe_len, int64_t{1}});
+  return u * std::sqrt(static_cast<double>(K)) * static_cast<double>(2 + 6 * c.n_layer);
+}
+
+std::string rounding_tolerance_note(const nn::ModelConfig& c, int64_t probe_len) {
+  const int64_t K = std::max({c.n_embd, c.ffn_hidden, probe_len, int64_t{1}});
+  return "float32 rounding bound u*sqrt(K)*(2+6*n_layer) = 2^-24*sqrt(" + std::to_string(K) + ")*" +
+         std::to_string(2 + 6 * c.n_layer) + " = " + fmt(rounding_tolerance(c, probe_len));
+}
+
 LeakCheck make_check(std::string name, double value, double threshold, std::string detail) {
   LeakCheck c;
   c.name = std::move(name);

@@ -46,6 +46,19 @@ inline double ratio(double num, double den) {
 }
 
 LeakCheck make_check(std::string name, double value, double threshold, std::string detail);
+
+// The largest relative difference (max|Δ| / max|ref|) that float32 rounding alone can put between
+// two evaluations of the same model on the same tokens that group the arithmetic differently (a
+// batch of another shape, other GEMM blocking or attention tiles, KV-cache decode vs the parallel
+// forward):
+//     tol = u · sqrt(K) · (2 + 6 · n_layer),   u = 2^-24 (float32's unit roundoff),
+// K = max(n_embd, ffn_hidden, probe length), the longest reduction. A sum of K rounded terms is off
+// by about sqrt(K)·u relative when the rounding errors are independent, and the model chains
+// 2 + 6·n_layer such reductions (embedding sum and head; per layer the QKV projection, scores,
+// weighted sum, output projection, MLP in and out), whose errors add. Clean models measure 50-1000x
+// below it (1e-7 relative on the tiny models); a leak moves outputs by orders of magnitude more.
+double rounding_tolerance(const nn::ModelConfig& c, int64_t probe_len);
+std::string rounding_tolerance_note(const nn::ModelConfig& c, int64_t probe_len);  // the formula, filled in
 std::string fmt(double v);  // "%.3g"
 
 // ---- naive float64 attention, written from the seeds' formulas (§7, §8, §10) ----
