@@ -502,3 +502,21 @@ TEST_CASE("with --json every failing command ends stdout with {error, exit: 2}",
     CHECK(plain.out.find("\"error\"") == std::string::npos);
   }
 }
+
+TEST_CASE("output that cannot be written to stdout is exit 2, not success", "[faults][cli]") {
+  if (!have_cli() || !fs::exists("/dev/full")) {
+    WARN("no qkv binary or no /dev/full: not checked");
+    return;
+  }
+  const std::string dir = temp_dir("stdout_full");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 2;
+  const std::string ckpt = train::run_training(c, {.progress = false}).checkpoint;
+  const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
+  for (const std::string args : {"inspect " + ckpt + " --json", "sample --checkpoint " + ckpt + " --max-new-tokens 3"}) {
+    INFO(args);
+    const int rc = std::system((qkv + " " + args + " >/dev/full 2>/dev/null").c_str());
+    CHECK(WEXITSTATUS(rc) == 2);
+    CHECK(WEXITSTATUS(std::system((qkv + " " + args + " >/dev/null 2>/dev/null").c_str())) == 0);
+  }
+}

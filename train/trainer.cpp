@@ -76,9 +76,16 @@ class RunDirLock {
       ::close(fd_);
       std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
       while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      fd_ = -1;
       if (err == EWOULDBLOCK)
         fail(dir, ": another training run (pid ", pid.empty() ? "not yet recorded" : pid,
              ") is writing to this train.out_dir; wait for it to end or choose another train.out_dir");
+      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
+        // A file system without locks must not stop training; the run just goes unguarded.
+        std::fprintf(stderr, "qkv: warning: %s: cannot lock (%s); nothing stops another run from using %s\n",
+                     path.c_str(), std::strerror(err), dir.c_str());
+        return;
+      }
       fail(path, ": cannot lock the run directory (", std::strerror(err), ")");
     }
     // Who holds it, for the message above (best effort: the lock itself is what excludes).
@@ -87,7 +94,9 @@ class RunDirLock {
       // A lock file we cannot write still locks; only the holder's pid goes unrecorded.
     }
   }
-  ~RunDirLock() { ::close(fd_); }  // closing the last descriptor releases the flock
+  ~RunDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+  }
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
 
