@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "app/commands.h"
 #include "data/dataset.h"
@@ -40,30 +41,39 @@ LoadedModel load_for_inference(const std::string& path, const std::string& devic
 void add_sample_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("sample", "generate text from a checkpoint (KV cache by default)");
   static std::string ckpt, prompt;
-  static bool prompt_given = false;
-  static int64_t max_new = -1, top_k = -1, seed = -1;
-  static double temperature = -1, top_p = -1;
+  // Unset = the checkpoint config's [sample] value; every given value is checked (no sentinels).
+  static std::optional<int64_t> max_new, top_k, seed;
+  static std::optional<double> temperature, top_p;
   static bool no_cache = false, json = false;
   cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--prompt", prompt, "text to continue (default: the config's sample.prompt, else a newline)");
-  cmd->add_option("--max-new-tokens", max_new, "tokens to generate (default sample.max_new_tokens)");
-  cmd->add_option("--temperature", temperature, "softmax temperature; 0 = greedy (default sample.temperature)");
-  cmd->add_option("--top-k", top_k, "keep the k most likely tokens; 0 = off");
+  cmd->add_option("--max-new-tokens", max_new, "tokens to generate, >= 0 (default sample.max_new_tokens)");
+  cmd->add_option("--temperature", temperature, "softmax temperature, finite >= 0; 0 = greedy (default sample.temperature)");
+  cmd->add_option("--top-k", top_k, "keep the k most likely tokens, >= 0; 0 = off");
   cmd->add_option("--top-p", top_p, "nucleus sampling mass in (0, 1]; 1 = off");
-  cmd->add_option("--seed", seed, "sampling seed");
+  cmd->add_option("--seed", seed, "sampling seed, >= 0");
   cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
   static std::string device = "cpu";
   cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
-  cmd->add_flag("--json", json, "print {\"text\", \"tokens\"} as one JSON line at the end");
+  cmd->add_flag("--json", json,
+                "print {\"prompt\", \"text\", \"tokens\"} as one JSON line at the end (bytes that are not "
+                "valid UTF-8 appear as U+FFFD in the strings; \"tokens\" has the exact ids)");
   cmd->callback([&exit_code, cmd] {
+    // The options first: a bad value is refused before the checkpoint is even opened.
+    QKV_CHECK(!max_new || *max_new >= 0, "--max-new-tokens must be >= 0, got ", *max_new);
+    QKV_CHECK(!temperature || (std::isfinite(*temperature) && *temperature >= 0),
+              "--temperature must be a finite number >= 0 (0 = greedy), got ", *temperature);
+    QKV_CHECK(!top_k || *top_k >= 0, "--top-k must be >= 0 (0 = off), got ", *top_k);
+    QKV_CHECK(!top_p || (*top_p > 0 && *top_p <= 1), "--top-p must be in (0, 1], got ", *top_p);
+    QKV_CHECK(!seed || *seed >= 0, "--seed must be >= 0, got ", *seed);
     LoadedModel m = load_for_inference(ckpt, device);
-    const SampleSettings& s = m.meta.config.sample;
+    const SampleSettings& s = m.meta.config.sample;  // validated when the checkpoint's config was parsed
     train::SampleOptions o;
-    o.max_new_tokens = max_new >= 0 ? max_new : s.max_new_tokens;
-    o.temperature = temperature >= 0 ? temperature : s.temperature;
-    o.top_k = top_k >= 0 ? top_k : s.top_k;
-    o.top_p = top_p >= 0 ? top_p : s.top_p;
-    o.seed = static_cast<uint64_t>(seed >= 0 ? seed : s.seed);
+    o.max_new_tokens = max_new.value_or(s.max_new_tokens);
+    o.temperature = temperature.value_or(s.temperature);
+    o.top_k = top_k.value_or(s.top_k);
+    o.top_p = top_p.value_or(s.top_p);
+    o.seed = static_cast<uint64_t>(seed.value_or(s.seed));
     o.kv_cache = !no_cache;
     std::string text = cmd->count("--prompt") ? prompt : (s.prompt.empty() ? std::string("\n") : s.prompt);
     const std::vector<int32_t> ids = m.meta.tokenizer->encode(text);
@@ -82,6 +92,8 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     std::fwrite(pending.data(), 1, pending.size(), out);
     all += pending;
     std::fputc('\n', out);
+    // print_json writes invalid UTF-8 in "prompt"/"text" as U+FFFD (a byte tokenizer can generate
+    // any byte); "tokens" keeps the exact ids.
     if (json) print_json({{"prompt", text}, {"text", all}, {"tokens", tokens}});
     exit_code = 0;
   });

@@ -32,9 +32,13 @@ void train_once(const TrainArgs& a, bool root) {
   o.progress = !a.quiet;
   const train::TrainSummary s = train::run_training(cfg, o);
   if (!root) return;
-  std::fprintf(a.json ? stderr : stdout, "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
-               static_cast<long long>(s.step), s.loss, s.val_loss, s.best_val_loss, s.seconds, s.tokens_per_s,
-               s.checkpoint.c_str());
+  if (s.nothing_to_do)
+    std::fprintf(a.json ? stderr : stdout, "nothing to do: checkpoint is at step %lld >= train.max_steps %lld\n",
+                 static_cast<long long>(s.step), static_cast<long long>(cfg.train.max_steps));
+  else
+    std::fprintf(a.json ? stderr : stdout, "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
+                 static_cast<long long>(s.step), s.loss, s.val_loss, s.best_val_loss, s.seconds, s.tokens_per_s,
+                 s.checkpoint.c_str());
   if (a.json)
     print_json({{"step", s.step},
                 {"loss", number_or_null(s.loss)},
@@ -64,7 +68,12 @@ void add_train_command(CLI::App& root, int& exit_code) {
     try {
       train_once(args, comm.is_root());
     } catch (const std::exception& e) {
-      if (comm.world() > 1) comm.abort(e.what(), 2);
+      if (comm.world() > 1) {
+        // MPI_Abort ends every process here, so main() never sees this error: rank 0 prints the
+        // error JSON itself (an error on another rank ends the job with its stderr line only).
+        if (args.json && comm.is_root()) print_error_json(e.what(), 2);
+        comm.abort(e.what(), 2);
+      }
       dist::finalize();
       throw;  // one process: main() prints it and exits 2
     }

@@ -1,6 +1,7 @@
 // Each `qkv` subcommand lives in its own app/cmd_<name>.cpp and registers itself on the root
 // parser here. A command's callback sets `exit_code` (0 ok, 1 a check failed); bad input throws
-// qkv::Error, which main() prints as one line and turns into exit status 2.
+// qkv::Error, which main() prints as one line and turns into exit status 2 (with --json, also
+// the error JSON line on stdout).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -21,8 +22,13 @@ void add_inspect_command(CLI::App& root, int& exit_code);
 void add_leakcheck_command(CLI::App& root, int& exit_code);
 void add_attention_map_command(CLI::App& root, int& exit_code);
 
-// Prints `j` as the single JSON line that ends stdout (DESIGN §3).
+// Prints `j` as the single JSON line that ends stdout (DESIGN §3). Strings that are not valid
+// UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).
 void print_json(const nlohmann::json& j);
+// The JSON line of a failed command: {"error": message, "exit": exit_status}. main() prints it
+// for every command run with --json that ends in an error; a data-parallel train rank 0 prints it
+// itself before it ends the job.
+void print_error_json(const std::string& message, int exit_status);
 
 // The value of `--device cpu|cuda` (sample, eval, leakcheck), checked before any work: an unknown
 // name, or cuda when no device is visible, is refused with one line.

@@ -1,5 +1,12 @@
 // qkv: the command line. Thin: parses, calls the library, prints.
+//
+// The exit contract lives here, in one place: 0 success, 1 a check failed (the command prints
+// its own JSON), 2 bad input or any other error. With `--json`, an error also ends stdout with
+// {"error": "<the one-line message>", "exit": 2}, so a script always finds one JSON object as the
+// last stdout line, whatever happened.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "app/commands.h"
@@ -7,7 +14,15 @@
 #include "tensor/error.h"
 
 namespace qkv::app {
-void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+// Invalid UTF-8 in a string (generated text, a file name given on the command line) is written
+// with each bad sequence replaced by U+FFFD: printing the JSON line must never be what fails.
+void print_json(const nlohmann::json& j) {
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+}
+
+void print_error_json(const std::string& message, int exit_status) {
+  print_json({{"error", message}, {"exit", exit_status}});
+}
 
 Device device_option(const std::string& name) {
   QKV_CHECK(name == "cpu" || name == "cuda", "--device must be cpu or cuda, got '", name, "'");
@@ -16,6 +31,27 @@ Device device_option(const std::string& name) {
   return Device::cuda;
 }
 }  // namespace qkv::app
+
+namespace {
+
+// Whether the command line asks for JSON. Read from argv rather than from the parser, because a
+// parse error leaves the parser's view of the options incomplete.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) return false;
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  }
+  return false;
+}
+
+// Prints the one-line error on stderr (and the error JSON on stdout with --json); returns 2.
+int report_error(bool json, const char* prefix, const std::string& message) {
+  std::fprintf(stderr, "qkv: %s%s\n", prefix, message.c_str());
+  if (json) qkv::app::print_error_json(std::string(prefix) + message, 2);
+  return 2;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"qkv: train and study decoder-only Transformers (tensors, autograd and attention written by hand)"};
@@ -31,16 +67,23 @@ int main(int argc, char** argv) {
   qkv::app::add_inspect_command(app, exit_code);
   qkv::app::add_leakcheck_command(app, exit_code);
   qkv::app::add_attention_map_command(app, exit_code);
+  const bool json = json_requested(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  } catch (const qkv::Error& e) {
-    std::fprintf(stderr, "qkv: %s\n", e.what());
+    if (rc == 0) return 0;  // --help
+    if (json) qkv::app::print_error_json(e.what(), 2);
     return 2;
+  } catch (const qkv::Error& e) {
+    return report_error(json, "", e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qkv: error: %s\n", e.what());
+    return report_error(json, "error: ", e.what());
+  }
+  // Output that never reached its destination (a full disk behind a redirect) is an error too.
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "qkv: cannot write to standard output (%s)\n", std::strerror(errno));
     return 2;
   }
   return exit_code;

@@ -261,6 +261,10 @@ void save_checkpoint(const std::string& path, const Config& cfg, const nn::Decod
   const std::array<int64_t, 5> data_state = state.data.to_array();
   f.write("data/state", data_state.data(), Shape{5});
   f.set_attr("data", "mode", state.batch_mode);
+  if (state.corpus) {
+    f.set_attr("data", "corpus_tokens", state.corpus->tokens);
+    f.set_attr("data", "corpus_fnv1a64", static_cast<int64_t>(state.corpus->fnv1a64));
+  }
   f.create_group("train");
   f.set_attr("train", "best_val_loss", state.best_val_loss);
   f.set_attr("train", "bad_steps_in_a_row", state.bad_steps_in_a_row);
@@ -306,6 +310,9 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   s.batch_mode = f.attr_string("data", "mode");
   if (s.batch_mode != "random_windows" && s.batch_mode != "padded_docs" && s.batch_mode != "packed_docs")
     ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
+  if (f.has_attr("data", "corpus_tokens"))
+    s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),
+                                 static_cast<uint64_t>(f.attr_int("data", "corpus_fnv1a64"))};
   s.best_val_loss = f.attr_double("train", "best_val_loss");
   s.bad_steps_in_a_row = f.attr_int("train", "bad_steps_in_a_row");
   s.skipped_steps = f.attr_int("train", "skipped_steps");

@@ -7,7 +7,9 @@
 //                                 attr parameter_order (the names in model order, one a line)
 //   /optimizer/<name>/{exp_avg, exp_avg_sq}   (same layout as /model/<name>), attr step
 //   /rng                          the seeds/counters the run draws from
-//   /data                         the train batcher's state (int64 [5]) and mode
+//   /data                         the train batcher's state (int64 [5]) and mode; attributes
+//                                 corpus_tokens, corpus_fnv1a64 (CorpusFingerprint; absent in
+//                                 checkpoints written before qkv stored them)
 //   /tokenizer                    everything needed to encode/decode (data/tokenizer.h)
 //   /train                        best_val_loss, consecutive and total skipped steps
 // Writes are atomic (temporary file, flush, fsync, rename); loading verifies integrity and names
@@ -15,6 +17,7 @@
 #pragma once
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,15 @@ namespace qkv::train {
 
 constexpr int64_t kCheckpointFormatVersion = 1;
 
+// What a run trains on, so --resume can tell a different corpus that happens to tokenize with
+// the same vocabulary: the number of tokens (train then val split) and the FNV-1a 64 hash of
+// their int32 ids' bytes in that order (train/session.h computes it).
+struct CorpusFingerprint {
+  int64_t tokens = 0;
+  uint64_t fnv1a64 = 0;
+  bool operator==(const CorpusFingerprint&) const = default;
+};
+
 struct TrainState {
   int64_t step = 0;  // optimizer steps completed
   int64_t tokens_seen = 0;
@@ -36,6 +48,7 @@ struct TrainState {
   std::string batch_mode = "random_windows";
   double best_val_loss = INFINITY;
   int64_t bad_steps_in_a_row = 0, skipped_steps = 0;
+  std::optional<CorpusFingerprint> corpus;  // unset: not recorded (older checkpoint, or a test)
 };
 
 // Saves model weights, optimizer moments (when `opt` is given), state and tokenizer.

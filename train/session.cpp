@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include "data/h5.h"
 #include "tensor/philox.h"
 
 namespace qkv::train {
@@ -61,6 +62,18 @@ RunData load_run_data(const Config& cfg) {
   d.val = ds.val;
   d.vocab_size = d.tokenizer->vocab_size();
   return d;
+}
+
+CorpusFingerprint corpus_fingerprint(const RunData& data) {
+  CorpusFingerprint fp;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis (h5::fnv1a64's default)
+  for (const auto* split : {data.train.get(), data.val.get()}) {
+    if (!split) continue;
+    h = h5::fnv1a64(split->tokens.data(), split->tokens.size() * sizeof(int32_t), h);
+    fp.tokens += split->size();
+  }
+  fp.fnv1a64 = h;
+  return fp;
 }
 
 void apply_thread_setting(const Config& cfg) {

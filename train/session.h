@@ -5,6 +5,7 @@
 
 #include "data/dataset.h"
 #include "nn/transformer.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 
 namespace qkv::train {
@@ -18,6 +19,10 @@ struct RunData {
 // data.random_tokens: uniform tokens in [0, model.vocab_size) drawn from Philox(seed), with a
 // byte tokenizer standing in; otherwise load_or_prepare(data.path, …).
 RunData load_run_data(const Config& cfg);
+
+// The run's CorpusFingerprint: token count and FNV-1a 64 of the train then val split's ids.
+// One pass over the tokens (about a second per 10^9 bytes of ids).
+CorpusFingerprint corpus_fingerprint(const RunData& data);
 
 // Applies train.threads (0 = leave OpenMP's default).
 void apply_thread_setting(const Config& cfg);

@@ -1,13 +1,18 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -55,6 +60,50 @@ BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Com
   return o;
 }
 
+// The run directory's lock (trainer.h): an exclusive flock on OUT_DIR/train.lock, held while
+// the run writes there. The kernel drops it when the process ends however it ends (kill -9
+// included), so a lock is never stale; the file itself stays, holding the last holder's pid.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::string& dir) {
+    const std::string path = dir + "/" + kRunLockFile;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    QKV_CHECK(fd_ >= 0, path, ": cannot open the run directory's lock file (", std::strerror(errno), ")");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      ::close(fd_);
+      std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      fd_ = -1;
+      if (err == EWOULDBLOCK)
+        fail(dir, ": another training run (pid ", pid.empty() ? "not yet recorded" : pid,
+             ") is writing to this train.out_dir; wait for it to end or choose another train.out_dir");
+      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {
+        // A file system without locks must not stop training; the run just goes unguarded.
+        std::fprintf(stderr, "qkv: warning: %s: cannot lock (%s); nothing stops another run from using %s\n",
+                     path.c_str(), std::strerror(err), dir.c_str());
+        return;
+      }
+      fail(path, ": cannot lock the run directory (", std::strerror(err), ")");
+    }
+    // Who holds it, for the message above (best effort: the lock itself is what excludes).
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+      // A lock file we cannot write still locks; only the holder's pid goes unrecorded.
+    }
+  }
+  ~RunDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+  }
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Settings that must not change across a resume (they change the computation).
 void check_resumable(const Config& now, const Config& then, const std::string& ckpt) {
   QKV_CHECK(now.model == then.model, ckpt, ": [model] settings differ from the run being resumed");
@@ -63,6 +112,30 @@ void check_resumable(const Config& now, const Config& then, const std::string& c
   QKV_CHECK(now.train.seed == then.train.seed && now.train.batch_size == then.train.batch_size &&
                 now.train.grad_accum == then.train.grad_accum,
             ckpt, ": train.seed, batch_size or grad_accum differ from the run being resumed");
+  // Each by name: a resumed run must see the same rows (seq_len) and the same split (val_fraction).
+  auto same = [&](const char* key, auto a, auto b) {
+    QKV_CHECK(a == b, ckpt, ": ", key, " is ", b, " in the run being resumed but ", a,
+              " now (it must not change across a resume)");
+  };
+  same("train.seq_len", now.train.resolved_seq_len(now.model.block_size),
+       then.train.resolved_seq_len(then.model.block_size));
+  same("data.val_fraction", now.data.val_fraction, then.data.val_fraction);
+}
+
+// The corpus must be the one the checkpoint was trained on (not just one with the same vocabulary).
+void check_same_corpus(const CheckpointMeta& meta, const CorpusFingerprint& now, const std::string& data_path,
+                       bool warn) {
+  if (!meta.state.corpus) {
+    if (warn)
+      std::fprintf(stderr, "qkv: warning: %s records no corpus fingerprint (written by an older qkv): cannot check "
+                   "that data.path is the corpus it was trained on\n", meta.path.c_str());
+    return;
+  }
+  const CorpusFingerprint& then = *meta.state.corpus;
+  QKV_CHECK(then == now, meta.path, ": data.path (", data_path.empty() ? "random tokens" : data_path,
+            ") is not the corpus of the run being resumed: ", now.tokens, " tokens with fingerprint ",
+            std::to_string(now.fnv1a64), " now, ", then.tokens, " tokens with fingerprint ",
+            std::to_string(then.fnv1a64), " in the checkpoint");
 }
 
 }  // namespace
@@ -104,12 +177,14 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   DataParallel dp(comm, oparams, AdamWOptions::from(cfg.train),
                   {.zero = cfg.train.zero, .gradient_comm = gpu_comm.get()});
   Batcher batcher(data.train, batcher_options(cfg, seed, comm));
+  const CorpusFingerprint corpus = corpus_fingerprint(data);
 
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
     check_resumable(cfg, meta.config.resolved(), opts.resume);
     QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
               ": the checkpoint's tokenizer differs from the one built from data.path");
+    check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, root);
     QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
     load_model_weights(opts.resume, *model);
     dp.load_optimizer_state(opts.resume);
@@ -118,15 +193,31 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   } else if (!opts.init_from.empty()) {
     load_model_weights(opts.init_from, *model);
   }
+  state.corpus = corpus;
 
   check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
+  if (!opts.resume.empty() && state.step >= cfg.train.max_steps) {
+    // Nothing to train: report the checkpoint as it is (no loss was computed, so none is
+    // reported) and leave the run directory untouched. Every rank returns here alike.
+    TrainSummary done;
+    done.step = state.step;
+    done.loss = NAN;
+    done.best_val_loss = state.best_val_loss;
+    done.skipped_steps = state.skipped_steps;
+    done.checkpoint = opts.resume;
+    done.nothing_to_do = true;
+    done.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+    return done;
+  }
   if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
 
   const std::string out_dir = cfg.train.out_dir;
   const std::string metrics_path = out_dir + "/metrics.jsonl";
   std::ofstream metrics;
+  std::optional<RunDirLock> lock;  // [dist] rank 0 alone writes to out_dir, so it alone locks it
   if (root) {  // [dist]
     std::filesystem::create_directories(out_dir);
+    lock.emplace(out_dir);  // before anything in out_dir is truncated or replaced
     metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
     QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics");
   }
@@ -229,8 +320,11 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
       if (evaluated) j["val_loss"] = last_val;
       if (dp.distributed()) j["comm_ms_per_step"] = 1000.0 * dp.take_comm_seconds() / static_cast<double>(window_steps);  // [dist]
       if (root) {  // [dist]
+        errno = 0;
         metrics << j.dump() << "\n";
         metrics.flush();
+        // A full disk (or metrics.jsonl pointing at /dev/full) must stop the run, not lose the log.
+        QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics (", errno ? std::strerror(errno) : "write failed", ")");
       }
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(state.step - first_step) *
