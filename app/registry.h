@@ -2,6 +2,8 @@
 #include "autograd/gradcheck.h"
 
 namespace qkv::app {
-// Core ops + attention + model checks, assembled once (app/registry.cpp).
+// Every registered gradcheck case: the core ops (autograd/rules/) and attention
+// (attention/gradchecks.cpp), assembled once. `qkv gradcheck` runs it, and so does the test case
+// "every registered gradcheck case passes" (tests/test_gradcheck_registry.cpp).
 const autograd::GradcheckRegistry& full_gradcheck_registry();
 }

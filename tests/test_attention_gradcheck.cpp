@@ -1,5 +1,5 @@
-// Every registered attention gradcheck case (the fused op's mask × heads × lengths × dropout
-// grid, ALiBi, the reference path with a learned bias, RoPE) passes in float64.
+// The gradcheck is only evidence if it can fail: a planted attention case whose backward does not
+// match its forward must be rejected. (The whole registry runs in test_gradcheck_registry.cpp.)
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -8,25 +8,6 @@
 #include "tensor/ops.h"
 
 using namespace qkv;
-
-TEST_CASE("attention gradchecks pass over the whole grid in float64", "[attention][gradcheck]") {
-  autograd::GradcheckRegistry reg;
-  attn::register_attention_gradchecks(reg);
-  int fused = 0, passed = 0;
-  double worst = 0;
-  for (const auto& c : reg.cases()) {
-    const autograd::GradcheckResult r = autograd::run_gradcheck(c);
-    INFO(c.op << ": " << c.name << " max_abs_err " << r.max_abs_err << " " << r.error);
-    CHECK(r.error.empty());
-    CHECK(r.pass);
-    passed += r.pass;
-    fused += c.op == "attention" && c.name.rfind("fused ", 0) == 0;
-    worst = std::max(worst, r.max_abs_err);
-  }
-  std::printf("[attention] gradcheck: %d/%zu cases pass (%d on the fused grid), max abs err %.2e\n", passed,
-              reg.cases().size(), fused, worst);
-  CHECK(fused == 8 * 3 * 2 * 2 + 1);
-}
 
 TEST_CASE("gradcheck catches a wrong attention backward", "[attention][gradcheck]") {
   // The checker is only evidence if it can fail: a case whose forward is scaled differently from

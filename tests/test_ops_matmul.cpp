@@ -257,13 +257,3 @@ TEST_CASE("the BLAS kernel asked for by OPENBLAS_CORETYPE is the one in use", "[
   CHECK(lower(name) == lower(expected));
 }
 
-TEST_CASE("matmul and linear gradients match finite differences", "[autograd][matmul][gradcheck]") {
-  autograd::GradcheckRegistry r;
-  autograd::register_matmul_gradchecks(r);
-  REQUIRE(r.cases().size() >= 10);
-  for (const auto& c : r.cases()) {
-    const auto res = autograd::run_gradcheck(c);
-    INFO(c.op << " " << c.name << ": max_abs_err " << res.max_abs_err << " " << res.error);
-    CHECK(res.pass);
-  }
-}

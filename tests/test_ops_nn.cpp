@@ -240,14 +240,3 @@ TEST_CASE("dropout backward regenerates the forward mask", "[autograd][nn][dropo
   }
 }
 
-TEST_CASE("embedding, norm, cross_entropy and dropout gradients match finite differences",
-          "[autograd][nn][gradcheck]") {
-  autograd::GradcheckRegistry r;
-  autograd::register_nn_gradchecks(r);
-  REQUIRE(r.cases().size() >= 8);
-  for (const auto& c : r.cases()) {
-    const auto res = autograd::run_gradcheck(c);
-    INFO(c.op << " " << c.name << ": max_abs_err " << res.max_abs_err << " " << res.error);
-    CHECK(res.pass);
-  }
-}

@@ -1,5 +1,5 @@
-// What a run needs besides its config: the tokenizer and token splits, built from `data.path` (or
-// random tokens for benchmarks), and the model built and initialised from the config.
+// What a run needs besides its config and model: the tokenizer and the token splits, built from
+// `data.path` (or random tokens for benchmarks). The model is built by train/model_factory.h.
 #pragma once
 #include <memory>
 
