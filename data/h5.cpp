@@ -789,10 +789,11 @@ std::vector<std::string> File::all_datasets() const {
     for (const std::string& name : children(g)) {
       const std::string full = g == "/" ? "/" + name : g + "/" + name;
       if (!has(full)) fail("object ", full, " is missing (dangling link)");
-      H5O_info_t oi{};
-      if (H5Oget_info_by_name(file_.get(), full.c_str(), &oi, H5P_DEFAULT) < 0) fail("cannot read object ", full, " (corrupt file?)");
-      if (oi.type == H5O_TYPE_GROUP) groups.push_back(full);
-      else if (oi.type == H5O_TYPE_DATASET) out.push_back(full);
+      Id o(H5Oopen(file_.get(), full.c_str(), H5P_DEFAULT));  // (H5Oget_info's signature varies by HDF5 version)
+      if (!o.valid()) fail("cannot open object ", full, " (corrupt file?)");
+      const H5I_type_t type = H5Iget_type(o.get());
+      if (type == H5I_GROUP) groups.push_back(full);
+      else if (type == H5I_DATASET) out.push_back(full);
     }
   }
   std::sort(out.begin(), out.end());

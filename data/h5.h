@@ -50,7 +50,7 @@ void fail_writes_after(int64_t bytes);
 // Takes `n` bytes from the injected budget: false (with errno = ENOSPC) when it is exhausted.
 bool injected_write_allowed(size_t n);
 
-// A fresh temporary name next to `path`: PATH.tmp.<pid>.<counter><random>. Two processes (or
+// A fresh temporary name next to `path`: PATH.tmp.<pid>.<counter>.<random>. Two processes (or
 // threads) writing the same target never share one; writers still create it exclusively.
 std::string unique_temp_path(const std::string& path);
 
