@@ -94,8 +94,17 @@ class File {
 
   File() = default;
   File(File&&) noexcept = default;
-  File& operator=(File&&) noexcept = default;
-  ~File() = default;
+  // Closes the current file before its write status goes (the driver reports into it at close).
+  File& operator=(File&& o) noexcept {
+    if (this != &o) {
+      file_.reset();
+      path_ = std::move(o.path_);
+      status_ = std::move(o.status_);
+      file_ = std::move(o.file_);
+    }
+    return *this;
+  }
+  ~File() = default;  // file_ is destroyed (closed) before status_
 
   const std::string& path() const { return path_; }
   hid_t id() const { return file_.get(); }
