@@ -1,6 +1,7 @@
 // Document splitting, train/val splitting, and the prepared-dataset file (see data/dataset.h).
 #include "data/dataset.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,22 @@ void for_each_line(std::string_view text, Fn&& fn) {
     fn(i, end, next);
     i = next;
   }
+}
+
+// A path that is not a regular file or directory (a pipe from `<(cmd)`, a FIFO, a device) can be
+// read only once: it is read whole into memory and never reopened (sniffing its first bytes and
+// then reopening it lost them; reopening a FIFO whose writer is gone hangs).
+bool is_stream(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+// The whole content of a stream input; an HDF5 file there is refused (HDF5 needs to seek).
+std::string read_stream(const std::string& path) {
+  std::string bytes = read_text_file(path);
+  if (h5::has_hdf5_signature(bytes))
+    fail("[data] ", path, " is a pipe or FIFO carrying an HDF5 file; HDF5 files must be read from a regular file (save it to disk first)");
+  return bytes;
 }
 
 std::string absolute_path(const std::string& p) {
@@ -332,6 +349,16 @@ bool cache_is_fresh(const std::string& cache, const std::string& text_path, cons
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("[data] data file not found: ", path);
+  if (is_stream(path)) {  // prepared in memory, not cached (the cache is keyed on a file's size and time)
+    PrepareOptions o = opts;
+    if (o.tokenizer.empty()) o.tokenizer = "byte";
+    const std::string text = read_stream(path);
+    QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
+    Dataset ds = prepare_text(text, path, o);
+    ds.source_path = path;
+    ds.prepared_now = true;
+    return ds;
+  }
   if (h5::is_hdf5(path)) {
     Dataset ds = load_dataset(path);
     if (!opts.tokenizer.empty() && opts.tokenizer != ds.tokenizer->kind())
@@ -356,7 +383,7 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
 std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& tok) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("[data] file not found: ", path);
-  if (h5::is_hdf5(path)) {
+  if (!is_stream(path) && h5::is_hdf5(path)) {
     const Dataset ds = load_dataset(path);
     if (ds.tokenizer->serialize() != tok.serialize())
       fail("[data] ", path, " was tokenized with a different ", ds.tokenizer->kind(), " tokenizer (", ds.tokenizer->vocab_size(),
@@ -365,7 +392,7 @@ std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& 
     out.insert(out.end(), ds.val->tokens.begin(), ds.val->tokens.end());
     return out;
   }
-  const std::string text = read_text_file(path);
+  const std::string text = is_stream(path) ? read_stream(path) : read_text_file(path);
   QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
   try {
     return tok.encode(text);

@@ -9,7 +9,7 @@
 //   /train/doc_offsets   int64 [docs+1]   document d is tokens[doc_offsets[d] : doc_offsets[d+1]]
 //   /val/tokens, /val/doc_offsets         the same for the validation split
 //   /tokenizer           the tokenizer (data/tokenizer.h: save_tokenizer)
-// Files are written atomically (PATH.tmp, flush, rename) and checked on load: a wrong format
+// Files are written atomically (a unique temporary, flush, rename) and checked on load: a wrong format
 // attribute, a missing or mistyped dataset, inconsistent offsets, an id outside the vocabulary,
 // or a truncated/corrupt file each give one line naming the file and the item.
 //
@@ -95,6 +95,8 @@ Dataset load_dataset(const std::string& h5_path);
 // prepared once and cached as `<name>.<tokenizer>.h5` in `cache_dir`, or when that is empty next
 // to the text, or (if that directory is not writable) in $XDG_CACHE_HOME/qkv or ~/.cache/qkv.
 // The cache is rebuilt when the text is newer, its size changed, or the options differ.
+// A pipe or FIFO (`<(zcat corpus.gz)`) is read once and prepared in memory, without a cache; an
+// HDF5 file arriving through one is refused (HDF5 needs a regular file).
 // A prepared .h5 must hold an `opts.tokenizer` tokenizer unless opts.tokenizer is empty.
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir = "");
 // Where load_or_prepare caches a text file's preparation.
@@ -102,7 +104,8 @@ std::string dataset_cache_path(const std::string& text_path, const std::string& 
 
 // All tokens of a file for `qkv eval` (no split): a text file is encoded whole with `tok`; a
 // prepared .h5 gives its train tokens then its val tokens and must have been made with the same
-// tokenizer.
+// tokenizer. A pipe or FIFO is read exactly once (so `--data <(cat f)` scores what `--data f`
+// does); an HDF5 file arriving through one is refused.
 std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& tok);
 
 // Reads a whole file; names it when missing or unreadable.

@@ -3,14 +3,20 @@
 #include "data/h5.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
+#include <utility>
 
 namespace qkv::h5 {
 
@@ -21,12 +27,65 @@ void quiet() {
   std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
 }
 
+namespace {
+constexpr char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+
+bool is_regular(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+}  // namespace
+
+bool has_hdf5_signature(std::string_view bytes) {
+  return bytes.size() >= 8 && std::equal(kSignature, kSignature + 8, bytes.begin());
+}
+
 bool is_hdf5(const std::string& path) {
-  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  if (!is_regular(path)) return false;
   std::ifstream in(path, std::ios::binary);
   char head[8] = {};
   if (!in.read(head, 8)) return false;
-  return std::equal(head, head + 8, kSignature);
+  return has_hdf5_signature(std::string_view(head, 8));
+}
+
+namespace {
+// Bytes left before injected writes fail; negative = no injection. Read from the environment once.
+std::atomic<int64_t>& write_budget() {
+  static std::atomic<int64_t> budget{[] {
+    const char* env = std::getenv("QKV_FAULT_WRITE_BYTES");
+    return env && *env ? static_cast<int64_t>(std::strtoll(env, nullptr, 10)) : int64_t{-1};
+  }()};
+  return budget;
+}
+}  // namespace
+
+void fail_writes_after(int64_t bytes) { write_budget().store(bytes < 0 ? -1 : bytes); }
+
+bool injected_write_allowed(size_t n) {
+  std::atomic<int64_t>& b = write_budget();
+  int64_t left = b.load();
+  while (left >= 0) {
+    if (static_cast<uint64_t>(left) < n) {
+      b.store(0);
+      errno = ENOSPC;
+      return false;
+    }
+    if (b.compare_exchange_weak(left, left - static_cast<int64_t>(n))) return true;
+  }
+  return true;
+}
+
+std::string unique_temp_path(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint32_t salt = [] {
+    std::random_device rd;
+    return static_cast<uint32_t>(rd());
+  }();
+  const uint64_t n = counter.fetch_add(1);
+  char tail[40];
+  std::snprintf(tail, sizeof tail, "%llu.%08x", static_cast<unsigned long long>(n),
+                static_cast<unsigned>(salt ^ static_cast<uint32_t>(n * 0x9e3779b9u)));
+  return path + ".tmp." + std::to_string(::getpid()) + "." + tail;
 }
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
@@ -90,6 +149,191 @@ Id file_access_plist() {
   H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_LATEST);
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   return fapl;
+}
+
+}  // namespace
+
+// The first failed write of a file made by File::create (0 = none), and the errno of the last
+// failed open (for File::create's message).
+struct File::WriteStatus {
+  int err = 0;
+  int open_err = 0;
+};
+
+namespace {
+
+// ---- the write-guarding file driver ----
+// Plain POSIX I/O like HDF5's default "sec2" driver, with the same feature flags (so files come
+// out byte-identical), except that a failed write is recorded in the File's WriteStatus and
+// reported to HDF5 as a success. From then on data writes are dropped and metadata writes are
+// kept in memory (HDF5 may read its own metadata back before it closes the file), so HDF5 closes
+// the file normally; File::check_writes() turns the recorded error into the qkv::Error.
+struct DriverState {
+  int fd = -1;
+  bool writable = false;
+  haddr_t eoa = 0, eof = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  File::WriteStatus* status = nullptr;
+  int err = 0;
+  std::vector<std::pair<haddr_t, std::vector<char>>> overlay;  // metadata written after a failure
+};
+struct DriverFile {
+  H5FD_t pub;  // must come first: HDF5 hands back this pointer
+  DriverState* st;
+};
+struct DriverInfo {
+  File::WriteStatus* status;
+};
+
+DriverState* state_of(const H5FD_t* f) { return reinterpret_cast<const DriverFile*>(f)->st; }
+
+void record_failure(DriverState* st, int err) {
+  if (st->err) return;
+  st->err = err ? err : EIO;
+  if (st->status && !st->status->err) st->status->err = st->err;
+}
+
+H5FD_t* drv_open(const char* name, unsigned flags, hid_t fapl, haddr_t) {
+  const auto* info = static_cast<const DriverInfo*>(H5Pget_driver_info(fapl));
+  File::WriteStatus* status = info ? info->status : nullptr;
+  int o = (flags & H5F_ACC_RDWR) ? O_RDWR : O_RDONLY;
+  if (flags & H5F_ACC_TRUNC) o |= O_TRUNC;
+  if (flags & H5F_ACC_CREAT) o |= O_CREAT;
+  if (flags & H5F_ACC_EXCL) o |= O_EXCL;
+  const int fd = ::open(name, o | O_CLOEXEC, 0666);
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    if (status) status->open_err = errno;
+    if (fd >= 0) ::close(fd);
+    return nullptr;
+  }
+  auto* f = new DriverFile{};
+  f->st = new DriverState;
+  f->st->fd = fd;
+  f->st->writable = (flags & H5F_ACC_RDWR) != 0;
+  f->st->eof = static_cast<haddr_t>(st.st_size);
+  f->st->dev = st.st_dev;
+  f->st->ino = st.st_ino;
+  f->st->status = status;
+  return &f->pub;
+}
+
+herr_t drv_close(H5FD_t* file) {
+  auto* f = reinterpret_cast<DriverFile*>(file);
+  DriverState* st = f->st;
+  if (::close(st->fd) != 0 && st->writable) record_failure(st, errno);
+  delete st;
+  delete f;
+  return 0;
+}
+
+int drv_cmp(const H5FD_t* a, const H5FD_t* b) {
+  const DriverState *x = state_of(a), *y = state_of(b);
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  return 0;
+}
+
+herr_t drv_query(const H5FD_t*, unsigned long* flags) {
+  *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA | H5FD_FEAT_DATA_SIEVE |
+           H5FD_FEAT_AGGREGATE_SMALLDATA;
+  return 0;
+}
+
+haddr_t drv_get_eoa(const H5FD_t* f, H5FD_mem_t) { return state_of(f)->eoa; }
+herr_t drv_set_eoa(H5FD_t* f, H5FD_mem_t, haddr_t addr) {
+  state_of(f)->eoa = addr;
+  return 0;
+}
+haddr_t drv_get_eof(const H5FD_t* f, H5FD_mem_t) { return state_of(f)->eof; }
+herr_t drv_get_handle(H5FD_t* f, hid_t, void** handle) {
+  *handle = &state_of(f)->fd;
+  return 0;
+}
+
+herr_t drv_read(H5FD_t* f, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
+  DriverState* st = state_of(f);
+  char* out = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(st->fd, out + done, size - done, static_cast<off_t>(addr + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if (n == 0) {  // past the end of the file: HDF5 expects zeros
+      std::memset(out + done, 0, size - done);
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  for (const auto& [at, bytes] : st->overlay) {  // in write order: later writes win
+    const haddr_t lo = std::max(at, addr), hi = std::min<haddr_t>(at + bytes.size(), addr + size);
+    if (lo < hi) std::memcpy(out + (lo - addr), bytes.data() + (lo - at), hi - lo);
+  }
+  return 0;
+}
+
+herr_t drv_write(H5FD_t* f, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, const void* buf) {
+  DriverState* st = state_of(f);
+  const char* in = static_cast<const char*>(buf);
+  st->eof = std::max<haddr_t>(st->eof, addr + size);
+  if (!st->err) {
+    if (!injected_write_allowed(size)) {
+      record_failure(st, errno);
+    } else {
+      size_t done = 0;
+      while (done < size) {
+        const ssize_t n = ::pwrite(st->fd, in + done, size - done, static_cast<off_t>(addr + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          record_failure(st, n < 0 ? errno : ENOSPC);
+          break;
+        }
+        done += static_cast<size_t>(n);
+      }
+      if (!st->err) return 0;
+    }
+  }
+  // The file is lost anyway (the caller throws and removes it); keep what HDF5 may read back.
+  if (type != H5FD_MEM_DRAW) st->overlay.emplace_back(addr, std::vector<char>(in, in + size));
+  return 0;
+}
+
+herr_t drv_truncate(H5FD_t* f, hid_t, hbool_t) {
+  DriverState* st = state_of(f);
+  if (st->err || st->eoa == st->eof) return 0;
+  if (::ftruncate(st->fd, static_cast<off_t>(st->eoa)) != 0) record_failure(st, errno);
+  else st->eof = st->eoa;
+  return 0;
+}
+
+hid_t guarded_driver() {
+  static const hid_t id = [] {
+    static H5FD_class_t c{};
+#if H5_VERSION_GE(1, 13, 2)
+    c.version = H5FD_CLASS_VERSION;
+    c.value = static_cast<H5FD_class_value_t>(369);  // in the range HDF5 leaves to applications
+#endif
+    c.name = "qkv_guarded_posix";
+    c.maxaddr = (static_cast<haddr_t>(1) << (8 * sizeof(off_t) - 1)) - 1;
+    c.fc_degree = H5F_CLOSE_WEAK;
+    c.fapl_size = sizeof(DriverInfo);
+    c.open = drv_open;
+    c.close = drv_close;
+    c.cmp = drv_cmp;
+    c.query = drv_query;
+    c.get_eoa = drv_get_eoa;
+    c.set_eoa = drv_set_eoa;
+    c.get_eof = drv_get_eof;
+    c.get_handle = drv_get_handle;
+    c.read = drv_read;
+    c.write = drv_write;
+    c.truncate = drv_truncate;
+    const H5FD_mem_t map[H5FD_MEM_NTYPES] = H5FD_FLMAP_DICHOTOMY;
+    std::copy(map, map + H5FD_MEM_NTYPES, c.fl_map);
+    return H5FDregister(&c);
+  }();
+  return id;
 }
 
 Id utf8_string_type() {
@@ -161,19 +405,30 @@ std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const 
 
 }  // namespace
 
-File File::create(const std::string& path) {
+File File::create(const std::string& path, bool exclusive) {
   quiet();
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent))
     ::qkv::fail("[h5] ", path, ": cannot create file: directory ", parent.string(), " does not exist");
-  Id fapl = file_access_plist();
-  Id fcpl(H5Pcreate(H5P_FILE_CREATE));
-  H5Pset_obj_track_times(fcpl.get(), 0);
   File f;
   f.path_ = path;
-  f.file_ = Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
-  if (!f.file_.valid()) ::qkv::fail("[h5] ", path, ": cannot create file (directory not writable?)");
+  f.status_ = std::make_shared<WriteStatus>();
+  Id fapl = file_access_plist();
+  const DriverInfo info{f.status_.get()};
+  if (H5Pset_driver(fapl.get(), guarded_driver(), &info) < 0) ::qkv::fail("[h5] ", path, ": cannot set up the HDF5 file driver");
+  Id fcpl(H5Pcreate(H5P_FILE_CREATE));
+  H5Pset_obj_track_times(fcpl.get(), 0);
+  f.file_ = Id(H5Fcreate(path.c_str(), exclusive ? H5F_ACC_EXCL : H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
+  if (!f.file_.valid()) {
+    const int e = f.status_->open_err;
+    ::qkv::fail("[h5] ", path, ": cannot create file (", e ? std::strerror(e) : "directory not writable?", ")");
+  }
+  f.check_writes("the file header");
   return f;
+}
+
+void File::check_writes(const std::string& what) const {
+  if (status_ && status_->err) fail("cannot write ", what, ": ", std::strerror(status_->err));
 }
 
 File File::open(const std::string& path, bool writable) {
@@ -181,6 +436,8 @@ File File::open(const std::string& path, bool writable) {
   std::error_code ec;
   if (!fs::exists(path, ec)) ::qkv::fail("[h5] ", path, ": file not found");
   if (fs::is_directory(path, ec)) ::qkv::fail("[h5] ", path, ": is a directory, not an HDF5 file");
+  // A pipe or FIFO is never opened: HDF5 needs to seek, and a second open of a FIFO would hang.
+  if (!is_regular(path)) ::qkv::fail("[h5] ", path, ": not a regular file (a pipe, FIFO or device?); HDF5 files must be stored on disk");
   if (!is_hdf5(path)) ::qkv::fail("[h5] ", path, ": not an HDF5 file");
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
@@ -199,6 +456,20 @@ bool File::has(const std::string& name) const {
     pos = full.find('/', pos + 1);
     const std::string prefix = full.substr(0, pos);
     if (H5Lexists(file_.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    // Only hard links: a soft link would alias another object of this file, an external link
+    // would read from another file (neither is anything qkv writes).
+    H5L_info_t li{};
+    if (H5Lget_info(file_.get(), prefix.c_str(), &li, H5P_DEFAULT) < 0) fail("cannot read the link ", prefix, " (corrupt file?)");
+    if (li.type == H5L_TYPE_HARD) continue;
+    std::string target(li.type == H5L_TYPE_SOFT || li.type == H5L_TYPE_EXTERNAL ? li.u.val_size + 1 : 0, '\0');
+    if (!target.empty() && H5Lget_val(file_.get(), prefix.c_str(), target.data(), target.size(), H5P_DEFAULT) < 0) target.clear();
+    if (li.type == H5L_TYPE_SOFT)
+      fail(prefix, " is a soft link to ", target.c_str(), ", not an object stored under that name (refused)");
+    const char *ext_file = nullptr, *ext_obj = nullptr;
+    if (li.type == H5L_TYPE_EXTERNAL && !target.empty() &&
+        H5Lunpack_elink_val(target.data(), target.size(), nullptr, &ext_file, &ext_obj) >= 0 && ext_file && ext_obj)
+      fail(prefix, " is an external link to ", ext_file, ":", ext_obj, ", not an object stored in this file (refused)");
+    fail(prefix, " is a link of another kind (", static_cast<int>(li.type), "), not an object stored in this file (refused)");
   }
   // The final link may dangle (e.g. into a truncated region); make sure it resolves.
   return H5Oexists_by_name(file_.get(), full.c_str(), H5P_DEFAULT) > 0;
@@ -214,6 +485,7 @@ void File::create_group(const std::string& name) {
   Id gcpl(H5Pcreate(H5P_GROUP_CREATE));
   H5Pset_obj_track_times(gcpl.get(), 0);
   Id g(H5Gcreate2(file_.get(), full.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+  check_writes("group " + full);
   if (!g.valid()) fail("cannot create group ", full);
 }
 
@@ -282,9 +554,11 @@ void File::write_raw(const std::string& name, hid_t mem_type, const void* data, 
   else if (mem_type == H5T_NATIVE_INT64) file_type = H5T_STD_I64LE;
   Id lcpl = intermediate_lcpl();
   Id ds(H5Dcreate2(file_.get(), full.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  check_writes("dataset " + full);
   if (!ds.valid()) fail("cannot create dataset ", full);
-  if (numel > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    fail("cannot write dataset ", full, " (disk full?)");
+  const bool ok = numel == 0 || H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0;
+  check_writes("dataset " + full);
+  if (!ok) fail("cannot write dataset ", full);
 }
 
 void File::write(const std::string& name, const float* data, const Shape& shape) { write_raw(name, H5T_NATIVE_FLOAT, data, shape, 4); }
@@ -390,9 +664,12 @@ void File::write_string(const std::string& name, const std::string& text) {
   // contiguously it would sit unprotected, and a corrupted reference crashes HDF5 1.10.
   H5Pset_layout(dcpl.get(), H5D_COMPACT);
   Id ds(H5Dcreate2(file_.get(), full.c_str(), type.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  check_writes("dataset " + full);
   if (!ds.valid()) fail("cannot create dataset ", full);
   const char* p = text.c_str();
-  if (H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p) < 0) fail("cannot write dataset ", full);
+  const bool ok = H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p) >= 0;
+  check_writes("dataset " + full);
+  if (!ok) fail("cannot write dataset ", full);
   ds.reset();
   set_attr(full, "fnv1a64", static_cast<int64_t>(fnv1a64(text.data(), text.size())));
 }
@@ -426,19 +703,25 @@ void File::set_attr(const std::string& obj, const std::string& name, const std::
   Id type = utf8_string_type();
   Id a = fresh_attr(*this, o.get(), normalize(obj), name, type.get());
   const char* p = value.c_str();
-  if (H5Awrite(a.get(), type.get(), &p) < 0) fail("cannot write attribute ", name, " of ", normalize(obj));
+  const bool ok = H5Awrite(a.get(), type.get(), &p) >= 0;
+  check_writes("attribute " + name + " of " + normalize(obj));
+  if (!ok) fail("cannot write attribute ", name, " of ", normalize(obj));
 }
 
 void File::set_attr(const std::string& obj, const std::string& name, int64_t value) {
   Id o = open_object(obj);
   Id a = fresh_attr(*this, o.get(), normalize(obj), name, H5T_STD_I64LE);
-  if (H5Awrite(a.get(), H5T_NATIVE_INT64, &value) < 0) fail("cannot write attribute ", name, " of ", normalize(obj));
+  const bool ok = H5Awrite(a.get(), H5T_NATIVE_INT64, &value) >= 0;
+  check_writes("attribute " + name + " of " + normalize(obj));
+  if (!ok) fail("cannot write attribute ", name, " of ", normalize(obj));
 }
 
 void File::set_attr(const std::string& obj, const std::string& name, double value) {
   Id o = open_object(obj);
   Id a = fresh_attr(*this, o.get(), normalize(obj), name, H5T_IEEE_F64LE);
-  if (H5Awrite(a.get(), H5T_NATIVE_DOUBLE, &value) < 0) fail("cannot write attribute ", name, " of ", normalize(obj));
+  const bool ok = H5Awrite(a.get(), H5T_NATIVE_DOUBLE, &value) >= 0;
+  check_writes("attribute " + name + " of " + normalize(obj));
+  if (!ok) fail("cannot write attribute ", name, " of ", normalize(obj));
 }
 
 bool File::has_attr(const std::string& obj, const std::string& name) const {
@@ -483,19 +766,69 @@ double File::attr_double(const std::string& obj, const std::string& name) const 
 }
 
 void File::flush() {
-  if (file_.valid() && H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush (disk full?)");
+  if (!file_.valid()) return;
+  const bool ok = H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) >= 0;
+  check_writes("the file's metadata");
+  if (!ok) fail("cannot flush");
 }
 
 void File::close() {
   if (!file_.valid()) return;
   // Ownership is dropped first so a failing close is not retried by the destructor.
   const herr_t rc = H5Fclose(file_.release());
-  if (rc < 0) fail("cannot close (disk full?)");
+  check_writes("the file's metadata");
+  if (rc < 0) fail("cannot close");
 }
 
-AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
-  std::remove(tmp_.c_str());
-  file_ = File::create(tmp_);
+std::vector<std::string> File::all_datasets() const {
+  std::vector<std::string> out;
+  std::vector<std::string> groups{"/"};
+  while (!groups.empty()) {
+    const std::string g = groups.back();
+    groups.pop_back();
+    for (const std::string& name : children(g)) {
+      const std::string full = g == "/" ? "/" + name : g + "/" + name;
+      if (!has(full)) fail("object ", full, " is missing (dangling link)");
+      Id o(H5Oopen(file_.get(), full.c_str(), H5P_DEFAULT));  // (H5Oget_info's signature varies by HDF5 version)
+      if (!o.valid()) fail("cannot open object ", full, " (corrupt file?)");
+      const H5I_type_t type = H5Iget_type(o.get());
+      if (type == H5I_GROUP) groups.push_back(full);
+      else if (type == H5I_DATASET) out.push_back(full);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void File::verify(const std::string& name) const {
+  const DatasetInfo di = info(name);
+  if (di.type == "string") {
+    (void)read_string(name);
+    return;
+  }
+  size_t elem = 0;
+  hid_t mem = -1;
+  if (di.type == "float32") elem = 4, mem = H5T_NATIVE_FLOAT;
+  else if (di.type == "float64") elem = 8, mem = H5T_NATIVE_DOUBLE;
+  else if (di.type == "int32") elem = 4, mem = H5T_NATIVE_INT32;
+  else if (di.type == "int64") elem = 8, mem = H5T_NATIVE_INT64;
+  else if (di.type == "uint8") elem = 1, mem = H5T_NATIVE_UINT8;
+  else fail("dataset ", normalize(name), " has type ", di.type, ", which qkv never writes");
+  std::vector<char> buf(static_cast<size_t>(di.numel()) * elem);
+  if (!buf.empty()) read_raw(name, di.type.c_str(), mem, buf.data());
+}
+
+AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
+  // Exclusive creation: a name some other writer holds (however unlikely) is never shared.
+  for (int attempt = 0;; ++attempt) {
+    tmp_ = unique_temp_path(path_);
+    try {
+      file_ = File::create(tmp_, /*exclusive=*/true);
+      break;
+    } catch (const Error&) {
+      if (attempt >= 8 || !fs::exists(tmp_)) throw;
+    }
+  }
 }
 
 AtomicWriter::~AtomicWriter() {
@@ -505,18 +838,25 @@ AtomicWriter::~AtomicWriter() {
 }
 
 namespace {
-void fsync_path(const std::string& p, bool directory) {
+// fsync; the error (errno) of a file's sync, 0 when it worked. A directory's sync is best effort.
+int fsync_path(const std::string& p, bool directory) {
   const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
+  if (fd < 0) return directory ? 0 : errno;
+  const int rc = ::fsync(fd) == 0 ? 0 : errno;
   ::close(fd);
+  return directory ? 0 : rc;
 }
 }  // namespace
 
 void AtomicWriter::commit() {
   file_.flush();
   file_.close();
-  fsync_path(tmp_, false);
+  // Delayed allocation can report a full disk only here.
+  if (const int e = fsync_path(tmp_, false)) {
+    std::remove(tmp_.c_str());
+    done_ = true;
+    ::qkv::fail("[h5] ", path_, ": cannot write ", tmp_, " to disk (", std::strerror(e), ")");
+  }
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     std::remove(tmp_.c_str());
     done_ = true;

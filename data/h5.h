@@ -8,13 +8,26 @@
 // datasets (JSON, TOML) carry their own 64-bit checksum attribute. Modification times are not
 // recorded, so the same content gives the same bytes. HDF5's own error-stack printing is off.
 //
+// Files are written through qkv's own small file driver (plain POSIX I/O) that never reports a
+// failed write to HDF5: it records the first error (disk full, quota, I/O error) and the next
+// File call throws it. HDF5 reacts to a write error by leaving the file half-closed in its
+// tables, and its exit-time cleanup then crashed (SIGSEGV); recorded this way, HDF5's state stays
+// consistent and the file closes normally. Tests can make that driver fail on purpose
+// (fail_writes_after()).
+//
+// Reading accepts only regular files and only objects stored in the file itself: a soft link or
+// an external link (into another file) is refused by name, so a file can never pull its content
+// from elsewhere.
+//
 // Everything is readable by h5py: numbers as numpy arrays with their shapes, strings as bytes
 // (`f["tokenizer/json"][()].decode()`), attributes as str / int / float.
 #pragma once
 #include <hdf5.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -24,8 +37,22 @@ namespace qkv::h5 {
 // Turns off HDF5's printing of its error stack (we report errors ourselves). Idempotent.
 void quiet();
 
-// True when `path` exists and starts with the HDF5 signature.
+// True when `path` is a regular file that starts with the HDF5 signature (a pipe, FIFO or
+// device is never opened here: reading it would consume what the real reader needs).
 bool is_hdf5(const std::string& path);
+// True when `bytes` starts with the HDF5 signature.
+bool has_hdf5_signature(std::string_view bytes);
+
+// Fault injection for tests: after `bytes` more bytes, every write through the HDF5 driver and
+// train::write_file_atomic fails as if the disk were full (ENOSPC); a negative value turns it
+// off. The environment variable QKV_FAULT_WRITE_BYTES sets it at start-up (for CLI tests).
+void fail_writes_after(int64_t bytes);
+// Takes `n` bytes from the injected budget: false (with errno = ENOSPC) when it is exhausted.
+bool injected_write_allowed(size_t n);
+
+// A fresh temporary name next to `path`: PATH.tmp.<pid>.<counter>.<random>. Two processes (or
+// threads) writing the same target never share one; writers still create it exclusively.
+std::string unique_temp_path(const std::string& path);
 
 // An owned hid_t, released with the close function that matches its kind (file, group, ...).
 class Id {
@@ -60,21 +87,32 @@ struct DatasetInfo {
 
 class File {
  public:
-  // Creates (truncating) a file for writing.
-  static File create(const std::string& path);
+  // Creates (truncating) a file for writing; with `exclusive`, an existing file is an error.
+  static File create(const std::string& path, bool exclusive = false);
   // Opens an existing file; names the file when it is missing, not HDF5, or truncated.
   static File open(const std::string& path, bool writable = false);
 
   File() = default;
   File(File&&) noexcept = default;
-  File& operator=(File&&) noexcept = default;
-  ~File() = default;
+  // Closes the current file before its write status goes (the driver reports into it at close).
+  File& operator=(File&& o) noexcept {
+    if (this != &o) {
+      file_.reset();
+      path_ = std::move(o.path_);
+      status_ = std::move(o.status_);
+      file_ = std::move(o.file_);
+    }
+    return *this;
+  }
+  ~File() = default;  // file_ is destroyed (closed) before status_
 
   const std::string& path() const { return path_; }
   hid_t id() const { return file_.get(); }
 
   // Object names are absolute or relative to the root ("model/wte.weight" == "/model/wte.weight").
-  bool has(const std::string& name) const;          // checks every component of the path
+  // has() checks every component of the path; a component that is a soft or external link is
+  // an error naming it (objects must be stored in this file, reached by hard links only).
+  bool has(const std::string& name) const;
   void create_group(const std::string& name);       // with missing parents; no-op if present
   std::vector<std::string> children(const std::string& group) const;  // sorted names
 
@@ -123,6 +161,12 @@ class File {
   void flush();
   void close();  // also done by the destructor; errors surface here, not there
 
+  // Every dataset in the file (full names, sorted), found by walking the groups from the root.
+  std::vector<std::string> all_datasets() const;
+  // Reads dataset `name` whole, which verifies its Fletcher-32 checksums (numbers) or its
+  // fnv1a64 attribute (strings); throws naming it when it fails.
+  void verify(const std::string& name) const;
+
   // "[h5] PATH: " + parts, as a qkv::Error.
   template <class... Args>
   [[noreturn]] void fail(const Args&... parts) const {
@@ -134,13 +178,21 @@ class File {
   Id open_dataset(const std::string& name) const;
   void write_raw(const std::string& name, hid_t mem_type, const void* data, const Shape& shape, size_t elem_size);
   void read_raw(const std::string& name, const char* want_type, hid_t mem_type, void* out) const;
+  // Throws the driver's recorded write error, if any, naming `what` was being written.
+  void check_writes(const std::string& what) const;
 
+ public:
+  struct WriteStatus;  // the first failed write of a file made by create() (see h5.cpp)
+
+ private:
   std::string path_;
+  std::shared_ptr<WriteStatus> status_;  // declared before file_: outlives the open file
   Id file_;
 };
 
-// Writes PATH atomically: everything goes to PATH.tmp, which commit() flushes, closes, fsyncs and
-// renames over PATH. Destroyed without commit(), it removes the temporary and PATH is untouched.
+// Writes PATH atomically: everything goes to a fresh temporary (unique_temp_path(), created
+// exclusively), which commit() flushes, closes, fsyncs and renames over PATH. Destroyed without
+// commit() (an error midway, a full disk), it removes the temporary and PATH is untouched.
 class AtomicWriter {
  public:
   explicit AtomicWriter(std::string path);

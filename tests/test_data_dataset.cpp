@@ -365,14 +365,16 @@ TEST_CASE("an atomic write that fails midway leaves the previous file intact", "
     w.file().write("/v", std::vector<int32_t>{1, 2, 3});
     w.commit();
   }
+  std::string tmp;
   try {
     h5::AtomicWriter w(path);
     w.file().write("/v", std::vector<int32_t>{9, 9, 9, 9});
-    CHECK(fs::exists(path + ".tmp"));
+    tmp = w.temp_path();
+    CHECK(fs::exists(tmp));
     throw Error("simulated crash before commit");
   } catch (const Error&) {
   }
-  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK_FALSE(fs::exists(tmp));
   CHECK(h5::File::open(path).read<int32_t>("/v") == std::vector<int32_t>{1, 2, 3});
   CHECK_THROWS_WITH(h5::File::create(dir / "no/such/dir/x.h5"), Catch::Contains("does not exist"));
 }

@@ -299,18 +299,19 @@ TEST_CASE("checkpoint save that fails midway leaves the previous checkpoint load
   const std::string msg = error_of([&] { save(second, path); });
   CHECK_THAT(msg, Contains("refusing to save /optimizer/") && Contains("exp_avg_sq"));
   CHECK(read_bytes(path) == first_bytes);
-  CHECK_FALSE(fs::exists(path + ".tmp"));
   CHECK(files_in(dir) == std::set<std::string>{"ckpt_10.h5"});
   CHECK_NOTHROW(load_everything(path));
   CHECK(read_checkpoint_meta(path).state.step == 2);
 
   // A crash (no destructor ran) can leave a stale temporary behind: it never shadows the real
-  // file, and the next save replaces it.
-  write_bytes(path + ".tmp", std::vector<char>(100, 'x'));
+  // file, the next save (under a name of its own) is not disturbed by it, and pruning ignores it.
+  const std::string stale = path + ".tmp.999999.0.deadbeef";
+  write_bytes(stale, std::vector<char>(100, 'x'));
   CHECK_NOTHROW(load_everything(path));
   second.opt->states().back().exp_avg_sq.data<float>()[3] = 0.5f;
   save(second, path);
-  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK(files_in(dir) == std::set<std::string>{"ckpt_10.h5", "ckpt_10.h5.tmp.999999.0.deadbeef"});
+  CHECK(read_bytes(stale) == std::vector<char>(100, 'x'));
   CHECK(read_checkpoint_meta(path).state.step == 20);
   auto model = build_model(second.cfg, second.tok->vocab_size());
   load_model_weights(path, *model);

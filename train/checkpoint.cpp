@@ -416,6 +416,17 @@ std::vector<StoredTensor> list_model_tensors(const std::string& path) {
   return out;
 }
 
+int64_t verify_checkpoint_data(const std::string& path) {
+  const h5::File f = open_checkpoint(path);
+  const std::vector<std::string> names = f.all_datasets();
+  for (const std::string& name : names) {
+    const bool tensor = name.rfind("/model/", 0) == 0 || name.rfind("/optimizer/", 0) == 0;
+    if (tensor && f.info(name).type == "float32") (void)read_finite(f, name);
+    else f.verify(name);
+  }
+  return static_cast<int64_t>(names.size());
+}
+
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
   QKV_CHECK(keep_last >= 1, "[checkpoint] keep_last must be at least 1, got ", keep_last);
   std::error_code ec;
@@ -424,7 +435,7 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
   std::vector<std::pair<int64_t, fs::path>> found;  // (step, file)
   for (const fs::directory_entry& e : it) {
     const std::string name = e.path().filename().string();
-    // ckpt_<digits>.h5 exactly; temporaries (".h5.tmp"), best.h5 and anything else are left alone.
+    // ckpt_<digits>.h5 exactly; temporaries (".h5.tmp.*"), best.h5 and anything else are left alone.
     if (name.size() <= 8 || name.rfind("ckpt_", 0) != 0 || !ends_with(name, ".h5")) continue;
     const std::string digits = name.substr(5, name.size() - 8);
     int64_t step = 0;

@@ -13,7 +13,8 @@
 //   /tokenizer                    everything needed to encode/decode (data/tokenizer.h)
 //   /train                        best_val_loss, consecutive and total skipped steps
 // Writes are atomic (temporary file, flush, fsync, rename); loading verifies integrity and names
-// the first problem found.
+// the first problem found. Every object must be stored in the file itself: a soft or external
+// link anywhere is refused by name.
 #pragma once
 #include <cmath>
 #include <memory>
@@ -77,6 +78,12 @@ struct StoredTensor {
   Shape shape;
 };
 std::vector<StoredTensor> list_model_tensors(const std::string& path);
+
+// Reads every dataset of the checkpoint whole: each must pass its checksum (Fletcher-32 for
+// numbers, fnv1a64 for strings), and the /model and /optimizer tensors must be finite. Throws
+// naming the first dataset that fails; returns how many were verified. (`qkv inspect` runs it;
+// loading checks the same for what it reads.)
+int64_t verify_checkpoint_data(const std::string& path);
 
 // Keeps the newest `keep_last` files named ckpt_<step>.h5 in `dir` (best.h5 is never removed).
 void prune_checkpoints(const std::string& dir, int64_t keep_last);

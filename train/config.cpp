@@ -5,11 +5,14 @@
 // in config.h and this table.
 #include "train/config.h"
 
+#include <sys/stat.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
@@ -323,6 +326,12 @@ Config parse_config_text(const std::string& text, const std::string& origin,
 }
 
 Config parse_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A directory opens and reads as empty text (which would train the built-in defaults), and a
+  // FIFO blocks until some writer appears: only a regular file is a config.
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open config file (", std::strerror(errno), ")");
+  if (S_ISDIR(st.st_mode)) fail(path, ": is a directory, not a config file");
+  if (!S_ISREG(st.st_mode)) fail(path, ": not a regular file (a pipe, FIFO or device?); the config must be a TOML file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open config file");
   std::ostringstream ss;
