@@ -24,8 +24,8 @@
 //
 // Mutants (tests/emulation/run_cuda_mutants.sh, section "CPU attention kernels"): the fused
 // forward without the max subtraction, the fused backward recomputing P as exp(S)·exp(−lse), and
-// the CPU softmax (the reference kernel's) without the max subtraction all fail these cases and
-// pass every other [attention] test.
+// the CPU softmax (the reference kernel's) without the max subtraction each fail all three cases
+// here and pass every other [attention], [leakcheck] and [gradcheck] case.
 #include <catch2/catch.hpp>
 
 #include <cmath>
