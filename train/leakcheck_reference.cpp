@@ -1,6 +1,11 @@
 // The checks that look inside attention: mask semantics on synthetic inputs (seeds §7, §17.2-17.4;
 // DESIGN §2), every layer's attention on its real inputs against the naive float64 loop
-// (leakcheck_common.cpp), and dropout discipline (seeds §18).
+// (leakcheck_common.cpp), forward and backward, and dropout discipline (seeds §18).
+//
+// The backward check differentiates the attention op the model calls on each layer's captured
+// q/k/v (RoPE applied inside the graph, so its vjp is checked too) with a seeded dO, and compares
+// dq, dk, dv with the float64 vjp below; the forward checks alone cannot see a kernel whose
+// forward is right and whose gradient is not (a fused backward recomputes P on its own).
 //
 // Mask semantics compare attention_with_weights' weights P [B, Hq, Nq, Nk] with the naive
 // predicate cell by cell: a masked cell must be exactly 0 (masking happens on logits, before
