@@ -16,6 +16,8 @@
 
 #include "compare_util.h"
 #include "attention/fault.h"
+#include "autograd/engine.h"
+#include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
@@ -106,7 +108,7 @@ void expect_clean_models_pass(Device dev) {
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
     model->to(dev);
     const auto checks = train::run_model_checks(*model, o);
-    CHECK(checks.size() == 15);
+    CHECK(checks.size() == 16);
     for (const auto& c : checks) {
       INFO(nn::family_name(model->config().family) << " " << c.name << " = " << c.value << " (threshold " << c.threshold
                                                   << "): " << c.detail);
@@ -149,6 +151,10 @@ void expect_planted_faults_caught(Device dev) {
       {"reference_attention", F::gqa_modulo, true},
       {"reference_attention", F::causal_reversed, false},
       {"reference_attention", F::window_off_by_one, true},
+      {"reference_attention_backward", F::gqa_modulo, true},
+      {"reference_attention_backward", F::causal_reversed, false},
+      {"reference_attention_backward", F::ignore_key_padding, false},
+      {"reference_attention_backward", F::window_off_by_one, true},
       {"dropout_discipline", F::dropout_in_eval, false},
   };
   const auto gpt2 = tiny_gpt2(), llama = tiny_llama();
@@ -220,6 +226,86 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   CHECK(j["self_test"]["false_alarms"] == 0);
   CHECK(j["self_test"]["faults"].size() == 10);
   CHECK(train::self_test_table(st).find("10/10 planted faults detected, PASS") != std::string::npos);
+}
+
+TEST_CASE("the naive float64 attention backward is the gradient of the naive forward", "[leakcheck]") {
+  // Central differences of L = Σ dO ∘ O(q, k, v) on a small case with every feature the leak checks
+  // use: GQA 4:2, causal, window, key padding that empties a row, segments, ALiBi.
+  train::leak::NaiveSpec s;
+  s.B = 2, s.Hq = 4, s.Hkv = 2, s.Nq = 5, s.Nk = 7, s.D = 3, s.Dv = 3;
+  s.window = 5;
+  s.key_valid.assign(14, 1);
+  for (int j = 0; j < 3; ++j) s.key_valid[7 + j] = 0;  // batch 1: query 0 (position 2) sees nothing
+  s.segment = {0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+  s.alibi = train::leak::naive_alibi_slopes(4);
+  auto draw = [](size_t n, uint64_t seed) { return randn({static_cast<int64_t>(n)}, seed, 0, 0.0, 1.0, DType::f64).to_vector(); };
+  std::vector<double> q = draw(2 * 4 * 5 * 3, 1), k = draw(2 * 2 * 7 * 3, 2), v = draw(2 * 2 * 7 * 3, 3),
+                      dout = draw(2 * 4 * 5 * 3, 4), dq, dk, dv, out;
+  for (double& x : q) x *= 3;  // weights far from uniform
+  train::leak::naive_attention_backward(s, q, k, v, dout, dq, dk, dv);
+  auto loss = [&] {
+    train::leak::naive_attention(s, q, k, v, out, nullptr);
+    double l = 0;
+    for (size_t e = 0; e < out.size(); ++e) l += dout[e] * out[e];
+    return l;
+  };
+  double worst = 0, largest = 0;
+  int nonzero = 0;
+  for (auto [x, g] : {std::pair{&q, &dq}, std::pair{&k, &dk}, std::pair{&v, &dv}})
+    for (size_t e = 0; e < x->size(); ++e) {
+      const double keep = (*x)[e], h = 1e-6;
+      (*x)[e] = keep + h;
+      const double up = loss();
+      (*x)[e] = keep - h;
+      const double down = loss();
+      (*x)[e] = keep;
+      worst = std::max(worst, std::fabs((up - down) / (2 * h) - (*g)[e]));
+      largest = std::max(largest, std::fabs((*g)[e]));
+      nonzero += (*g)[e] != 0;
+    }
+  INFO("worst |finite difference - vjp| " << worst << ", largest gradient " << largest);
+  CHECK(worst < 1e-7);
+  CHECK(largest > 0.1);
+  CHECK(nonzero > 100);
+  // The emptied row (batch 1, every head, query 0) gets exactly zero dq.
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t d = 0; d < 3; ++d) CHECK(dq[static_cast<size_t>(((4 + h) * 5) * 3 + d)] == 0.0);
+}
+
+TEST_CASE("the backward reference check fails on an attention whose gradient is wrong", "[leakcheck]") {
+  // The fault switch (attention/fault.h) plants forward bugs only, so the wrong gradient comes from
+  // the check's test seam: an attention whose output is exactly right (q - copy(q) is 0) but whose
+  // dq carries an extra 0.1·dO, or whose dv is scaled by 1.001 (the output again exact).
+  const train::leak::AttentionFn right = [](const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const attn::AttentionOptions& o) { return attn::attention(q, k, v, o); };
+  const train::leak::AttentionFn leaks_into_dq = [](const Tensor& q, const Tensor& k, const Tensor& v,
+                                                    const attn::AttentionOptions& o) {
+    return ag::add(attn::attention(q, k, v, o), ag::mul(ag::sub(q, q.clone()), 0.1));
+  };
+  const train::leak::AttentionFn scales_dv = [](const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const attn::AttentionOptions& o) {
+    // v + 0.001·(v − copy(v)): the value of v, the gradient 1.001·dV.
+    return attn::attention(q, k, ag::add(v, ag::mul(ag::sub(v, v.clone()), 0.001)), o);
+  };
+  train::LeakCheckOptions o;
+  for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
+    const std::string family = nn::family_name(model->config().family);
+    const train::LeakCheck clean = train::leak::reference_attention_backward(*model, o, right);
+    INFO(family << ": clean " << clean.value << " (" << clean.detail << ")");
+    CHECK(clean.name == "reference_attention_backward");
+    CHECK(clean.pass);
+    CHECK(clean.value == train::check_reference_attention_backward(*model, o).value);
+    const train::LeakCheck bad_dq = train::leak::reference_attention_backward(*model, o, leaks_into_dq);
+    INFO(family << ": extra dq " << bad_dq.value << " (" << bad_dq.detail << ")");
+    CHECK_FALSE(bad_dq.pass);
+    CHECK(bad_dq.value > 100 * bad_dq.threshold);
+    CHECK(bad_dq.detail.find(" dq (attention)") != std::string::npos);
+    const train::LeakCheck bad_dv = train::leak::reference_attention_backward(*model, o, scales_dv);
+    INFO(family << ": dv x1.001 " << bad_dv.value << " (" << bad_dv.detail << ")");
+    CHECK_FALSE(bad_dv.pass);
+    CHECK(bad_dv.value == Approx(1e-3).epsilon(0.05));
+    CHECK(bad_dv.detail.find(" dv (attention)") != std::string::npos);
+  }
 }
 
 TEST_CASE("data leakage checks flag validation text copied from train", "[leakcheck]") {
@@ -404,6 +490,6 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
     REQUIRE(run_qkv("leakcheck --config configs/tiny.toml --json", &out, &err) == 0);
     const nlohmann::json j = nlohmann::json::parse(out);  // --json: stdout is the one JSON line
     CHECK(j["failed"] == 0);
-    CHECK(j["passed"] == 17);
+    CHECK(j["passed"] == 18);  // 16 model checks + 2 data checks
   }
 }

@@ -1,9 +1,10 @@
 // Leakage and consistency evaluation (`qkv leakcheck`; seeds §7, §17, §20): checks that a model
 // reads no future token, that every way of feeding it tokens (KV cache, chunked prefill, padding,
 // packing) gives the parallel forward's answer, that the attention masks mean what DESIGN §2 says,
-// that each layer's attention equals a naive float64 implementation on its real inputs, that
-// dropout is off in eval, and that validation text does not repeat the training text. A self-test
-// plants each known attention bug (attention/fault.h) and proves the checks catch it.
+// that each layer's attention (forward and backward) equals a naive float64 implementation on its
+// real inputs, that dropout is off in eval, and that validation text does not repeat the training
+// text. A self-test plants each known attention bug (attention/fault.h) and proves the checks
+// catch it.
 //
 // Every model check runs on a fixed, seeded probe batch sized to the model (probe length
 // L = min(block_size, max_probe_len), tokens uniform in [0, vocab)) and on an eval-mode copy of
@@ -22,6 +23,9 @@
 //   mask.*      masked weights (exactly 0), row sums, fully masked rows, bottom-right alignment,
 //               window boundary, fused kernel vs naive float64          see each
 //   reference_attention  max over layers of max|Δout| / max|out| against naive float64  1e-4
+//   reference_attention_backward  max over layers and dq, dk, dv of max|Δ| / max|ref|: the
+//               model's attention backward (through RoPE) on its real q/k/v with a seeded dO
+//               against the naive float64 vjp                           1e-4
 //   dropout_discipline  max|Δ| between eval runs, eval vs dropout-free, train runs with one seed
 //               (and train runs with two seeds must differ)              0
 //   data.val_ngram_share, data.duplicated_docs   (with a dataset)        0.05, 0
@@ -68,6 +72,9 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
 // mask.* on synthetic q, k, v shaped like the model's attention (heads, head dim, window)
 std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// The same probe and captured q/k/v; the attention op the model calls (and, for a model that trains
+// through attention_packed, that op too) differentiated with a seeded dO.
+LeakCheck check_reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // On copies with dropout = attn_dropout = 0.1 (or the model's own when > 0) and with none.
 LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // data.val_ngram_share, data.duplicated_docs

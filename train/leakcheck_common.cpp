@@ -251,6 +251,7 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
   guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
+  guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
   return out;
 }

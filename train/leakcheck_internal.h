@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -78,11 +79,24 @@ bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j);
 // Returns the number of fully masked (b, h, i) rows.
 int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
                         const std::vector<double>& v, std::vector<double>& out, std::vector<double>* weights);
+// The vjp of naive_attention in float64 for an output gradient dout [B, Hq, Nq, Dv]: with P the
+// weights and O the output, dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘(dP − rowsum(dO∘O)), dQ = s·dS·K,
+// dK = s·dSᵀ·Q (K/V gradients summed over the query heads of a group); zeros on fully masked rows.
+void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
+                              const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
+                              std::vector<double>& dk, std::vector<double>& dv);
 // RoPE, rotate-half pairing, in place on x [B, H, N, D] with positions pos [B, N].
 void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t D, const std::vector<int64_t>& pos,
                 double theta);
 // ALiBi slopes (power-of-two heads: 2^(-8(h+1)/H); otherwise the closest power of two's slopes,
 // then every other slope of twice that many heads).
 std::vector<double> naive_alibi_slopes(int64_t H);
+
+// ---- the backward check's test seam ----
+// The attention call check_reference_attention_backward differentiates (attn::attention); a test
+// passes a deliberately wrong one to prove the check fires, with no fault branch in the kernels.
+using AttentionFn =
+    std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& opts)>;
+LeakCheck reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o, const AttentionFn& fn);
 
 }  // namespace qkv::train::leak

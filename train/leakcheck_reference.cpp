@@ -1,6 +1,11 @@
 // The checks that look inside attention: mask semantics on synthetic inputs (seeds §7, §17.2-17.4;
 // DESIGN §2), every layer's attention on its real inputs against the naive float64 loop
-// (leakcheck_common.cpp), and dropout discipline (seeds §18).
+// (leakcheck_common.cpp), forward and backward, and dropout discipline (seeds §18).
+//
+// The backward check differentiates the attention op the model calls on each layer's captured
+// q/k/v (RoPE applied inside the graph, so its vjp is checked too) with a seeded dO, and compares
+// dq, dk, dv with the float64 vjp below; the forward checks alone cannot see a kernel whose
+// forward is right and whose gradient is not (a fused backward recomputes P on its own).
 //
 // Mask semantics compare attention_with_weights' weights P [B, Hq, Nq, Nk] with the naive
 // predicate cell by cell: a masked cell must be exactly 0 (masking happens on logits, before
@@ -11,7 +16,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/alibi.h"
 #include "attention/attention.h"
+#include "attention/rope.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 #include "train/leakcheck_internal.h"
 
@@ -133,68 +142,239 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
   return out;
 }
 
-LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
-  const leak::EvalModel m(model);
-  const nn::ModelConfig& c = m->config();
-  const int64_t L = leak::probe_len(c, o), B = 3, Hq = c.n_head, Hkv = c.n_kv_head, hd = c.head_dim();
+namespace {
+
+// The reference checks' probe: 3 rows (plain, left-padded, packed) through an eval copy, every
+// layer's attention captured, and the naive spec of the masks the model applied.
+struct RealAttention {
+  int64_t B = 3, L = 0;
+  std::vector<int64_t> pos, seg;
+  std::vector<uint8_t> valid;
+  nn::ForwardArgs args;  // the probe's positions, segments and key padding (on the host)
+  std::vector<nn::AttentionCapture> caps;
+  leak::NaiveSpec spec;
+  std::string what;      // the masks and positions, for the detail
+};
+
+RealAttention capture_real_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  RealAttention r;
+  const nn::ModelConfig& c = model.config();
+  const int64_t B = r.B, L = r.L = leak::probe_len(c, o), Hq = c.n_head, Hkv = c.n_kv_head, hd = c.head_dim();
   const auto rows = leak::probe_rows(c, o, B, L, 8);
   // Row 0 plain; row 1 left-padded by P (pads in segment -1, positions restart at its first real
   // token); row 2 two packed documents.
   const int64_t P = L >= 2 ? std::max<int64_t>(1, L / 4) : 0, half = L / 2;
-  std::vector<int64_t> pos(static_cast<size_t>(B * L)), seg(static_cast<size_t>(B * L), 0);
-  std::vector<uint8_t> valid(static_cast<size_t>(B * L), 1);
+  r.pos.assign(static_cast<size_t>(B * L), 0);
+  r.seg.assign(static_cast<size_t>(B * L), 0);
+  r.valid.assign(static_cast<size_t>(B * L), 1);
   for (int64_t t = 0; t < L; ++t) {
-    pos[static_cast<size_t>(t)] = t;
+    r.pos[static_cast<size_t>(t)] = t;
     const size_t r1 = static_cast<size_t>(L + t), r2 = static_cast<size_t>(2 * L + t);
-    valid[r1] = t >= P;
-    seg[r1] = t >= P ? 0 : -1;
-    pos[r1] = t >= P ? t - P : 0;
-    seg[r2] = t >= half ? 1 : 0;
-    pos[r2] = t >= half ? t - half : t;
+    r.valid[r1] = t >= P;
+    r.seg[r1] = t >= P ? 0 : -1;
+    r.pos[r1] = t >= P ? t - P : 0;
+    r.seg[r2] = t >= half ? 1 : 0;
+    r.pos[r2] = t >= half ? t - half : t;
   }
-  std::vector<nn::AttentionCapture> caps;
-  nn::ForwardArgs a;
+  nn::ForwardArgs& a = r.args;
   a.ids = leak::ids_tensor(rows);
-  a.positions = from_vector_i64(pos, {B, L});
-  a.segment_ids = from_vector_i64(seg, {B, L});
+  a.positions = from_vector_i64(r.pos, {B, L});
+  a.segment_ids = from_vector_i64(r.seg, {B, L});
   a.key_padding = Tensor::empty({B, L}, DType::boolean);
-  for (int64_t i = 0; i < B * L; ++i) a.key_padding.data<bool>()[i] = valid[static_cast<size_t>(i)] != 0;
-  a.attention = &caps;
-  leak::forward(*m, a);
-  QKV_CHECK(static_cast<int64_t>(caps.size()) == c.n_layer, "[leakcheck] captured ", caps.size(),
+  for (int64_t i = 0; i < B * L; ++i) a.key_padding.data<bool>()[i] = r.valid[static_cast<size_t>(i)] != 0;
+  a.attention = &r.caps;
+  leak::forward(model, a);
+  a.attention = nullptr;
+  QKV_CHECK(static_cast<int64_t>(r.caps.size()) == c.n_layer, "[leakcheck] captured ", r.caps.size(),
             " attention layers from a model of ", c.n_layer);
 
-  leak::NaiveSpec s;
+  leak::NaiveSpec& s = r.spec;
   s.B = B, s.Hq = Hq, s.Hkv = Hkv, s.Nq = L, s.Nk = L, s.D = hd, s.Dv = hd;
   s.causal = true;
   s.window = c.window;
-  s.key_valid = valid;
-  s.segment = seg;
+  s.key_valid = r.valid;
+  s.segment = r.seg;
   if (c.position == nn::Position::alibi) s.alibi = leak::naive_alibi_slopes(Hq);
+  r.what = std::string("scale 1/sqrt(") + std::to_string(hd) + "), causal";
+  if (c.window > 0) r.what += ", window " + std::to_string(c.window);
+  r.what += ", key padding, segments, GQA " + std::to_string(Hq) + ":" + std::to_string(Hkv);
+  if (c.position == nn::Position::rope) r.what += ", RoPE at the given positions";
+  if (c.position == nn::Position::alibi) r.what += ", ALiBi";
+  return r;
+}
+
+// Turns grad mode on for a scope (the checks otherwise run without recording a graph).
+class GradOn {
+ public:
+  GradOn() : prev_(autograd::grad_enabled()) { autograd::set_grad_enabled(true); }
+  ~GradOn() { autograd::set_grad_enabled(prev_); }
+  GradOn(const GradOn&) = delete;
+  GradOn& operator=(const GradOn&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace
+
+LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const RealAttention r = capture_real_attention(*m, o);
+  const int64_t B = r.B, L = r.L, Hq = c.n_head, Hkv = c.n_kv_head, hd = c.head_dim();
   double worst = 0;
   int64_t worst_layer = 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    std::vector<double> q = to_f64(caps[l].q), k = to_f64(caps[l].k), ref;
+    std::vector<double> q = to_f64(r.caps[l].q), k = to_f64(r.caps[l].k), ref;
     if (c.position == nn::Position::rope) {
-      leak::naive_rope(q, B, Hq, L, hd, pos, c.rope_theta);
-      leak::naive_rope(k, B, Hkv, L, hd, pos, c.rope_theta);
+      leak::naive_rope(q, B, Hq, L, hd, r.pos, c.rope_theta);
+      leak::naive_rope(k, B, Hkv, L, hd, r.pos, c.rope_theta);
     }
-    leak::naive_attention(s, q, k, to_f64(caps[l].v), ref, nullptr);
+    leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
     const Tensor ref_t = from_vector(ref, {B, Hq, L, hd}, DType::f64);
-    const double d = leak::ratio(max_delta(caps[l].out, ref_t), max_abs(ref_t));
+    const double d = leak::ratio(max_delta(r.caps[l].out, ref_t), max_abs(ref_t));
     if (l == 0 || d > worst) {
       worst = d;
       worst_layer = l;
     }
   }
-  std::string what = std::string("scale 1/sqrt(") + std::to_string(hd) + "), causal";
-  if (c.window > 0) what += ", window " + std::to_string(c.window);
-  what += ", key padding, segments, GQA " + std::to_string(Hq) + ":" + std::to_string(Hkv);
-  if (c.position == nn::Position::rope) what += ", RoPE at the given positions";
-  if (c.position == nn::Position::alibi) what += ", ALiBi";
   return leak::make_check("reference_attention", worst, 1e-4,
                           "every layer's attention output on its real q/k/v (3 rows: plain, left-padded, packed) vs "
-                          "naive float64 (" + what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
+                          "naive float64 (" + r.what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
+}
+
+namespace leak {
+
+void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
+                              const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
+                              std::vector<double>& dk, std::vector<double>& dv) {
+  std::vector<double> out, w;
+  naive_attention(s, q, k, v, out, &w);  // P (zero rows where fully masked) and O
+  const int64_t G = s.Hq / s.Hkv;
+  const double scale = s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  std::vector<double> dp(static_cast<size_t>(s.Nk));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Nq; ++i) {
+        const int64_t kh = h / G, row = (b * s.Hq + h) * s.Nq + i;
+        const double* p = &w[static_cast<size_t>(row * s.Nk)];
+        const double* go = &dout[static_cast<size_t>(row * s.Dv)];
+        const double* o = &out[static_cast<size_t>(row * s.Dv)];
+        const double* qi = &q[static_cast<size_t>(row * s.D)];
+        double di = 0;  // rowsum(dO ∘ O)
+        for (int64_t d = 0; d < s.Dv; ++d) di += go[d] * o[d];
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          if (p[j] == 0) continue;  // masked (or underflowed): no gradient flows through it
+          const size_t kr = static_cast<size_t>((b * s.Hkv + kh) * s.Nk + j);
+          const double* vj = &v[kr * static_cast<size_t>(s.Dv)];
+          double dpj = 0;
+          for (int64_t d = 0; d < s.Dv; ++d) {
+            dv[kr * static_cast<size_t>(s.Dv) + static_cast<size_t>(d)] += p[j] * go[d];
+            dpj += go[d] * vj[d];
+          }
+          const double ds = scale * p[j] * (dpj - di);
+          const double* kj = &k[kr * static_cast<size_t>(s.D)];
+          for (int64_t d = 0; d < s.D; ++d) {
+            dq[static_cast<size_t>(row * s.D + d)] += ds * kj[d];
+            dk[kr * static_cast<size_t>(s.D) + static_cast<size_t>(d)] += ds * qi[d];
+          }
+        }
+      }
+}
+
+LeakCheck reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o, const AttentionFn& fn) {
+  const EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const RealAttention r = capture_real_attention(*m, o);
+  const int64_t B = r.B, L = r.L, Hq = c.n_head, Hkv = c.n_kv_head, hd = c.head_dim();
+  const Device dev = m->device();
+  const bool rope = c.position == nn::Position::rope;
+  // A gpt2-style model (fused c_attn) without RoPE trains through attention_packed: check that op too.
+  const bool packed = c.family == nn::Family::gpt2 && !rope;
+  attn::AttentionOptions opts;
+  opts.causal = true;
+  opts.window = c.window;
+  opts.kernel = c.attn_kernel;
+  opts.key_padding = r.args.key_padding.to(dev);
+  opts.segment_ids = r.args.segment_ids.to(dev);
+  if (c.position == nn::Position::alibi) opts.alibi_slopes = attn::alibi_slopes(Hq);
+  const Tensor positions = r.args.positions.to(dev);
+  // The seeded output gradient, drawn on the host so every device sees the same values.
+  const Tensor dout = randn({B, Hq, L, hd}, o.seed, uint64_t{0xba} << 40);
+  const std::vector<double> dout64 = to_f64(dout);
+  std::vector<int64_t> neg_pos(r.pos.size());
+  for (size_t e = 0; e < r.pos.size(); ++e) neg_pos[e] = -r.pos[e];
+
+  double worst = 0;
+  std::string worst_at = "none";
+  auto note = [&](double d, int64_t layer, const char* grad, const char* path) {
+    if (worst_at == "none" || d > worst || std::isnan(d)) {
+      worst = std::isnan(d) ? INFINITY : d;
+      worst_at = "layer " + std::to_string(layer) + " " + grad + " (" + path + ")";
+    }
+  };
+  GradOn grad_on;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    // Float64 oracle on the captured (pre-RoPE) q/k/v; RoPE's vjp is the rotation by -position.
+    std::vector<double> q = to_f64(r.caps[l].q), k = to_f64(r.caps[l].k), v = to_f64(r.caps[l].v);
+    if (rope) {
+      naive_rope(q, B, Hq, L, hd, r.pos, c.rope_theta);
+      naive_rope(k, B, Hkv, L, hd, r.pos, c.rope_theta);
+    }
+    std::vector<double> dq, dk, dv;
+    naive_attention_backward(r.spec, q, k, v, dout64, dq, dk, dv);
+    if (rope) {
+      naive_rope(dq, B, Hq, L, hd, neg_pos, c.rope_theta);
+      naive_rope(dk, B, Hkv, L, hd, neg_pos, c.rope_theta);
+    }
+    const Tensor want[3] = {from_vector(dq, {B, Hq, L, hd}, DType::f64), from_vector(dk, {B, Hkv, L, hd}, DType::f64),
+                            from_vector(dv, {B, Hkv, L, hd}, DType::f64)};
+    const char* names[3] = {"dq", "dk", "dv"};
+    auto compare = [&](const Tensor* got, const char* path) {
+      for (int t = 0; t < 3; ++t) note(leak::ratio(max_delta(got[t], want[t]), max_abs(want[t])), l, names[t], path);
+    };
+
+    // The op the captured forward ran: attention() on [B, H, L, hd] (RoPE applied in the graph).
+    Tensor q0 = r.caps[l].q.clone().set_requires_grad(true);
+    Tensor k0 = r.caps[l].k.clone().set_requires_grad(true);
+    Tensor v0 = r.caps[l].v.clone().set_requires_grad(true);
+    Tensor qa = q0, ka = k0;
+    if (rope) {
+      qa = attn::apply_rope(q0, positions, c.rope_theta);
+      ka = attn::apply_rope(k0, positions, c.rope_theta);
+    }
+    autograd::backward(fn(qa, ka, v0, opts), dout.to(dev));
+    const Tensor got[3] = {q0.grad(), k0.grad(), v0.grad()};
+    compare(got, "attention");
+
+    if (packed) {  // attention_packed on [B, L, Hq + 2·Hkv, hd], as the training forward calls it
+      Tensor qkv = cat({r.caps[l].q.transpose(1, 2), r.caps[l].k.transpose(1, 2), r.caps[l].v.transpose(1, 2)}, 2)
+                       .contiguous()
+                       .set_requires_grad(true);
+      autograd::backward(attn::attention_packed(qkv, Hq, Hkv, opts), dout.transpose(1, 2).contiguous().to(dev));
+      const Tensor g = qkv.grad();
+      const Tensor pg[3] = {g.narrow(2, 0, Hq).transpose(1, 2), g.narrow(2, Hq, Hkv).transpose(1, 2),
+                            g.narrow(2, Hq + Hkv, Hkv).transpose(1, 2)};
+      compare(pg, "attention_packed");
+    }
+  }
+  return make_check("reference_attention_backward", worst, 1e-4,
+                    "every layer's attention backward on its real q/k/v (the 3 probe rows) with a seeded N(0,1) dO: "
+                    "dq, dk, dv" + std::string(rope ? " through RoPE" : "") + " vs the naive float64 vjp (" + r.what +
+                        (packed ? "; attention() and attention_packed" : "; attention()") +
+                        "); max|Δ| / max|ref|, worst " + worst_at);
+}
+
+}  // namespace leak
+
+LeakCheck check_reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  return leak::reference_attention_backward(model, o, [](const Tensor& q, const Tensor& k, const Tensor& v,
+                                                          const attn::AttentionOptions& opts) {
+    return attn::attention(q, k, v, opts);
+  });
 }
 
 LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o) {

@@ -97,10 +97,10 @@ nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st
 std::string leakcheck_table(const LeakCheckReport& r) {
   std::string s;
   char line[256];
-  std::snprintf(line, sizeof line, "%-27s %11s %11s  %-4s  %s\n", "check", "value", "threshold", "pass", "detail");
+  std::snprintf(line, sizeof line, "%-28s %11s %11s  %-4s  %s\n", "check", "value", "threshold", "pass", "detail");
   s += line;
   for (const auto& c : r.checks) {
-    std::snprintf(line, sizeof line, "%-27s %11s %11s  %-4s  ", c.name.c_str(), sci(c.value).c_str(),
+    std::snprintf(line, sizeof line, "%-28s %11s %11s  %-4s  ", c.name.c_str(), sci(c.value).c_str(),
                   sci(c.threshold).c_str(), c.pass ? "ok" : "FAIL");
     s += line + c.detail + "\n";
   }

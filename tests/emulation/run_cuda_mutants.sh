@@ -3,6 +3,9 @@
 # plants one bug in the CUDA sources of a copy of the tree, builds it with QKV_CUDA=EMULATE and
 # runs the [cuda] cases named; every mutant must make them fail (a wrong value, an emulator abort,
 # a crash on a host access to device memory, or a refused launch).
+# The last three plant the stable-softmax bugs in the CPU kernels that the same build's
+# [large_logits] cases must catch (no other [attention], [leakcheck] or [gradcheck] case does: their
+# logits stay far below exp's float32 overflow).
 # Usage: tests/emulation/run_cuda_mutants.sh [WORK_DIR]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -57,6 +60,17 @@ mutant shuffle_partner tensor/cuda/nn.cu \
 mutant adamw_slice_search tensor/cuda/adamw_multi.cu \
   's/if (first_block\[mid\] <= b) lo = mid;/if (first_block[mid] < b) lo = mid;/' \
   "*AdamW over all parameters in one launch*"
+
+# CPU attention kernels: the row maximum not subtracted before exp (tests/test_attention_large_logits.cpp)
+mutant fused_forward_no_max_subtraction attention/fused_forward.cpp \
+  's/tile::exp_shift_sum(sr, bk, m_new)/tile::exp_shift_sum(sr, bk, T(0))/; s/const T alpha = m\[r\] == ninf ? T(0) : tile::exp_fast(m\[r\] - m_new);/const T alpha = T(1);/; s/lb\[r\] = m\[r\] + std::log(l\[r\]);/lb[r] = std::log(l[r]);/' \
+  "[large_logits]"
+mutant fused_backward_unshifted_exp attention/fused_backward.cpp \
+  's/else tile::exp_shift(sr, bk, lse);/else { tile::exp_shift(sr, bk, T(0)); tile::scale_row(sr, bk, tile::exp_fast(-lse)); }/' \
+  "[large_logits]"
+mutant cpu_softmax_no_max_subtraction tensor/cpu/reduce.cpp \
+  's/const T e = exp_t<T>(x\[i\] - m);/const T e = exp_t<T>(x[i]);/' \
+  "[large_logits]"
 
 echo "$missed mutant(s) not caught"
 exit $((missed > 0))
