@@ -2,6 +2,7 @@
 //            [--top-p P] [--seed S] [--no-kv-cache] [--device cpu|cuda] [--json]
 // qkv eval --checkpoint CKPT --data FILE [--device cpu|cuda] [--json]
 // --device (beyond DESIGN): where the model runs; cpu by default, whatever device trained it.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -9,6 +10,7 @@
 #include "app/commands.h"
 #include "data/dataset.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
@@ -71,6 +73,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     std::string pending, all;
     std::FILE* out = json ? stderr : stdout;
     std::fputs(text.c_str(), out);
+    const auto t0 = std::chrono::steady_clock::now();
     auto tokens = train::generate(*m.model, ids, o, [&](int32_t id) {
       m.meta.tokenizer->append_token(id, pending);
       const size_t n = utf8_complete_prefix(pending);
@@ -82,7 +85,12 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     std::fwrite(pending.data(), 1, pending.size(), out);
     all += pending;
     std::fputc('\n', out);
-    if (json) print_json({{"prompt", text}, {"text", all}, {"tokens", tokens}});
+    // tokens_per_s: generated tokens over the whole generation (prefill included).
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (json)
+      print_json({{"prompt", text}, {"text", all}, {"tokens", tokens},
+                  {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
+                  {"peak_rss_bytes", train::peak_rss_bytes()}});
     exit_code = 0;
   });
 }
