@@ -9,6 +9,7 @@
 
 #include "app/commands.h"
 #include "data/dataset.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
@@ -30,7 +31,17 @@ LoadedModel load_for_inference(const std::string& path, const std::string& devic
   LoadedModel m;
   m.meta = train::read_checkpoint_meta(path);
   m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
-  train::load_model_weights(path, *m.model);
+  // The model is built zero-filled; swapping its parameters for untouched buffers and returning
+  // the zeros to the OS before the load takes the checkpoint's buffers over keeps one copy of the
+  // weights resident instead of two (peak RSS of a GPT-2 124M sample: 1.0 -> 0.52 GB).
+  // All fresh buffers are taken before any zeros are let go, or the cache would hand the zeros back.
+  const auto params = m.model->named_parameters();
+  std::vector<Tensor> fresh;
+  for (const auto& p : params) fresh.push_back(Tensor::empty(p.tensor.shape(), p.tensor.dtype()));
+  for (size_t i = 0; i < params.size(); ++i) Tensor(params[i].tensor).set_data(fresh[i]);
+  fresh.clear();
+  release_cached_memory();
+  train::load_model_weights(path, *m.model, /*take_buffers=*/true);
   m.model->eval();
   train::apply_thread_setting(m.meta.config);
   m.model->to(dev);

@@ -334,7 +334,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return m;
 }
 
-void load_model_weights(const std::string& path, nn::DecoderModel& model) {
+void load_model_weights(const std::string& path, nn::DecoderModel& model, bool take_buffers) {
   const h5::File f = open_checkpoint(path);
   if (!f.has("model")) ckpt_fail(path, "group /model is missing");
   const nn::Family family = model.config().family;
@@ -361,8 +361,9 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model) {
 
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& dst = params[i].tensor;
-    copy_(dst, dst.device() == Device::cpu ? values[i] : values[i].to(dst.device()));
+    Tensor dst = params[i].tensor;
+    if (take_buffers && dst.device() == Device::cpu && dst.dtype() == DType::f32) dst.set_data(values[i]);
+    else copy_(dst, dst.device() == Device::cpu ? values[i] : values[i].to(dst.device()));
   }
 }
 
