@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -15,6 +17,8 @@
 #include "nn/transformer.h"
 #include "tensor/cpu/parallel.h"
 #include "train/bench.h"
+#include "train/checkpoint.h"
+#include "train/model_factory.h"
 #include "train/sampler.h"
 
 using namespace qkv;
@@ -213,4 +217,79 @@ TEST_CASE("qkv bench --what decode --json and qkv sample --json carry tokens_per
   CHECK(s["tokens"].size() == 5);
   CHECK(s["tokens_per_s"].get<double>() > 0);
   CHECK(s["peak_rss_bytes"].get<int64_t>() > 0);
+}
+
+namespace {
+
+// VmHWM and VmRSS of this process, bytes.
+std::pair<int64_t, int64_t> peak_and_current_rss() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  int64_t hwm = -1, rss = -1;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) hwm = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6)) * 1024;
+  }
+  return {hwm, rss};
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false where /proc does not allow it.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+}  // namespace
+
+TEST_CASE("loading for inference keeps one copy of the weights: buffers taken over, the heap scan not resident",
+          "[decode][checkpoint][memory]") {
+  ckpt_test::TempDir dir;
+  const std::string path = dir.file("ckpt_big.h5");
+  // 256 wide, 8192 tokens: ~14 MB of weights, ~43 MB of file with the optimizer's moments (the
+  // scan goes in 4 MiB windows).
+  ckpt_test::Run r = ckpt_test::make_run("gpt2", 256, 2);
+  {
+    Config cfg = r.cfg;
+    cfg.model.vocab_size = 8192;
+    r.cfg = cfg;
+    r.model = train::build_model(cfg, 8192);
+    r.model->init_weights(3);
+    r.opt = ckpt_test::make_optimizer(*r.model, cfg);
+  }
+  ckpt_test::save(r, path);
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+
+  SECTION("take_buffers: the parameters hold the loaded values, tied weights stay tied, nothing is copied") {
+    auto a = train::build_model(r.cfg, 8192), b = train::build_model(r.cfg, 8192);
+    train::load_model_weights(path, *a);
+    const auto before = b->named_parameters();
+    std::vector<const void*> old_ptrs;
+    for (const auto& p : before) old_ptrs.push_back(p.tensor.raw_data());
+    train::load_model_weights(path, *b, /*take_buffers=*/true);
+    const auto pa = a->named_parameters(), pb = b->named_parameters(), want = r.model->named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      CHECK(ckpt_test::bitwise_equal(pa[i].tensor, want[i].tensor));
+      CHECK(ckpt_test::bitwise_equal(pb[i].tensor, want[i].tensor));
+      CHECK(pb[i].tensor.raw_data() != old_ptrs[i]);  // the loaded buffer, not a copy into the old one
+    }
+    nn::ForwardArgs args;
+    args.ids = from_vector_i64({1, 2, 3}, {1, 3});
+    autograd::NoGradGuard ng;
+    const Tensor la = a->forward(args), lb = b->forward(args);
+    CHECK(max_abs_diff(la, lb) == 0.0);  // the tied LM head reads the loaded embedding
+  }
+  SECTION("the global-heap scan does not leave the file's pages resident") {
+    if (!reset_peak_rss()) {
+      WARN("/proc/self/clear_refs is not writable: peak RSS not checked");
+      return;
+    }
+    const int64_t rss0 = peak_and_current_rss().second;
+    for (int i = 0; i < 3; ++i) (void)train::read_checkpoint_meta(path);
+    const auto [hwm, rss1] = peak_and_current_rss();
+    INFO("file " << file_bytes << " B, RSS " << rss0 << " -> peak " << hwm << " -> " << rss1);
+    CHECK(hwm - rss0 < file_bytes / 2);
+  }
 }

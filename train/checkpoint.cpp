@@ -116,7 +116,7 @@ void check_global_heaps(const std::string& path) {
   // The scan goes window by window and drops the pages it has passed: every page of the mapping
   // it touched would otherwise count in the process's resident set until munmap (1.5 GB for a
   // GPT-2 checkpoint with its optimizer state, on top of the model being loaded).
-  constexpr uint64_t kWindow = uint64_t(64) << 20;
+  constexpr uint64_t kWindow = uint64_t(4) << 20;
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   uint64_t dropped = 0;  // [0, dropped) is released
   for (const unsigned char* p = d; problem.empty();) {
