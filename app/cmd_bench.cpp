@@ -1,4 +1,5 @@
-// qkv bench [--config FILE] [--what step|attention|gemm] [--steps N] [--threads N] [--profile] [--json]
+// qkv bench [--config FILE] [--what step|attention|gemm|decode] [--steps N] [--threads N] [--profile] [--json]
+//           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
 //           attention also: [--n N...] [--head-dim D...]; a config with train.device = "cuda" selects the GPU
 //           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
 //           datasheet peak, tensor/device_peaks.cpp)
@@ -15,16 +16,18 @@
 namespace qkv::app {
 
 void add_bench_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("bench", "measure a training step, the attention kernels, or GEMM");
+  auto* cmd = root.add_subcommand("bench", "measure a training step, the attention kernels, GEMM, or decoding");
   static std::string config, what = "step";
   static std::vector<std::string> sets;
   static int steps = 10, threads = 0;
+  static int64_t tokens = 256;
   static double peak_tflops = 0;
   static std::vector<int64_t> ns, head_dims;
   static bool profile = false, json = false;
   cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
-  cmd->add_option("--what", what, "step | attention | gemm")->capture_default_str();
+  cmd->add_option("--what", what, "step | attention | gemm | decode")->capture_default_str();
+  cmd->add_option("--tokens", tokens, "decode: tokens to generate")->capture_default_str();
   cmd->add_option("--steps", steps, "timed steps after the warm-up")->capture_default_str();
   cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
@@ -114,8 +117,19 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                            {"forward_tflops", r.forward_tflops}, {"backward_tflops", r.backward_tflops},
                            {"peak_bytes", r.peak_bytes}});
       }
+    } else if (what == "decode") {
+      QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");
+      Config cfg = parse_config(config, sets);
+      if (threads > 0) cfg.train.threads = threads;
+      const auto r = train::bench_decode(cfg, tokens);
+      std::fprintf(out, "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%d threads, %lld tokens of context, %lld params)\n",
+                   config.c_str(), r.tokens_per_s, r.ms_per_token, r.peak_rss_bytes / 1048576.0, r.threads,
+                   static_cast<long long>(r.context_tokens), static_cast<long long>(r.params));
+      results.push_back({{"name", "decode"}, {"config", config}, {"tokens_per_s", r.tokens_per_s},
+                         {"ms_per_token", r.ms_per_token}, {"tokens", r.tokens}, {"context_tokens", r.context_tokens},
+                         {"peak_rss_bytes", r.peak_rss_bytes}, {"threads", r.threads}, {"params", r.params}});
     } else {
-      fail("[bench] --what must be step, attention or gemm, got '", what, "'");
+      fail("[bench] --what must be step, attention, gemm or decode, got '", what, "'");
     }
     if (json) print_json({{"results", results}});
     exit_code = 0;

@@ -2,6 +2,7 @@
 //            [--top-p P] [--seed S] [--no-kv-cache] [--device cpu|cuda] [--json]
 // qkv eval --checkpoint CKPT --data FILE [--device cpu|cuda] [--json]
 // --device (beyond DESIGN): where the model runs; cpu by default, whatever device trained it.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -9,7 +10,9 @@
 
 #include "app/commands.h"
 #include "data/dataset.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
@@ -29,7 +32,17 @@ LoadedModel load_for_inference(const std::string& path, const std::string& devic
   LoadedModel m;
   m.meta = train::read_checkpoint_meta(path);
   m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
-  train::load_model_weights(path, *m.model);
+  // The model is built zero-filled; swapping its parameters for untouched buffers and returning
+  // the zeros to the OS before the load takes the checkpoint's buffers over keeps one copy of the
+  // weights resident instead of two (peak RSS of a GPT-2 124M sample: 1.0 -> 0.52 GB).
+  // All fresh buffers are taken before any zeros are let go, or the cache would hand the zeros back.
+  const auto params = m.model->named_parameters();
+  std::vector<Tensor> fresh;
+  for (const auto& p : params) fresh.push_back(Tensor::empty(p.tensor.shape(), p.tensor.dtype()));
+  for (size_t i = 0; i < params.size(); ++i) Tensor(params[i].tensor).set_data(fresh[i]);
+  fresh.clear();
+  release_cached_memory();
+  train::load_model_weights(path, *m.model, /*take_buffers=*/true);
   m.model->eval();
   train::apply_thread_setting(m.meta.config);
   m.model->to(dev);
@@ -81,6 +94,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     std::string pending, all;
     std::FILE* out = json ? stderr : stdout;
     std::fputs(text.c_str(), out);
+    const auto t0 = std::chrono::steady_clock::now();
     auto tokens = train::generate(*m.model, ids, o, [&](int32_t id) {
       m.meta.tokenizer->append_token(id, pending);
       const size_t n = utf8_complete_prefix(pending);
@@ -93,8 +107,13 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     all += pending;
     std::fputc('\n', out);
     // print_json writes invalid UTF-8 in "prompt"/"text" as U+FFFD (a byte tokenizer can generate
-    // any byte); "tokens" keeps the exact ids.
-    if (json) print_json({{"prompt", text}, {"text", all}, {"tokens", tokens}});
+    // any byte); "tokens" keeps the exact ids. tokens_per_s: generated tokens over the whole
+    // generation (prefill included).
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (json)
+      print_json({{"prompt", text}, {"text", all}, {"tokens", tokens},
+                  {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
+                  {"peak_rss_bytes", train::peak_rss_bytes()}});
     exit_code = 0;
   });
 }

@@ -13,6 +13,7 @@
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
+#include "train/sampler.h"
 #include "train/session.h"
 
 namespace qkv::train {
@@ -104,6 +105,43 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   r.ms_per_step = median(r.step_ms);
   r.tokens_per_s = B * T / (r.ms_per_step / 1000.0);
   r.gflops = r.flops_per_step / (r.ms_per_step / 1000.0) * 1e-9;
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
+  const Config cfg = cfg_in.resolved();
+  QKV_CHECK(tokens >= 1, "[bench] decode needs at least 1 token, got ", tokens);
+  QKV_CHECK(cfg.train.device != "cuda", "[bench] --what decode runs on the CPU (train.device = \"cuda\" is not supported)");
+  QKV_CHECK(tokens + 1 <= cfg.model.block_size, "[bench] --tokens ", tokens, " plus the 1-token prompt exceeds model.block_size ",
+            cfg.model.block_size, " (decoding past it recomputes the window, which is not what decode measures)");
+  apply_thread_setting(cfg);
+  const int64_t V = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : 256;
+  auto model = build_model(cfg, V);
+  model->init_weights(static_cast<uint64_t>(cfg.train.seed));
+  model->eval();
+  SampleOptions o;
+  o.temperature = 0;  // greedy: the pick costs one argmax, the forward is what is measured
+  o.kv_cache = true;
+  const std::vector<int32_t> prompt = {0};
+  o.max_new_tokens = std::min<int64_t>(tokens, 8);
+  generate(*model, prompt, o);  // warm-up: caches, allocator, helper threads
+  DecodeBenchResult r;
+  r.threads = omp_get_max_threads();
+  o.max_new_tokens = tokens;
+  auto last = Clock::now();
+  const auto t0 = last;
+  generate(*model, prompt, o, [&](int32_t) {
+    const auto now = Clock::now();
+    r.token_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
+  });
+  const double s = std::chrono::duration<double>(last - t0).count();
+  r.tokens = tokens;
+  r.context_tokens = static_cast<int64_t>(prompt.size()) + tokens;
+  r.tokens_per_s = static_cast<double>(tokens) / s;
+  r.ms_per_token = median(r.token_ms);
+  r.params = model->parameter_count();
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }

@@ -1,7 +1,7 @@
 // Benchmarks behind `qkv bench`: the full training step of a config (the work of
-// bench/torch_reference.py step: zero grad, forward, loss, backward, AdamW) and OpenBLAS
+// bench/torch_reference.py step: zero grad, forward, loss, backward, AdamW), OpenBLAS
 // sgemm on that step's own GEMM shapes, so a report can state model FLOP/s as a fraction of the
-// GEMM rate measured in the same run.
+// GEMM rate measured in the same run, and greedy KV-cache decoding (tokens/s).
 #pragma once
 #include <map>
 #include <string>
@@ -38,6 +38,21 @@ struct GemmBenchResult {
 // sgemm on every distinct GEMM shape of one training step (forward and both backward products of
 // each linear layer and the LM head), plus the FLOP-weighted aggregate (name "step-weighted").
 std::vector<GemmBenchResult> bench_gemm(const Config& cfg);
+
+// Greedy decoding with the KV cache on the config's model (random weights from train.seed, on
+// the CPU): a 1-token prompt, then `tokens` new tokens, each one incremental forward; timed after
+// a short warm-up generation. What `qkv sample` spends per token, without the checkpoint.
+struct DecodeBenchResult {
+  double tokens_per_s = 0;     // generated tokens / wall time of the timed generation
+  double ms_per_token = 0;     // median time from one token to the next
+  int64_t tokens = 0;          // generated in the timed run
+  int64_t context_tokens = 0;  // prompt + generated: the longest context attended over
+  int64_t peak_rss_bytes = 0;
+  int64_t params = 0;
+  int threads = 0;
+  std::vector<double> token_ms;
+};
+DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
 
 int64_t peak_rss_bytes();
 

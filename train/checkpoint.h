@@ -67,8 +67,10 @@ struct CheckpointMeta {
 // Reads and verifies everything but the tensors' values (format, version, config, tokenizer).
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 // Loads /model into `model`: every parameter must be present with its exact shape; extra or
-// missing names are errors naming the first one.
-void load_model_weights(const std::string& path, nn::DecoderModel& model);
+// missing names are errors naming the first one. take_buffers: CPU float32 parameters take the
+// loaded buffers over instead of being copied into (one copy of the weights in memory, not two);
+// only for a model nothing holds views of (inference, before anything ran).
+void load_model_weights(const std::string& path, nn::DecoderModel& model, bool take_buffers = false);
 // Loads /optimizer into `opt` (names and shapes must match) and its step count.
 void load_optimizer_state(const std::string& path, AdamW& opt);
 

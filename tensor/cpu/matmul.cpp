@@ -11,9 +11,16 @@
 //   of OpenBLAS checks omp_in_parallel() and runs single-threaded inside our region (measured on
 //   0.3.21: 2 threads x 1-thread sgemm inside the region reach the same 180 GFLOP/s as one
 //   2-thread sgemm outside, so there is no oversubscription). Large products keep BLAS threads.
-// - M == 1 or N == 1 (decode steps, vector operands) go to GEMV, which OpenBLAS does faster than a
-//   degenerate GEMM.
+// - M == 1 or N == 1 (decode steps, vector operands) are matrix-vector products: memory-bound
+//   passes over the matrix. They run on our own kernels split by size (tensor/cpu/parallel.h): one
+//   thread below ~2 MB of matrix, else fixed chunks of output rows claimed by the caller and pool
+//   helpers that sleep between calls. OpenBLAS's threaded GEMV forked an OpenMP team per call
+//   (~50 per decoded token) whose barriers waited for, and spun beside, any descheduled thread:
+//   on a busy machine 2 threads decoded 2x slower than 1. Chunks depend only on the shape, so the
+//   result is bitwise the same for any thread count.
 #include "tensor/cpu/matmul.h"
+
+#include "tensor/cpu/parallel.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
@@ -56,13 +63,81 @@ inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const doub
                  int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-inline void gemv(bool t, int rows, int cols, float alpha, const float* a, int lda, const float* x, int incx, float beta,
-                 float* y, int incy) {
-  cblas_sgemv(CblasRowMajor, tr(t), rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+// Matrix-vector kernels; x is contiguous, alpha/beta as in BLAS (beta == 0: y is not read).
+// rows form: y[i] = alpha * sum_k A[i, k] x[k] + beta * y[i] for i in [i0, i1), A rows of length K
+// at stride lda. Four rows at a time share each load of x.
+template <class T>
+void gemv_rows(const T* A, int64_t lda, const T* x, int64_t K, T* y, int64_t incy, int64_t i0, int64_t i1, T alpha,
+               T beta) {
+  auto store = [&](int64_t i, T s) {
+    T& out = y[i * incy];
+    out = beta == T(0) ? alpha * s : alpha * s + beta * out;
+  };
+  int64_t i = i0;
+  for (; i + 4 <= i1; i += 4) {
+    const T *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+    T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t k = 0; k < K; ++k) {
+      s0 += a0[k] * x[k];
+      s1 += a1[k] * x[k];
+      s2 += a2[k] * x[k];
+      s3 += a3[k] * x[k];
+    }
+    store(i, s0), store(i + 1, s1), store(i + 2, s2), store(i + 3, s3);
+  }
+  for (; i < i1; ++i) {
+    const T* a0 = A + i * lda;
+    T s0 = 0;
+#pragma omp simd reduction(+ : s0)
+    for (int64_t k = 0; k < K; ++k) s0 += a0[k] * x[k];
+    store(i, s0);
+  }
 }
-inline void gemv(bool t, int rows, int cols, double alpha, const double* a, int lda, const double* x, int incx,
-                 double beta, double* y, int incy) {
-  cblas_dgemv(CblasRowMajor, tr(t), rows, cols, alpha, a, lda, x, incx, beta, y, incy);
+
+// columns form: y[j] = alpha * sum_k x[k] B[k, j] + beta * y[j] for j in [j0, j1) (j1 - j0 <=
+// kColsChunk), B rows at stride ldb: rows of B stream in order, the partial sums stay in L1.
+constexpr int64_t kColsChunk = 256;
+template <class T>
+void gemv_cols(const T* B, int64_t ldb, const T* x, int64_t K, T* y, int64_t incy, int64_t j0, int64_t j1, T alpha,
+               T beta) {
+  T acc[kColsChunk];
+  const int64_t w = j1 - j0;
+  std::fill(acc, acc + w, T(0));
+  for (int64_t k = 0; k < K; ++k) {
+    const T xk = x[k];
+    const T* b = B + k * ldb + j0;
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) acc[j] += xk * b[j];
+  }
+  for (int64_t j = 0; j < w; ++j) {
+    T& out = y[(j0 + j) * incy];
+    out = beta == T(0) ? alpha * acc[j] : alpha * acc[j] + beta * out;
+  }
+}
+
+// y = alpha * op(A) x + beta * y with op(A) [n, K]: A stored [n, K] at stride lda (!trans, rows
+// form) or [K, n] at stride lda (trans, columns form); x at stride incx, y at stride incy. Output
+// rows go in chunks of ~kRowsChunkBytes of A (fixed by the shape), threads by the matrix's size.
+template <class T>
+void gemv_split(bool trans, int64_t n, int64_t K, T alpha, const T* A, int64_t lda, const T* x, int64_t incx, T beta,
+                T* y, int64_t incy) {
+  constexpr int64_t kRowsChunkBytes = 64 << 10;
+  std::vector<T> xc;
+  if (incx != 1) {  // a strided vector is gathered once (K elements) rather than read strided per row
+    xc.resize(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) xc[static_cast<size_t>(k)] = x[k * incx];
+    x = xc.data();
+  }
+  const int64_t per =
+      trans ? kColsChunk : std::max<int64_t>(4, kRowsChunkBytes / std::max<int64_t>(1, K * int64_t(sizeof(T))) / 4 * 4);
+  const int64_t chunks = (n + per - 1) / per;
+  const int threads = split_threads(n * K * int64_t(sizeof(T)), omp_get_max_threads());
+  run_split(chunks, threads, [&](int64_t c) {
+    const int64_t i0 = c * per, i1 = std::min(n, i0 + per);
+    if (trans) gemv_cols(A, lda, x, K, y, incy, i0, i1, alpha, beta);
+    else gemv_rows(A, lda, x, K, y, incy, i0, i1, alpha, beta);
+  });
 }
 
 // Everything about one product except where its three matrices start.
@@ -85,23 +160,14 @@ void gemm_one(const GemmPlan& p, const T* a, const T* b, T* c) {
   }
   if (p.n == 1 && (p.b_inc_k != 0 || p.k == 1)) {
     // out column = A @ b column; A stored [M, K] (NoTrans) or [K, M] (Trans).
-    if (beta == T(0))
-      for (int i = 0; i < p.m; ++i) c[int64_t(i) * p.ldc] = T(0);  // BLAS may scale NaN garbage by 0
-    const int incx = p.k == 1 ? 1 : static_cast<int>(p.b_inc_k);
-    if (p.la.trans)
-      gemv(true, p.k, p.m, alpha, a, static_cast<int>(p.la.ld), b, incx, beta, c, p.ldc);
-    else
-      gemv(false, p.m, p.k, alpha, a, static_cast<int>(p.la.ld), b, incx, beta, c, p.ldc);
+    const int64_t incx = p.k == 1 ? 1 : p.b_inc_k;
+    gemv_split<T>(p.la.trans, p.m, p.k, alpha, a, p.la.ld, b, incx, beta, c, p.ldc);
     return;
   }
   if (p.m == 1 && (p.a_inc_k != 0 || p.k == 1)) {
-    // out row = a row @ B = B^T a; B stored [K, N] (NoTrans) or [N, K] (Trans).
-    if (beta == T(0)) std::fill(c, c + p.n, T(0));
-    const int incx = p.k == 1 ? 1 : static_cast<int>(p.a_inc_k);
-    if (p.lb.trans)
-      gemv(false, p.n, p.k, alpha, b, static_cast<int>(p.lb.ld), a, incx, beta, c, 1);
-    else
-      gemv(true, p.k, p.n, alpha, b, static_cast<int>(p.lb.ld), a, incx, beta, c, 1);
+    // out row = a row @ B = B^T a; B stored [N, K] (Trans: rows form) or [K, N] (NoTrans: columns).
+    const int64_t incx = p.k == 1 ? 1 : p.a_inc_k;
+    gemv_split<T>(!p.lb.trans, p.n, p.k, alpha, b, p.lb.ld, a, incx, beta, c, 1);
     return;
   }
   gemm(p.la.trans, p.lb.trans, p.m, p.n, p.k, alpha, a, static_cast<int>(p.la.ld), b, static_cast<int>(p.lb.ld),
