@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "train/data_parallel.h"
-#include "train/distributed.h"
+#include "distributed/data_parallel.h"
+#include "distributed/distributed.h"
 
 int main(int argc, char** argv) {
   using namespace qkv;

@@ -12,9 +12,9 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
-#include "train/data_parallel.h"
-#include "train/distributed.h"
-#include "train/nccl.h"
+#include "distributed/data_parallel.h"
+#include "distributed/distributed.h"
+#include "distributed/nccl.h"
 
 using namespace qkv;
 using namespace qkv::train;

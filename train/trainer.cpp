@@ -20,9 +20,9 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
-#include "train/data_parallel.h"  // [dist]
-#include "train/distributed.h"    // [dist]
-#include "train/nccl.h"           // [dist]
+#include "distributed/data_parallel.h"  // [dist]
+#include "distributed/distributed.h"    // [dist]
+#include "distributed/nccl.h"           // [dist]
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "train/config.h"
-#include "train/distributed.h"
+#include "distributed/distributed.h"
 #include "train/optimizer.h"
 #include "train/session.h"
 
@@ -50,7 +50,7 @@ struct DataParallelOptions {
   int64_t zero = 0;                          // 0: replicated optimizer; 1: moments sharded
   int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
   // For parameters on a GPU: the communicator whose float all-reduces take device pointers
-  // (train/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
+  // (distributed/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
   dist::Communicator* gradient_comm = nullptr;
 };
 

@@ -8,7 +8,7 @@
 //                  rank's updated elements into a staging buffer, all-gather (v: shards need not
 //                  align with buckets), copy the bucket back into the parameters
 // The scaling by 1/N is exact for N a power of two, and in any case the same on every rank.
-#include "train/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <omp.h>
 
