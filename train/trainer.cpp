@@ -21,6 +21,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
+#include "train/config_schema.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/plot.h"
@@ -47,11 +48,11 @@ BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Com
   BatcherOptions o;
   o.rank = comm.rank();  // [dist] this rank's rows of the global batch
   o.world = comm.world();
-  o.mode = parse_batch_mode(cfg.data.batching);
+  o.mode = choose(kBatchModes, cfg.data.batching, "data.batching");
   o.batch_size = cfg.train.batch_size;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
   o.seed = seed;
-  o.padding = parse_padding(cfg.data.padding_side);
+  o.padding = choose(kPaddingSides, cfg.data.padding_side, "data.padding_side");
   return o;
 }
 
@@ -99,22 +100,18 @@ class RunDirLock {
   int fd_ = -1;
 };
 
-// Settings that must not change across a resume (they change the computation).
+// Settings that must not change across a resume (they change the computation): one comparison
+// over the key table (config_schema.h), naming the first key that differs.
 void check_resumable(const Config& now, const Config& then, const std::string& ckpt) {
-  QKV_CHECK(now.model == then.model, ckpt, ": [model] settings differ from the run being resumed");
-  QKV_CHECK(now.data.tokenizer == then.data.tokenizer && now.data.batching == then.data.batching,
-            ckpt, ": data.tokenizer or data.batching differ from the run being resumed");
-  QKV_CHECK(now.train.seed == then.train.seed && now.train.batch_size == then.train.batch_size &&
-                now.train.grad_accum == then.train.grad_accum,
-            ckpt, ": train.seed, batch_size or grad_accum differ from the run being resumed");
-  // Each by name: a resumed run must see the same rows (seq_len) and the same split (val_fraction).
-  auto same = [&](const char* key, auto a, auto b) {
-    QKV_CHECK(a == b, ckpt, ": ", key, " is ", b, " in the run being resumed but ", a,
-              " now (it must not change across a resume)");
-  };
-  same("train.seq_len", now.train.resolved_seq_len(now.model.block_size),
-       then.train.resolved_seq_len(then.model.block_size));
-  same("data.val_fraction", now.data.val_fraction, then.data.val_fraction);
+  if (const auto d = first_difference(now, then, {"model.", "data.tokenizer", "data.batching", "data.val_fraction",
+                                                  "train.seed", "train.batch_size", "train.grad_accum"}))
+    fail(ckpt, ": ", d->key, " is ", d->b, " in the run being resumed but ", d->a,
+         " now (it must not change across a resume)");
+  // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
+  const int64_t a = now.train.resolved_seq_len(now.model.block_size);
+  const int64_t b = then.train.resolved_seq_len(then.model.block_size);
+  QKV_CHECK(a == b, ckpt, ": train.seq_len is ", b, " in the run being resumed but ", a,
+            " now (it must not change across a resume)");
 }
 
 // The corpus must be the one the checkpoint was trained on (not just one with the same vocabulary).
