@@ -248,6 +248,46 @@ StepResult train_step(StepContext& c, TrainState& state) {
   return r;
 }
 
+// The state the run starts from: step 0 (fresh weights, or --init-from's), or --resume's
+// checkpoint after checking it belongs to this run (settings, tokenizer, corpus), with its
+// weights, optimizer state and batcher position loaded.
+TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunData& data, const CorpusFingerprint& corpus,
+                       nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt, Batcher& batcher) {
+  TrainState state;
+  state.seed = static_cast<uint64_t>(cfg.train.seed);
+  state.batch_mode = cfg.data.batching;
+  if (!opts.resume.empty()) {
+    CheckpointMeta meta = read_checkpoint_meta(opts.resume);
+    check_resumable(cfg, meta.config.resolved(), opts.resume);
+    QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
+              ": the checkpoint's tokenizer differs from the one built from data.path");
+    check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, dp.comm().is_root());
+    QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
+    load_model_weights(opts.resume, model);
+    load_optimizer_state(opts.resume, dp, opt);
+    state = meta.state;
+    batcher.restore(state.data);
+  } else if (!opts.init_from.empty()) {
+    load_model_weights(opts.init_from, model);
+  }
+  state.corpus = corpus;
+  return state;
+}
+
+// Nothing to train (--resume at or past train.max_steps): the checkpoint as it is (no loss was
+// computed, so none is reported); the run directory is left untouched. Every rank returns alike.
+TrainSummary nothing_to_do(const TrainState& state, const std::string& checkpoint, Clock::time_point t_start) {
+  TrainSummary done;
+  done.step = state.step;
+  done.loss = NAN;
+  done.best_val_loss = state.best_val_loss;
+  done.skipped_steps = state.skipped_steps;
+  done.checkpoint = checkpoint;
+  done.nothing_to_do = true;
+  done.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return done;
+}
+
 }  // namespace
 
 std::shared_ptr<const AdamW> full_optimizer_state(dist::DataParallel& dp, const AdamW& opt) {
@@ -310,39 +350,9 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   Batcher batcher(data.train, batcher_options(cfg, seed, comm));
   const CorpusFingerprint corpus = corpus_fingerprint(data);
 
-  TrainState state;
-  state.seed = seed;
-  state.batch_mode = cfg.data.batching;
-  if (!opts.resume.empty()) {
-    CheckpointMeta meta = read_checkpoint_meta(opts.resume);
-    check_resumable(cfg, meta.config.resolved(), opts.resume);
-    QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
-              ": the checkpoint's tokenizer differs from the one built from data.path");
-    check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, root);
-    QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
-    load_model_weights(opts.resume, *model);
-    load_optimizer_state(opts.resume, dp, opt);
-    state = meta.state;
-    batcher.restore(state.data);
-  } else if (!opts.init_from.empty()) {
-    load_model_weights(opts.init_from, *model);
-  }
-  state.corpus = corpus;
-
+  TrainState state = start_state(cfg, opts, data, corpus, *model, dp, opt, batcher);
   check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
-  if (!opts.resume.empty() && state.step >= cfg.train.max_steps) {
-    // Nothing to train: report the checkpoint as it is (no loss was computed, so none is
-    // reported) and leave the run directory untouched. Every rank returns here alike.
-    TrainSummary done;
-    done.step = state.step;
-    done.loss = NAN;
-    done.best_val_loss = state.best_val_loss;
-    done.skipped_steps = state.skipped_steps;
-    done.checkpoint = opts.resume;
-    done.nothing_to_do = true;
-    done.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-    return done;
-  }
+  if (!opts.resume.empty() && state.step >= cfg.train.max_steps) return nothing_to_do(state, opts.resume, t_start);
   if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
 
   const std::string out_dir = cfg.train.out_dir;
