@@ -1,6 +1,6 @@
 // qkv train --config FILE [--set key=value]... [--resume CKPT | --init-from CKPT] [--plot] [--json]
 // Under `mpirun -np N` every process runs this command as one rank of a data-parallel job
-// (train/distributed.h): only rank 0 prints; an error on any rank prints one line naming the
+// (distributed/distributed.h): only rank 0 prints; an error on any rank prints one line naming the
 // rank and ends the whole job (MPI_Abort), so no rank waits forever in a collective.
 #include <cmath>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include "app/commands.h"
 #include "train/config.h"
-#include "train/distributed.h"
+#include "distributed/distributed.h"
 #include "train/trainer.h"
 
 namespace qkv::app {

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "train/data_parallel.h"
-#include "train/distributed.h"
+#include "distributed/data_parallel.h"
+#include "distributed/distributed.h"
 
 int main(int argc, char** argv) {
   using namespace qkv;
@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   const int64_t bucket = (argc > 2 ? std::atoll(argv[2]) : 4096) * 1024 / 4;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
   std::vector<float> buf(static_cast<size_t>(n), 1.0f + static_cast<float>(comm.rank()));
-  const std::vector<int64_t> bounds = train::bucket_bounds(n, bucket);
+  const std::vector<int64_t> bounds = dist::bucket_bounds(n, bucket);
   std::vector<double> ms;
   for (int r = -2; r < reps; ++r) {
     comm.barrier();

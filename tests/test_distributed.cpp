@@ -12,11 +12,14 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
-#include "train/data_parallel.h"
-#include "train/distributed.h"
-#include "train/nccl.h"
+#include "distributed/data_parallel.h"
+#include "distributed/distributed.h"
+#include "distributed/nccl.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
 
 using namespace qkv;
+using namespace qkv::dist;
 using namespace qkv::train;
 
 namespace {
@@ -185,10 +188,14 @@ TEST_CASE("DataParallel on one rank is the plain AdamW loop, bitwise", "[distrib
   auto a = make_params(5);
   auto b = clone_params(a);
   dist::SingleProcess one;
-  DataParallel dp(one, a, o, {.zero = 1});  // zero = 1 on one rank: nothing to shard
+  DataParallel dp(one, a, {.zero = 1});  // zero = 1 on one rank: nothing to shard
   CHECK_FALSE(dp.distributed());
   CHECK_FALSE(dp.sharded());
   CHECK(dp.allreduce_bytes_per_step() == 0);
+  // Not sharded: the optimizer is built over the parameters themselves, not copies or slices.
+  REQUIRE(dp.optimizer_params().size() == a.size());
+  CHECK(dp.optimizer_params()[2].param.data<float>() == a[2].param.data<float>());
+  AdamW opt(dp.optimizer_params(), o);
   AdamW ref(b, o);
   for (int step = 0; step < 2; ++step) {
     dp.zero_grads();
@@ -201,13 +208,15 @@ TEST_CASE("DataParallel on one rank is the plain AdamW loop, bitwise", "[distrib
       hb.set_grad(g.clone());
     }
     dp.reduce_grads();
-    dp.step(2e-3, 0.75f);
+    opt.step(2e-3, 0.75f);
+    dp.gather_params();
     ref.step(2e-3, 0.75f);
   }
   for (size_t k = 0; k < a.size(); ++k) CHECK(same_bits(a[k].param, b[k].param));
-  CHECK(dp.step_count() == 2);
-  const auto saved = dp.optimizer_for_checkpoint();
+  CHECK(opt.step_count() == 2);
+  const auto saved = full_optimizer_state(dp, opt);
   REQUIRE(saved);
+  CHECK(saved.get() == &opt);  // replicated: the optimizer itself, no copy
   CHECK(same_bits(saved->states()[2].exp_avg, ref.states()[2].exp_avg));
   CHECK(dp.parameter_hash() != 0);
 }
@@ -216,7 +225,7 @@ TEST_CASE("train.zero other than 0 or 1 is refused with a message naming the key
   dist::SingleProcess one;
   auto ps = make_params(3);
   try {
-    DataParallel dp(one, ps, AdamWOptions{}, {.zero = 2});
+    DataParallel dp(one, ps, {.zero = 2});
     FAIL("no error");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("train.zero = 2"));
@@ -282,7 +291,7 @@ TEST_CASE("bucket all-reduces start during the last backward, last bucket first,
     return total;
   };
   TwinRanks twin;
-  DataParallel dp(twin, ps, AdamWOptions{}, {.zero = 0, .bucket_bytes = 64});
+  DataParallel dp(twin, ps, {.zero = 0, .bucket_bytes = 64});
   REQUIRE(dp.overlaps());
   REQUIRE(dp.bucket_count() > 10);
   for (int accum = 1; accum <= 2; ++accum) {

@@ -8,6 +8,8 @@
 
 #include "tensor/error.h"
 #include "train/config.h"
+#include "train/config_schema.h"
+#include "train/model_factory.h"
 
 using namespace qkv;
 using Catch::Contains;
@@ -289,4 +291,70 @@ TEST_CASE("every key pinned by the design is a config key", "[train][config]") {
       CHECK_THAT(e.what(), Contains(k + " must be"));
     }
   }
+}
+
+TEST_CASE("train.zero is refused at load above the stage DataParallel implements, naming the key", "[train][config]") {
+  // The config used to accept 0..3 while DataParallel refused 2 and 3 only after loading the data.
+  CHECK(parse("[train]\nzero = 1\n").train.zero == 1);
+  for (const char* bad : {"zero = 2", "zero = 3", "zero = -1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse(std::string("[train]\n") + bad + "\n"),
+                      Contains("configs/x.toml: train.zero must be 0 (replicated optimizer) or 1"));
+  }
+  CHECK_THROWS_WITH(parse("", {"train.zero=2"}), Contains("train.zero must be 0"));
+}
+
+TEST_CASE("every spelling the validator accepts maps to its enum, and no other", "[train][config]") {
+  for (const auto& c : kPositions) {
+    const Config cfg = parse("[model]\nposition = \"" + std::string(c.name) + "\"\nn_embd = 64\n").resolved();
+    CHECK(train::model_config(cfg, 65).position == c.value);
+  }
+  for (const auto& c : kActivations)
+    CHECK(train::model_config(parse("[model]\nactivation = \"" + std::string(c.name) + "\"\n").resolved(), 65)
+              .activation == c.value);
+  for (const auto& c : kNorms)
+    CHECK(train::model_config(parse("[model]\nnorm = \"" + std::string(c.name) + "\"\n").resolved(), 65).norm ==
+          c.value);
+  for (const auto& c : kFamilies)
+    CHECK(train::model_config(parse("[model]\nfamily = \"" + std::string(c.name) + "\"\n").resolved(), 65).family ==
+          c.value);
+  for (const auto& c : kAttnKernels)
+    CHECK(train::model_config(parse("[model]\nattn_kernel = \"" + std::string(c.name) + "\"\n").resolved(), 65)
+              .attn_kernel == c.value);
+  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.name);
+  // A spelling outside the table: the same message from the validator and from choose().
+  CHECK_THROWS_WITH(parse("[data]\nbatching = \"packed\"\n"),
+                    Contains("configs/x.toml: data.batching must be one of \"random_windows\", \"padded_docs\", "
+                             "\"packed_docs\"; got \"packed\""));
+  CHECK_THROWS_WITH(choose(kBatchModes, "packed", "data.batching"),
+                    Contains("data.batching must be one of \"random_windows\", \"padded_docs\", \"packed_docs\"; got "
+                             "\"packed\""));
+  Config raw;  // not validated: build-time mapping refuses instead of falling back to a default
+  raw.model.position = "rotary";
+  CHECK_THROWS_WITH(train::model_config(raw, 65), Contains("model.position must be one of"));
+}
+
+TEST_CASE("first_difference names the first differing key of the selection, with both values", "[train][config]") {
+  const Config a = parse("");
+  CHECK_FALSE(first_difference(a, a, {"model.", "train.seed"}));
+  Config b = a;
+  b.model.n_head = 8;
+  b.model.dropout = 0.25;
+  b.train.lr = 0.5;  // not selected below
+  const auto d = first_difference(a, b, {"model.", "train.seed"});
+  REQUIRE(d);
+  CHECK(d->key == "model.n_head");  // declaration order: n_head before dropout
+  CHECK(d->a == "4");
+  CHECK(d->b == "8");
+  b.model.n_head = a.model.n_head;
+  const auto e = first_difference(a, b, {"model.dropout"});
+  REQUIRE(e);
+  CHECK(e->b == "0.25");
+  CHECK_FALSE(first_difference(a, b, {"model.n_head", "data."}));
+  const auto f = first_difference(a, b, {"train."});
+  REQUIRE(f);
+  CHECK(f->key == "train.lr");
+  b.model.bias = true;  // unset vs set differs as stored; resolved, gpt2's default is true
+  CHECK(first_difference(a, b, {"model.bias"}));
+  CHECK_FALSE(first_difference(a.resolved(), b.resolved(), {"model.bias"}));
 }

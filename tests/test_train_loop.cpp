@@ -266,3 +266,27 @@ TEST_CASE("eval scores consecutive windows and prints the pinned JSON", "[train]
   CHECK(j["tokens"].get<int64_t>() == n_tokens / 17 * 16);
   CHECK(std::fabs(j["perplexity"].get<double>() - std::exp(j["loss"].get<double>())) < 1e-9);
 }
+
+TEST_CASE("resume refuses a changed model setting or seed, naming the key and both values", "[train][resume]") {
+  const std::string dir = temp_dir("resume_names_key");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 2;
+  const train::TrainSummary s = train::run_training(c, {.progress = false});
+  REQUIRE(s.step == 2);
+  Config r = c;
+  r.train.max_steps = 4;
+  r.train.out_dir = dir + "/resumed";
+  // Used to be "[model] settings differ from the run being resumed", naming no key.
+  Config drop = r;
+  drop.model.dropout = 0.25;
+  CHECK_THROWS_WITH(train::run_training(drop, {.resume = s.checkpoint, .progress = false}),
+                    Catch::Contains(s.checkpoint + ": model.dropout is 0.0 in the run being resumed but 0.25 now"));
+  Config seed = r;
+  seed.train.seed = 7;
+  CHECK_THROWS_WITH(train::run_training(seed, {.resume = s.checkpoint, .progress = false}),
+                    Catch::Contains("train.seed is 1337 in the run being resumed but 7 now"));
+  // Settings outside the list (lr) may change; the resumed run continues.
+  Config lr = r;
+  lr.train.lr = 1e-3;
+  CHECK(train::run_training(lr, {.resume = s.checkpoint, .progress = false}).step == 4);
+}

@@ -4,6 +4,7 @@
 // to_toml and config_keys all walk it, so a new key is added in exactly two places: the struct
 // in config.h and this table.
 #include "train/config.h"
+#include "train/config_schema.h"
 
 #include <sys/stat.h>
 #include <toml++/toml.h>
@@ -238,18 +239,33 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
+// The field's value as TOML text (to_toml, first_difference).
+std::string field_text(const Field& f) {
+  std::ostringstream os;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) os << *p;
+        else if constexpr (std::is_same_v<T, double>) os << format_double(*p);
+        else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
+        else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
+        else os << quote(*p);
+      },
+      f.ptr);
+  return os.str();
+}
+
 // ---- validation helpers: each throws "<origin>: <key> ..." ----
 struct Checker {
   const std::string& origin;
-  void enumeration(const char* key, const std::string& v, std::initializer_list<const char*> allowed,
-                   bool empty_ok = false) const {
+  // One of the key's spellings (config_schema.h).
+  template <class Table>
+  void enumeration(const char* key, const std::string& v, const Table& table, bool empty_ok = false) const {
     if (empty_ok && v.empty()) return;
-    for (const char* a : allowed)
+    const std::vector<std::string_view> names = names_of(table);
+    for (std::string_view a : names)
       if (v == a) return;
-    std::string list;
-    for (const char* a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
-    fail(origin, ": ", key, " must be one of ", list, (empty_ok ? " (or \"\" for the family default)" : ""),
-         "; got \"", v, "\"");
+    fail(origin, ": ", not_one_of(key, v, names, empty_ok));
   }
   void positive(const char* key, int64_t v) const {
     if (v <= 0) fail(origin, ": ", key, " must be > 0, got ", v);
@@ -373,7 +389,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
 void validate(const Config& cfg, const std::string& origin) {
   const Checker c{origin};
   const ModelSettings& m = cfg.model;
-  c.enumeration("model.family", m.family, {"gpt2", "llama"});
+  c.enumeration("model.family", m.family, kFamilies);
   c.positive("model.n_layer", m.n_layer);
   c.positive("model.n_head", m.n_head);
   c.non_negative("model.n_kv_head", m.n_kv_head);
@@ -390,12 +406,12 @@ void validate(const Config& cfg, const std::string& origin) {
   c.positive("model.rope_theta", m.rope_theta);
   c.non_negative("model.ffn_hidden", m.ffn_hidden);
   c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
-  c.enumeration("model.position", m.position, {"learned", "rope", "sinusoidal", "alibi", "none"}, true);
-  c.enumeration("model.norm", m.norm, {"layernorm", "rmsnorm"}, true);
-  c.enumeration("model.activation", m.activation, {"gelu_tanh", "gelu", "swiglu", "relu"}, true);
+  c.enumeration("model.position", m.position, kPositions, true);
+  c.enumeration("model.norm", m.norm, kNorms, true);
+  c.enumeration("model.activation", m.activation, kActivations, true);
   c.non_negative("model.window", m.window);
   c.non_negative("model.init_std", m.init_std);
-  c.enumeration("model.attn_kernel", m.attn_kernel, {"fused", "reference"});
+  c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
   if (m.resolved_position() == "rope" && m.head_dim() % 2 != 0)
     fail(origin, ": rotary positions need an even head size, but model.n_embd / model.n_head = ",
          m.head_dim());
@@ -403,13 +419,13 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": sinusoidal positions need an even model.n_embd, got ", m.n_embd);
 
   const DataSettings& d = cfg.data;
-  c.enumeration("data.tokenizer", d.tokenizer, {"char", "byte", "bpe"});
+  c.enumeration("data.tokenizer", d.tokenizer, kTokenizers);
   if (d.bpe_vocab_size < 256)
     fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
-  c.enumeration("data.separator", d.separator, {"blank_line", "percent_line", "none"});
+  c.enumeration("data.separator", d.separator, kSeparators);
   c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
-  c.enumeration("data.batching", d.batching, {"random_windows", "padded_docs", "packed_docs"});
-  c.enumeration("data.padding_side", d.padding_side, {"right", "left"});
+  c.enumeration("data.batching", d.batching, kBatchModes);
+  c.enumeration("data.padding_side", d.padding_side, kPaddingSides);
   if (!d.random_tokens && m.vocab_size > 0) {
     if (d.tokenizer == "byte" && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");
@@ -421,8 +437,8 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": data.random_tokens needs model.vocab_size > 0 (there is no tokenizer to ask)");
 
   const TrainSettings& t = cfg.train;
-  c.enumeration("train.device", t.device, {"cpu", "cuda"});
-  c.enumeration("train.dtype", t.dtype, {"float32", "bf16"});
+  c.enumeration("train.device", t.device, kDevices);
+  c.enumeration("train.dtype", t.dtype, kDtypes);
   c.positive("train.batch_size", t.batch_size);
   c.positive("train.grad_accum", t.grad_accum);
   c.non_negative("train.seq_len", t.seq_len);
@@ -432,7 +448,7 @@ void validate(const Config& cfg, const std::string& origin) {
   c.non_negative("train.lr", t.lr);
   c.non_negative("train.min_lr", t.min_lr);
   c.non_negative("train.warmup_steps", t.warmup_steps);
-  c.enumeration("train.lr_schedule", t.lr_schedule, {"cosine", "constant"});
+  c.enumeration("train.lr_schedule", t.lr_schedule, kLrSchedules);
   c.non_negative("train.weight_decay", t.weight_decay);
   c.in_range("train.beta1", t.beta1, 0.0, 1.0, false);
   c.in_range("train.beta2", t.beta2, 0.0, 1.0, false);
@@ -447,7 +463,11 @@ void validate(const Config& cfg, const std::string& origin) {
   c.positive("train.max_bad_steps", t.max_bad_steps);
   c.non_negative("train.threads", t.threads);
   c.positive("train.log_interval", t.log_interval);
-  if (t.zero < 0 || t.zero > 3) fail(origin, ": train.zero must be a ZeRO stage 0..3, got ", t.zero);
+  // Only what DataParallel implements (distributed/data_parallel.h): refused here, at load, with
+  // the key named, rather than after the data is loaded and the model built.
+  if (t.zero < 0 || t.zero > kMaxZeroStage)
+    fail(origin, ": train.zero must be 0 (replicated optimizer) or 1 (optimizer state sharded across ranks); "
+         "ZeRO stages 2 and 3 are not implemented, got ", t.zero);
 
   const SampleSettings& s = cfg.sample;
   c.non_negative("sample.max_new_tokens", s.max_new_tokens);
@@ -469,20 +489,34 @@ std::string to_toml(const Config& cfg) {
       section = f.section;
       os << (section == "model" ? "" : "\n") << "[" << section << "]\n";
     }
-    os << f.key << " = ";
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, int64_t>) os << *p;
-          else if constexpr (std::is_same_v<T, double>) os << format_double(*p);
-          else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
-          else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
-          else os << quote(*p);
-        },
-        f.ptr);
-    os << "\n";
+    os << f.key << " = " << field_text(f) << "\n";
   }
   return os.str();
+}
+
+std::string not_one_of(std::string_view key, std::string_view value, const std::vector<std::string_view>& names,
+                       bool empty_ok) {
+  std::string list;
+  for (std::string_view a : names) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+  return cat(key, " must be one of ", list, (empty_ok ? " (or \"\" for the family default)" : ""), "; got \"", value,
+             "\"");
+}
+
+std::optional<ConfigDifference> first_difference(const Config& a, const Config& b,
+                                                 std::initializer_list<std::string_view> keys) {
+  Config ca = a, cb = b;  // fields_of needs non-const configs; nothing is written
+  const std::vector<Field> fa = fields_of(ca), fb = fields_of(cb);
+  for (size_t i = 0; i < fa.size(); ++i) {
+    const std::string name = fa[i].name();
+    const bool selected = std::any_of(keys.begin(), keys.end(), [&](std::string_view k) {
+      return k.ends_with('.') ? name.starts_with(k) : name == k;
+    });
+    if (!selected) continue;
+    const bool same = std::visit(
+        [&](auto* p) { return *p == *std::get<std::remove_cvref_t<decltype(p)>>(fb[i].ptr); }, fa[i].ptr);
+    if (!same) return ConfigDifference{name, field_text(fa[i]), field_text(fb[i])};
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> config_keys() {

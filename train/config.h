@@ -19,7 +19,7 @@
 namespace qkv {
 
 struct ModelSettings {
-  std::string family = "gpt2";  // "gpt2" | "llama": a preset for the switches below
+  std::string family = "gpt2";  // a preset for the switches below (spellings of every enumerated key: config_schema.h)
   int64_t n_layer = 4;
   int64_t n_head = 4;
   int64_t n_kv_head = 0;   // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
@@ -61,7 +61,7 @@ struct DataSettings {
   int64_t bpe_vocab_size = 512;
   std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
   double val_fraction = 0.1;
-  std::string batching = "random_windows";  // "random_windows" | "padded_docs" | "packed_docs"
+  std::string batching = "random_windows";  // kBatchModes (config_schema.h)
   std::string padding_side = "right";       // "right" | "left"
   bool random_tokens = false;  // train on uniform random tokens (benchmarks), no corpus needed
   bool operator==(const DataSettings&) const = default;
@@ -94,7 +94,7 @@ struct TrainSettings {
   bool recompute = false;     // activation recomputation per block
   int64_t threads = 0;        // 0 = all cores
   int64_t log_interval = 10;
-  int64_t zero = 0;           // optimizer-state sharding stage (0 = none)
+  int64_t zero = 0;           // optimizer-state sharding: 0 = none, 1 = ZeRO-1 (kMaxZeroStage)
   bool operator==(const TrainSettings&) const = default;
 };
 
@@ -134,7 +134,8 @@ Config parse_config_text(const std::string& text, const std::string& origin,
 void apply_override(Config& cfg, const std::string& assignment);
 
 // Range and consistency checks (n_embd % n_head, n_head % n_kv_head, probabilities in range,
-// known enum strings, ...). Throws "<origin>: <message>".
+// known enum strings from the tables in config_schema.h, ...): the one validator of a config.
+// Throws "<origin>: <message>".
 void validate(const Config& cfg, const std::string& origin);
 
 // The resolved config as TOML text, every key in declaration order. parse_config_text of the

@@ -1,13 +1,14 @@
 #include "train/model_factory.h"
 
 #include "tensor/error.h"
+#include "train/config_schema.h"
 
 namespace qkv::train {
 
 nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   const ModelSettings& m = cfg.model;
   nn::ModelConfig c;
-  c.family = m.family == "llama" ? nn::Family::llama : nn::Family::gpt2;
+  c.family = choose(kFamilies, m.family, "model.family");
   c.n_layer = m.n_layer;
   c.n_head = m.n_head;
   c.n_kv_head = m.resolved_n_kv_head();
@@ -22,22 +23,13 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   c.norm_eps = m.norm_eps;
   c.rope_theta = m.rope_theta;
   c.init_std = m.init_std;
-  const std::string pos = m.resolved_position();
-  c.position = pos == "learned"      ? nn::Position::learned
-               : pos == "rope"       ? nn::Position::rope
-               : pos == "sinusoidal" ? nn::Position::sinusoidal
-               : pos == "alibi"      ? nn::Position::alibi
-                                     : nn::Position::none;
-  c.norm = m.resolved_norm() == "rmsnorm" ? nn::NormKind::rmsnorm : nn::NormKind::layernorm;
-  const std::string act = m.resolved_activation();
-  c.activation = act == "gelu"     ? nn::Activation::gelu
-                 : act == "swiglu" ? nn::Activation::swiglu
-                 : act == "relu"   ? nn::Activation::relu
-                                   : nn::Activation::gelu_tanh;
+  c.position = choose(kPositions, m.resolved_position(), "model.position");
+  c.norm = choose(kNorms, m.resolved_norm(), "model.norm");
+  c.activation = choose(kActivations, m.resolved_activation(), "model.activation");
   c.bias = m.resolved_bias();
   c.tie_embeddings = m.resolved_tie_embeddings();
   c.window = m.window;
-  c.attn_kernel = m.attn_kernel == "reference" ? attn::Kernel::reference : attn::Kernel::fused;
+  c.attn_kernel = choose(kAttnKernels, m.attn_kernel, "model.attn_kernel");
   c.recompute = cfg.train.recompute;
   c.validate();
   return c;

@@ -67,6 +67,13 @@ AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts)
   }
 }
 
+std::vector<std::vector<Tensor>> AdamW::element_state() const {
+  std::vector<std::vector<Tensor>> out;
+  out.reserve(states_.size());
+  for (const AdamWState& s : states_) out.push_back({s.exp_avg, s.exp_avg_sq});
+  return out;
+}
+
 void AdamW::step(double lr, float grad_scale) {
   ++step_;
   const double t = static_cast<double>(step_);

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "autograd/optim_param.h"
 #include "tensor/adamw_scalars.h"
 #include "tensor/tensor.h"
 
@@ -39,13 +40,8 @@ struct AdamWOptions {
   static AdamWOptions from(const TrainSettings& t);  // train.lr, beta1, beta2, eps, weight_decay
 };
 
-// One parameter the optimizer updates. The caller decides `decay` (convention: 2-D and higher
-// weights decay; biases, norm gains and other 1-D tensors do not).
-struct OptimParam {
-  std::string name;  // unique; the checkpoint key /optimizer/<name>/...
-  Tensor param;      // float32, contiguous, all on one device; its .grad() is read at step()
-  bool decay = true;
-};
+// One parameter the optimizer updates (autograd/optim_param.h). The caller decides `decay`.
+using autograd::OptimParam;
 
 struct AdamWState {
   Tensor exp_avg;     // m, same shape as the parameter, float32
@@ -71,6 +67,9 @@ class AdamW {
   const std::vector<OptimParam>& params() const { return params_; }
   const std::vector<AdamWState>& states() const { return states_; }  // index-aligned with params()
   const AdamWState& state(const std::string& name) const;            // throws for an unknown name
+  // The moments as tensors shaped like the parameters, [parameter][m, v]: handles onto the state
+  // itself (what DataParallel gathers and spreads for ZeRO-1 checkpoints).
+  std::vector<std::vector<Tensor>> element_state() const;
   bool has_param(const std::string& name) const { return index_.count(name) != 0; }
 
   // Copies the given moments into the state of `name` bitwise (shapes must match exactly; float32

@@ -10,23 +10,22 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/functions.h"
+#include "data/h5.h"
+#include "distributed/distributed.h"
+#include "distributed/nccl.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
-#include "train/data_parallel.h"  // [dist]
-#include "train/distributed.h"    // [dist]
-#include "train/nccl.h"           // [dist]
+#include "train/config_schema.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
-#include "train/optimizer.h"
 #include "train/plot.h"
+#include "train/run_log.h"
 #include "train/schedule.h"
 #include "train/session.h"
 
@@ -41,22 +40,19 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-std::string format_duration(double s) {
-  char buf[32];
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
-  return buf;
-}
+bool every(int64_t interval, int64_t step) { return interval > 0 && step % interval == 0; }
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Communicator& comm) {
   BatcherOptions o;
   o.rank = comm.rank();  // [dist] this rank's rows of the global batch
   o.world = comm.world();
-  o.mode = parse_batch_mode(cfg.data.batching);
+  o.mode = choose(kBatchModes, cfg.data.batching, "data.batching");
   o.batch_size = cfg.train.batch_size;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
   o.seed = seed;
-  o.padding = parse_padding(cfg.data.padding_side);
+  o.padding = choose(kPaddingSides, cfg.data.padding_side, "data.padding_side");
   return o;
 }
 
@@ -104,22 +100,18 @@ class RunDirLock {
   int fd_ = -1;
 };
 
-// Settings that must not change across a resume (they change the computation).
+// Settings that must not change across a resume (they change the computation): one comparison
+// over the key table (config_schema.h), naming the first key that differs.
 void check_resumable(const Config& now, const Config& then, const std::string& ckpt) {
-  QKV_CHECK(now.model == then.model, ckpt, ": [model] settings differ from the run being resumed");
-  QKV_CHECK(now.data.tokenizer == then.data.tokenizer && now.data.batching == then.data.batching,
-            ckpt, ": data.tokenizer or data.batching differ from the run being resumed");
-  QKV_CHECK(now.train.seed == then.train.seed && now.train.batch_size == then.train.batch_size &&
-                now.train.grad_accum == then.train.grad_accum,
-            ckpt, ": train.seed, batch_size or grad_accum differ from the run being resumed");
-  // Each by name: a resumed run must see the same rows (seq_len) and the same split (val_fraction).
-  auto same = [&](const char* key, auto a, auto b) {
-    QKV_CHECK(a == b, ckpt, ": ", key, " is ", b, " in the run being resumed but ", a,
-              " now (it must not change across a resume)");
-  };
-  same("train.seq_len", now.train.resolved_seq_len(now.model.block_size),
-       then.train.resolved_seq_len(then.model.block_size));
-  same("data.val_fraction", now.data.val_fraction, then.data.val_fraction);
+  if (const auto d = first_difference(now, then, {"model.", "data.tokenizer", "data.batching", "data.val_fraction",
+                                                  "train.seed", "train.batch_size", "train.grad_accum"}))
+    fail(ckpt, ": ", d->key, " is ", d->b, " in the run being resumed but ", d->a,
+         " now (it must not change across a resume)");
+  // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
+  const int64_t a = now.train.resolved_seq_len(now.model.block_size);
+  const int64_t b = then.train.resolved_seq_len(then.model.block_size);
+  QKV_CHECK(a == b, ckpt, ": train.seq_len is ", b, " in the run being resumed but ", a,
+            " now (it must not change across a resume)");
 }
 
 // The corpus must be the one the checkpoint was trained on (not just one with the same vocabulary).
@@ -138,7 +130,189 @@ void check_same_corpus(const CheckpointMeta& meta, const CorpusFingerprint& now,
             std::to_string(then.fnv1a64), " in the checkpoint");
 }
 
+// [dist] Start-up agreement checks (collective; no-ops for one rank). Each ends the job with one
+// message from rank 0 when the ranks differ (dist::check_same_on_all_ranks):
+//   config: the resolved TOML (after --set) and the --resume / --init-from sources;
+//   start:  the tokenizer, the split sizes and a sample of their tokens, the step, and the
+//           parameters' bytes (every rank must start from the same weights).
+void check_ranks_agree_on_config(dist::Communicator& comm, const Config& cfg, const std::string& resume,
+                                 const std::string& init_from) {
+  if (comm.world() == 1) return;
+  const std::string text = to_toml(cfg);
+  uint64_t h = h5::fnv1a64(text.data(), text.size());
+  dist::check_same_on_all_ranks(comm, h, "the resolved config (--config and --set)");
+  const std::string src = "resume=" + resume + "\ninit_from=" + init_from;
+  h = h5::fnv1a64(src.data(), src.size());
+  dist::check_same_on_all_ranks(comm, h, "--resume / --init-from");
+}
+
+void check_ranks_agree_on_start(dist::Communicator& comm, const RunData& data, const dist::DataParallel& dp,
+                                int64_t step) {
+  if (comm.world() == 1) return;
+  const std::string tok = data.tokenizer->serialize();
+  uint64_t h = h5::fnv1a64(tok.data(), tok.size());
+  for (const TokenSplit* s : {data.train.get(), data.val.get()}) {
+    if (!s) continue;
+    const int64_t n = static_cast<int64_t>(s->tokens.size());
+    h = h5::fnv1a64(&n, sizeof n, h);
+    // Up to 65536 tokens at a fixed stride: enough to tell two corpora apart, cheap for big ones.
+    const int64_t stride = std::max<int64_t>(1, n / 65536);
+    for (int64_t i = 0; i < n; i += stride) h = h5::fnv1a64(&s->tokens[static_cast<size_t>(i)], sizeof(int32_t), h);
+  }
+  dist::check_same_on_all_ranks(comm, h, "the training data (tokenizer or token splits)");
+  dist::check_same_on_all_ranks(comm, static_cast<uint64_t>(step), "the starting step");
+  dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the starting parameters");
+}
+
+// [dist] load_run_data on rank 0 first, then on the others: preparing a text corpus writes a cache
+// file beside it (data/dataset.h), which ranks must not race to create. Collective.
+RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg) {
+  if (comm.world() == 1) return load_run_data(cfg);
+  RunData d;
+  if (comm.is_root()) d = load_run_data(cfg);  // if this throws, the job aborts; nobody waits forever
+  comm.barrier();
+  if (!comm.is_root()) d = load_run_data(cfg);
+  return d;
+}
+
+
+// What a step works on, for train_step.
+struct StepContext {
+  const Config& cfg;
+  dist::Communicator& comm;
+  nn::DecoderModel& model;
+  dist::DataParallel& dp;  // gradient averaging over ranks (one process: plain zero_grad)
+  AdamW& opt;              // over dp.optimizer_params()
+  Batcher& batcher;
+  const LrSchedule& schedule;
+  const std::vector<Tensor>& params;
+  uint64_t seed;
+  int64_t masked_rows = 0;  // fully masked rows so far, this rank
+};
+
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t tokens = 0;  // this step's tokens, all ranks
+};
+
+// One optimizer step: grad_accum micro-batches of forward, loss and backward; the mean gradient
+// over ranks; its global norm; clipping folded into the AdamW update at the scheduled lr. A
+// non-finite loss or norm skips the update (counted in state); train.max_bad_steps in a row
+// ends the run. Advances state.step and state.tokens_seen.
+StepResult train_step(StepContext& c, TrainState& state) {
+  const int64_t accum = c.cfg.train.grad_accum;
+  c.model.train();
+  c.dp.zero_grads();
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    Batch b = c.batcher.next();
+    // [dist] w = 1 on one process; per-rank dropout keys (rank 0 keeps the run's seed).
+    const double w = dist::micro_batch_weight(c.comm, b.n_targets);
+    nn::RngContext rng{dist::rank_dropout_seed(c.seed, c.comm.rank()), static_cast<uint64_t>(state.step * accum + micro), 0};
+    Tensor loss = batch_loss(c.model, b, rng, &c.masked_rows);
+    loss_sum += w * loss.item();
+    const double scale = w / static_cast<double>(accum);
+    if (micro == accum - 1) c.dp.arm_overlap();  // [dist] gradients final in this backward: reduce as they come
+    autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
+    tokens += b.x.numel();
+  }
+  // [dist] Mean gradients and the global batch's loss and token count on every rank.
+  c.dp.reduce_grads();
+  if (c.dp.distributed()) {
+    loss_sum = c.comm.sum_ordered(loss_sum) / static_cast<double>(c.comm.world());
+    tokens = c.comm.sum_ordered(tokens);
+  }
+  StepResult r{.loss = loss_sum / static_cast<double>(accum), .grad_norm = global_grad_norm(c.params),
+               .lr = c.schedule.at(state.step), .tokens = tokens};
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
+    state.bad_steps_in_a_row = 0;
+    const double clip = c.cfg.train.grad_clip;
+    c.opt.step(r.lr, clip > 0 ? clip_scale(r.grad_norm, clip) : 1.0f);
+    c.dp.gather_params();  // [dist] ZeRO-1: every rank's updated slice to every rank
+  } else {
+    // Skip: no update, counted; too many in a row ends the run rather than training on NaN.
+    state.skipped_steps++;
+    state.bad_steps_in_a_row++;
+    if (c.comm.is_root())
+      std::fprintf(stderr, "qkv: step %lld: non-finite %s, step skipped (%lld in a row)\n",
+                   static_cast<long long>(state.step), std::isfinite(r.loss) ? "gradients" : "loss",
+                   static_cast<long long>(state.bad_steps_in_a_row));
+    QKV_CHECK(state.bad_steps_in_a_row < c.cfg.train.max_bad_steps, "training stopped: ", state.bad_steps_in_a_row,
+              " non-finite steps in a row (train.max_bad_steps = ", c.cfg.train.max_bad_steps,
+              "); lower train.lr or check the data");
+  }
+  if (!c.dp.distributed()) autograd::zero_grad(c.params);  // [dist] else the flat buffer stays bound
+  state.step++;
+  state.tokens_seen += tokens;
+  return r;
+}
+
+// The state the run starts from: step 0 (fresh weights, or --init-from's), or --resume's
+// checkpoint after checking it belongs to this run (settings, tokenizer, corpus), with its
+// weights, optimizer state and batcher position loaded.
+TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunData& data, const CorpusFingerprint& corpus,
+                       nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt, Batcher& batcher) {
+  TrainState state;
+  state.seed = static_cast<uint64_t>(cfg.train.seed);
+  state.batch_mode = cfg.data.batching;
+  if (!opts.resume.empty()) {
+    CheckpointMeta meta = read_checkpoint_meta(opts.resume);
+    check_resumable(cfg, meta.config.resolved(), opts.resume);
+    QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
+              ": the checkpoint's tokenizer differs from the one built from data.path");
+    check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, dp.comm().is_root());
+    QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
+    load_model_weights(opts.resume, model);
+    load_optimizer_state(opts.resume, dp, opt);
+    state = meta.state;
+    batcher.restore(state.data);
+  } else if (!opts.init_from.empty()) {
+    load_model_weights(opts.init_from, model);
+  }
+  state.corpus = corpus;
+  return state;
+}
+
+// Nothing to train (--resume at or past train.max_steps): the checkpoint as it is (no loss was
+// computed, so none is reported); the run directory is left untouched. Every rank returns alike.
+TrainSummary nothing_to_do(const TrainState& state, const std::string& checkpoint, Clock::time_point t_start) {
+  TrainSummary done;
+  done.step = state.step;
+  done.loss = NAN;
+  done.best_val_loss = state.best_val_loss;
+  done.skipped_steps = state.skipped_steps;
+  done.checkpoint = checkpoint;
+  done.nothing_to_do = true;
+  done.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return done;
+}
+
 }  // namespace
+
+std::shared_ptr<const AdamW> full_optimizer_state(dist::DataParallel& dp, const AdamW& opt) {
+  if (!dp.sharded()) return std::shared_ptr<const AdamW>(std::shared_ptr<const AdamW>(), &opt);  // not owned
+  std::shared_ptr<AdamW> full;
+  if (dp.comm().is_root()) {
+    full = std::make_shared<AdamW>(dp.params(), opt.options());
+    full->set_step_count(opt.step_count());
+  }
+  const dist::ElementState whole = full ? full->element_state() : dist::ElementState{};
+  dp.gather_state(opt.element_state(), full ? &whole : nullptr, /*kinds: m, v*/ 2);
+  return full;
+}
+
+void load_optimizer_state(const std::string& path, dist::DataParallel& dp, AdamW& opt) {
+  if (!dp.sharded()) {
+    load_optimizer_state(path, opt);
+    return;
+  }
+  // Every rank reads the whole state (a transient full copy) and keeps its slice.
+  AdamW full(dp.params(), opt.options());
+  load_optimizer_state(path, full);
+  dp.scatter_state(full.element_state(), opt.element_state());
+  opt.set_step_count(full.step_count());
+}
 
 TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const Config cfg = cfg_in.resolved();
@@ -168,187 +342,76 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
     model->to(Device::cuda);  // before the optimizer, so its moments are allocated there
   }
 
-  TrainState state;
-  state.seed = seed;
-  state.batch_mode = cfg.data.batching;
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
-  // [dist] The optimizer (replicated, or sharded with train.zero = 1) and gradient averaging.
-  DataParallel dp(comm, oparams, AdamWOptions::from(cfg.train),
-                  {.zero = cfg.train.zero, .gradient_comm = gpu_comm.get()});
+  // [dist] Gradient averaging; the optimizer updates every parameter, or this rank's ZeRO-1 slice.
+  dist::DataParallel dp(comm, oparams, {.zero = cfg.train.zero, .gradient_comm = gpu_comm.get()});
+  AdamW opt(dp.optimizer_params(), AdamWOptions::from(cfg.train));
   Batcher batcher(data.train, batcher_options(cfg, seed, comm));
   const CorpusFingerprint corpus = corpus_fingerprint(data);
 
-  if (!opts.resume.empty()) {
-    CheckpointMeta meta = read_checkpoint_meta(opts.resume);
-    check_resumable(cfg, meta.config.resolved(), opts.resume);
-    QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
-              ": the checkpoint's tokenizer differs from the one built from data.path");
-    check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, root);
-    QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
-    load_model_weights(opts.resume, *model);
-    dp.load_optimizer_state(opts.resume);
-    state = meta.state;
-    batcher.restore(state.data);
-  } else if (!opts.init_from.empty()) {
-    load_model_weights(opts.init_from, *model);
-  }
-  state.corpus = corpus;
-
+  TrainState state = start_state(cfg, opts, data, corpus, *model, dp, opt, batcher);
   check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
-  if (!opts.resume.empty() && state.step >= cfg.train.max_steps) {
-    // Nothing to train: report the checkpoint as it is (no loss was computed, so none is
-    // reported) and leave the run directory untouched. Every rank returns here alike.
-    TrainSummary done;
-    done.step = state.step;
-    done.loss = NAN;
-    done.best_val_loss = state.best_val_loss;
-    done.skipped_steps = state.skipped_steps;
-    done.checkpoint = opts.resume;
-    done.nothing_to_do = true;
-    done.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-    return done;
-  }
+  if (!opts.resume.empty() && state.step >= cfg.train.max_steps) return nothing_to_do(state, opts.resume, t_start);
   if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
 
   const std::string out_dir = cfg.train.out_dir;
-  const std::string metrics_path = out_dir + "/metrics.jsonl";
-  std::ofstream metrics;
   std::optional<RunDirLock> lock;  // [dist] rank 0 alone writes to out_dir, so it alone locks it
-  if (root) {  // [dist]
+  if (root) {
     std::filesystem::create_directories(out_dir);
     lock.emplace(out_dir);  // before anything in out_dir is truncated or replaced
-    metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
-    QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics");
   }
+  RunLog log(out_dir + "/metrics.jsonl", root, !opts.resume.empty(), opts.progress && root,
+             opts.progress && isatty(STDERR_FILENO), state.step, cfg.train.max_steps, t_start);
   const LrSchedule schedule = LrSchedule::from(cfg.train);
   const std::vector<Tensor> params = model->parameters();
-  const int64_t accum = cfg.train.grad_accum;
-  const bool tty = opts.progress && isatty(STDERR_FILENO);
-  const bool progress = opts.progress && root;  // [dist]
-  BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull, comm);
+  StepContext ctx{cfg, comm, *model, dp, opt, batcher, schedule, params, seed};
+  const BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull, comm);
 
   TrainSummary summary;
   const int64_t first_step = state.step;
   double last_loss = NAN, last_val = NAN;
-  int64_t masked_rows = 0;
-  double window_ms = 0;
-  int64_t window_steps = 0, window_tokens = 0;
-
   // [dist] Collective: with train.zero = 1 the moments are gathered to rank 0, which writes.
   auto save = [&](const std::string& path) {
     state.data = batcher.state();
-    const std::shared_ptr<const AdamW> opt = dp.optimizer_for_checkpoint();
-    if (root) save_checkpoint(path, cfg, *model, opt.get(), state, *data.tokenizer);
+    const std::shared_ptr<const AdamW> full = full_optimizer_state(dp, opt);
+    if (root) save_checkpoint(path, cfg, *model, full.get(), state, *data.tokenizer);
     summary.checkpoint = path;
   };
 
   while (state.step < cfg.train.max_steps) {
     dist::maybe_die_for_test(state.step);  // [dist] test-only fault injection
     const auto t0 = Clock::now();
-    model->train();
-    dp.zero_grads();  // [dist] one process: autograd::zero_grad(params)
-    double loss_sum = 0;
-    int64_t step_tokens = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      Batch b = batcher.next();
-      // [dist] w = 1 on one process; per-rank dropout keys (rank 0 keeps the run's seed).
-      const double w = micro_batch_weight(comm, b.n_targets);
-      nn::RngContext rng{rank_dropout_seed(seed, comm.rank()), static_cast<uint64_t>(state.step * accum + micro), 0};
-      Tensor loss = batch_loss(*model, b, rng, &masked_rows);
-      loss_sum += w * loss.item();
-      const double scale = w / static_cast<double>(accum);
-      if (micro == accum - 1) dp.arm_overlap();  // [dist] gradients final in this backward: reduce as they come
-      autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
-      step_tokens += b.x.numel();
-    }
-    // [dist] Mean gradients and the global batch's loss and token count on every rank.
-    dp.reduce_grads();
-    if (dp.distributed()) {
-      loss_sum = comm.sum_ordered(loss_sum) / static_cast<double>(comm.world());
-      step_tokens = comm.sum_ordered(step_tokens);
-    }
-    const double loss = loss_sum / static_cast<double>(accum);
-    const double grad_norm = global_grad_norm(params);
-    const double lr = schedule.at(state.step);
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      // Skip: no update, counted; too many in a row ends the run rather than training on NaN.
-      state.skipped_steps++;
-      state.bad_steps_in_a_row++;
-      if (root)  // [dist]
-        std::fprintf(stderr, "qkv: step %lld: non-finite %s, step skipped (%lld in a row)\n",
-                     static_cast<long long>(state.step), std::isfinite(loss) ? "gradients" : "loss",
-                     static_cast<long long>(state.bad_steps_in_a_row));
-      QKV_CHECK(state.bad_steps_in_a_row < cfg.train.max_bad_steps, "training stopped: ", state.bad_steps_in_a_row,
-                " non-finite steps in a row (train.max_bad_steps = ", cfg.train.max_bad_steps,
-                "); lower train.lr or check the data");
-    } else {
-      state.bad_steps_in_a_row = 0;
-      dp.step(lr, cfg.train.grad_clip > 0 ? clip_scale(grad_norm, cfg.train.grad_clip) : 1.0f);  // [dist]
-    }
-    if (!dp.distributed()) autograd::zero_grad(params);  // [dist] else the flat buffer stays bound
-    state.step++;
-    state.tokens_seen += step_tokens;
-    last_loss = loss;
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    window_ms += ms;
-    window_steps++;
-    window_tokens += step_tokens;
+    const StepResult s = train_step(ctx, state);
+    log.count_step(ms_since(t0), s.tokens);
+    last_loss = s.loss;
 
     const bool last = state.step == cfg.train.max_steps;
-    bool evaluated = false;
-    if ((cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0) || last) {
-      LossSum val = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
-      if (dp.distributed()) val = {comm.sum_ordered(val.sum), comm.sum_ordered(val.tokens)};  // [dist]
-      last_val = val.mean();
-      evaluated = true;
+    std::optional<double> val;
+    if (every(cfg.train.eval_interval, state.step) || last) {
+      LossSum v = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
+      if (dp.distributed()) v = {comm.sum_ordered(v.sum), comm.sum_ordered(v.tokens)};  // [dist]
+      val = last_val = v.mean();
       if (last_val < state.best_val_loss) {
         state.best_val_loss = last_val;
         save(out_dir + "/best.h5");
       }
     }
-    if (state.step % std::max<int64_t>(cfg.train.log_interval, 1) == 0 || evaluated || last) {
-      const int64_t all_masked_rows = dp.distributed() ? comm.sum_ordered(masked_rows) : masked_rows;  // [dist]
-      nlohmann::json j = {{"step", state.step},
-                          {"loss", loss},
-                          {"lr", lr},
-                          {"grad_norm", grad_norm},
-                          {"tokens_per_s", window_tokens / (window_ms / 1000.0)},
-                          {"ms_per_step", window_ms / static_cast<double>(window_steps)},
-                          {"fully_masked_rows", all_masked_rows},
-                          {"skipped_steps", state.skipped_steps}};
-      if (evaluated) j["val_loss"] = last_val;
-      if (dp.distributed()) j["comm_ms_per_step"] = 1000.0 * dp.take_comm_seconds() / static_cast<double>(window_steps);  // [dist]
-      if (root) {  // [dist]
-        errno = 0;
-        metrics << j.dump() << "\n";
-        metrics.flush();
-        // A full disk (or metrics.jsonl pointing at /dev/full) must stop the run, not lose the log.
-        QKV_CHECK(metrics.good(), metrics_path, ": cannot write metrics (", errno ? std::strerror(errno) : "write failed", ")");
-      }
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-      const double eta = elapsed / static_cast<double>(state.step - first_step) *
-                         static_cast<double>(cfg.train.max_steps - state.step);
-      if (progress) {
-        char line[256];
-        std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f%s  lr %.2e  %.0f tok/s  %.1f ms/step  ETA %s",
-                      static_cast<long long>(state.step), static_cast<long long>(cfg.train.max_steps), loss,
-                      evaluated ? (" val " + std::to_string(last_val).substr(0, 6)).c_str() : "", lr,
-                      window_tokens / (window_ms / 1000.0), window_ms / static_cast<double>(window_steps),
-                      format_duration(eta).c_str());
-        std::fprintf(stderr, tty ? "\r%-110s%s" : "%s%s\n", line, tty && (evaluated || last) ? "\n" : "");
-      }
-      window_ms = 0;
-      window_steps = window_tokens = 0;
+    if (every(std::max<int64_t>(cfg.train.log_interval, 1), state.step) || val || last) {
+      LogRecord r{.step = state.step, .loss = s.loss, .lr = s.lr, .grad_norm = s.grad_norm,
+                  .fully_masked_rows = dp.distributed() ? comm.sum_ordered(ctx.masked_rows) : ctx.masked_rows,
+                  .skipped_steps = state.skipped_steps, .val_loss = val, .comm_seconds = std::nullopt};
+      if (dp.distributed()) r.comm_seconds = dp.take_comm_seconds();  // [dist]
+      log.record(r, val || last);
     }
-    if ((cfg.train.checkpoint_interval > 0 && state.step % cfg.train.checkpoint_interval == 0) || last) {
+    if (every(cfg.train.checkpoint_interval, state.step) || last) {
       save(out_dir + "/" + checkpoint_name(state.step));
-      if (root) prune_checkpoints(out_dir, cfg.train.keep_last);  // [dist]
+      if (root) prune_checkpoints(out_dir, cfg.train.keep_last);
     }
   }
   // [dist] Replicas must still agree (a transport that returned different sums would show here).
   dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the final parameters");
-  if (opts.plot && root) plot_metrics(metrics_path, out_dir + "/loss.svg");
+  if (opts.plot && root) plot_metrics(log.metrics_path(), out_dir + "/loss.svg");
 
   summary.step = state.step;
   summary.loss = last_loss;
@@ -357,7 +420,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   summary.skipped_steps = state.skipped_steps;
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   const int64_t steps_run = state.step - first_step;
-  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * accum * comm.world() * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;  // [dist] global
+  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * cfg.train.grad_accum * comm.world() * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;  // [dist] global
   return summary;
 }
 

@@ -17,11 +17,19 @@
 //
 // Every random draw (init, dropout, batches) is a pure function of (seed, step), so --resume
 // continues bitwise-identically to a run that never stopped.
+//
+// Layering: the loop (run_training) and one step (train_step in trainer.cpp: forward, loss,
+// backward, clip, update) live here; data parallelism is below, in distributed/ (gradient
+// averaging, ZeRO-1 slices), and never sees the optimizer type; the run log (metrics + progress
+// line) is train/run_log.h.
 #pragma once
 #include <cmath>
+#include <memory>
 #include <string>
 
+#include "distributed/data_parallel.h"
 #include "train/config.h"
+#include "train/optimizer.h"
 
 namespace qkv::train {
 
@@ -46,5 +54,13 @@ struct TrainSummary {
 inline constexpr const char* kRunLockFile = "train.lock";
 
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts);
+
+// The optimizer state of a data-parallel run (`opt` is built over dp.optimizer_params()), as a
+// checkpoint holds it: in full, whatever train.zero.
+// full_optimizer_state: collective. Replicated: `opt` itself (not owned). ZeRO-1: a full AdamW
+// over dp.params() with the moments gathered to rank 0, and null on the other ranks.
+std::shared_ptr<const AdamW> full_optimizer_state(dist::DataParallel& dp, const AdamW& opt);
+// Loads the checkpoint's full state into `opt`; in ZeRO-1 mode every rank keeps its slice.
+void load_optimizer_state(const std::string& path, dist::DataParallel& dp, AdamW& opt);
 
 }  // namespace qkv::train

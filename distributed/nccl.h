@@ -7,7 +7,7 @@
 #pragma once
 #include <memory>
 
-#include "train/distributed.h"
+#include "distributed/distributed.h"
 
 namespace qkv::dist {
 

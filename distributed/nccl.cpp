@@ -1,5 +1,5 @@
 // NCCL gradient communicator (see nccl.h).
-#include "train/nccl.h"
+#include "distributed/nccl.h"
 
 #include <cstdlib>
 #include <string>

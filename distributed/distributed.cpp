@@ -6,7 +6,7 @@
 // buffers longer than kMaxCount elements go in fixed pieces of kMaxCount (the same pieces on every
 // rank and every run, so the reduction order stays fixed). The default error handler
 // (MPI_ERRORS_ARE_FATAL) is kept: a failed collective ends the job instead of returning.
-#include "train/distributed.h"
+#include "distributed/distributed.h"
 
 #include <unistd.h>
 

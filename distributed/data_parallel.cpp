@@ -1,14 +1,14 @@
-// Gradient averaging and the (optionally sharded) optimizer for data-parallel training; the
+// Gradient averaging and the slicing of the optimizer's work for data-parallel training; the
 // design is in data_parallel.h.
 //
 // Per step with N ranks and P parameters (float32):
 //   reduce_grads   ceil(4P / bucket_bytes) in-place all-reduces, then one scaling pass (x 1/N)
-//   step, zero 0   the fused AdamW over all P elements, identical on every rank
-//   step, zero 1   the fused AdamW over this rank's ~P/N elements, then per bucket: copy this
+//   update, zero 0 (the caller's optimizer) over all P elements, identical on every rank
+//   update, zero 1 over this rank's ~P/N elements; then gather_params, per bucket: copy this
 //                  rank's updated elements into a staging buffer, all-gather (v: shards need not
 //                  align with buckets), copy the bucket back into the parameters
 // The scaling by 1/N is exact for N a power of two, and in any case the same on every rank.
-#include "train/data_parallel.h"
+#include "distributed/data_parallel.h"
 
 #include <omp.h>
 
@@ -19,12 +19,10 @@
 #include <cstring>
 
 #include "autograd/engine.h"
-#include "data/h5.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
-#include "train/checkpoint.h"
 
-namespace qkv::train {
+namespace qkv::dist {
 
 std::pair<int64_t, int64_t> shard_range(int64_t total, int rank, int world) {
   QKV_CHECK(world >= 1 && rank >= 0 && rank < world, "[zero] rank ", rank, " of ", world);
@@ -73,6 +71,13 @@ int64_t bucket_bytes_setting(int64_t configured) {
   return configured;
 }
 
+// FNV-1a, 64-bit (the same function as h5::fnv1a64; distributed/ does not depend on data/).
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 // Copies n floats; big copies are split over the OpenMP threads.
 void copy_floats(float* dst, const float* src, int64_t n) {
   if (dst == src || n == 0) return;
@@ -94,10 +99,8 @@ void DataParallel::for_each_piece(int64_t a, int64_t b, F&& f) const {
   }
 }
 
-DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
-                           DataParallelOptions opts)
-    : comm_(comm), grad_comm_(opts.gradient_comm ? *opts.gradient_comm : comm), params_(std::move(params)),
-      adamw_opts_(adamw) {
+DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, DataParallelOptions opts)
+    : comm_(comm), grad_comm_(opts.gradient_comm ? *opts.gradient_comm : comm), params_(std::move(params)) {
   QKV_CHECK(opts.zero == 0 || opts.zero == 1, "train.zero = ", opts.zero,
             " is unsupported; supported stages: 0 (replicated optimizer) or 1 (optimizer state sharded across ranks)");
   offset_.reserve(params_.size() + 1);
@@ -139,15 +142,13 @@ DataParallel::DataParallel(dist::Communicator& comm, std::vector<OptimParam> par
       params_[k].param.autograd_meta().post_accumulate_hook = [this, k] { on_grad_ready(k); };
   }
   if (distributed() && opts.zero == 1) {
-    std::vector<OptimParam> mine = slice_params(params_, lo_, hi_);
+    sharded_ = true;
+    slice_ = slice_params(params_, lo_, hi_);
     // Each slice's gradient is the matching slice of the reduced buffer, bound once for the run.
     for_each_piece(lo_, hi_, [&, i = size_t{0}](size_t k, int64_t in_param, int64_t, int64_t n) mutable {
-      mine[i++].param.set_grad(grad_views_[k].flatten().narrow(0, in_param, n));
+      slice_[i++].param.set_grad(grad_views_[k].flatten().narrow(0, in_param, n));
     });
-    shard_ = std::make_unique<AdamW>(std::move(mine), adamw_opts_);
     staging_.resize(static_cast<size_t>(std::min<int64_t>(total_, bucket_elems)));
-  } else {
-    full_ = std::make_unique<AdamW>(params_, adamw_opts_);
   }
 }
 
@@ -232,12 +233,8 @@ void DataParallel::reduce_grads() {
   for (int64_t i = 0; i < total_; ++i) g[i] *= inv;
 }
 
-void DataParallel::step(double lr, float grad_scale) {
-  if (!shard_) {
-    full_->step(lr, grad_scale);
-    return;
-  }
-  shard_->step(lr, grad_scale);
+void DataParallel::gather_params() {
+  if (!sharded_) return;
   // All-gather the updated parameters, one bucket at a time through the staging buffer.
   const int world = comm_.world();
   for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
@@ -255,15 +252,13 @@ void DataParallel::step(double lr, float grad_scale) {
   }
 }
 
-int64_t DataParallel::step_count() const { return shard_ ? shard_->step_count() : full_->step_count(); }
-
 std::string DataParallel::describe() const {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s)%s",
                 comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
                 static_cast<long long>(bucket_count()), grad_comm_.backend(),
-                shard_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
+                sharded_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
                        : "");
   return buf;
 }
@@ -274,30 +269,19 @@ double DataParallel::take_comm_seconds() {
   return s;
 }
 
-int64_t DataParallel::moment_elements() const { return shard_ ? hi_ - lo_ : total_; }
-
-std::shared_ptr<const AdamW> DataParallel::optimizer_for_checkpoint() {
-  if (!shard_) return std::shared_ptr<const AdamW>(std::shared_ptr<const AdamW>(), full_.get());  // not owned
-  std::shared_ptr<AdamW> full;
-  if (comm_.is_root()) {
-    full = std::make_shared<AdamW>(params_, adamw_opts_);
-    full->set_step_count(shard_->step_count());
-  }
-  // This rank's moments, piece by piece in flat order (the shard's params are those pieces).
-  const std::vector<AdamWState>& mine = shard_->states();
+void DataParallel::gather_state(const ElementState& mine, const ElementState* full, size_t kinds) {
+  QKV_CHECK(sharded_, "[data_parallel] gather_state is for ZeRO-1 only");
+  if (!comm_.is_root()) full = nullptr;
   const int world = comm_.world();
-  for (int which = 0; which < 2; ++which) {
+  for (size_t which = 0; which < kinds; ++which) {
     for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
       const int64_t a = bounds_[b], e = bounds_[b + 1];
       float* stage = staging_.data();
-      // Pieces of my shard inside this bucket: the shard's states are in the same flat order.
-      int64_t piece = 0;
+      // Pieces of my shard inside this bucket: `mine` is in the same flat order.
+      size_t piece = 0;
       for_each_piece(lo_, hi_, [&](size_t, int64_t, int64_t flat, int64_t n) {
         const int64_t s = std::max(a, flat), t = std::min(e, flat + n);
-        if (s < t) {
-          const Tensor& src = which == 0 ? mine[static_cast<size_t>(piece)].exp_avg : mine[static_cast<size_t>(piece)].exp_avg_sq;
-          copy_floats(stage + (s - a), src.data<float>() + (s - flat), t - s);
-        }
+        if (s < t) copy_floats(stage + (s - a), mine[piece][which].data<float>() + (s - flat), t - s);
         ++piece;
       });
       const std::vector<int64_t> counts = shard_counts(a, e, total_, world);
@@ -305,71 +289,23 @@ std::shared_ptr<const AdamW> DataParallel::optimizer_for_checkpoint() {
       comm_.gatherv(stage + mine_at, stage, counts, 0);
       if (!full) continue;
       for_each_piece(a, e, [&](size_t k, int64_t in_param, int64_t flat, int64_t n) {
-        const AdamWState& st = full->states()[k];
-        copy_floats((which == 0 ? st.exp_avg : st.exp_avg_sq).data<float>() + in_param, stage + (flat - a), n);
+        copy_floats((*full)[k][which].data<float>() + in_param, stage + (flat - a), n);
       });
     }
   }
-  return full;
 }
 
-void DataParallel::load_optimizer_state(const std::string& path) {
-  if (!shard_) {
-    train::load_optimizer_state(path, *full_);
-    return;
-  }
-  // Every rank reads the whole state (a transient full copy) and keeps its slice.
-  AdamW full(params_, adamw_opts_);
-  train::load_optimizer_state(path, full);
-  const std::vector<AdamWState>& mine = shard_->states();
+void DataParallel::scatter_state(const ElementState& full, const ElementState& mine) const {
+  QKV_CHECK(sharded_, "[data_parallel] scatter_state is for ZeRO-1 only");
   size_t piece = 0;
   for_each_piece(lo_, hi_, [&](size_t k, int64_t in_param, int64_t, int64_t n) {
-    const AdamWState& src = full.states()[k];
-    copy_floats(mine[piece].exp_avg.data<float>(), src.exp_avg.data<float>() + in_param, n);
-    copy_floats(mine[piece].exp_avg_sq.data<float>(), src.exp_avg_sq.data<float>() + in_param, n);
+    for (size_t which = 0; which < mine[piece].size(); ++which)
+      copy_floats(mine[piece][which].data<float>(), full[k][which].data<float>() + in_param, n);
     ++piece;
   });
-  shard_->set_step_count(full.step_count());
 }
 
-void check_ranks_agree_on_config(dist::Communicator& comm, const Config& cfg, const std::string& resume,
-                                 const std::string& init_from) {
-  if (comm.world() == 1) return;
-  const std::string text = to_toml(cfg);
-  uint64_t h = h5::fnv1a64(text.data(), text.size());
-  dist::check_same_on_all_ranks(comm, h, "the resolved config (--config and --set)");
-  const std::string src = "resume=" + resume + "\ninit_from=" + init_from;
-  h = h5::fnv1a64(src.data(), src.size());
-  dist::check_same_on_all_ranks(comm, h, "--resume / --init-from");
-}
-
-void check_ranks_agree_on_start(dist::Communicator& comm, const RunData& data, const DataParallel& dp, int64_t step) {
-  if (comm.world() == 1) return;
-  const std::string tok = data.tokenizer->serialize();
-  uint64_t h = h5::fnv1a64(tok.data(), tok.size());
-  for (const TokenSplit* s : {data.train.get(), data.val.get()}) {
-    if (!s) continue;
-    const int64_t n = static_cast<int64_t>(s->tokens.size());
-    h = h5::fnv1a64(&n, sizeof n, h);
-    // Up to 65536 tokens at a fixed stride: enough to tell two corpora apart, cheap for big ones.
-    const int64_t stride = std::max<int64_t>(1, n / 65536);
-    for (int64_t i = 0; i < n; i += stride) h = h5::fnv1a64(&s->tokens[static_cast<size_t>(i)], sizeof(int32_t), h);
-  }
-  dist::check_same_on_all_ranks(comm, h, "the training data (tokenizer or token splits)");
-  dist::check_same_on_all_ranks(comm, static_cast<uint64_t>(step), "the starting step");
-  dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the starting parameters");
-}
-
-RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg) {
-  if (comm.world() == 1) return load_run_data(cfg);
-  RunData d;
-  if (comm.is_root()) d = load_run_data(cfg);  // if this throws, the job aborts; nobody waits forever
-  comm.barrier();
-  if (!comm.is_root()) d = load_run_data(cfg);
-  return d;
-}
-
-double micro_batch_weight(dist::Communicator& comm, int64_t n_targets) {
+double micro_batch_weight(Communicator& comm, int64_t n_targets) {
   if (comm.world() == 1) return 1.0;
   const int64_t global = comm.sum_ordered(n_targets);
   return global > 0 ? static_cast<double>(comm.world()) * static_cast<double>(n_targets) / static_cast<double>(global)
@@ -382,9 +318,9 @@ uint64_t DataParallel::parameter_hash() const {
   uint64_t h = 0xcbf29ce484222325ull;
   for (const OptimParam& p : params_) {
     const Tensor host = p.param.to(Device::cpu);  // the parameter itself on the CPU
-    h = h5::fnv1a64(host.raw_data(), static_cast<size_t>(host.numel()) * 4, h);
+    h = fnv1a64(host.raw_data(), static_cast<size_t>(host.numel()) * 4, h);
   }
   return h;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::dist

@@ -1,6 +1,13 @@
 // Data parallelism for the training loop: gradient averaging in buckets over a flat buffer, and
-// the optimizer, replicated (train.zero = 0) or with its moments sharded (train.zero = 1, ZeRO
-// stage 1). With one rank every call reduces to what the single-process loop always did.
+// the slicing of the optimizer's work, replicated (train.zero = 0) or with its moments sharded
+// (train.zero = 1, ZeRO stage 1). With one rank every call reduces to what the single-process loop
+// always did.
+//
+// Layering. distributed/ depends on autograd/ and tensor/ only. It does not own the optimizer: it
+// hands the caller the parameters this rank's optimizer must update (optimizer_params()); the
+// caller builds its optimizer over them and runs the update itself, then calls gather_params().
+// For checkpoints it moves per-element optimizer state (tensors shaped like the parameters,
+// AdamW's m and v) between the slices and a full copy on rank 0 (gather_state / scatter_state).
 //
 // Flat layout. The parameters, in model order, are laid end to end in one float range:
 // parameter k owns [offset(k), offset(k) + numel(k)). The gradient buffer has that layout; each
@@ -20,16 +27,18 @@
 // A bucket's sum does not depend on when it was started, so overlap changes no bits (with
 // QKV_DP_OVERLAP=0 every bucket is reduced after backward, in the same order).
 //
-// ZeRO-1. Rank r owns the slice shard_range(total, r, world) of the flat range. Its AdamW holds
-// moments only for that slice: one OptimParam per parameter piece inside it, a 1-D view of the
-// parameter whose .grad is the matching view of the reduced gradient buffer. After its update
-// the slices are all-gathered bucket by bucket into every rank's parameters. AdamW is
-// element-wise, so with the same reduced gradients ZeRO-1 gives the same bits as the replicated
-// optimizer; only the moments' memory (and the time to update them) is divided by world.
+// ZeRO-1. Rank r owns the slice shard_range(total, r, world) of the flat range. Its optimizer
+// holds moments only for that slice: optimizer_params() is one OptimParam per parameter piece
+// inside it, a 1-D view of the parameter whose .grad is the matching view of the reduced gradient
+// buffer. After the update gather_params() all-gathers the slices bucket by bucket into every
+// rank's parameters. AdamW is element-wise, so with the same reduced gradients ZeRO-1 gives the
+// same bits as the replicated optimizer; only the moments' memory (and the time to update them)
+// is divided by world.
 //
 // Checkpoints hold the full optimizer state either way: in ZeRO mode the moments are gathered to
-// rank 0 (bucket by bucket) into a full AdamW just for the save. A checkpoint therefore resumes
-// under any world size and either zero setting (bitwise only under the same world size).
+// rank 0 (bucket by bucket, gather_state) into a full optimizer just for the save. A checkpoint
+// therefore resumes under any world size and either zero setting (bitwise only under the same
+// world size).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,12 +46,13 @@
 #include <utility>
 #include <vector>
 
-#include "train/config.h"
-#include "train/distributed.h"
-#include "train/optimizer.h"
-#include "train/session.h"
+#include "autograd/optim_param.h"
+#include "distributed/distributed.h"
+#include "tensor/tensor.h"
 
-namespace qkv::train {
+namespace qkv::dist {
+
+using autograd::OptimParam;
 
 constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
 
@@ -50,8 +60,8 @@ struct DataParallelOptions {
   int64_t zero = 0;                          // 0: replicated optimizer; 1: moments sharded
   int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
   // For parameters on a GPU: the communicator whose float all-reduces take device pointers
-  // (train/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
-  dist::Communicator* gradient_comm = nullptr;
+  // (distributed/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
+  Communicator* gradient_comm = nullptr;
 };
 
 // Rank r's ZeRO slice [lo, hi) of a flat range of `total` elements: near-equal parts whose inner
@@ -67,19 +77,30 @@ std::vector<int64_t> shard_counts(int64_t a, int64_t b, int64_t total, int world
 // decay flag), in model order.
 std::vector<OptimParam> slice_params(const std::vector<OptimParam>& params, int64_t lo, int64_t hi);
 
+// An optimizer's per-element state, [parameter][state tensor], each tensor shaped like its
+// parameter (AdamW: m and v), in the order of the parameters the optimizer was built on.
+// Handles onto the optimizer's own tensors: writing through them changes its state.
+using ElementState = std::vector<std::vector<Tensor>>;
+
 class DataParallel {
  public:
-  DataParallel(dist::Communicator& comm, std::vector<OptimParam> params, const AdamWOptions& adamw,
-               DataParallelOptions opts);
+  // Throws for zero other than 0 or 1 (naming train.zero).
+  DataParallel(Communicator& comm, std::vector<OptimParam> params, DataParallelOptions opts);
   ~DataParallel();  // removes the gradient hooks
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  dist::Communicator& comm() const { return comm_; }
+  Communicator& comm() const { return comm_; }
   int rank() const { return comm_.rank(); }
   int world() const { return comm_.world(); }
   bool distributed() const { return comm_.world() > 1; }
-  bool sharded() const { return shard_ != nullptr; }
+  bool sharded() const { return sharded_; }
+
+  // Every parameter, in model order (what a full optimizer for a checkpoint is built over).
+  const std::vector<OptimParam>& params() const { return params_; }
+  // What this rank's optimizer updates: params() (replicated), or with ZeRO-1 the pieces of them
+  // inside this rank's slice, their .grad bound once for the run to views of the reduced buffer.
+  const std::vector<OptimParam>& optimizer_params() const { return sharded_ ? slice_ : params_; }
 
   // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several: every .grad
   // bound to its view of the zero-filled flat gradient buffer.
@@ -90,17 +111,16 @@ class DataParallel {
   // After the step's last backward: the bucketed all-reduce, then scaling by 1/world, so every
   // rank holds the mean gradient (bitwise the same on all ranks). No-op for one rank.
   void reduce_grads();
-  // The optimizer update at `lr` with gradients multiplied by grad_scale (clipping); in ZeRO mode
-  // followed by the parameter all-gather.
-  void step(double lr, float grad_scale);
-  int64_t step_count() const;
+  // After the optimizer's update: in ZeRO mode the parameter all-gather (every rank's updated
+  // slice into every rank's parameters); otherwise nothing. Collective.
+  void gather_params();
 
-  // The full optimizer state for a checkpoint. Collective in ZeRO mode (every rank must call; the
-  // moments are gathered to rank 0): rank 0 gets a full copy, other ranks null. Replicated: the
-  // optimizer itself, on every rank.
-  std::shared_ptr<const AdamW> optimizer_for_checkpoint();
-  // Loads the full optimizer state from a checkpoint on every rank and keeps this rank's slice.
-  void load_optimizer_state(const std::string& path);
+  // ZeRO mode only. gather_state (collective): the first `kinds` state tensors of `mine` (the
+  // optimizer over optimizer_params()) are gathered into `full` (over params()) on rank 0; `full`
+  // is ignored (may be null) elsewhere. `kinds` is the same on every rank, even one whose slice is
+  // empty. scatter_state (local): this rank's slice of `full` is copied into `mine`.
+  void gather_state(const ElementState& mine, const ElementState* full, size_t kinds);
+  void scatter_state(const ElementState& full, const ElementState& mine) const;
 
   // FNV-1a over the parameters' bytes; the trainer compares it across ranks.
   uint64_t parameter_hash() const;
@@ -112,8 +132,8 @@ class DataParallel {
   int64_t allreduce_bytes_per_step() const { return distributed() ? total_ * 4 : 0; }
   int64_t allgather_bytes_per_step() const { return sharded() ? total_ * 4 : 0; }
   bool overlaps() const { return overlap_; }
-  // Moment elements (m and v each) this rank holds.
-  int64_t moment_elements() const;
+  // Moment elements (m and v each) this rank's optimizer holds.
+  int64_t moment_elements() const { return sharded_ ? hi_ - lo_ : total_; }
   // One line for the log: ranks, backend, parameters, buckets, bytes per step, ZeRO slice.
   std::string describe() const;
   // Wall time spent in collectives (gradient all-reduce, parameter all-gather) since the last
@@ -127,17 +147,16 @@ class DataParallel {
   void on_grad_ready(size_t k);  // parameter k's gradient hook
   void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
 
-  dist::Communicator& comm_;
-  dist::Communicator& grad_comm_;  // the gradient buckets' all-reduce (comm_, or NCCL on a GPU)
+  Communicator& comm_;
+  Communicator& grad_comm_;  // the gradient buckets' all-reduce (comm_, or NCCL on a GPU)
   std::vector<OptimParam> params_;
-  AdamWOptions adamw_opts_;
+  std::vector<OptimParam> slice_;  // ZeRO-1: this rank's pieces of params_
+  bool sharded_ = false;           // ZeRO-1 with several ranks
   std::vector<int64_t> offset_;  // flat offset of each parameter; offset_.back() == total_
   int64_t total_ = 0;
   std::vector<int64_t> bounds_;  // bucket boundaries
   Tensor grad_flat_;             // float32 [total] (several ranks only)
   std::vector<Tensor> grad_views_;  // parameter-shaped views of grad_flat_
-  std::unique_ptr<AdamW> full_;     // replicated optimizer
-  std::unique_ptr<AdamW> shard_;    // ZeRO-1: this rank's slice
   int64_t lo_ = 0, hi_ = 0;         // this rank's slice of the flat range
   std::vector<float> staging_;      // one bucket (parameter all-gather, checkpoint gather)
   double comm_seconds_ = 0;
@@ -149,26 +168,13 @@ class DataParallel {
   int64_t next_start_ = -1;                     // next bucket to start (issue order: K-1 down to 0)
 };
 
-// Start-up agreement checks (collective; no-ops for one rank). Each ends the job with one message
-// from rank 0 when the ranks differ (dist::check_same_on_all_ranks):
-//   config: the resolved TOML (after --set) and the --resume / --init-from sources;
-//   start:  the tokenizer, the split sizes and a sample of their tokens, the step, and the
-//           parameters' bytes (every rank must start from the same weights).
-void check_ranks_agree_on_config(dist::Communicator& comm, const Config& cfg, const std::string& resume,
-                                 const std::string& init_from);
-void check_ranks_agree_on_start(dist::Communicator& comm, const RunData& data, const DataParallel& dp, int64_t step);
-
-// load_run_data on rank 0 first, then on the others: preparing a text corpus writes a cache
-// file beside it (data/dataset.h), which ranks must not race to create. Collective.
-RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg);
-
 // The weight of one micro-batch's mean loss so that averaging over ranks gives the mean over the
 // global batch's targets: world * n_rank / n_global (1 when every rank has as many targets, as in
 // random_windows). Collective (one 8-byte all-gather) when world > 1.
-double micro_batch_weight(dist::Communicator& comm, int64_t n_targets);
+double micro_batch_weight(Communicator& comm, int64_t n_targets);
 
 // The dropout key of a rank: the run's seed on rank 0, a different key on every other rank (rows
 // on different ranks must not share dropout masks).
 uint64_t rank_dropout_seed(uint64_t seed, int rank);
 
-}  // namespace qkv::train
+}  // namespace qkv::dist

@@ -5,7 +5,7 @@
 //                  without MPI and by any process not started by an MPI launcher.
 //   MPI            (QKV_WITH_MPI) one rank per process over MPI_COMM_WORLD, started by
 //                  `mpirun -np N qkv train ...`; the host-memory transport.
-//   NCCL           (train/nccl.h, CUDA + MPI builds) one rank per GPU for the gradient buckets:
+//   NCCL           (distributed/nccl.h, CUDA + MPI builds) one rank per GPU for the gradient buckets:
 //                  float all-reduces on device pointers, queued on the training stream, with the
 //                  ncclUniqueId sent to every rank by an MPI broadcast; host-memory collectives
 //                  go to the MPI group. DataParallel takes it as its gradient communicator.

@@ -1,0 +1,95 @@
+// What each enumerated setting may be, and how two configs compare: the one place both are
+// defined.
+//
+// Enumerated settings. Each key's spellings are listed once, here, with the enum value each one
+// stands for. validate() (config.cpp) accepts exactly these names; the string -> enum mapping at
+// use (model_factory: the model's family, position, norm, activation, attention kernel; the
+// trainer: data.batching, data.padding_side) goes through choose() over the same table, so a
+// spelling can never be accepted by one and unknown to the other. Keys whose value is not turned
+// into an enum type (data.tokenizer, data.separator, train.device, train.dtype,
+// train.lr_schedule) have a list of names only.
+//
+// Comparison. first_difference() walks the one key table (config.cpp) and compares values with
+// their types' ==, so resume (trainer) and anything else asking "did this setting change?" use
+// the same field list instead of their own field-by-field code.
+#pragma once
+#include <array>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attention/attention.h"
+#include "data/batcher.h"
+#include "nn/transformer.h"
+#include "tensor/error.h"
+#include "train/config.h"
+
+namespace qkv {
+
+template <class E>
+struct Choice {
+  std::string_view name;
+  E value;
+};
+
+inline constexpr std::array kFamilies = {Choice<nn::Family>{"gpt2", nn::Family::gpt2},
+                                         Choice<nn::Family>{"llama", nn::Family::llama}};
+inline constexpr std::array kPositions = {
+    Choice<nn::Position>{"learned", nn::Position::learned}, Choice<nn::Position>{"rope", nn::Position::rope},
+    Choice<nn::Position>{"sinusoidal", nn::Position::sinusoidal}, Choice<nn::Position>{"alibi", nn::Position::alibi},
+    Choice<nn::Position>{"none", nn::Position::none}};
+inline constexpr std::array kNorms = {Choice<nn::NormKind>{"layernorm", nn::NormKind::layernorm},
+                                      Choice<nn::NormKind>{"rmsnorm", nn::NormKind::rmsnorm}};
+inline constexpr std::array kActivations = {
+    Choice<nn::Activation>{"gelu_tanh", nn::Activation::gelu_tanh}, Choice<nn::Activation>{"gelu", nn::Activation::gelu},
+    Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
+inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
+                                            Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
+inline constexpr std::array kBatchModes = {Choice<BatchMode>{"random_windows", BatchMode::random_windows},
+                                           Choice<BatchMode>{"padded_docs", BatchMode::padded_docs},
+                                           Choice<BatchMode>{"packed_docs", BatchMode::packed_docs}};
+inline constexpr std::array kPaddingSides = {Choice<Padding>{"right", Padding::right},
+                                             Choice<Padding>{"left", Padding::left}};
+inline constexpr std::array<std::string_view, 3> kTokenizers = {"char", "byte", "bpe"};
+inline constexpr std::array<std::string_view, 3> kSeparators = {"blank_line", "percent_line", "none"};
+inline constexpr std::array<std::string_view, 2> kDevices = {"cpu", "cuda"};
+inline constexpr std::array<std::string_view, 2> kDtypes = {"float32", "bf16"};
+inline constexpr std::array<std::string_view, 2> kLrSchedules = {"cosine", "constant"};
+// train.zero: 0 = replicated optimizer, 1 = moments sharded across ranks (ZeRO stage 1).
+inline constexpr int64_t kMaxZeroStage = 1;
+
+template <class E, size_t N>
+std::vector<std::string_view> names_of(const std::array<Choice<E>, N>& choices) {
+  std::vector<std::string_view> out;
+  for (const Choice<E>& c : choices) out.push_back(c.name);
+  return out;
+}
+template <size_t N>
+std::vector<std::string_view> names_of(const std::array<std::string_view, N>& names) {
+  return {names.begin(), names.end()};
+}
+
+// `key must be one of "a", "b"[ (or "" for the family default)]; got "v"` (without an origin).
+std::string not_one_of(std::string_view key, std::string_view value, const std::vector<std::string_view>& names,
+                       bool empty_ok);
+
+// The value spelt `name`; throws not_one_of(key, ...) for any other spelling.
+template <class E, size_t N>
+E choose(const std::array<Choice<E>, N>& choices, std::string_view name, std::string_view key) {
+  for (const Choice<E>& c : choices)
+    if (c.name == name) return c.value;
+  fail(not_one_of(key, name, names_of(choices), false));
+}
+
+// The first key, in declaration order, among those selected by `keys` ("section.key", or
+// "section." for a whole section) whose value differs between `a` and `b` (compared as stored:
+// resolve both first when family defaults matter). Values come back as TOML text.
+struct ConfigDifference {
+  std::string key, a, b;
+};
+std::optional<ConfigDifference> first_difference(const Config& a, const Config& b,
+                                                 std::initializer_list<std::string_view> keys);
+
+}  // namespace qkv
