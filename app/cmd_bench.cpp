@@ -6,9 +6,11 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "app/commands.h"
 #include "attention/bench.h"
+#include "tensor/cpu/matmul.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"
 #include "train/bench.h"
@@ -131,7 +133,16 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     } else {
       fail("[bench] --what must be step, attention, gemm or decode, got '", what, "'");
     }
-    if (json) print_json({{"results", results}});
+    // What the figures depend on besides the code: the BLAS kernel family (OpenBLAS picks one per
+    // CPU; OPENBLAS_CORETYPE overrides it) and OpenMP's barrier spin (app/main.cpp sets it).
+    const char* spin = std::getenv("GOMP_SPINCOUNT");
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    const nlohmann::json environment = {{"blas_kernel", cpu::blas_kernel_name()},
+                                        {"omp_max_threads", omp_get_max_threads()},
+                                        {"gomp_spincount", spin ? spin : ""},
+                                        {"omp_wait_policy", policy ? policy : ""}};
+    std::fprintf(out, "BLAS kernel %s, %d OpenMP threads\n", cpu::blas_kernel_name().c_str(), omp_get_max_threads());
+    if (json) print_json({{"results", results}, {"environment", environment}});
     exit_code = 0;
   });
 }

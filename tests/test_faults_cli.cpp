@@ -520,3 +520,27 @@ TEST_CASE("output that cannot be written to stdout is exit 2, not success", "[fa
     CHECK(WEXITSTATUS(std::system((qkv + " " + args + " >/dev/null 2>/dev/null").c_str())) == 0);
   }
 }
+
+TEST_CASE("qkv runs with a short OpenMP barrier spin unless the user chose a wait policy", "[faults][cli]") {
+  if (!have_cli()) {
+    WARN("no qkv binary: not checked");
+    return;
+  }
+  // `bench --json` reports the environment it measured in, GOMP_SPINCOUNT included (app/main.cpp
+  // re-executes qkv once with GOMP_SPINCOUNT=1000 when neither variable is set).
+  const std::string bench = "bench --what attention --n 64 --threads 1 --json";
+  const auto spin_of = [&](const std::string& env) {
+    const std::string base = fs::temp_directory_path() / ("qkv_spin_" + std::to_string(::getpid()));
+    const std::string cmd = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + env + " " + std::string(QKV_BINARY_DIR) +
+                            "/qkv " + bench + " >" + base + ".out 2>/dev/null";
+    REQUIRE(WEXITSTATUS(std::system(cmd.c_str())) == 0);
+    CliResult out;
+    out.out = read_file(base + ".out");
+    const nlohmann::json j = out.last_json();
+    REQUIRE(j.contains("environment"));
+    return std::make_pair(j["environment"].value("gomp_spincount", "?"), j["environment"].value("omp_wait_policy", "?"));
+  };
+  CHECK(spin_of("") == std::make_pair(std::string("1000"), std::string("")));
+  CHECK(spin_of("GOMP_SPINCOUNT=50") == std::make_pair(std::string("50"), std::string("")));
+  CHECK(spin_of("OMP_WAIT_POLICY=active") == std::make_pair(std::string(""), std::string("active")));
+}
