@@ -1,5 +1,6 @@
 // attention(): validates, picks the kernel and, for the fused one, records the single autograd
 // node whose backward is the hand-derived vjp (attention/fused_backward.cpp).
+#include "attention/fault.h"
 #include "attention/attention.h"
 
 #include <cmath>

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "attention/fault.h"
 #include "attention/cuda/mma_attention.h"
 #include "attention/cuda/mma_attention_kernels.cuh"
 #include "tensor/cuda/cuda_check.h"
