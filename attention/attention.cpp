@@ -1,6 +1,5 @@
 // attention(): validates, picks the kernel and, for the fused one, records the single autograd
 // node whose backward is the hand-derived vjp (attention/fused_backward.cpp).
-#include "attention/fault.h"
 #include "attention/attention.h"
 
 #include <cmath>
@@ -22,7 +21,7 @@ namespace {
 struct FusedAttentionBackward : autograd::Node {
   Tensor q, k, v, out, lse;
   Problem p;
-  std::shared_ptr<const MaskPlan> plan;  // the mask (and any planted fault) the forward used
+  std::shared_ptr<const MaskPlan> plan;  // the mask (explicit rules included) the forward used
   std::shared_ptr<const DropoutDraw> drop;
   const char* name() const override { return "FusedAttentionBackward"; }
   std::vector<Tensor> backward(const Tensor& dout) override {
@@ -62,10 +61,7 @@ struct PackedAttentionBackward : autograd::Node {
 // slot (that would be a reference cycle through grad_fn).
 Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
 
-bool routes_to_reference(const AttentionOptions& o) {
-  const Fault f = active_fault();
-  return o.kernel == Kernel::reference || f == Fault::softmax_over_queries || f == Fault::mask_after_softmax;
-}
+bool routes_to_reference(const AttentionOptions& o) { return o.kernel == Kernel::reference; }
 
 #ifdef QKV_WITH_CUDA
 // The CUDA kernels' node: the same vjp, on the device, by the kernels that ran the forward: the

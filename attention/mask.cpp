@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "attention/fault.h"
 #include "tensor/ops.h"
 
 namespace qkv::attn {
@@ -84,20 +83,6 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
   // The predicate runs on the host: masks given on a device are read from host copies.
   auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
   rules_ = o.rules ? *o.rules : mask_rules(s, o);
-  // TEMPORARY bridge while the self-test still plants faults process-wide (removed next commit).
-  const Fault f = active_fault();
-  if (!o.rules) {
-    if (f == Fault::top_left_causal) rules_.q_offset = 0;
-    if (f == Fault::causal_reversed && rules_.has_hi) {
-      rules_.has_hi = false;
-      rules_.has_lo = true;
-      rules_.lo = 0;
-    }
-    if (f == Fault::window_off_by_one && rules_.has_lo) rules_.lo -= 1;
-    if (f == Fault::gqa_modulo)
-      for (int64_t h = 0; h < Hq; ++h) rules_.kv_head[h] = h % Hkv;
-  }
-  const bool use_padding = f != Fault::ignore_key_padding;
   if (o.rules) {  // the derived rules are right by construction; explicit ones are checked
     QKV_CHECK(static_cast<int64_t>(rules_.kv_head.size()) == Hq, "[attention] mask rules map ",
               rules_.kv_head.size(), " query heads, but q has Hq=", Hq);
@@ -113,7 +98,7 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
       QKV_CHECK(o.key_lengths[b] >= 0 && o.key_lengths[b] <= Nk, "[attention] key_lengths[", b, "] = ",
                 o.key_lengths[b], " is outside [0, Nk=", Nk, "]");
     key_len_store_ = o.key_lengths;
-    if (use_padding) key_len_ = key_len_store_.data();
+    key_len_ = key_len_store_.data();
   }
   if (o.key_padding.defined()) {
     const Tensor kp = host(o.key_padding);
@@ -121,11 +106,9 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     QKV_CHECK(kp.dim() == 2 && kp.size(0) == B && kp.size(1) == Nk, "[attention] key_padding is ",
               shape_str(kp.shape()), " but [B,Nk] = ", shape_str({B, Nk}));
     keep_.push_back(kp);
-    if (use_padding) {
-      key_pad_ = kp.data<bool>();
-      kp_sb_ = kp.stride(0);
-      kp_sj_ = kp.stride(1);
-    }
+    key_pad_ = kp.data<bool>();
+    kp_sb_ = kp.stride(0);
+    kp_sj_ = kp.stride(1);
   }
   if (o.segment_ids.defined()) {
     const Tensor sg = host(o.segment_ids);

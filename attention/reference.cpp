@@ -9,7 +9,6 @@
 // gradient, the same policy as the fused kernel. Every other masked logit is -inf before softmax.
 #include <cmath>
 
-#include "attention/fault.h"
 #include "attention/reference.h"
 #include "tensor/ops.h"
 #include "autograd/functions.h"
@@ -50,7 +49,6 @@ Tensor row_flags(const std::vector<uint8_t>& valid, const Problem& p) {
 AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                                      const Problem& p) {
   const MaskPlan plan(p.shape(), opts, p.dtype);
-  const Fault fault = active_fault();
   Tensor bias = opts.bias;
   if (bias.defined() && bias.dtype() != p.dtype) {
     // A conversion would cut the graph: a learned bias must already have q's dtype.
@@ -103,25 +101,15 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   {
     const bool* vd = vis.data<bool>();
     bool* fd = fill.data<bool>();
-    const bool query_axis = fault == Fault::softmax_over_queries;  // fills every masked entry
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < p.Nk; ++j) {
-        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && (row_valid[r] || query_axis);
+        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && row_valid[r];
         any_fill = any_fill || fd[r * p.Nk + j];
       }
   }
   fill = fill.to(dev);
-  const Tensor vis_dev = vis.to(dev);
-  Tensor a;
-  if (fault == Fault::mask_after_softmax) {
-    a = ag::mul(ag::softmax(s, -1), vis_dev.to(p.dtype));  // the planted bug: rows no longer sum to 1
-  } else if (fault == Fault::softmax_over_queries) {
-    // the planted bug: normalised over queries (finite fill so empty columns stay finite)
-    a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis_dev.to(p.dtype));
-  } else {
-    a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
-    if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
-  }
+  Tensor a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
+  if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
   res.weights = a;
   if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype).to(dev));
   Tensor o = ag::matmul(heads_to_groups(a, g), vv);  // [B, Hkv, G·Nq, Dv]

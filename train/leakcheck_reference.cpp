@@ -72,10 +72,10 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
     expected_empty += empty;
 
     opts.kernel = attn::Kernel::reference;
-    const attn::AttentionWeights r = attn::attention_with_weights(q, k, v, opts);
+    const attn::AttentionWeights r = model.attention_ops()->attention_with_weights(q, k, v, opts);
     attn::AttentionOptions fused_opts = opts;
     fused_opts.kernel = attn::Kernel::fused;
-    const Tensor fused = attn::attention(q, k, v, fused_opts);
+    const Tensor fused = model.attention_ops()->attention(q, k, v, fused_opts);
     const attn::AttentionShape shape{B, Hq, Hkv, mc.nq, mc.nk};
     empty_err += std::abs(static_cast<double>(r.fully_masked_rows - empty)) +
                  std::abs(static_cast<double>(attn::count_fully_masked_rows(shape, opts) - empty));
