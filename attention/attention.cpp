@@ -57,10 +57,6 @@ struct PackedAttentionBackward : autograd::Node {
   }
 };
 
-// A handle on `t`'s storage without its autograd slot: a node must not hold its own output's
-// slot (that would be a reference cycle through grad_fn).
-Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
-
 bool routes_to_reference(const AttentionOptions& o) { return o.kernel == Kernel::reference; }
 
 #ifdef QKV_WITH_CUDA
@@ -143,10 +139,10 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
     FusedForward f = device_forward(q, k, v, opts, *plan, tensor_cores);
     if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
     auto node = std::make_shared<CudaAttentionBackward>();
-    node->q = detached(q);
-    node->k = detached(k);
-    node->v = detached(v);
-    node->out = detached(f.out);
+    node->q = q.detach();
+    node->k = k.detach();
+    node->v = v.detach();
+    node->out = f.out.detach();
     node->lse = f.lse;
     node->plan = plan;
     node->tensor_cores = tensor_cores;
@@ -173,10 +169,10 @@ Tensor attention_on(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   if (opts.check_invariants) check_fused_invariants(q, k, v, f, p, *plan, *drop);
   if (!autograd::any_requires_grad({&q, &k, &v})) return f.out;
   auto node = std::make_shared<FusedAttentionBackward>();
-  node->q = detached(q);
-  node->k = detached(k);
-  node->v = detached(v);
-  node->out = detached(f.out);
+  node->q = q.detach();
+  node->k = k.detach();
+  node->v = v.detach();
+  node->out = f.out.detach();
   node->lse = f.lse;
   node->p = p;
   node->plan = plan;
@@ -193,8 +189,8 @@ Tensor packed_on_cpu(const Tensor& qkv, const Tensor& q, const Tensor& k, const 
   Tensor out = f.out.transpose(1, 2);  // [B, N, Hq, D], contiguous
   if (!autograd::any_requires_grad({&qkv})) return out;
   auto node = std::make_shared<PackedAttentionBackward>();
-  node->qkv = detached(qkv);
-  node->out = detached(out);
+  node->qkv = qkv.detach();
+  node->out = out.detach();
   node->lse = f.lse;
   node->p = p;
   node->plan = plan;
@@ -213,8 +209,8 @@ Tensor packed_on_device(const Tensor& qkv, const Tensor& q, const Tensor& k, con
   f.out = Tensor();                                  // the head-major result is not kept
   if (!autograd::any_requires_grad({&qkv})) return out;
   auto node = std::make_shared<CudaPackedAttentionBackward>();
-  node->qkv = detached(qkv);
-  node->out = detached(out);
+  node->qkv = qkv.detach();
+  node->out = out.detach();
   node->lse = f.lse;
   node->plan = plan;
   node->tensor_cores = tensor_cores;

@@ -315,7 +315,7 @@ Tensor Block::forward(const Tensor& x, const Tensor& positions, ForwardArgs& arg
     y = forward_recorded(x, positions, args, layer);
   }
   // The replay starts from an alias of x with no history of its own.
-  const Tensor x_alias = Tensor::make_view(x, x.shape(), x.strides(), x.offset());
+  const Tensor x_alias = x.detach();
   auto node = std::make_shared<CheckpointedBlockBackward>(this, x_alias, positions, before, layer);
   const std::vector<Tensor> inputs{x};
   return autograd::record(std::move(y), node, inputs);
