@@ -35,6 +35,7 @@
 //   offset (or seed) so masks do not repeat.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,25 @@ namespace qkv::attn {
 
 enum class Kernel { fused, reference };
 enum class FullyMasked { zero, error };
+
+// Sizes of one attention call, for the mask helpers below (no tensors needed).
+struct AttentionShape {
+  int64_t batch = 1, q_heads = 1, kv_heads = 1, nq = 1, nk = 1;
+};
+
+// The structural mask as plain values: where query row i sits, which keys a position may see
+// before the per-key masks, and which kv head a query head reads. attention() derives them from
+// the options (mask_rules below); tests and leakcheck's self-test build deliberately wrong ones
+// (AttentionOptions::rules) to prove that their detectors notice a wrong mask.
+//   pos_i      = q_offset + i
+//   structural key interval of position p: [p + lo, p + hi), an end left open when has_lo/has_hi is off
+//   query head h reads kv head kv_head[h]
+struct MaskRules {
+  int64_t q_offset = 0;
+  bool has_lo = false, has_hi = false;
+  int64_t lo = 0, hi = 0;
+  std::vector<int64_t> kv_head;  // [Hq], entries in [0, Hkv)
+};
 
 struct AttentionOptions {
   double scale = 0;                   // 0 -> 1/sqrt(D)
@@ -63,7 +83,15 @@ struct AttentionOptions {
   FullyMasked fully_masked = FullyMasked::zero;
   Kernel kernel = Kernel::fused;
   bool check_invariants = false;      // seeds §21 runtime checks (debug/check mode); throws on failure
+  // Optional explicit rules replacing mask_rules(shape, *this) (tests, leakcheck's self-test). The
+  // CPU kernels follow any rules; the CUDA kernels derive the standard ones themselves, so a call
+  // with explicit rules takes the reference path there.
+  std::shared_ptr<const MaskRules> rules;
 };
+
+// The rules the options mean: q_offset = Nk - Nq (bottom-right); causal: hi = 1; window w > 0:
+// lo = 1 - w, hi = 1; kv_head[h] = h / (Hq / Hkv).
+MaskRules mask_rules(const AttentionShape& shape, const AttentionOptions& opts);
 
 // Differentiable in q, k, v. The fused kernel records ONE autograd node (FusedAttentionBackward);
 // the reference kernel records the composed graph (matmul, masked_fill, softmax, mul, matmul).
@@ -88,10 +116,6 @@ struct AttentionWeights {
 AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionOptions& opts = {});
 
-// Sizes of one attention call, for the mask helpers below (no tensors needed).
-struct AttentionShape {
-  int64_t batch = 1, q_heads = 1, kv_heads = 1, nq = 1, nk = 1;
-};
 // Rows (b, h, i) whose mask admits no key (bias is not consulted): what leakcheck and the
 // training metrics report.
 int64_t count_fully_masked_rows(const AttentionShape& shape, const AttentionOptions& opts);

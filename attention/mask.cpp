@@ -82,15 +82,14 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
       Nk(s.nk) {
   // The predicate runs on the host: masks given on a device are read from host copies.
   auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
-  const Fault f = active_fault();
-  q_offset_ = f == Fault::top_left_causal ? 0 : Nk - Nq;
-  causal_like_ = o.causal || o.window > 0;
-  window_ = o.window;
-  causal_reversed_ = causal_like_ && f == Fault::causal_reversed;
-  window_off_by_one_ = window_ > 0 && f == Fault::window_off_by_one;
-  gqa_modulo_ = f == Fault::gqa_modulo;
-  structural_ = !causal_reversed_;
-  const bool use_padding = f != Fault::ignore_key_padding;
+  rules_ = o.rules ? *o.rules : mask_rules(s, o);
+  if (o.rules) {  // the derived rules are right by construction; explicit ones are checked
+    QKV_CHECK(static_cast<int64_t>(rules_.kv_head.size()) == Hq, "[attention] mask rules map ",
+              rules_.kv_head.size(), " query heads, but q has Hq=", Hq);
+    for (size_t h = 0; h < rules_.kv_head.size(); ++h)
+      QKV_CHECK(rules_.kv_head[h] >= 0 && rules_.kv_head[h] < Hkv, "[attention] mask rules send query head ", h,
+                " to kv head ", rules_.kv_head[h], ", outside [0, Hkv=", Hkv, ")");
+  }
 
   if (!o.key_lengths.empty()) {
     QKV_CHECK(static_cast<int64_t>(o.key_lengths.size()) == B, "[attention] key_lengths has ", o.key_lengths.size(),
@@ -99,7 +98,7 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
       QKV_CHECK(o.key_lengths[b] >= 0 && o.key_lengths[b] <= Nk, "[attention] key_lengths[", b, "] = ",
                 o.key_lengths[b], " is outside [0, Nk=", Nk, "]");
     key_len_store_ = o.key_lengths;
-    if (use_padding) key_len_ = key_len_store_.data();
+    key_len_ = key_len_store_.data();
   }
   if (o.key_padding.defined()) {
     const Tensor kp = host(o.key_padding);
@@ -107,11 +106,9 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     QKV_CHECK(kp.dim() == 2 && kp.size(0) == B && kp.size(1) == Nk, "[attention] key_padding is ",
               shape_str(kp.shape()), " but [B,Nk] = ", shape_str({B, Nk}));
     keep_.push_back(kp);
-    if (use_padding) {
-      key_pad_ = kp.data<bool>();
-      kp_sb_ = kp.stride(0);
-      kp_sj_ = kp.stride(1);
-    }
+    key_pad_ = kp.data<bool>();
+    kp_sb_ = kp.stride(0);
+    kp_sj_ = kp.stride(1);
   }
   if (o.segment_ids.defined()) {
     const Tensor sg = host(o.segment_ids);
@@ -148,7 +145,26 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
               o.alibi_slopes.size(), " entries for Hq=", Hq, " query heads");
     alibi_ = o.alibi_slopes;
   }
-  elementwise_ = key_pad_ || seg_ || allow_ || causal_reversed_;
+  elementwise_ = key_pad_ || seg_ || allow_;
+}
+
+bool MaskPlan::grouped_heads() const {
+  for (int64_t h = 0; h < Hq; ++h)
+    if (rules_.kv_head[h] != h / G) return false;
+  return true;
+}
+
+MaskRules mask_rules(const AttentionShape& s, const AttentionOptions& o) {
+  MaskRules r;
+  r.q_offset = s.nk - s.nq;
+  r.has_hi = o.causal || o.window > 0;  // a sliding window is causal
+  r.hi = 1;                             // j <= pos
+  r.has_lo = o.window > 0;
+  r.lo = 1 - o.window;                  // j > pos - w
+  const int64_t G = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1;
+  r.kv_head.resize(static_cast<size_t>(std::max<int64_t>(s.q_heads, 0)));
+  for (int64_t h = 0; h < s.q_heads; ++h) r.kv_head[h] = h / std::max<int64_t>(G, 1);
+  return r;
 }
 
 int64_t MaskPlan::count_fully_masked() const {

@@ -1,11 +1,11 @@
 // Internal to attention/: the one mask predicate and dropout draw that both kernels share, so the
-// reference and fused paths cannot disagree on which (b, h, i, j) is visible or dropped, and so a
-// planted fault (attention/fault.h) reaches both.
+// reference and fused paths cannot disagree on which (b, h, i, j) is visible or dropped, and so
+// explicit rules (MaskRules in attention.h, wrong ones included) reach both.
 //
-// Structural masks (causal, window, key_lengths) make each row's visible keys one interval
-// [lo(pos), hi(pos)) that only moves right as pos grows; the fused kernels use that to skip whole
-// tiles and to mask a tile's edge without evaluating the predicate per element. The elementwise
-// masks (key_padding, segment_ids, allow_mask) and the causal_reversed fault need the predicate.
+// Structural masks (the rules' interval, key_lengths) make each row's visible keys one interval
+// [lo(pos), hi(pos)) whose ends are pos plus constants, so it only moves right as pos grows; the
+// fused kernels use that to skip whole tiles and to mask a tile's edge without evaluating the
+// predicate per element. The elementwise masks (key_padding, segment_ids, allow_mask) need it.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "attention/attention.h"
-#include "attention/fault.h"
 #include "tensor/philox.h"
 
 namespace qkv::attn {
@@ -32,23 +31,23 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
 class MaskPlan {
  public:
-  // Validates the mask options against `s` (throws naming shapes). When `bias_dtype` is given the
-  // bias is converted to it for the fused kernels' raw reads.
+  // Validates the mask options (and explicit rules) against `s` (throws naming shapes). When
+  // `bias_dtype` is given the bias is converted to it for the fused kernels' raw reads.
   MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bias_dtype = DType::f32);
 
   int64_t B, Hq, Hkv, G, Nq, Nk;
 
-  int64_t pos(int64_t i) const { return q_offset_ + i; }
-  int64_t kv_head(int64_t h) const { return gqa_modulo_ ? h % Hkv : h / G; }
+  const MaskRules& rules() const { return rules_; }
+  int64_t pos(int64_t i) const { return rules_.q_offset + i; }
+  int64_t kv_head(int64_t h) const { return rules_.kv_head[h]; }
+  // True when query head h reads kv head h / G (the layout the reference kernel stacks by group).
+  bool grouped_heads() const;
 
   // Structural interval of keys visible at absolute query position p in batch row b.
-  int64_t lo(int64_t p) const {
-    if (!structural_ || window_ <= 0) return 0;
-    return std::max<int64_t>(0, window_off_by_one_ ? p - window_ : p - window_ + 1);
-  }
+  int64_t lo(int64_t p) const { return rules_.has_lo ? std::max<int64_t>(0, p + rules_.lo) : 0; }
   int64_t hi(int64_t b, int64_t p) const {
     int64_t h = Nk;
-    if (structural_ && causal_like_) h = std::min<int64_t>(h, p + 1);
+    if (rules_.has_hi) h = std::min<int64_t>(h, p + rules_.hi);
     if (key_len_) h = std::min<int64_t>(h, key_len_[b]);
     return std::max<int64_t>(h, 0);
   }
@@ -62,12 +61,10 @@ class MaskPlan {
     *i_lo = 0;
     *i_hi = Nq;
     if (key_len_ && j0 >= key_len_[b]) { *i_hi = 0; return; }
-    if (!structural_) return;
-    if (causal_like_) *i_lo = std::max<int64_t>(0, j0 - q_offset_);  // pos >= j0
-    if (window_ > 0) {  // lo(pos) < j1  <=>  pos < j1 + w - 1 (+1 with the off-by-one fault)
-      const int64_t pmax = j1 + window_ - 1 + (window_off_by_one_ ? 1 : 0);
-      *i_hi = std::min<int64_t>(Nq, std::max<int64_t>(0, pmax - q_offset_));
-    }
+    // j0 < pos + hi  <=>  pos >= j0 - hi + 1
+    if (rules_.has_hi) *i_lo = std::max<int64_t>(0, j0 - rules_.hi + 1 - rules_.q_offset);
+    if (rules_.has_lo)  // pos + lo < j1  <=>  pos < j1 - lo
+      *i_hi = std::min<int64_t>(Nq, std::max<int64_t>(0, j1 - rules_.lo - rules_.q_offset));
   }
   bool elementwise() const { return elementwise_; }
   // True when every (i, j) in the block passes the mask (no per-element work needed).
@@ -78,8 +75,8 @@ class MaskPlan {
   // The full predicate (documented in attention.h).
   bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const int64_t p = pos(i);
-    if (causal_like_ && (causal_reversed_ ? j < p : j > p)) return false;
-    if (window_ > 0 && (window_off_by_one_ ? j < p - window_ : j <= p - window_)) return false;
+    if (rules_.has_hi && j >= p + rules_.hi) return false;
+    if (rules_.has_lo && j < p + rules_.lo) return false;
     if (key_len_ && j >= key_len_[b]) return false;
     if (key_pad_ && !key_pad_[b * kp_sb_ + j * kp_sj_]) return false;
     if (seg_ && seg_[b * Nk + p] != seg_[b * Nk + j]) return false;
@@ -88,7 +85,6 @@ class MaskPlan {
   }
   // Elementwise-only part, for keys already inside the structural interval.
   bool visible_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (causal_reversed_) return visible(b, h, i, j);
     if (key_pad_ && !key_pad_[b * kp_sb_ + j * kp_sj_]) return false;
     if (seg_ && seg_[b * Nk + pos(i)] != seg_[b * Nk + j]) return false;
     if (allow_ && !allow_[b * al_s_[0] + h * al_s_[1] + i * al_s_[2] + j * al_s_[3]]) return false;
@@ -118,12 +114,8 @@ class MaskPlan {
   bool first_fully_masked(int64_t* b, int64_t* h, int64_t* i) const;
 
  private:
-  int64_t q_offset_ = 0;
-  bool causal_like_ = false;  // causal, or a window (a sliding window is causal)
-  int64_t window_ = 0;
-  bool structural_ = true;    // false under causal_reversed: intervals do not describe the rows
+  MaskRules rules_;
   bool elementwise_ = false;
-  bool causal_reversed_ = false, window_off_by_one_ = false, gqa_modulo_ = false;
   const int64_t* key_len_ = nullptr;
   std::vector<int64_t> key_len_store_;
   const bool* key_pad_ = nullptr;

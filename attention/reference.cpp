@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "attention/reference.h"
+#include "tensor/ops.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -18,20 +19,10 @@ namespace qkv::attn {
 
 namespace {
 
-// [B, Hkv, G·Nq, X] -> [B, Hq, Nq, X] (and back), honouring the head mapping in force.
-Tensor groups_to_heads(const Tensor& x, const Problem& p, bool modulo) {
-  const int64_t X = x.size(3);
-  if (!modulo || p.G == 1) return ag::reshape(x, {p.B, p.Hq, p.Nq, X});
-  // gqa_modulo fault: query head h = g·Hkv + hk reads kv head hk.
-  Tensor t = ag::permute(ag::reshape(x, {p.B, p.Hkv, p.G, p.Nq, X}), {0, 2, 1, 3, 4});
-  return ag::reshape(ag::contiguous(t), {p.B, p.Hq, p.Nq, X});
-}
-Tensor heads_to_groups(const Tensor& x, const Problem& p, bool modulo) {
-  const int64_t X = x.size(3);
-  Tensor c = ag::contiguous(x);
-  if (!modulo || p.G == 1) return ag::reshape(c, {p.B, p.Hkv, p.G * p.Nq, X});
-  Tensor t = ag::permute(ag::reshape(c, {p.B, p.G, p.Hkv, p.Nq, X}), {0, 2, 1, 3, 4});
-  return ag::reshape(ag::contiguous(t), {p.B, p.Hkv, p.G * p.Nq, X});
+// [B, Hkv, G·Nq, X] -> [B, Hq, Nq, X] and back: query head h = hk·G + g is row block g of kv head hk.
+Tensor groups_to_heads(const Tensor& x, const Problem& p) { return ag::reshape(x, {p.B, p.Hq, p.Nq, x.size(3)}); }
+Tensor heads_to_groups(const Tensor& x, const Problem& p) {
+  return ag::reshape(ag::contiguous(x), {p.B, p.Hkv, p.G * p.Nq, x.size(3)});
 }
 
 template <class T>
@@ -58,8 +49,6 @@ Tensor row_flags(const std::vector<uint8_t>& valid, const Problem& p) {
 AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opts,
                                      const Problem& p) {
   const MaskPlan plan(p.shape(), opts, p.dtype);
-  const Fault fault = active_fault();
-  const bool modulo = fault == Fault::gqa_modulo;
   Tensor bias = opts.bias;
   if (bias.defined() && bias.dtype() != p.dtype) {
     // A conversion would cut the graph: a learned bias must already have q's dtype.
@@ -85,12 +74,21 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
     fail_fully_masked(p, (b * p.Hq + h) * p.Nq + i);
   }
 
-  // S = s·Q·Kᵀ (+ bias + alibi), [B, Hq, Nq, Nk]
-  Tensor qg = heads_to_groups(q, p, modulo);
-  Tensor s = ag::mul(ag::matmul(qg, ag::transpose(k, 2, 3)), p.scale);
-  s = groups_to_heads(s, p, modulo);
   // Masks are built on the host and moved to q's device (a no-op on the CPU).
   const Device dev = q.device();
+  // Rules whose head map is not h / G (explicit ones): K and V gathered per query head, G = 1.
+  Problem g = p;
+  Tensor kk = k, vv = v;
+  if (!plan.grouped_heads()) {
+    const Tensor index = from_vector_i64(plan.rules().kv_head, {p.Hq}).to(dev);
+    kk = ag::index_select(k, 1, index);
+    vv = ag::index_select(v, 1, index);
+    g.Hkv = p.Hq;
+    g.G = 1;
+  }
+  // S = s·Q·Kᵀ (+ bias + alibi), [B, Hq, Nq, Nk]
+  Tensor s = ag::mul(ag::matmul(heads_to_groups(q, g), ag::transpose(kk, 2, 3)), p.scale);
+  s = groups_to_heads(s, g);
   if (bias.defined()) s = ag::add(s, bias);
   if (!opts.alibi_slopes.empty())
     s = ag::add(s, (p.dtype == DType::f32 ? alibi_tensor<float>(p, plan) : alibi_tensor<double>(p, plan)).to(dev));
@@ -103,29 +101,19 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   {
     const bool* vd = vis.data<bool>();
     bool* fd = fill.data<bool>();
-    const bool query_axis = fault == Fault::softmax_over_queries;  // fills every masked entry
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < p.Nk; ++j) {
-        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && (row_valid[r] || query_axis);
+        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && row_valid[r];
         any_fill = any_fill || fd[r * p.Nk + j];
       }
   }
   fill = fill.to(dev);
-  const Tensor vis_dev = vis.to(dev);
-  Tensor a;
-  if (fault == Fault::mask_after_softmax) {
-    a = ag::mul(ag::softmax(s, -1), vis_dev.to(p.dtype));  // the planted bug: rows no longer sum to 1
-  } else if (fault == Fault::softmax_over_queries) {
-    // the planted bug: normalised over queries (finite fill so empty columns stay finite)
-    a = ag::mul(ag::softmax(ag::masked_fill(s, fill, -1e30), -2), vis_dev.to(p.dtype));
-  } else {
-    a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
-    if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
-  }
+  Tensor a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
+  if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
   res.weights = a;
   if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype).to(dev));
-  Tensor o = ag::matmul(heads_to_groups(a, p, modulo), v);  // [B, Hkv, G·Nq, Dv]
-  res.out = groups_to_heads(o, p, modulo);
+  Tensor o = ag::matmul(heads_to_groups(a, g), vv);  // [B, Hkv, G·Nq, Dv]
+  res.out = groups_to_heads(o, g);
   if (opts.check_invariants) {
     QKV_CHECK(dev == Device::cpu, "[attention] check_invariants reads the weights on the host: CPU tensors only");
     check_reference_invariants(res, p, plan);

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "attention/alibi.h"
-#include "attention/fault.h"
 #include "attention/rope.h"
 #include "autograd/functions.h"
 #include "autograd/engine.h"
@@ -31,14 +30,6 @@ int64_t ModelCache::length() const { return layers.empty() ? 0 : layers[0].lengt
 
 namespace {
 
-// positions + delta, elementwise on an int64 tensor.
-Tensor shift_positions(const Tensor& positions, int64_t delta) {
-  Tensor out = positions.to(Device::cpu).to(DType::i64).clone();
-  int64_t* p = out.data<int64_t>();
-  for (int64_t i = 0; i < out.numel(); ++i) p[i] += delta;
-  return out.to(positions.device());
-}
-
 // A module that only groups children (e.g. "transformer", "h").
 class Container : public Module {
  public:
@@ -64,9 +55,33 @@ class Norm : public Module {
 
 }  // namespace
 
+Tensor AttentionOps::rope(const Tensor& x, const Tensor& positions, double theta, int64_t /*cached*/) const {
+  return attn::apply_rope(x, positions, theta);
+}
+attn::AttentionOptions AttentionOps::options(attn::AttentionOptions o, const ModelConfig& /*cfg*/, bool /*training*/,
+                                             RngContext& /*rng*/) const {
+  return o;
+}
+Tensor AttentionOps::attention(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o) const {
+  return attn::attention(q, k, v, o);
+}
+Tensor AttentionOps::attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
+                                      const attn::AttentionOptions& o) const {
+  return attn::attention_packed(qkv, q_heads, kv_heads, o);
+}
+attn::AttentionWeights AttentionOps::attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                            const attn::AttentionOptions& o) const {
+  return attn::attention_with_weights(q, k, v, o);
+}
+std::shared_ptr<const AttentionOps> AttentionOps::library() {
+  static const auto ops = std::make_shared<const AttentionOps>();
+  return ops;
+}
+
 class SelfAttention : public Module {
  public:
-  explicit SelfAttention(const ModelConfig& c) : cfg_(c) {
+  // `ops` is the model's member: replacing the model's ops reaches every layer.
+  SelfAttention(const ModelConfig& c, const std::shared_ptr<const AttentionOps>& ops) : cfg_(c), ops_(ops) {
     const int64_t C = c.n_embd, hd = c.head_dim(), qd = c.n_head * hd, kvd = c.n_kv_head * hd;
     if (c.family == Family::gpt2) {
       c_attn_ = register_module("c_attn", std::make_shared<Linear>(C, qd + 2 * kvd, c.bias));
@@ -94,7 +109,7 @@ class SelfAttention : public Module {
         // A whole sequence without RoPE: attention reads q, k, v in place from the packed
         // projection and returns [B, T, Hq, hd], so neither direction copies a head transpose and
         // backward writes dq, dk, dv into one gradient (attention/attention.h).
-        const Tensor y = attn::attention_packed(qkv, Hq, Hkv, options(args));
+        const Tensor y = ops_->attention_packed(qkv, Hq, Hkv, options(args));
         return c_proj_->forward(ag::reshape(y, {B, T, Hq * hd}));
       }
       q = ag::narrow(qkv, 2, 0, Hq);
@@ -111,17 +126,16 @@ class SelfAttention : public Module {
     if (args.attention) args.attention->push_back({q, k, v, Tensor()});
     if (cfg_.position == Position::rope) {
       // Rotations by absolute position, so cached keys and fresh queries agree.
-      Tensor pos = positions;
-      if (attn::fault() == attn::Fault::rope_cache_relative && args.cache) pos = shift_positions(positions, -args.cache->length());
-      q = attn::apply_rope(q, pos, cfg_.rope_theta);
-      k = attn::apply_rope(k, pos, cfg_.rope_theta);
+      const int64_t cached = args.cache ? args.cache->length() : 0;
+      q = ops_->rope(q, positions, cfg_.rope_theta, cached);
+      k = ops_->rope(k, positions, cfg_.rope_theta, cached);
     }
     if (args.cache) {
       auto kv = args.cache->layers[layer].append(k, v);
       k = kv.first;
       v = kv.second;
     }
-    Tensor y = attn::attention(q, k, v, options(args));                    // [B, Hq, T, hd]
+    Tensor y = ops_->attention(q, k, v, options(args));                    // [B, Hq, T, hd]
     if (args.attention) args.attention->back().out = y;
     y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
     return c_proj_->forward(y);
@@ -137,17 +151,16 @@ class SelfAttention : public Module {
     o.key_padding = args.key_padding;
     o.segment_ids = args.segment_ids;
     o.alibi_slopes = alibi_;
-    if (attn::fault() == attn::Fault::scale_d_model) o.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.n_embd));
-    const bool drop = cfg_.attn_dropout > 0 && (is_training() || attn::fault() == attn::Fault::dropout_in_eval);
-    if (drop) {
+    if (cfg_.attn_dropout > 0 && is_training()) {
       o.dropout_p = cfg_.attn_dropout;
       o.dropout_seed = args.rng.seed;
       o.dropout_offset = args.rng.next_offset();
     }
-    return o;
+    return ops_->options(std::move(o), cfg_, is_training(), args.rng);
   }
 
   const ModelConfig& cfg_;
+  const std::shared_ptr<const AttentionOps>& ops_;
   std::shared_ptr<Linear> c_attn_, q_proj_, k_proj_, v_proj_, c_proj_;
   std::vector<float> alibi_;
 };
@@ -206,10 +219,10 @@ class MLP : public Module {
 
 class Block : public Module {
  public:
-  explicit Block(const ModelConfig& c) : cfg_(c) {
+  Block(const ModelConfig& c, const std::shared_ptr<const AttentionOps>& ops) : cfg_(c) {
     const bool gpt2 = c.family == Family::gpt2;
     ln1_ = register_module(gpt2 ? "ln_1" : "input_layernorm", std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
-    attn_ = register_module(gpt2 ? "attn" : "self_attn", std::make_shared<SelfAttention>(c));
+    attn_ = register_module(gpt2 ? "attn" : "self_attn", std::make_shared<SelfAttention>(c, ops));
     ln2_ = register_module(gpt2 ? "ln_2" : "post_attention_layernorm",
                            std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
     mlp_ = register_module("mlp", std::make_shared<MLP>(c));
@@ -302,7 +315,7 @@ Tensor Block::forward(const Tensor& x, const Tensor& positions, ForwardArgs& arg
     y = forward_recorded(x, positions, args, layer);
   }
   // The replay starts from an alias of x with no history of its own.
-  const Tensor x_alias = Tensor::make_view(x, x.shape(), x.strides(), x.offset());
+  const Tensor x_alias = x.detach();
   auto node = std::make_shared<CheckpointedBlockBackward>(this, x_alias, positions, before, layer);
   const std::vector<Tensor> inputs{x};
   return autograd::record(std::move(y), node, inputs);
@@ -319,7 +332,7 @@ DecoderModel::DecoderModel(const ModelConfig& cfg) : cfg_(cfg) {
                                      std::make_shared<Embedding>(cfg_.block_size, cfg_.n_embd));
   auto list = root->register_module(gpt2 ? "h" : "layers", std::make_shared<Container>());
   for (int64_t i = 0; i < cfg_.n_layer; ++i)
-    blocks_.push_back(list->register_module(std::to_string(i), std::make_shared<Block>(cfg_)));
+    blocks_.push_back(list->register_module(std::to_string(i), std::make_shared<Block>(cfg_, attention_ops_)));
   final_norm_ = root->register_module(gpt2 ? "ln_f" : "norm",
                                       std::make_shared<Norm>(cfg_.norm, cfg_.n_embd, cfg_.norm_eps, cfg_.bias));
   if (!cfg_.tie_embeddings)
@@ -360,6 +373,10 @@ void DecoderModel::init_weights(uint64_t seed) {
                             residual ? resid_std : cfg_.init_std));
     }
   }
+}
+
+void DecoderModel::set_attention_ops(std::shared_ptr<const AttentionOps> ops) {
+  attention_ops_ = ops ? std::move(ops) : AttentionOps::library();
 }
 
 void DecoderModel::to(Device device) {

@@ -38,6 +38,30 @@ struct ModelConfig {
   void validate() const;  // throws qkv::Error naming the key at fault
 };
 
+// What a layer's attention step calls, as one replaceable object: RoPE, a last word on the options
+// of the attention call, and the attention op (plain, packed, or with its weights for inspection).
+// The library's ops (the default) call attention/rope.h and attention/attention.h as documented
+// there. A tool that must run a model with a known bug installs its own (leakcheck's self-test,
+// train/leakcheck_selftest.cpp), so the model carries no test switch of its own.
+class AttentionOps {
+ public:
+  virtual ~AttentionOps() = default;
+  // x [B, H, T, hd] rotated by absolute `positions`; `cached` keys of the layer precede this
+  // call's tokens in its KV cache (0 without one).
+  virtual Tensor rope(const Tensor& x, const Tensor& positions, double theta, int64_t cached) const;
+  // The options of one layer's call as the layer built them (`cfg` its model's config, `training`
+  // its mode, `rng` the forward's dropout stream); the library's returns them unchanged.
+  virtual attn::AttentionOptions options(attn::AttentionOptions o, const ModelConfig& cfg, bool training,
+                                         RngContext& rng) const;
+  virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o) const;
+  virtual Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
+                                  const attn::AttentionOptions& o) const;
+  virtual attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                        const attn::AttentionOptions& o) const;
+  // The library's ops (one shared instance).
+  static std::shared_ptr<const AttentionOps> library();
+};
+
 // One incremental-decoding cache per layer.
 struct ModelCache {
   std::vector<attn::KVCache> layers;
@@ -77,9 +101,13 @@ class DecoderModel : public Module {
   Device device() const { return tok_emb_->weight.device(); }
   ModelCache make_cache(int64_t batch, int64_t capacity) const;
   int64_t non_embedding_parameter_count() const;
+  // The attention ops every layer calls (AttentionOps::library() unless replaced; nullptr restores it).
+  const std::shared_ptr<const AttentionOps>& attention_ops() const { return attention_ops_; }
+  void set_attention_ops(std::shared_ptr<const AttentionOps> ops);
 
  private:
   ModelConfig cfg_;
+  std::shared_ptr<const AttentionOps> attention_ops_ = AttentionOps::library();  // read by every layer
   std::shared_ptr<Module> root_;  // "transformer" (gpt2) or "model" (llama)
   std::shared_ptr<Embedding> tok_emb_, pos_emb_;
   std::vector<std::shared_ptr<Block>> blocks_;

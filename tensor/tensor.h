@@ -56,6 +56,9 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   // A view over `base`'s storage with the given geometry (no copy, no checks beyond bounds).
   static Tensor make_view(const Tensor& base, Shape shape, Strides strides, int64_t offset);
+  // The same storage and geometry without the autograd slot (no grad_fn, no requires_grad): what
+  // a backward node saves, so that it never holds its own output's slot (a cycle through grad_fn).
+  Tensor detach() const { return make_view(*this, shape(), strides(), offset()); }
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape; }

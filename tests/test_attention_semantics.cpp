@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "attention/attention.h"
-#include "attention/fault.h"
 #include "attention/fused.h"
+#include "attention/reference.h"
 #include "autograd/engine.h"
 #include "tensor/ops.h"
 
@@ -35,6 +35,14 @@ struct WorkedExample {
   Tensor k = t64({1, 0, 0, 1}, {1, 1, 2, 2});
   Tensor v = t64({10, 0, 0, 20}, {1, 1, 2, 2});
 };
+
+// Explicit rules for `o` at shape `s`, changed by `edit` (tests build wrong ones on purpose).
+template <class Edit>
+std::shared_ptr<const MaskRules> rules_for(const AttentionShape& s, const AttentionOptions& o, Edit edit) {
+  MaskRules r = mask_rules(s, o);
+  edit(r);
+  return std::make_shared<const MaskRules>(r);
+}
 
 }  // namespace
 
@@ -82,10 +90,11 @@ TEST_CASE("softmax then multiplying by the mask is not a distribution; masking t
   const AttentionWeights right = attention_with_weights(q, k, v, o);
   check_values(right.weights, {1, 0}, 1e-12);
   {
-    ScopedFault wrong(Fault::mask_after_softmax);
-    const AttentionWeights bad = attention_with_weights(q, k, v, o);
-    check_values(bad.weights, {0.2689, 0}, 5e-5);  // softmax([1,2]) = [0.269, 0.731], times [1, 0]
-    const auto w = bad.weights.to_vector();
+    AttentionOptions unmasked = o;
+    unmasked.allow_mask = Tensor();
+    const Tensor bad = mul(attention_with_weights(q, k, v, unmasked).weights, visibility_mask({1, 1, 1, 1, 2}, o).to(DType::f64));
+    check_values(bad, {0.2689, 0}, 5e-5);  // softmax([1,2]) = [0.269, 0.731], times [1, 0]
+    const auto w = bad.to_vector();
     CHECK(w[0] + w[1] == Approx(0.2689).margin(5e-5));  // sums to 0.269: not a distribution
   }
   CHECK(attention(q, k, v, o).item() == Approx(3.0));  // the fused kernel reads only the visible key
@@ -122,7 +131,8 @@ TEST_CASE("causal alignment is bottom-right when there are fewer queries than ke
   o.window = 2;  // keys pos-1 .. pos
   check_values(visibility_mask(s, o).to(DType::f64), {0, 1, 1, 0, 0, 0, 1, 1}, 0);
   o.window = 0;
-  ScopedFault f(Fault::top_left_causal);
+  check_values(visibility_mask(s, o).to(DType::f64), {1, 1, 1, 0, 1, 1, 1, 1}, 0);
+  o.rules = rules_for(s, o, [](MaskRules& r) { r.q_offset = 0; });  // the top-left bug: query i at position i
   check_values(visibility_mask(s, o).to(DType::f64), {1, 0, 0, 0, 1, 1, 0, 0}, 0);
 }
 
@@ -244,17 +254,26 @@ TEST_CASE("check_invariants passes correct kernels and catches a broken one", "[
     CHECK_NOTHROW(attention(q, k, v, o));
     o.dropout_p = 0;
   }
-  {
-    ScopedFault f(Fault::mask_after_softmax);
-    CHECK_THROWS_WITH(attention(q, k, v, o), Catch::Contains("invariant violated") && Catch::Contains("sum to"));
-  }
-  {
-    ScopedFault f(Fault::softmax_over_queries);
-    CHECK_THROWS_WITH(attention(q, k, v, o), Catch::Contains("invariant violated"));
-  }
+  // A broken reference kernel: its weights handed to the checker it runs under check_invariants.
+  o.check_invariants = false;
+  const Problem p = check_problem(q, k, v, o);
+  const MaskPlan plan(p.shape(), o, p.dtype);
+  const AttentionWeights right = attention_with_weights(q, k, v, o);
+  CHECK_NOTHROW(check_reference_invariants(right, p, plan));
+  AttentionOptions unmasked = o;
+  unmasked.causal = false;
+  unmasked.key_lengths.clear();
+  const Tensor all_keys = attention_with_weights(q, k, v, unmasked).weights;  // softmax over every key
+  const Tensor vis = visibility_mask(p.shape(), o);
+  AttentionWeights bad = right;
+  bad.weights = mul(all_keys, vis.to(DType::f32));  // mask after softmax
+  CHECK_THROWS_WITH(check_reference_invariants(bad, p, plan),
+                    Catch::Contains("invariant violated") && Catch::Contains("sum to"));
+  bad.weights = mul(softmax(masked_fill(log(all_keys), logical_not(vis), -1e30), -2), vis.to(DType::f32));
+  CHECK_THROWS_WITH(check_reference_invariants(bad, p, plan), Catch::Contains("invariant violated"));  // over queries
 }
 
-TEST_CASE("planted attention faults reach both kernels and change what a query can read", "[attention]") {
+TEST_CASE("wrong mask rules reach both kernels and change what a query can read", "[attention]") {
   const int64_t B = 2, Hq = 4, Hkv = 2, Nq = 4, N = 6, D = 4;  // Nq < Nk: bottom-right matters
   const Tensor q = randn({B, Hq, Nq, D}, 1), k = randn({B, Hkv, N, D}, 2), v = randn({B, Hkv, N, D}, 3);
   AttentionOptions o;
@@ -264,21 +283,40 @@ TEST_CASE("planted attention faults reach both kernels and change what a query c
   AttentionOptions r = o;
   r.kernel = Kernel::reference;
   const Tensor clean = attention(q, k, v, o);
-  for (Fault f : {Fault::causal_reversed, Fault::ignore_key_padding, Fault::top_left_causal, Fault::window_off_by_one,
-                  Fault::gqa_modulo}) {
-    INFO(fault_name(f));
-    ScopedFault planted(f);
-    const Tensor fused = attention(q, k, v, o), ref = attention(q, k, v, r);
+  const AttentionShape s{B, Hq, Hkv, Nq, N};
+  struct Wrong {
+    const char* name;
+    std::shared_ptr<const MaskRules> rules;
+  };
+  const Wrong wrong[] = {
+      {"causal reversed (j >= pos)", rules_for(s, o, [](MaskRules& m) { m.has_hi = false, m.has_lo = true, m.lo = 0; })},
+      {"top-left causal", rules_for(s, o, [](MaskRules& m) { m.q_offset = 0; })},
+      {"window off by one", rules_for(s, o, [](MaskRules& m) { m.lo -= 1; })},
+      {"gqa modulo", rules_for(s, o, [&](MaskRules& m) { for (int64_t h = 0; h < Hq; ++h) m.kv_head[h] = h % Hkv; })},
+  };
+  for (const Wrong& w : wrong) {
+    INFO(w.name);
+    AttentionOptions wo = o, wr = r;
+    wo.rules = wr.rules = w.rules;
+    const Tensor fused = attention(q, k, v, wo), ref = attention(q, k, v, wr);
     CHECK(max_abs_diff(fused, ref) < 1e-5);  // one meaning in both kernels
     CHECK(max_abs_diff(fused, clean) > 1e-3);  // and a visible difference
   }
-  CHECK(active_fault() == Fault::none);  // guards restore
+  // Explicit rules equal to the derived ones change nothing, bit for bit.
+  AttentionOptions same = o;
+  same.rules = rules_for(s, o, [](MaskRules&) {});
+  CHECK(max_abs_diff(attention(q, k, v, same), clean) == 0.0);
+  // Rules that do not fit the call are refused, naming what is wrong.
+  same.rules = rules_for(s, o, [](MaskRules& m) { m.kv_head.pop_back(); });
+  CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("mask rules map 3 query heads") && Catch::Contains("Hq=4"));
+  same.rules = rules_for(s, o, [](MaskRules& m) { m.kv_head[1] = 2; });
+  CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("query head 1 to kv head 2"));
   // A future-key probe (seeds §20): perturb key 5; row 0 must not move unless causality is broken.
   Tensor k2 = k.clone();
   k2.data<float>()[(0 * N + 5) * D] += 3.0f;
   const double honest = max_abs_diff(attention(q, k, v, o).narrow(2, 0, 1), attention(q, k2, v, o).narrow(2, 0, 1));
   CHECK(honest == 0.0);
-  ScopedFault leak(Fault::causal_reversed);
+  o.rules = wrong[0].rules;
   const double leaked = max_abs_diff(attention(q, k, v, o).narrow(2, 0, 1), attention(q, k2, v, o).narrow(2, 0, 1));
   CHECK(leaked > 1e-4);
 }

@@ -15,7 +15,6 @@
 #include <sstream>
 
 #include "compare_util.h"
-#include "attention/fault.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -126,10 +125,10 @@ void expect_clean_models_pass(Device dev) {
 void expect_planted_faults_caught(Device dev) {
   struct Expect {
     const char* check;
-    attn::Fault fault;
+    train::Fault fault;
     bool llama;
   };
-  using F = attn::Fault;
+  using F = train::Fault;
   const Expect cases[] = {
       {"future_token_perturbation", F::causal_reversed, false},
       {"kv_decode", F::top_left_causal, false},
@@ -162,15 +161,18 @@ void expect_planted_faults_caught(Device dev) {
   llama->to(dev);
   train::LeakCheckOptions o;
   for (const Expect& e : cases) {
-    attn::ScopedFault planted(e.fault);
-    const auto checks = train::run_model_checks(e.llama ? *llama : *gpt2, o);
+    nn::DecoderModel& model = e.llama ? *llama : *gpt2;
+    const train::PlantedFault planted(model, e.fault);
+    const auto checks = train::run_model_checks(model, o);
     const auto& c = find(checks, e.check);
-    INFO(e.check << " under " << attn::fault_name(e.fault) << ": value " << c.value << " threshold " << c.threshold
+    INFO(e.check << " under " << train::fault_name(e.fault) << ": value " << c.value << " threshold " << c.threshold
                  << " (" << c.detail << ")");
     CHECK_FALSE(c.pass);
     CHECK(c.value > 10 * std::max(c.threshold, 1e-7));  // well outside, not a rounding accident
   }
-  CHECK(attn::active_fault() == F::none);
+  // The guards restored the library's attention.
+  CHECK(gpt2->attention_ops() == nn::AttentionOps::library());
+  CHECK(llama->attention_ops() == nn::AttentionOps::library());
 }
 
 }  // namespace
@@ -201,6 +203,25 @@ TEST_CASE("on the GPU, every leak check passes on clean models and catches each 
   CHECK(copy->device() == Device::cuda);
 }
 
+TEST_CASE("a planted fault lives in its model and its copies and never in other models or the library", "[leakcheck]") {
+  const auto a = tiny_gpt2(), b = tiny_gpt2();  // the same weights
+  const Tensor ids = train::leak::ids_tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6});
+  const Tensor clean = train::leak::forward(*b, ids);
+  CHECK(max_abs_diff(train::leak::forward(*a, ids), clean) == 0.0);
+  {
+    const train::PlantedFault planted(*a, train::Fault::causal_reversed);
+    CHECK(a->attention_ops() != nn::AttentionOps::library());
+    const auto copy = train::copy_model(*a, a->config());
+    CHECK(copy->attention_ops() == a->attention_ops());
+    const Tensor faulty = train::leak::forward(*a, ids);
+    CHECK(max_abs_diff(faulty, clean) > 1e-3);                                // the bug shows in this model
+    CHECK(max_abs_diff(train::leak::forward(*copy, ids), faulty) == 0.0);     // and in its copy
+    CHECK(max_abs_diff(train::leak::forward(*b, ids), clean) == 0.0);         // not in another model
+  }
+  CHECK(a->attention_ops() == nn::AttentionOps::library());
+  CHECK(max_abs_diff(train::leak::forward(*a, ids), clean) == 0.0);  // and gone with the guard
+}
+
 TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck][slow]") {
   const auto model = tiny_gpt2();
   std::vector<std::string> lines;
@@ -212,13 +233,13 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   CHECK(st.pass());
   CHECK(lines.size() == 2 * 11);  // two models, clean + ten faults
   for (const auto& f : st.faults) {
-    INFO(attn::fault_name(f.fault));
+    INFO(train::fault_name(f.fault));
     CHECK(f.detected);
     CHECK_FALSE(f.caught_by.empty());
   }
   // The faults the user's gpt2 model cannot show (no RoPE, no window) are caught on the probe.
   for (const auto& f : st.faults)
-    if (f.fault == attn::Fault::rope_cache_relative)
+    if (f.fault == train::Fault::rope_cache_relative)
       for (const auto& c : f.caught_by) CHECK(c.model == "probe-llama");
   const nlohmann::json j = train::leakcheck_json({}, &st);
   CHECK(j["self_test"]["planted"] == 10);
@@ -273,7 +294,7 @@ TEST_CASE("the naive float64 attention backward is the gradient of the naive for
 }
 
 TEST_CASE("the backward reference check fails on an attention whose gradient is wrong", "[leakcheck]") {
-  // The fault switch (attention/fault.h) plants forward bugs only, so the wrong gradient comes from
+  // The planted faults (train::Fault) are forward bugs only, so the wrong gradient comes from
   // the check's test seam: an attention whose output is exactly right (q - copy(q) is 0) but whose
   // dq carries an extra 0.1·dO, or whose dv is scaled by 1.001 (the output again exact).
   const train::leak::AttentionFn right = [](const Tensor& q, const Tensor& k, const Tensor& v,

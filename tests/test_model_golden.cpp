@@ -21,11 +21,11 @@
 #include "compare_util.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
-#include "attention/fault.h"
 #include "autograd/grad_mode.h"
 #include "nn/transformer.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/config.h"
+#include "train/leakcheck.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
 
@@ -206,21 +206,21 @@ TEST_CASE("llama logits, loss, gradients and 10 AdamW steps match the float64 Py
 TEST_CASE("the golden logits comparison detects planted attention bugs", "[golden][model]") {
   struct Case {
     const char* family;
-    attn::Fault fault;
+    train::Fault fault;
   };
-  for (const Case c : {Case{"gpt2", attn::Fault::scale_d_model}, Case{"gpt2", attn::Fault::gqa_modulo},
-                       Case{"llama", attn::Fault::scale_d_model}, Case{"llama", attn::Fault::causal_reversed}}) {
+  for (const Case c : {Case{"gpt2", train::Fault::scale_d_model}, Case{"gpt2", train::Fault::gqa_modulo},
+                       Case{"llama", train::Fault::scale_d_model}, Case{"llama", train::Fault::causal_reversed}}) {
     Golden g = load_model(c.family, "reference");
     autograd::NoGradGuard no_grad;
     nn::ForwardArgs args;
     args.ids = g.ids;
     Tensor logits;
     {
-      attn::ScopedFault planted(c.fault);
+      const train::PlantedFault planted(*g.model, c.fault);
       logits = g.model->forward(args);
     }
     const double err = rel_err(logits.to_vector(), g.fx["logits"].get<std::vector<double>>());
-    std::printf("[golden] %-5s with fault %-16s logits rel %.2e\n", c.family, attn::fault_name(c.fault), err);
+    std::printf("[golden] %-5s with fault %-16s logits rel %.2e\n", c.family, train::fault_name(c.fault), err);
     CHECK(err > 1e-3);
   }
 }

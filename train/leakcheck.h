@@ -3,8 +3,7 @@
 // packing) gives the parallel forward's answer, that the attention masks mean what DESIGN §2 says,
 // that each layer's attention (forward and backward) equals a naive float64 implementation on its
 // real inputs, that dropout is off in eval, and that validation text does not repeat the training
-// text. A self-test plants each known attention bug (attention/fault.h) and proves the checks
-// catch it.
+// text. A self-test plants each known attention bug (Fault below) and proves the checks catch it.
 //
 // Every model check runs on a fixed, seeded probe batch sized to the model (probe length
 // L = min(block_size, max_probe_len), tokens uniform in [0, vocab)) and on an eval-mode copy of
@@ -38,7 +37,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "attention/fault.h"
 #include "data/dataset.h"
 #include "nn/transformer.h"
 
@@ -97,12 +95,46 @@ struct SelfTestModel {
 // every fault (llama-style: RoPE, GQA 4:2, sliding window, multi-head, strong attention).
 std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model);
 
+// The known attention bugs the self-test plants. Each lives in the self-test's own code
+// (leakcheck_selftest.cpp): an nn::AttentionOps installed on a model (PlantedFault) that passes
+// wrong mask rules to the attention op (attn::MaskRules), composes a wrong softmax, or changes
+// RoPE or the options; the library and the model have no fault switch.
+enum class Fault {
+  none,
+  causal_reversed,       // causal keeps j >= pos_i instead of j <= pos_i (reads the future)
+  softmax_over_queries,  // softmax along the query axis instead of the key axis
+  ignore_key_padding,    // key_padding / key_lengths ignored
+  mask_after_softmax,    // weights multiplied by the mask after softmax instead of -inf before
+  top_left_causal,       // causal without the Nk - Nq offset (query i at position i)
+  window_off_by_one,     // window keeps pos_i - w <= j (one key too many)
+  gqa_modulo,            // query head h reads kv head h % Hkv instead of h / (Hq / Hkv)
+  scale_d_model,         // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
+  rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
+  dropout_in_eval,       // attention dropout left on in eval mode
+};
+const char* fault_name(Fault f);
+// The attention ops that run a model with `f` planted (the library's for Fault::none).
+std::shared_ptr<const nn::AttentionOps> faulty_attention(Fault f);
+// Plants `f` in `model` for the guard's lifetime (its attention ops replaced, then restored).
+// Copies made for the checks (copy_model) carry the planted ops.
+class PlantedFault {
+ public:
+  PlantedFault(nn::DecoderModel& model, Fault f);
+  ~PlantedFault();
+  PlantedFault(const PlantedFault&) = delete;
+  PlantedFault& operator=(const PlantedFault&) = delete;
+
+ private:
+  nn::DecoderModel& model_;
+  std::shared_ptr<const nn::AttentionOps> prev_;
+};
+
 struct CaughtBy {
   std::string check, model;
   double value = 0, threshold = 0;
 };
 struct FaultOutcome {
-  attn::Fault fault = attn::Fault::none;
+  Fault fault = Fault::none;
   bool detected = false;
   std::vector<CaughtBy> caught_by;
   std::string exposed_by;  // which probe conditions the fault needs
@@ -119,8 +151,8 @@ struct SelfTestResult {
 SelfTestResult run_self_test(const nn::DecoderModel& user_model, const LeakCheckOptions& o,
                              const std::function<void(const std::string&)>& progress = {});
 // The faults the self-test plants, and what each needs to show.
-std::vector<attn::Fault> planted_faults();
-const char* fault_condition(attn::Fault f);
+std::vector<Fault> planted_faults();
+const char* fault_condition(Fault f);
 
 // ---- output ----
 struct LeakCheckReport {

@@ -219,6 +219,7 @@ std::vector<double> naive_alibi_slopes(int64_t H) {
 
 std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg) {
   auto out = std::make_unique<nn::DecoderModel>(cfg);
+  out->set_attention_ops(model.attention_ops());  // the same attention (a planted fault included)
   out->to(model.device());  // the copy runs where the model runs
   std::map<std::string, Tensor> src;
   for (const auto& p : model.named_parameters()) src[p.name] = p.tensor;

@@ -93,7 +93,8 @@ void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t
 std::vector<double> naive_alibi_slopes(int64_t H);
 
 // ---- the backward check's test seam ----
-// The attention call check_reference_attention_backward differentiates (attn::attention); a test
+// The attention call check_reference_attention_backward differentiates (the model's own
+// attention ops: attn::attention unless a fault is planted); a test
 // passes a deliberately wrong one to prove the check fires, with no fault branch in the kernels.
 using AttentionFn =
     std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& opts)>;

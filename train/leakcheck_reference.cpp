@@ -81,10 +81,10 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
     expected_empty += empty;
 
     opts.kernel = attn::Kernel::reference;
-    const attn::AttentionWeights r = attn::attention_with_weights(q, k, v, opts);
+    const attn::AttentionWeights r = model.attention_ops()->attention_with_weights(q, k, v, opts);
     attn::AttentionOptions fused_opts = opts;
     fused_opts.kernel = attn::Kernel::fused;
-    const Tensor fused = attn::attention(q, k, v, fused_opts);
+    const Tensor fused = model.attention_ops()->attention(q, k, v, fused_opts);
     const attn::AttentionShape shape{B, Hq, Hkv, mc.nq, mc.nk};
     empty_err += std::abs(static_cast<double>(r.fully_masked_rows - empty)) +
                  std::abs(static_cast<double>(attn::count_fully_masked_rows(shape, opts) - empty));
@@ -301,6 +301,11 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
   opts.key_padding = r.args.key_padding.to(dev);
   opts.segment_ids = r.args.segment_ids.to(dev);
   if (c.position == nn::Position::alibi) opts.alibi_slopes = attn::alibi_slopes(Hq);
+  // The model's own attention ops (a planted fault lives there) have the last word on the options
+  // and apply RoPE, as in the model's forward.
+  const auto ops = m->attention_ops();
+  nn::RngContext no_dropout;
+  opts = ops->options(opts, c, /*training=*/false, no_dropout);
   const Tensor positions = r.args.positions.to(dev);
   // The seeded output gradient, drawn on the host so every device sees the same values.
   const Tensor dout = randn({B, Hq, L, hd}, o.seed, uint64_t{0xba} << 40);
@@ -343,8 +348,8 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
     Tensor v0 = r.caps[l].v.clone().set_requires_grad(true);
     Tensor qa = q0, ka = k0;
     if (rope) {
-      qa = attn::apply_rope(q0, positions, c.rope_theta);
-      ka = attn::apply_rope(k0, positions, c.rope_theta);
+      qa = ops->rope(q0, positions, c.rope_theta, 0);
+      ka = ops->rope(k0, positions, c.rope_theta, 0);
     }
     autograd::backward(fn(qa, ka, v0, opts), dout.to(dev));
     const Tensor got[3] = {q0.grad(), k0.grad(), v0.grad()};
@@ -354,7 +359,7 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
       Tensor qkv = cat({r.caps[l].q.transpose(1, 2), r.caps[l].k.transpose(1, 2), r.caps[l].v.transpose(1, 2)}, 2)
                        .contiguous()
                        .set_requires_grad(true);
-      autograd::backward(attn::attention_packed(qkv, Hq, Hkv, opts), dout.transpose(1, 2).contiguous().to(dev));
+      autograd::backward(ops->attention_packed(qkv, Hq, Hkv, opts), dout.transpose(1, 2).contiguous().to(dev));
       const Tensor g = qkv.grad();
       const Tensor pg[3] = {g.narrow(2, 0, Hq).transpose(1, 2), g.narrow(2, Hq, Hkv).transpose(1, 2),
                             g.narrow(2, Hq + Hkv, Hkv).transpose(1, 2)};
@@ -371,10 +376,11 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
 }  // namespace leak
 
 LeakCheck check_reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o) {
-  return leak::reference_attention_backward(model, o, [](const Tensor& q, const Tensor& k, const Tensor& v,
-                                                          const attn::AttentionOptions& opts) {
-    return attn::attention(q, k, v, opts);
-  });
+  const auto ops = model.attention_ops();
+  return leak::reference_attention_backward(
+      model, o, [ops](const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& opts) {
+        return ops->attention(q, k, v, opts);
+      });
 }
 
 LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o) {

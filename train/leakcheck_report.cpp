@@ -80,7 +80,7 @@ nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st
     };
     nlohmann::json faults = nlohmann::json::array(), models = nlohmann::json::array();
     for (const auto& f : st->faults)
-      faults.push_back({{"fault", attn::fault_name(f.fault)}, {"detected", f.detected}, {"needs", f.exposed_by},
+      faults.push_back({{"fault", fault_name(f.fault)}, {"detected", f.detected}, {"needs", f.exposed_by},
                         {"caught_by", caught(f.caught_by)}});
     for (const auto& [name, desc] : st->models) models.push_back({{"name", name}, {"description", desc}});
     out["self_test"] = {{"planted", st->planted()},
@@ -116,7 +116,7 @@ std::string self_test_table(const SelfTestResult& st) {
   std::snprintf(line, sizeof line, "%-22s %-8s %s\n", "planted fault", "detected", "caught by (check@model)");
   s += line;
   for (const auto& f : st.faults) {
-    std::snprintf(line, sizeof line, "%-22s %-8s ", attn::fault_name(f.fault), f.detected ? "yes" : "NO");
+    std::snprintf(line, sizeof line, "%-22s %-8s ", fault_name(f.fault), f.detected ? "yes" : "NO");
     s += line + caught_list(f.caught_by, 5) + "   [needs " + f.exposed_by + "]\n";
   }
   s += "clean models: " + std::to_string(st.false_alarms.size()) + " false alarm(s)";
@@ -159,7 +159,7 @@ void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, co
     for (const auto& [name, desc] : st->models) h += "<li><b>" + html_escape(name) + "</b>: " + html_escape(desc) + "</li>\n";
     h += "</ul>\n<table><tr><th>planted fault</th><th>detected</th><th>caught by (check@model)</th><th>needs</th></tr>\n";
     for (const auto& f : st->faults)
-      h += std::string("<tr><td>") + attn::fault_name(f.fault) + "</td><td class=\"" +
+      h += std::string("<tr><td>") + fault_name(f.fault) + "</td><td class=\"" +
            (f.detected ? "ok\">yes" : "fail\">NO") + "</td><td class=\"detail\">" +
            html_escape(caught_list(f.caught_by, 100)) + "</td><td class=\"detail\">" + html_escape(f.exposed_by) +
            "</td></tr>\n";

@@ -1,39 +1,205 @@
 // The self-test (does the detector catch real bugs?) and the data-leakage checks.
 //
-// Self-test: every planted fault (attention/fault.h) is switched on in turn with ScopedFault and
-// all model checks run on each self-test model; a fault is detected when at least one check fails,
+// Self-test: every planted fault (Fault in leakcheck.h) is planted in turn in each self-test
+// model (PlantedFault: the model's attention ops replaced by FaultyAttention below) and all model
+// checks run on it; a fault is detected when at least one check fails,
 // and with no fault planted every check must pass. Some faults only show under conditions the
 // user's model may lack (a window, GQA, RoPE, several heads, attention dropout), so besides the
 // user's model the self-test always builds a probe model that has them all: llama-style, RoPE,
 // GQA 4:2 (two kv groups of two), a sliding window shorter than the probe, init std 0.2 so the
 // attention is far from uniform and a changed scale or mask moves its output well above rounding.
 #include <algorithm>
+#include <cmath>
 
+#include "attention/rope.h"
+#include "autograd/functions.h"
 #include "data/leakage.h"
+#include "tensor/ops.h"
 #include "train/leakcheck_internal.h"
 
 namespace qkv::train {
 
-std::vector<attn::Fault> planted_faults() {
-  using F = attn::Fault;
+namespace {
+
+using attn::AttentionOptions;
+
+bool wrong_rules_fault(Fault f) {
+  return f == Fault::causal_reversed || f == Fault::top_left_causal || f == Fault::window_off_by_one ||
+         f == Fault::gqa_modulo;
+}
+bool wrong_softmax_fault(Fault f) { return f == Fault::softmax_over_queries || f == Fault::mask_after_softmax; }
+
+attn::AttentionShape shape_of(const Tensor& q, const Tensor& k) {
+  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2)};
+}
+
+// `f`'s wrong mask rules, made from the right ones `r` for `s`.
+attn::MaskRules wrong_rules(Fault f, attn::MaskRules r, const attn::AttentionShape& s) {
+  switch (f) {
+    case Fault::causal_reversed:  // keys j >= pos instead of j <= pos (a window then hides nothing more)
+      if (r.has_hi) {
+        r.has_hi = false;
+        r.has_lo = true;
+        r.lo = 0;
+      }
+      break;
+    case Fault::top_left_causal: r.q_offset = 0; break;     // query i at position i
+    case Fault::window_off_by_one: r.lo -= 1; break;        // pos - w <= j: one key too many
+    case Fault::gqa_modulo:                                 // query head h reads kv head h % Hkv
+      for (size_t h = 0; h < r.kv_head.size(); ++h) r.kv_head[h] = static_cast<int64_t>(h) % s.kv_heads;
+      break;
+    default: break;
+  }
+  return r;
+}
+
+// Attention composed with one step of the softmax wrong: mask_after_softmax normalises over every
+// key and multiplies by the mask afterwards (rows no longer sum to 1); softmax_over_queries
+// normalises along the query axis. Shapes and options as attn::attention (no learned bias).
+attn::AttentionWeights wrong_softmax(Fault f, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionOptions& o) {
+  const attn::AttentionShape s = shape_of(q, k);
+  const int64_t G = s.q_heads / s.kv_heads, D = q.size(3);
+  const DType dt = q.dtype();
+  const Device dev = q.device();
+  std::vector<int64_t> map(static_cast<size_t>(s.q_heads));
+  for (int64_t h = 0; h < s.q_heads; ++h) map[static_cast<size_t>(h)] = h / G;
+  const Tensor index = from_vector_i64(map, {s.q_heads}).to(dev);
+  const Tensor kh = ag::index_select(k, 1, index), vh = ag::index_select(v, 1, index);  // per query head
+  const double scale = o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  Tensor logits = ag::mul(ag::matmul(q, ag::transpose(kh, 2, 3)), scale);
+  if (o.bias.defined()) logits = ag::add(logits, o.bias.dtype() == dt ? o.bias : o.bias.to(dt));
+  if (!o.alibi_slopes.empty()) {
+    std::vector<double> a(static_cast<size_t>(s.q_heads * s.nq * s.nk));
+    for (int64_t h = 0; h < s.q_heads; ++h)
+      for (int64_t i = 0; i < s.nq; ++i)
+        for (int64_t j = 0; j < s.nk; ++j)
+          a[static_cast<size_t>((h * s.nq + i) * s.nk + j)] =
+              -static_cast<double>(o.alibi_slopes[static_cast<size_t>(h)]) * static_cast<double>(s.nk - s.nq + i - j);
+    logits = ag::add(logits, from_vector(a, {1, s.q_heads, s.nq, s.nk}, dt).to(dev));
+  }
+  const Tensor vis = attn::visibility_mask(s, o);
+  const Tensor keep = vis.to(dt).to(dev);
+  attn::AttentionWeights r;
+  if (f == Fault::mask_after_softmax) {
+    r.weights = ag::mul(ag::softmax(logits, -1), keep);
+  } else {  // softmax_over_queries: a finite fill, so columns with no visible entry stay finite
+    Tensor hidden = Tensor::empty(vis.shape(), DType::boolean);
+    for (int64_t e = 0; e < vis.numel(); ++e) hidden.data<bool>()[e] = !vis.data<bool>()[e];
+    r.weights = ag::mul(ag::softmax(ag::masked_fill(logits, hidden.to(dev), -1e30), -2), keep);
+  }
+  Tensor a = r.weights;
+  if (o.dropout_p > 0) a = ag::mul(a, attn::dropout_scale_mask(s, o, dt).to(dev));
+  r.out = ag::matmul(a, vh);
+  r.fully_masked_rows = attn::count_fully_masked_rows(s, o);
+  return r;
+}
+
+// A model's attention with fault `f` planted; every other step is the library's.
+class FaultyAttention : public nn::AttentionOps {
+ public:
+  explicit FaultyAttention(Fault f) : f_(f) {}
+
+  Tensor rope(const Tensor& x, const Tensor& positions, double theta, int64_t cached) const override {
+    if (f_ != Fault::rope_cache_relative || cached == 0) return nn::AttentionOps::rope(x, positions, theta, cached);
+    // positions counted from the start of this chunk instead of absolute ones
+    Tensor rel = positions.to(Device::cpu).to(DType::i64).clone();
+    for (int64_t i = 0; i < rel.numel(); ++i) rel.data<int64_t>()[i] -= cached;
+    return attn::apply_rope(x, rel.to(positions.device()), theta);
+  }
+  AttentionOptions options(AttentionOptions o, const nn::ModelConfig& cfg, bool training,
+                           nn::RngContext& rng) const override {
+    if (f_ == Fault::scale_d_model) o.scale = 1.0 / std::sqrt(static_cast<double>(cfg.n_embd));
+    if (f_ == Fault::dropout_in_eval && !training && cfg.attn_dropout > 0) {
+      o.dropout_p = cfg.attn_dropout;
+      o.dropout_seed = rng.seed;
+      o.dropout_offset = rng.next_offset();
+    }
+    return o;
+  }
+  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) const override {
+    if (wrong_softmax_fault(f_)) return wrong_softmax(f_, q, k, v, o).out;
+    return attn::attention(q, k, v, wrong(o, shape_of(q, k)));
+  }
+  Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
+                          const AttentionOptions& o) const override {
+    if (wrong_softmax_fault(f_)) {
+      auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
+      const Tensor y = attention(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), o);
+      return ag::contiguous(ag::transpose(y, 1, 2));
+    }
+    const int64_t B = qkv.size(0), N = qkv.size(1);
+    return attn::attention_packed(qkv, q_heads, kv_heads, wrong(o, {B, q_heads, kv_heads, N, N}));
+  }
+  attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const AttentionOptions& o) const override {
+    if (wrong_softmax_fault(f_)) return wrong_softmax(f_, q, k, v, o);
+    return attn::attention_with_weights(q, k, v, wrong(o, shape_of(q, k)));
+  }
+
+ private:
+  // The options with the fault's mask: wrong rules, or the key padding dropped.
+  AttentionOptions wrong(AttentionOptions o, const attn::AttentionShape& s) const {
+    if (f_ == Fault::ignore_key_padding) {
+      o.key_padding = Tensor();
+      o.key_lengths.clear();
+    }
+    if (wrong_rules_fault(f_)) o.rules = std::make_shared<const attn::MaskRules>(wrong_rules(f_, attn::mask_rules(s, o), s));
+    return o;
+  }
+
+  Fault f_;
+};
+
+}  // namespace
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::none: return "none";
+    case Fault::causal_reversed: return "causal_reversed";
+    case Fault::softmax_over_queries: return "softmax_over_queries";
+    case Fault::ignore_key_padding: return "ignore_key_padding";
+    case Fault::mask_after_softmax: return "mask_after_softmax";
+    case Fault::top_left_causal: return "top_left_causal";
+    case Fault::window_off_by_one: return "window_off_by_one";
+    case Fault::gqa_modulo: return "gqa_modulo";
+    case Fault::scale_d_model: return "scale_d_model";
+    case Fault::rope_cache_relative: return "rope_cache_relative";
+    case Fault::dropout_in_eval: return "dropout_in_eval";
+  }
+  return "?";
+}
+
+std::shared_ptr<const nn::AttentionOps> faulty_attention(Fault f) {
+  if (f == Fault::none) return nn::AttentionOps::library();
+  return std::make_shared<const FaultyAttention>(f);
+}
+
+PlantedFault::PlantedFault(nn::DecoderModel& model, Fault f) : model_(model), prev_(model.attention_ops()) {
+  model_.set_attention_ops(faulty_attention(f));
+}
+PlantedFault::~PlantedFault() { model_.set_attention_ops(prev_); }
+
+std::vector<Fault> planted_faults() {
+  using F = Fault;
   return {F::causal_reversed,   F::softmax_over_queries, F::ignore_key_padding, F::mask_after_softmax,
           F::top_left_causal,   F::window_off_by_one,    F::gqa_modulo,         F::scale_d_model,
           F::rope_cache_relative, F::dropout_in_eval};
 }
 
-const char* fault_condition(attn::Fault f) {
+const char* fault_condition(Fault f) {
   switch (f) {
-    case attn::Fault::causal_reversed: return "any causal model";
-    case attn::Fault::softmax_over_queries: return "any model";
-    case attn::Fault::ignore_key_padding: return "key padding (left-padded rows)";
-    case attn::Fault::mask_after_softmax: return "any row with a masked key";
-    case attn::Fault::top_left_causal: return "Nq < Nk (KV-cache decode, chunked prefill)";
-    case attn::Fault::window_off_by_one: return "a sliding window (model.window > 0)";
-    case attn::Fault::gqa_modulo: return "GQA with Hkv > 1 and Hq / Hkv > 1";
-    case attn::Fault::scale_d_model: return "n_head > 1 (d_head != d_model)";
-    case attn::Fault::rope_cache_relative: return "RoPE and a KV cache";
-    case attn::Fault::dropout_in_eval: return "attention dropout > 0 (set on a copy)";
-    case attn::Fault::none: break;
+    case Fault::causal_reversed: return "any causal model";
+    case Fault::softmax_over_queries: return "any model";
+    case Fault::ignore_key_padding: return "key padding (left-padded rows)";
+    case Fault::mask_after_softmax: return "any row with a masked key";
+    case Fault::top_left_causal: return "Nq < Nk (KV-cache decode, chunked prefill)";
+    case Fault::window_off_by_one: return "a sliding window (model.window > 0)";
+    case Fault::gqa_modulo: return "GQA with Hkv > 1 and Hq / Hkv > 1";
+    case Fault::scale_d_model: return "n_head > 1 (d_head != d_model)";
+    case Fault::rope_cache_relative: return "RoPE and a KV cache";
+    case Fault::dropout_in_eval: return "attention dropout > 0 (set on a copy)";
+    case Fault::none: break;
   }
   return "";
 }
@@ -104,12 +270,13 @@ SelfTestResult run_self_test(const nn::DecoderModel& user_model, const LeakCheck
     return out;
   };
   r.false_alarms = failures("clean");
-  for (attn::Fault f : planted_faults()) {
-    attn::ScopedFault planted(f);
+  for (Fault f : planted_faults()) {
+    std::vector<std::unique_ptr<PlantedFault>> planted;
+    for (const auto& m : models) planted.push_back(std::make_unique<PlantedFault>(*m.model, f));
     FaultOutcome fo;
     fo.fault = f;
     fo.exposed_by = fault_condition(f);
-    fo.caught_by = failures(attn::fault_name(f));
+    fo.caught_by = failures(fault_name(f));
     fo.detected = !fo.caught_by.empty();
     r.faults.push_back(std::move(fo));
   }

@@ -7,7 +7,7 @@
 //
 // Supported: causal (bottom-right), window, key_lengths, key_padding, segment_ids, ALiBi,
 // dropout (the Philox draw of attention.h, bit for bit the CPU's), GQA/MQA, float32/float64,
-// head dims up to 256. A bias, an allow_mask or a planted fault take the reference path instead.
+// head dims up to 256. A bias, an allow_mask or explicit mask rules take the reference path instead.
 #pragma once
 #include <memory>
 #include <vector>

@@ -17,8 +17,6 @@ using autograd::record;
 
 namespace {
 
-Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
-
 // d(a + b) = (sum_to(dy, a), sum_to(dy, b))
 struct AddBackward : Node {
   Shape a_shape, b_shape;
@@ -226,8 +224,8 @@ Tensor binary_node(Tensor out, const Tensor& a, const Tensor& b) {
     n->a_shape = a.shape();
     n->b_shape = b.shape();
   } else {
-    n->a = detached(a);
-    n->b = detached(b);
+    n->a = a.detach();
+    n->b = b.detach();
   }
   return record(out, n, {a, b});
 }
@@ -236,8 +234,8 @@ Tensor binary_node(Tensor out, const Tensor& a, const Tensor& b) {
 template <class N>
 Tensor unary_node(Tensor out, const Tensor& a) {
   auto n = std::make_shared<N>();
-  if constexpr (requires { n->y; }) n->y = detached(out);
-  if constexpr (requires { n->a; }) n->a = detached(a);
+  if constexpr (requires { n->y; }) n->y = out.detach();
+  if constexpr (requires { n->a; }) n->a = a.detach();
   return record(out, n, {a});
 }
 
@@ -276,7 +274,7 @@ Tensor pow(const Tensor& a, double exponent) {
   Tensor out = qkv::pow(a, exponent);
   if (!autograd::any_requires_grad({&a})) return out;
   auto n = std::make_shared<PowBackward>();
-  n->a = detached(a);
+  n->a = a.detach();
   n->p = exponent;
   return record(out, n, {a});
 }
@@ -305,7 +303,7 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
   Tensor out = qkv::gelu(a, approx);
   if (!autograd::any_requires_grad({&a})) return out;
   auto n = std::make_shared<GeluBackward>();
-  n->a = detached(a);
+  n->a = a.detach();
   n->approx = approx;
   return record(out, n, {a});
 }
@@ -314,8 +312,8 @@ Tensor bias_gelu(const Tensor& a, const Tensor& bias, GeluApprox approx) {
   Tensor out = qkv::bias_gelu(a, bias, approx);
   if (!autograd::any_requires_grad({&a, &bias})) return out;
   auto n = std::make_shared<BiasGeluBackward>();
-  n->a = detached(a);
-  n->bias = detached(bias);
+  n->a = a.detach();
+  n->bias = bias.detach();
   n->approx = approx;
   return record(out, n, {a, bias});
 }
@@ -373,7 +371,7 @@ Tensor round_grad_bf16(const Tensor& y) {
   require_f32("round_grad_bf16", y);
   if (!autograd::any_requires_grad({&y})) return y;
   // A new handle on y's data: the node's output must be a tensor of its own.
-  Tensor out = Tensor::make_view(y, y.shape(), y.strides(), y.offset());
+  Tensor out = y.detach();
   return record(out, std::make_shared<RoundGradBf16Backward>(), {y});
 }
 

@@ -134,7 +134,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   if (!autograd::any_requires_grad({&logits})) return r.loss;
   auto n = std::make_shared<CrossEntropyBackward>();
   // Without its autograd slot, so that when nothing else holds the logits backward may reuse them.
-  n->logits = Tensor::make_view(logits, logits.shape(), logits.strides(), logits.offset());
+  n->logits = logits.detach();
   n->targets = targets;
   n->lse = r.lse;
   n->count = r.count;

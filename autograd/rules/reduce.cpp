@@ -11,8 +11,6 @@ using autograd::record;
 
 namespace {
 
-Tensor detached(const Tensor& t) { return Tensor::make_view(t, t.shape(), t.strides(), t.offset()); }
-
 // dy with the reduced dims put back as size 1 (keepdim layout).
 Tensor keepdim_view(const Tensor& dy, const Shape& in_shape, const std::vector<bool>& reduced) {
   Shape k = in_shape;
@@ -114,7 +112,7 @@ Tensor softmax(const Tensor& a, int dim) {
   Tensor out = qkv::softmax(a, dim);
   if (!autograd::any_requires_grad({&a})) return out;
   auto n = std::make_shared<SoftmaxBackward>();
-  n->y = detached(out);
+  n->y = out.detach();
   n->dim = dim;
   return record(out, n, {a});
 }
@@ -123,7 +121,7 @@ Tensor log_softmax(const Tensor& a, int dim) {
   Tensor out = qkv::log_softmax(a, dim);
   if (!autograd::any_requires_grad({&a})) return out;
   auto n = std::make_shared<LogSoftmaxBackward>();
-  n->y = detached(out);
+  n->y = out.detach();
   n->dim = dim;
   return record(out, n, {a});
 }

@@ -4,18 +4,16 @@
 #pragma once
 #include <cstdint>
 
+#include "tensor/elementwise_ops.h"
 #include "tensor/tensor.h"
 
 namespace qkv::cpu {
 
-enum class BinaryOp { add, sub, mul, div, maximum };
-enum class UnaryOp {
-  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, abs, gelu_tanh, gelu_erf, silu,
-  add_scalar, mul_scalar, rsub_scalar, rdiv_scalar, pow_scalar
-};
-// Fused derivative kernels: out = dy * f'(x).
-enum class UnaryGradOp { relu, gelu_tanh, gelu_erf, silu };
-enum class CompareOp { eq, gt, lt };
+// The op codes (tensor/elementwise_ops.h), also spelled cpu::BinaryOp etc. here.
+using qkv::BinaryOp;
+using qkv::CompareOp;
+using qkv::UnaryGradOp;
+using qkv::UnaryOp;
 
 // out = a (op) b; a, b, out: same dtype (float32/float64, or int32/int64 except div), same shape.
 void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);

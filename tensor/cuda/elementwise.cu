@@ -45,27 +45,27 @@ __device__ __forceinline__ T sigmoid_of(T x) {
 
 template <class T>
 __device__ T apply_unary(int op, T x, T s) {
-  switch (static_cast<cpu::UnaryOp>(op)) {
-    case cpu::UnaryOp::neg: return -x;
-    case cpu::UnaryOp::exp: return exp(x);
-    case cpu::UnaryOp::log: return log(x);
-    case cpu::UnaryOp::sqrt: return sqrt(x);
-    case cpu::UnaryOp::rsqrt: return T(1) / sqrt(x);
-    case cpu::UnaryOp::tanh: return tanh(x);
-    case cpu::UnaryOp::sigmoid: return sigmoid_of(x);
-    case cpu::UnaryOp::relu: return x > T(0) ? x : (x != x ? x : T(0));
-    case cpu::UnaryOp::abs: return fabs(x);
-    case cpu::UnaryOp::gelu_tanh: {
+  switch (static_cast<UnaryOp>(op)) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return exp(x);
+    case UnaryOp::log: return log(x);
+    case UnaryOp::sqrt: return sqrt(x);
+    case UnaryOp::rsqrt: return T(1) / sqrt(x);
+    case UnaryOp::tanh: return tanh(x);
+    case UnaryOp::sigmoid: return sigmoid_of(x);
+    case UnaryOp::relu: return x > T(0) ? x : (x != x ? x : T(0));
+    case UnaryOp::abs: return fabs(x);
+    case UnaryOp::gelu_tanh: {
       const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
       return x * sigmoid_of(T(2) * u);
     }
-    case cpu::UnaryOp::gelu_erf: return T(0.5) * x * (T(1) + erf(x * T(kInvSqrt2)));
-    case cpu::UnaryOp::silu: return x * sigmoid_of(x);
-    case cpu::UnaryOp::add_scalar: return x + s;
-    case cpu::UnaryOp::mul_scalar: return x * s;
-    case cpu::UnaryOp::rsub_scalar: return s - x;
-    case cpu::UnaryOp::rdiv_scalar: return s / x;
-    case cpu::UnaryOp::pow_scalar:
+    case UnaryOp::gelu_erf: return T(0.5) * x * (T(1) + erf(x * T(kInvSqrt2)));
+    case UnaryOp::silu: return x * sigmoid_of(x);
+    case UnaryOp::add_scalar: return x + s;
+    case UnaryOp::mul_scalar: return x * s;
+    case UnaryOp::rsub_scalar: return s - x;
+    case UnaryOp::rdiv_scalar: return s / x;
+    case UnaryOp::pow_scalar:
       if (s == T(2)) return x * x;
       if (s == T(3)) return x * x * x;
       if (s == T(1)) return x;
@@ -79,20 +79,20 @@ __device__ T apply_unary(int op, T x, T s) {
 
 template <class T>
 __device__ T apply_unary_grad(int op, T v, T g) {
-  switch (static_cast<cpu::UnaryGradOp>(op)) {
-    case cpu::UnaryGradOp::relu: return v > T(0) ? g : T(0);
-    case cpu::UnaryGradOp::gelu_tanh: {
+  switch (static_cast<UnaryGradOp>(op)) {
+    case UnaryGradOp::relu: return v > T(0) ? g : T(0);
+    case UnaryGradOp::gelu_tanh: {
       const T v2 = v * v;
       const T s = sigmoid_of(T(2 * kSqrt2OverPi) * (v + T(kGeluCubic) * v2 * v));
       const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v2);
       return g * (s + T(2) * v * s * (T(1) - s) * du);
     }
-    case cpu::UnaryGradOp::gelu_erf: {
+    case UnaryGradOp::gelu_erf: {
       const T cdf = T(0.5) * (T(1) + erf(v * T(kInvSqrt2)));
       const T pdf = T(kInvSqrt2Pi) * exp(T(-0.5) * v * v);
       return g * (cdf + v * pdf);
     }
-    case cpu::UnaryGradOp::silu: {
+    case UnaryGradOp::silu: {
       const T s = sigmoid_of(v);
       return g * (s * (T(1) + v * (T(1) - s)));
     }
@@ -102,13 +102,13 @@ __device__ T apply_unary_grad(int op, T v, T g) {
 
 template <class T>
 __device__ T apply_binary(int op, T x, T y) {
-  switch (static_cast<cpu::BinaryOp>(op)) {
-    case cpu::BinaryOp::add: return static_cast<T>(x + y);
-    case cpu::BinaryOp::sub: return static_cast<T>(x - y);
-    case cpu::BinaryOp::mul: return static_cast<T>(x * y);
-    case cpu::BinaryOp::div: return static_cast<T>(x / y);
+  switch (static_cast<BinaryOp>(op)) {
+    case BinaryOp::add: return static_cast<T>(x + y);
+    case BinaryOp::sub: return static_cast<T>(x - y);
+    case BinaryOp::mul: return static_cast<T>(x * y);
+    case BinaryOp::div: return static_cast<T>(x / y);
     // NaN in either operand propagates, as std::fmax would not.
-    case cpu::BinaryOp::maximum: return x != x ? x : (y != y ? y : (x > y ? x : y));
+    case BinaryOp::maximum: return x != x ? x : (y != y ? y : (x > y ? x : y));
   }
   return x;
 }
@@ -188,8 +188,8 @@ template <class T>
 __global__ void compare_kernel(int op, const T* a, Geometry ga, const T* b, Geometry gb, bool* out, int64_t n) {
   QKV_GRID_LOOP(i, n) {
     const T x = a[offset_of(i, ga)], y = b[offset_of(i, gb)];
-    const auto kind = static_cast<cpu::CompareOp>(op);
-    out[i] = kind == cpu::CompareOp::eq ? x == y : kind == cpu::CompareOp::gt ? x > y : x < y;
+    const auto kind = static_cast<CompareOp>(op);
+    out[i] = kind == CompareOp::eq ? x == y : kind == CompareOp::gt ? x > y : x < y;
   }
 }
 
@@ -253,7 +253,7 @@ void with_arith(DType t, const char* op, F&& f) {
 
 }  // namespace
 
-void binary_forward(cpu::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Geometry ga = geometry_of(a, "binary"), gb = geometry_of(b, "binary");
@@ -264,7 +264,7 @@ void binary_forward(cpu::BinaryOp op, const Tensor& a, const Tensor& b, const Te
   QKV_CUDA_LAUNCHED("binary_kernel");
 }
 
-void unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& out, double s) {
+void unary_forward(UnaryOp op, const Tensor& a, const Tensor& out, double s) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Geometry ga = geometry_of(a, "unary");
@@ -275,7 +275,7 @@ void unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& out, double s
   QKV_CUDA_LAUNCHED("unary_kernel");
 }
 
-void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out) {
+void unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Geometry gx = geometry_of(x, "unary_backward"), gdy = geometry_of(dy, "unary_backward");
@@ -286,7 +286,7 @@ void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, cons
   QKV_CUDA_LAUNCHED("unary_grad_kernel");
 }
 
-void bias_unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out) {
+void bias_unary_forward(UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Tensor b = bias.contiguous();
@@ -299,7 +299,7 @@ void bias_unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& bias, co
   QKV_CUDA_LAUNCHED("bias_unary_kernel");
 }
 
-void bias_unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy,
+void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy,
                          const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -335,7 +335,7 @@ void mul_inplace(const Tensor& a, double s) {
   QKV_CUDA_LAUNCHED("mul_inplace_kernel");
 }
 
-void compare_forward(cpu::CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Geometry ga = geometry_of(a, "compare"), gb = geometry_of(b, "compare");

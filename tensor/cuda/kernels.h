@@ -7,7 +7,7 @@
 #pragma once
 #include <vector>
 
-#include "tensor/cpu/elementwise.h"  // the op enums, shared by both devices
+#include "tensor/elementwise_ops.h"
 #include "tensor/tensor.h"
 
 namespace qkv::cuda {
@@ -15,12 +15,12 @@ namespace qkv::cuda {
 // Views of up to this many dims (after merging none): more is refused with a message.
 constexpr int kMaxDims = 8;
 
-void binary_forward(cpu::BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
-void unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& out, double s);
-void unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out);
-void bias_unary_forward(cpu::UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out);
-void bias_unary_backward(cpu::UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out);
-void compare_forward(cpu::CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out);
+void unary_forward(UnaryOp op, const Tensor& a, const Tensor& out, double s);
+void unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Tensor& out);
+void bias_unary_forward(UnaryOp op, const Tensor& a, const Tensor& bias, const Tensor& out);
+void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out);
+void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tensor& out);
 void logical_and_forward(const Tensor& a, const Tensor& b, const Tensor& out);
 void logical_not_forward(const Tensor& a, const Tensor& out);
 void where_forward(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);

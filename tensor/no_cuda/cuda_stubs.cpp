@@ -27,12 +27,12 @@ std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
   return {};
 }
 
-void binary_forward(cpu::BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
-void unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
-void unary_backward(cpu::UnaryGradOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
-void bias_unary_forward(cpu::UnaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
-void bias_unary_backward(cpu::UnaryGradOp, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
-void compare_forward(cpu::CompareOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void binary_forward(BinaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void unary_forward(UnaryOp, const Tensor&, const Tensor&, double) { no_cuda(); }
+void unary_backward(UnaryGradOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void bias_unary_forward(UnaryOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void bias_unary_backward(UnaryGradOp, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
+void compare_forward(CompareOp, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void logical_and_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void logical_not_forward(const Tensor&, const Tensor&) { no_cuda(); }
 void where_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
