@@ -1,7 +1,7 @@
 // qkv sample --checkpoint CKPT [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K]
 //            [--top-p P] [--seed S] [--no-kv-cache] [--device cpu|cuda] [--json]
 // qkv eval --checkpoint CKPT --data FILE [--device cpu|cuda] [--json]
-// --device (beyond DESIGN): where the model runs; cpu by default, whatever device trained it.
+// --device: where the model runs; cpu by default, whatever device trained it.
 #include <chrono>
 #include <cmath>
 #include <cstdio>

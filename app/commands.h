@@ -22,8 +22,8 @@ void add_inspect_command(CLI::App& root, int& exit_code);
 void add_leakcheck_command(CLI::App& root, int& exit_code);
 void add_attention_map_command(CLI::App& root, int& exit_code);
 
-// Prints `j` as the single JSON line that ends stdout (DESIGN §3). Strings that are not valid
-// UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).
+// Prints `j` as the single JSON line that ends stdout (the `--json` contract). Strings that are
+// not valid UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).
 void print_json(const nlohmann::json& j);
 // The JSON line of a failed command: {"error": message, "exit": exit_status}. main() prints it
 // for every command run with --json that ends in an error; a data-parallel train rank 0 prints it

@@ -1,4 +1,6 @@
-// The attention op (DESIGN §2; seeds §5, §7, §9, §12, §17, §18, §21).
+// The attention op: scaled dot-product attention (Vaswani et al. 2017, Attention Is All You Need)
+// with masks, ALiBi (Press et al. 2022), GQA/MQA and dropout; one fused kernel (Dao et al. 2022,
+// FlashAttention) and one composed reference. docs/design.md has the backends and fallback rule.
 //
 // Shapes:  q [B, Hq, Nq, D]   k [B, Hkv, Nk, D]   v [B, Hkv, Nk, Dv]   out [B, Hq, Nq, Dv]
 //          Hq % Hkv == 0; query head h reads K/V head h / G with G = Hq / Hkv (GQA; Hkv == 1 is
@@ -10,7 +12,7 @@
 //   P   = softmax_j(S')                  row log-sum-exp lse_i = log Σ_j exp(S'_ij)
 //   P~  = P ∘ Z                          inverted dropout: Z_ij ∈ {0, 1/(1-p)} (Philox, below)
 //   O   = P~ · V
-// Backward (seeds §9), given dO:
+// Backward (the vjp of each line above, in reverse), given dO:
 //   dV  = P~ᵀ·dO          dP~ = dO·Vᵀ          dP = dP~ ∘ Z
 //   Di  = Σ_j P_ij dP_ij = rowsum(dO ∘ O)      (holds with dropout too: rowsum(dP∘P) = rowsum(dO∘O))
 //   dS  = P ∘ (dP − Di)   dQ = s·dS·K           dK = s·dSᵀ·Q
@@ -82,7 +84,7 @@ struct AttentionOptions {
   uint64_t dropout_seed = 0, dropout_offset = 0;
   FullyMasked fully_masked = FullyMasked::zero;
   Kernel kernel = Kernel::fused;
-  bool check_invariants = false;      // seeds §21 runtime checks (debug/check mode); throws on failure
+  bool check_invariants = false;      // attention/invariants.cpp (debug mode); throws on failure
   // Optional explicit rules replacing mask_rules(shape, *this) (tests, leakcheck's self-test). The
   // CPU kernels follow any rules; the CUDA kernels derive the standard ones themselves, so a call
   // with explicit rules takes the reference path there.

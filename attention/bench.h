@@ -1,6 +1,7 @@
 // Attention benchmark (`qkv bench --what attention`): forward + backward time and the extra
-// allocator bytes of one causal attention call, per kernel, N and Hkv (DESIGN §3 `attention`
-// results). The CLI prints these; the PyTorch anchor is measured by bench/torch_attention_bench.py.
+// allocator bytes of one causal attention call, per kernel, N and Hkv (the results of
+// `qkv bench --what attention`). The CLI prints these; the PyTorch anchor is measured by
+// bench/torch_attention_bench.py.
 #pragma once
 #include <cstdint>
 #include <string>

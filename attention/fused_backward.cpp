@@ -1,5 +1,5 @@
-// Fused attention backward, CPU: the hand-derived vjp of seeds §9, recomputing P per tile from the
-// saved row log-sum-exp instead of storing it.
+// Fused attention backward, CPU: the hand-derived vjp stated in attention.h, recomputing P per
+// tile from the saved row log-sum-exp instead of storing it.
 //
 //   Di  = rowsum(dO ∘ O)                                   [B,Hq,Nq], by each head's task
 //   per (b, h), per key tile j, per query block i that can see it:

@@ -1,4 +1,4 @@
-// Runtime invariants of seeds §21, checked when AttentionOptions::check_invariants is set:
+// Runtime invariants of attention, checked when AttentionOptions::check_invariants is set:
 //   shape(QKᵀ) = [Nq, Nk], d_k(Q) = d_k(K), n_k(K) = n_k(V)   (check_problem, before any work)
 //   A_ij = 0 where (i, j) is masked        Σ_j A_ij = 1 for valid query rows        O = A·V
 // The fused kernel never materializes A, so its check recomputes each row in float64 from the

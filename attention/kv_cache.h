@@ -1,4 +1,4 @@
-// KV cache for incremental decoding (seeds §14): one per layer, holding K and V of every token
+// KV cache for incremental decoding: one per layer, holding K and V of every token
 // seen so far in preallocated [B, Hkv, capacity, D] buffers (Hkv, not Hq: GQA shrinks the cache
 // by G). Each step appends the new tokens' K/V (one token, or a chunk for chunked prefill) and
 // attends over the filled part, returned as views (no copy).

@@ -1,12 +1,13 @@
-// Reference attention: the textbook formula (seeds §8, §12) composed of differentiable ops, so
+// Reference attention: the textbook formula O = softmax(S)·V composed of differentiable ops, so
 // autograd derives its backward. It is the oracle for the fused kernel and the path that returns
 // the weights. Shapes as in attention.h; per kv head the G query heads are stacked along rows:
 //   Qg [B, Hkv, G·Nq, D] (a view of q; G = Hq/Hkv)  S = s·Qg·Kᵀ [B, Hkv, G·Nq, Nk] ≡ [B, Hq, Nq, Nk]
 // so K and V are read in place by every head of their group, never repeated in memory.
 //
-// Fully masked rows: filling a whole row with -inf would make softmax 0/0 = NaN (seeds §7.5), so
-// those rows are left unfilled and their weights multiplied by 0 afterwards — zero output and zero
-// gradient, the same policy as the fused kernel. Every other masked logit is -inf before softmax.
+// Fully masked rows: filling a whole row with -inf would make softmax 0/0 = NaN (every exp is 0),
+// so those rows are left unfilled and their weights multiplied by 0 afterwards — zero output and
+// zero gradient, the same policy as the fused kernel. Every other masked logit is -inf before
+// softmax.
 #include <cmath>
 
 #include "attention/reference.h"

@@ -1,5 +1,5 @@
-// Internal to attention/: the reference kernel (attention/reference.cpp) and the seeds §21
-// invariant checks (attention/invariants.cpp).
+// Internal to attention/: the reference kernel (attention/reference.cpp) and the runtime
+// invariant checks (attention/invariants.cpp: masked weights 0, rows sum to 1, O = A·V).
 #pragma once
 #include "attention/fused.h"
 

@@ -110,7 +110,7 @@ class Batcher {
   int64_t order_epoch_ = -1;
 };
 
-// Consecutive non-overlapping windows of T+1 tokens from the start (DESIGN §3 eval): window w
+// Consecutive non-overlapping windows of T+1 tokens from the start (`qkv eval`): window w
 // is tokens[w(T+1) : (w+1)(T+1)], x its first T tokens, y the last T; a final partial window is
 // dropped. `tokens` must outlive the iterator.
 class EvalWindows {

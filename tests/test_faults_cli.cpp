@@ -1,4 +1,4 @@
-// Faults around the CLI and a training run (issue 16, section 3): two runs on one out_dir, sample
+// Faults around the CLI and a training run: two runs on one out_dir, sample
 // options out of range, `sample --json` on bytes that are not UTF-8, resuming with a changed
 // setting or corpus, a failing metrics.jsonl, and the error JSON every command prints with --json.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// File and HDF5 faults (issue 16, section 3): a full disk during any HDF5 write gives one line
+// File and HDF5 faults: a full disk during any HDF5 write gives one line
 // and exit 2 (HDF5 used to crash at exit, SIGSEGV), keeps the previous file and leaves no
 // temporary; temporaries have unique names; pipes and FIFOs are read once or refused, never
 // hanging and never misread; a directory or FIFO as --config is refused; a checkpoint whose

@@ -1,6 +1,6 @@
 // Leakage and consistency evaluation (train/leakcheck.h): every check passes on clean tiny models
 // and fails under at least one planted fault; the self-test catches every fault with no false
-// alarm; the naive float64 reference reproduces the seeds' worked example; attention maps are the
+// alarm; the naive float64 reference reproduces the 2x2 worked example; attention maps are the
 // model's real attention and show the causal triangle; PNG and HTML outputs; CLI input errors.
 #include <catch2/catch.hpp>
 
@@ -70,8 +70,8 @@ std::string temp_dir(const std::string& tag) {
 
 }  // namespace
 
-TEST_CASE("naive reference attention reproduces the seeds' worked example", "[leakcheck]") {
-  // Seeds §5 and §7.3: Q = K = I (d_k = 2), V = [[10, 0], [0, 20]].
+TEST_CASE("naive reference attention reproduces the 2x2 worked example", "[leakcheck]") {
+  // The 2x2 worked example of test_attention_semantics.cpp: Q = K = I (d_k = 2), V = diag(10, 20).
   train::leak::NaiveSpec s;
   s.Nq = s.Nk = 2;
   s.D = s.Dv = 2;
@@ -85,14 +85,14 @@ TEST_CASE("naive reference attention reproduces the seeds' worked example", "[le
   CHECK(out[1] == Approx(6.604).margin(1e-3));
   CHECK(out[2] == Approx(3.302).margin(1e-3));
   CHECK(out[3] == Approx(13.396).margin(1e-3));
-  s.causal = true;  // §7.3: A = [[1, 0], [0.3302, 0.6698]], O = [[10, 0], [3.302, 13.396]]
+  s.causal = true;  // causal: A = [[1, 0], [0.3302, 0.6698]], O = [[10, 0], [3.302, 13.396]]
   train::leak::naive_attention(s, q, k, v, out, &w);
   CHECK(w[0] == 1.0);
   CHECK(w[1] == 0.0);
   CHECK(out[0] == Approx(10.0).epsilon(1e-12));
   CHECK(out[1] == 0.0);
   CHECK(out[3] == Approx(13.396).margin(1e-3));
-  // §7.5: a row whose keys are all masked gives zero weights and a zero output, never NaN.
+  // A row whose keys are all masked gives zero weights and a zero output, never NaN.
   s.key_valid = {0, 0};
   CHECK(train::leak::naive_attention(s, q, k, v, out, &w) == 2);
   for (double x : out) CHECK(x == 0.0);

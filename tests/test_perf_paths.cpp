@@ -1,4 +1,4 @@
-// The fast paths of the training step (issue 7) give the same numbers as the plain ones:
+// The fast paths of the training step (docs/perf.md) give the same numbers as the plain ones:
 // in-place gradient accumulation in the engine and AccumulateGrad's hand-over of the buffer (never
 // aliasing two gradients), narrow pieces adding into one pending gradient, the tied embedding
 // scattering into the LM head's dW, LinearBackward's dx ‖ dW on two threads, and

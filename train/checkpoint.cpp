@@ -1,4 +1,4 @@
-// Checkpoint save/load (schema in checkpoint.h, DESIGN §5).
+// Checkpoint save/load (schema in checkpoint.h).
 //
 // Layout: /model/<name> holds each parameter under its Hugging Face name and in Hugging Face's
 // layout, so `transformers` users and h5py scripts read it without remapping. The only layout

@@ -1,4 +1,4 @@
-// Checkpoints (DESIGN §5): one HDF5 file readable by h5py.
+// Checkpoints: one HDF5 file readable by h5py.
 //   root attributes: format = "qkv-checkpoint", format_version, config (resolved TOML), step,
 //                    tokens_seen; config_fnv1a64 (checksum of the config text, which HDF5 keeps in
 //                    its unchecksummed global heap)
@@ -6,7 +6,7 @@
 //                                 c_attn/c_proj/c_fc stored [in, out]; llama: [out, in]);
 //                                 attr parameter_order (the names in model order, one a line)
 //   /optimizer/<name>/{exp_avg, exp_avg_sq}   (same layout as /model/<name>), attr step
-//   /rng                          the seeds/counters the run draws from
+//   /rng                          the RNG seeds/counters the run draws from
 //   /data                         the train batcher's state (int64 [5]) and mode; attributes
 //                                 corpus_tokens, corpus_fnv1a64 (CorpusFingerprint; absent in
 //                                 checkpoints written before qkv stored them)

@@ -1,5 +1,5 @@
 // The run configuration: one TOML file with sections [model], [data], [train], [sample]
-// (DESIGN §4), refined by `--set section.key=value` overrides, validated, and written back as the
+// (keys below), refined by `--set section.key=value` overrides, validated, and written back as the
 // resolved TOML text stored in every checkpoint.
 //
 // Strictness is the point: an unknown section or key, or a value of the wrong type, is an error

@@ -22,7 +22,7 @@ Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngCont
 LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,
                        int64_t n_batches);
 
-// `qkv eval`: every consecutive non-overlapping window of block_size + 1 tokens (DESIGN §3).
+// `qkv eval`: every consecutive non-overlapping window of block_size + 1 tokens.
 LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
                          int64_t rows_per_batch = 8);
 

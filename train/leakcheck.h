@@ -1,9 +1,9 @@
-// Leakage and consistency evaluation (`qkv leakcheck`; seeds §7, §17, §20): checks that a model
-// reads no future token, that every way of feeding it tokens (KV cache, chunked prefill, padding,
-// packing) gives the parallel forward's answer, that the attention masks mean what DESIGN §2 says,
-// that each layer's attention (forward and backward) equals a naive float64 implementation on its
-// real inputs, that dropout is off in eval, and that validation text does not repeat the training
-// text. A self-test plants each known attention bug (Fault below) and proves the checks catch it.
+// Leakage and consistency evaluation (`qkv leakcheck`): checks that a model reads no future token,
+// that every way of feeding it tokens (KV cache, chunked prefill, padding, packing) gives the
+// parallel forward's answer, that the attention masks mean what attention.h says, that each layer's
+// attention (forward and backward) equals a naive float64 implementation on its real inputs, that
+// dropout is off in eval, and that validation text does not repeat the training text. A self-test
+// plants each known attention bug (Fault below) and proves the checks catch it.
 //
 // Every model check runs on a fixed, seeded probe batch sized to the model (probe length
 // L = min(block_size, max_probe_len), tokens uniform in [0, vocab)) and on an eval-mode copy of
@@ -162,7 +162,7 @@ struct LeakCheckReport {
   int passed() const;
   int failed() const;
 };
-// DESIGN §3: {"checks":[{"name","value","threshold","pass","detail"}],"passed","failed"} plus
+// --json: {"checks":[{"name","value","threshold","pass","detail"}],"passed","failed"} plus
 // "self_test":{"planted","detected","false_alarms","faults":[...],"models":[...]} when given.
 // A value that is not finite (a NaN, or a check that threw) is written as null.
 nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st);

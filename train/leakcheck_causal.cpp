@@ -1,11 +1,12 @@
-// The checks that feed the whole model: future-token perturbation (seeds §20), training path vs
-// inference paths (KV-cache decode, chunked prefill, greedy generation; seeds §14), padding and
-// packing invariance (seeds §7.1, §17.4).
+// The checks that feed the whole model: future-token perturbation (changing a later token must
+// not move an earlier position's logits), training path vs inference paths (KV-cache decode,
+// chunked prefill, greedy generation), padding and packing invariance.
 //
 // Each compares two ways of computing the same thing on the seeded probe batch. Comparisons are
 // relative to the largest reference value (max|Δ| / max|ref|) where the paths are mathematically
 // identical but may round differently (different batch shapes reach different GEMM blockings and
-// attention tiles), and absolute where the issue pins |Δlogit|.
+// attention tiles), and absolute where the threshold is on |Δlogit| itself (KV decode, chunked
+// prefill: 1e-4, leakcheck.h).
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -1,7 +1,7 @@
 // Shared pieces of the leakage checks: the seeded probe batch, eval copies of the model, float
 // comparisons, and the naive float64 attention that the reference checks trust.
 //
-// The naive attention is deliberately the textbook loop (seeds §7-§8, §10): per (b, h, i) the
+// The naive attention is deliberately the textbook loop (Vaswani et al. 2017): per (b, h, i) the
 // logits s_ij = (q_i · k_j) / sqrt(d_head) (+ ALiBi) over the keys the mask admits, a max-shifted
 // softmax over j, then Σ_j a_ij v_j, with query head h reading K/V head h / (Hq / Hkv). It shares
 // no code with attention/ (not the mask predicate, not the head mapping), so a bug planted there
@@ -164,7 +164,7 @@ int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const 
           logit[j] = dot * scale - (s.alibi.empty() ? 0.0 : s.alibi[static_cast<size_t>(h)] * static_cast<double>(p - j));
           mx = std::max(mx, logit[j]);
         }
-        if (mx == -INFINITY) {  // no visible key: zero weights, zero output (DESIGN §2)
+        if (mx == -INFINITY) {  // no visible key: zero weights, zero output (attention.h)
           ++empty_rows;
           continue;
         }

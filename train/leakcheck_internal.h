@@ -62,7 +62,7 @@ double rounding_tolerance(const nn::ModelConfig& c, int64_t probe_len);
 std::string rounding_tolerance_note(const nn::ModelConfig& c, int64_t probe_len);  // the formula, filled in
 std::string fmt(double v);  // "%.3g"
 
-// ---- naive float64 attention, written from the seeds' formulas (§7, §8, §10) ----
+// ---- naive float64 attention, the textbook loop: masked softmax(s·QKᵀ + ALiBi)·V ----
 // Row-major arrays: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv], out [B, Hq, Nq, Dv],
 // weights [B, Hq, Nq, Nk]. Query i sits at absolute position p = Nk - Nq + i (bottom-right).
 struct NaiveSpec {

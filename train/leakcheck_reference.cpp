@@ -1,6 +1,7 @@
-// The checks that look inside attention: mask semantics on synthetic inputs (seeds §7, §17.2-17.4;
-// DESIGN §2), every layer's attention on its real inputs against the naive float64 loop
-// (leakcheck_common.cpp), forward and backward, and dropout discipline (seeds §18).
+// The checks that look inside attention: mask semantics on synthetic inputs (the visible(b,h,i,j)
+// rules of attention.h), every layer's attention on its real inputs against the naive float64 loop
+// (leakcheck_common.cpp), forward and backward, and dropout discipline (off in eval,
+// deterministic for one seed in training, different for two).
 //
 // The backward check differentiates the attention op the model calls on each layer's captured
 // q/k/v (RoPE applied inside the graph, so its vjp is checked too) with a seeded dO, and compares

@@ -1,5 +1,5 @@
-// leakcheck's outputs: the JSON of DESIGN §3, the text tables, and the HTML report (tables plus
-// attention heatmaps), every file written atomically (temporary file, fsync, rename).
+// leakcheck's outputs: the `--json` object (leakcheck.h), the text tables, and the HTML report
+// (tables plus attention heatmaps), every file written atomically (temporary file, fsync, rename).
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // Fused log-softmax + negative log-likelihood over rows of logits [N, V], targets [N].
-//   lse_i  = m_i + log sum_v exp(z_iv - m_i),  m_i = max_v z_iv     (stable: seeds §6)
+//   lse_i  = m_i + log sum_v exp(z_iv - m_i),  m_i = max_v z_iv     (stable: exp <= 1)
 //   loss_i = lse_i - z_i,t_i                  (rows with t_i == ignore_index contribute nothing)
 //   backward: dz_iv = (exp(z_iv - lse_i) - [v == t_i]) * scale,  scale = dloss / count
 // Why: the [N, V] softmax is never materialised in forward (only lse [N] is kept), and backward

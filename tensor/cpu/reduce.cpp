@@ -11,7 +11,7 @@
 //   keeps its digits.
 // max/argmax over one dim: first maximum wins (strict >), NaN counts as the maximum.
 // softmax(x)_i = e^(x_i - m) / sum_j e^(x_j - m), m = max_j x_j: subtracting the row max keeps
-// e^(.) <= 1 (no overflow) and leaves the value unchanged (seeds §6).
+// e^(.) <= 1 (no overflow) and leaves the value unchanged (the e^-m cancels).
 // log_softmax(x)_i = (x_i - m) - log sum_j e^(x_j - m).
 // Backward: softmax dx = y (dy - <dy, y>); log_softmax dx = dy - e^y sum(dy).
 // The last-dim case (attention rows, LM-head rows) runs one contiguous row per OpenMP iteration
