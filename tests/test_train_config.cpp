@@ -358,3 +358,23 @@ TEST_CASE("first_difference names the first differing key of the selection, with
   CHECK(first_difference(a, b, {"model.bias"}));
   CHECK_FALSE(first_difference(a.resolved(), b.resolved(), {"model.bias"}));
 }
+
+TEST_CASE("the batching modes and padding sides have one table: config, batcher and checkpoints agree",
+          "[train][config][data]") {
+  // Spelt out three times before (config_schema.h, parse_batch_mode, the checkpoint's /data check).
+  REQUIRE(kBatchModes.size() == 3);
+  for (const auto& c : kBatchModes) {
+    CHECK(parse_batch_mode(c.name) == c.value);
+    CHECK(batch_mode_name(c.value) == c.name);
+    CHECK(choose(kBatchModes, c.name, "data.batching") == c.value);
+    CHECK(parse("", {"data.batching=" + std::string(c.name)}).data.batching == c.name);
+  }
+  for (const auto& c : kPaddingSides) {
+    CHECK(parse_padding(c.name) == c.value);
+    CHECK(parse("", {"data.padding_side=" + std::string(c.name)}).data.padding_side == c.name);
+  }
+  CHECK_THROWS_WITH(parse_batch_mode("packed"),
+                    "[batcher] unknown batch mode 'packed' (expected random_windows, padded_docs or packed_docs)");
+  CHECK_THROWS_WITH(parse_padding("up"), "[batcher] unknown padding 'up' (expected right or left)");
+  CHECK_THROWS_WITH(parse("", {"data.batching=packed"}), Contains("data.batching must be one of"));
+}

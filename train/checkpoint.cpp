@@ -256,7 +256,7 @@ bool natural_less(const std::string& a, const std::string& b) {
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
-  if (state.batch_mode != "random_windows" && state.batch_mode != "padded_docs" && state.batch_mode != "packed_docs")
+  if (!find_choice(kBatchModes, state.batch_mode))
     ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
   const nn::Family family = model.config().family;
   h5::AtomicWriter writer(path);
@@ -322,7 +322,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
   s.data = BatcherState::from_array(data_state);
   s.batch_mode = f.attr_string("data", "mode");
-  if (s.batch_mode != "random_windows" && s.batch_mode != "padded_docs" && s.batch_mode != "packed_docs")
+  if (!find_choice(kBatchModes, s.batch_mode))
     ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
   if (f.has_attr("data", "corpus_tokens"))
     s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),

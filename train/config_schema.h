@@ -1,9 +1,10 @@
 // What each enumerated setting may be, and how two configs compare: the one place both are
 // defined.
 //
-// Enumerated settings. Each key's spellings are listed once, here, with the enum value each one
-// stands for. validate() (config.cpp) accepts exactly these names; the string -> enum mapping at
-// use (model_factory: the model's family, position, norm, activation, attention kernel; the
+// Enumerated settings. Each key's spellings are listed once, with the enum value each one stands
+// for: here, or for data.batching and data.padding_side in data/batcher.h (data/ owns that enum
+// and checkpoints read it too). validate() (config.cpp) accepts exactly these names; the string
+// -> enum mapping at use (model_factory: the model's family, position, norm, activation, attention kernel; the
 // trainer: data.batching, data.padding_side) goes through choose() over the same table, so a
 // spelling can never be accepted by one and unknown to the other. Keys whose value is not turned
 // into an enum type (data.tokenizer, data.separator, train.device, train.dtype,
@@ -23,16 +24,11 @@
 #include "attention/attention.h"
 #include "data/batcher.h"
 #include "nn/transformer.h"
+#include "tensor/choice.h"
 #include "tensor/error.h"
 #include "train/config.h"
 
 namespace qkv {
-
-template <class E>
-struct Choice {
-  std::string_view name;
-  E value;
-};
 
 inline constexpr std::array kFamilies = {Choice<nn::Family>{"gpt2", nn::Family::gpt2},
                                          Choice<nn::Family>{"llama", nn::Family::llama}};
@@ -47,11 +43,8 @@ inline constexpr std::array kActivations = {
     Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
-inline constexpr std::array kBatchModes = {Choice<BatchMode>{"random_windows", BatchMode::random_windows},
-                                           Choice<BatchMode>{"padded_docs", BatchMode::padded_docs},
-                                           Choice<BatchMode>{"packed_docs", BatchMode::packed_docs}};
-inline constexpr std::array kPaddingSides = {Choice<Padding>{"right", Padding::right},
-                                             Choice<Padding>{"left", Padding::left}};
+// data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
+// (which checkpoints and the batcher read too).
 inline constexpr std::array<std::string_view, 3> kTokenizers = {"char", "byte", "bpe"};
 inline constexpr std::array<std::string_view, 3> kSeparators = {"blank_line", "percent_line", "none"};
 inline constexpr std::array<std::string_view, 2> kDevices = {"cpu", "cuda"};
