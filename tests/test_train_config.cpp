@@ -359,6 +359,39 @@ TEST_CASE("first_difference names the first differing key of the selection, with
   CHECK_FALSE(first_difference(a.resolved(), b.resolved(), {"model.bias"}));
 }
 
+TEST_CASE("model rules are written once: the config reports nn::ModelConfig::validate's own message", "[train][config]") {
+  // The config's validator and ModelConfig::validate used to keep two copies of these rules and
+  // disagreed: "must be > 0" against "must be positive", "divisible by" against "a multiple of",
+  // and an odd n_embd with sinusoidal positions or norm_eps = 0 was refused by one, built by the other.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"model.n_layer=0", "model.n_layer must be > 0, got 0"},
+      {"model.n_head=3", "model.n_embd (128) must be divisible by model.n_head (3)"},
+      {"model.n_kv_head=3", "model.n_head (4) must be divisible by model.n_kv_head (3)"},
+      {"model.block_size=-5", "model.block_size must be > 0, got -5"},
+      {"model.dropout=1.0", "model.dropout must be in [0, 1), got 1"},
+      {"model.norm_eps=0", "model.norm_eps must be a finite number > 0, got 0"},
+      {"model.window=-1", "model.window must be >= 0, got -1"},
+      {"model.init_std=-0.5", "model.init_std must be a finite number >= 0, got -0.5"},
+  };
+  for (const auto& [assignment, message] : bad) {
+    CAPTURE(assignment);
+    Config raw;
+    apply_override(raw, assignment);  // no validation: what nn sees
+    CHECK_THROWS_WITH(train::model_config(raw, 65), message);
+    CHECK_THROWS_WITH(parse("", {assignment}), "configs/x.toml: " + message);
+  }
+  nn::ModelConfig m;
+  m.position = nn::Position::sinusoidal;
+  m.n_embd = 36;
+  m.n_head = m.n_kv_head = 4;
+  CHECK_NOTHROW(m.validate());
+  m.n_embd = 33;  // 11 per head: fine for the heads, but the sinusoid pairs sin/cos over n_embd
+  m.n_head = m.n_kv_head = 3;
+  CHECK_THROWS_WITH(m.validate(), "sinusoidal positions need an even model.n_embd, got 33");
+  CHECK_THROWS_WITH(parse("[model]\nposition = \"sinusoidal\"\nn_embd = 33\nn_head = 3\n"),
+                    "configs/x.toml: sinusoidal positions need an even model.n_embd, got 33");
+}
+
 TEST_CASE("the batching modes and padding sides have one table: config, batcher and checkpoints agree",
           "[train][config][data]") {
   // Spelt out three times before (config_schema.h, parse_batch_mode, the checkpoint's /data check).

@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "tensor/error.h"
+#include "train/model_factory.h"
 
 namespace qkv {
 namespace {
@@ -202,8 +203,8 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-// Shortest text that reads back to the same double; plain decimals while they stay short
-// (0.0003 rather than 3e-04), and always with a '.' or exponent so TOML reads a float.
+}  // namespace
+
 std::string format_double(double v) {
   char buf[400];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
@@ -214,6 +215,8 @@ std::string format_double(double v) {
   if (std::isnan(v)) s = "nan";
   return s;
 }
+
+namespace {
 
 std::string quote(const std::string& s) {
   std::string out = "\"";
@@ -389,34 +392,23 @@ void apply_override(Config& cfg, const std::string& assignment) {
 void validate(const Config& cfg, const std::string& origin) {
   const Checker c{origin};
   const ModelSettings& m = cfg.model;
+  // What only the settings have: spellings, and the 0 / "" that stand for a family default.
   c.enumeration("model.family", m.family, kFamilies);
-  c.positive("model.n_layer", m.n_layer);
-  c.positive("model.n_head", m.n_head);
   c.non_negative("model.n_kv_head", m.n_kv_head);
-  c.positive("model.n_embd", m.n_embd);
-  c.positive("model.block_size", m.block_size);
   c.non_negative("model.vocab_size", m.vocab_size);
-  if (m.n_embd % m.n_head != 0)
-    fail(origin, ": model.n_embd (", m.n_embd, ") must be divisible by model.n_head (", m.n_head, ")");
-  if (m.n_head % m.resolved_n_kv_head() != 0)
-    fail(origin, ": model.n_head (", m.n_head, ") must be divisible by model.n_kv_head (", m.n_kv_head, ")");
-  c.in_range("model.dropout", m.dropout, 0.0, 1.0, false);
-  c.in_range("model.attn_dropout", m.attn_dropout, 0.0, 1.0, false);
-  c.positive("model.norm_eps", m.norm_eps);
-  c.positive("model.rope_theta", m.rope_theta);
   c.non_negative("model.ffn_hidden", m.ffn_hidden);
   c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
   c.enumeration("model.position", m.position, kPositions, true);
   c.enumeration("model.norm", m.norm, kNorms, true);
   c.enumeration("model.activation", m.activation, kActivations, true);
-  c.non_negative("model.window", m.window);
-  c.non_negative("model.init_std", m.init_std);
   c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
-  if (m.resolved_position() == "rope" && m.head_dim() % 2 != 0)
-    fail(origin, ": rotary positions need an even head size, but model.n_embd / model.n_head = ",
-         m.head_dim());
-  if (m.resolved_position() == "sinusoidal" && m.n_embd % 2 != 0)
-    fail(origin, ": sinusoidal positions need an even model.n_embd, got ", m.n_embd);
+  // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
+  // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
+  try {
+    (void)train::model_config(cfg, 1);
+  } catch (const Error& e) {
+    fail(origin, ": ", e.what());
+  }
 
   const DataSettings& d = cfg.data;
   c.enumeration("data.tokenizer", d.tokenizer, kTokenizers);
