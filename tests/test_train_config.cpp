@@ -411,3 +411,34 @@ TEST_CASE("the batching modes and padding sides have one table: config, batcher 
   CHECK_THROWS_WITH(parse_padding("up"), "[batcher] unknown padding 'up' (expected right or left)");
   CHECK_THROWS_WITH(parse("", {"data.batching=packed"}), Contains("data.batching must be one of"));
 }
+
+TEST_CASE("model_difference names the first differing model key with both values as to_toml writes them",
+          "[train][config]") {
+  const Config cfg = parse("[model]\nfamily = \"llama\"\n").resolved();
+  const nn::ModelConfig a = train::model_config(cfg, 65);
+  CHECK_FALSE(train::model_difference(a, a));
+  nn::ModelConfig b = a;
+  b.recompute = !a.recompute;  // train.recompute: how backward runs, not which model
+  CHECK_FALSE(train::model_difference(a, b));
+  b.position = nn::Position::alibi;
+  b.dropout = 0.25;
+  auto d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.dropout");  // declaration order: dropout before position
+  CHECK(d->a == "0.0");
+  CHECK(d->b == "0.25");
+  b.dropout = a.dropout;
+  d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.position");
+  CHECK(d->a == "\"rope\"");
+  CHECK(d->b == "\"alibi\"");
+  // The text is the one the checkpoint's config holds for the same value.
+  CHECK(to_toml(cfg).find("position = " + d->a + "\n") != std::string::npos);
+  b = a;
+  b.family = nn::Family::gpt2;
+  d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.family");
+  CHECK(d->b == "\"gpt2\"");
+}

@@ -180,26 +180,12 @@ Config stored_config(const h5::File& f) {
   return parse_config_text(text, "checkpoint " + f.path());
 }
 
-// The model being saved must be the one the config describes, or the file could never be loaded.
+// The model being saved must be the one the config describes, or the file could never be loaded
+// (the same comparison --resume makes: model_difference).
 void check_config_matches(const std::string& path, const Config& cfg, const nn::DecoderModel& model, int64_t vocab) {
-  const nn::ModelConfig want = model_config(cfg.resolved(), vocab);
-  const nn::ModelConfig& got = model.config();
-  auto same = [&](const char* key, auto a, auto b) {
-    if (a != b) ckpt_fail(path, "the config does not describe the model being saved: ", key, " is ", a, " in the config but ", b, " in the model");
-  };
-  same("model.family", nn::family_name(want.family), std::string(nn::family_name(got.family)));
-  same("model.n_layer", want.n_layer, got.n_layer);
-  same("model.n_head", want.n_head, got.n_head);
-  same("model.n_kv_head", want.n_kv_head, got.n_kv_head);
-  same("model.n_embd", want.n_embd, got.n_embd);
-  same("model.block_size", want.block_size, got.block_size);
-  same("model.vocab_size", want.vocab_size, got.vocab_size);
-  same("model.ffn_hidden", want.ffn_hidden, got.ffn_hidden);
-  same("model.position", static_cast<int>(want.position), static_cast<int>(got.position));
-  same("model.norm", static_cast<int>(want.norm), static_cast<int>(got.norm));
-  same("model.activation", static_cast<int>(want.activation), static_cast<int>(got.activation));
-  same("model.bias", want.bias, got.bias);
-  same("model.tie_embeddings", want.tie_embeddings, got.tie_embeddings);
+  if (const auto d = model_difference(model_config(cfg.resolved(), vocab), model.config()))
+    ckpt_fail(path, "the config does not describe the model being saved: ", d->key, " is ", d->a, " in the config but ",
+              d->b, " in the model");
 }
 
 // Checks one stored float32 tensor's type and shape; `what` is its full name for messages.

@@ -4,15 +4,17 @@
 // Enumerated settings. Each key's spellings are listed once, with the enum value each one stands
 // for: here, or for data.batching and data.padding_side in data/batcher.h (data/ owns that enum
 // and checkpoints read it too). validate() (config.cpp) accepts exactly these names; the string
-// -> enum mapping at use (model_factory: the model's family, position, norm, activation, attention kernel; the
-// trainer: data.batching, data.padding_side) goes through choose() over the same table, so a
-// spelling can never be accepted by one and unknown to the other. Keys whose value is not turned
-// into an enum type (data.tokenizer, data.separator, train.device, train.dtype,
-// train.lr_schedule) have a list of names only.
+// -> enum mapping at use (model_factory: the model's family, position, norm, activation,
+// attention kernel; the trainer: data.batching, data.padding_side) goes through choose() over the
+// same table, so a spelling can never be accepted by one and unknown to the other. Keys whose
+// value is not turned into an enum type (data.tokenizer, data.separator, train.device,
+// train.dtype, train.lr_schedule) have a list of names only.
 //
 // Comparison. first_difference() walks the one key table (config.cpp) and compares values with
-// their types' ==, so resume (trainer) and anything else asking "did this setting change?" use
-// the same field list instead of their own field-by-field code.
+// their types' ==, so anything asking "did this setting change?" uses the same field list
+// instead of its own field-by-field code. Whether two configs describe the same model is asked
+// of the models they build (model_difference, train/model_factory.h): checkpoint saving and
+// --resume (train/session.h) share it.
 #pragma once
 #include <array>
 #include <initializer_list>
@@ -63,6 +65,11 @@ template <size_t N>
 std::vector<std::string_view> names_of(const std::array<std::string_view, N>& names) {
   return {names.begin(), names.end()};
 }
+
+// A double as to_toml writes it: the shortest text that reads back to the same value, plain
+// decimals while they stay short (0.0003 rather than 3e-04), always with a '.' or an exponent so
+// TOML reads a float.
+std::string format_double(double v);
 
 // `key must be one of "a", "b"[ (or "" for the family default)]; got "v"` (without an origin).
 std::string not_one_of(std::string_view key, std::string_view value, const std::vector<std::string_view>& names,
