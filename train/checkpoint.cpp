@@ -62,7 +62,7 @@ bool is_conv1d_weight(nn::Family family, const std::string& name) {
           ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
 }
 
-nn::Family family_of(const Config& cfg) { return cfg.model.family == "llama" ? nn::Family::llama : nn::Family::gpt2; }
+nn::Family family_of(const Config& cfg) { return choose(kFamilies, cfg.model.family, "model.family"); }
 
 Shape stored_shape(const Shape& s, bool conv1d) { return conv1d ? Shape{s.at(1), s.at(0)} : s; }
 
