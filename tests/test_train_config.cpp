@@ -30,7 +30,7 @@ TEST_CASE("an empty config gives the documented defaults", "[train][config]") {
   CHECK(c.model.norm_eps == 1e-5);
   CHECK(c.model.rope_theta == 10000.0);
   CHECK(c.data.tokenizer == "char");
-  CHECK(c.data.batching == "random_windows");
+  CHECK(c.data.batching == BatchMode::random_windows);
   CHECK(c.train.batch_size == 12);
   CHECK(c.train.lr == 1e-3);
   CHECK(c.train.min_lr == 1e-4);
@@ -125,7 +125,7 @@ prompt = "ROMEO:"
   CHECK(c.model.window == 16);
   CHECK(c.model.attn_kernel == "reference");
   CHECK(c.data.tokenizer == "bpe");
-  CHECK(c.data.padding_side == "left");
+  CHECK(c.data.padding_side == Padding::left);
   CHECK(c.train.device == "cuda");
   CHECK(c.train.lr == 3e-4);
   CHECK(c.train.lr_schedule == "constant");
@@ -321,7 +321,7 @@ TEST_CASE("every spelling the validator accepts maps to its enum, and no other",
   for (const auto& c : kAttnKernels)
     CHECK(train::model_config(parse("[model]\nattn_kernel = \"" + std::string(c.name) + "\"\n").resolved(), 65)
               .attn_kernel == c.value);
-  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.name);
+  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.value);
   // A spelling outside the table: the same message from the validator and from choose().
   CHECK_THROWS_WITH(parse("[data]\nbatching = \"packed\"\n"),
                     Contains("configs/x.toml: data.batching must be one of \"random_windows\", \"padded_docs\", "
@@ -400,16 +400,32 @@ TEST_CASE("the batching modes and padding sides have one table: config, batcher 
     CHECK(parse_batch_mode(c.name) == c.value);
     CHECK(batch_mode_name(c.value) == c.name);
     CHECK(choose(kBatchModes, c.name, "data.batching") == c.value);
-    CHECK(parse("", {"data.batching=" + std::string(c.name)}).data.batching == c.name);
+    CHECK(parse("", {"data.batching=" + std::string(c.name)}).data.batching == c.value);
   }
   for (const auto& c : kPaddingSides) {
     CHECK(parse_padding(c.name) == c.value);
-    CHECK(parse("", {"data.padding_side=" + std::string(c.name)}).data.padding_side == c.name);
+    CHECK(parse("", {"data.padding_side=" + std::string(c.name)}).data.padding_side == c.value);
   }
   CHECK_THROWS_WITH(parse_batch_mode("packed"),
                     "[batcher] unknown batch mode 'packed' (expected random_windows, padded_docs or packed_docs)");
   CHECK_THROWS_WITH(parse_padding("up"), "[batcher] unknown padding 'up' (expected right or left)");
   CHECK_THROWS_WITH(parse("", {"data.batching=packed"}), Contains("data.batching must be one of"));
+  // Read into the enum at load: a wrong spelling or type is refused there, naming where it came
+  // from; the text written back (the checkpoint's config) is the spelling, as before.
+  CHECK_THROWS_WITH(parse("", {"data.padding_side=up"}),
+                    "--set data.padding_side=up: data.padding_side must be one of \"right\", \"left\"; got \"up\"");
+  CHECK_THROWS_WITH(parse("[data]\nbatching = 2\n"), "configs/x.toml: data.batching must be a string, got integer");
+  const Config p = parse("[data]\nbatching = \"packed_docs\"\npadding_side = \"left\"\n");
+  const std::string text = to_toml(p);
+  CHECK(text.find("\nbatching = \"packed_docs\"\npadding_side = \"left\"\n") != std::string::npos);
+  CHECK(parse_config_text(text, "round trip") == p.resolved());
+  Config q = p;
+  q.data.padding_side = Padding::right;
+  const auto d = first_difference(p, q, {"data."});
+  REQUIRE(d);
+  CHECK(d->key == "data.padding_side");
+  CHECK(d->a == "\"left\"");
+  CHECK(d->b == "\"right\"");
 }
 
 TEST_CASE("model_difference names the first differing model key with both values as to_toml writes them",

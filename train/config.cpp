@@ -25,7 +25,15 @@
 namespace qkv {
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*>;
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, BatchMode*, Padding*>;
+
+// The spellings of an enum-typed field.
+const auto& table_of(const BatchMode*) { return kBatchModes; }
+const auto& table_of(const Padding*) { return kPaddingSides; }
+
+// A field written as a TOML string: text, or an enum spelt by name.
+bool is_text(const FieldPtr& p) { return !std::holds_alternative<int64_t*>(p) && !std::holds_alternative<double*>(p) &&
+                                         !std::holds_alternative<bool*>(p) && !std::holds_alternative<std::optional<bool>*>(p); }
 
 struct Field {
   const char* section;
@@ -167,9 +175,14 @@ void assign(const Field& f, const toml::node& n, const std::string& origin) {
         } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
           if (auto v = n.as_boolean()) *p = v->get();
           else wrong("a boolean");
-        } else {
+        } else if constexpr (std::is_same_v<T, std::string>) {
           if (auto v = n.as_string()) *p = v->get();
           else wrong("a string");
+        } else {  // an enumerated setting: one of its table's spellings, read into the enum here
+          const auto* v = n.as_string();
+          if (!v) wrong("a string");
+          else if (const T* e = find_choice(table_of(p), v->get())) *p = *e;
+          else fail(origin, ": ", not_one_of(f.name(), v->get(), names_of(table_of(p)), false));
         }
       },
       f.ptr);
@@ -252,7 +265,8 @@ std::string field_text(const Field& f) {
         else if constexpr (std::is_same_v<T, double>) os << format_double(*p);
         else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
         else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
-        else os << quote(*p);
+        else if constexpr (std::is_same_v<T, std::string>) os << quote(*p);
+        else os << quote(std::string(choice_name(table_of(p), *p)));
       },
       f.ptr);
   return os.str();
@@ -381,7 +395,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
   } catch (const toml::parse_error&) {
     is_toml = false;
   }
-  const bool string_field = std::holds_alternative<std::string*>(f->ptr);
+  const bool string_field = is_text(f->ptr);
   if (is_toml && !(string_field && !parsed["v"].is_string())) {
     assign(*f, *parsed.get("v"), origin);
   } else {
@@ -416,8 +430,6 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
   c.enumeration("data.separator", d.separator, kSeparators);
   c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
-  c.enumeration("data.batching", d.batching, kBatchModes);
-  c.enumeration("data.padding_side", d.padding_side, kPaddingSides);
   if (!d.random_tokens && m.vocab_size > 0) {
     if (d.tokenizer == "byte" && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");

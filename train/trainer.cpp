@@ -48,11 +48,11 @@ BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Com
   BatcherOptions o;
   o.rank = comm.rank();  // [dist] this rank's rows of the global batch
   o.world = comm.world();
-  o.mode = choose(kBatchModes, cfg.data.batching, "data.batching");
+  o.mode = cfg.data.batching;
   o.batch_size = cfg.train.batch_size;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
   o.seed = seed;
-  o.padding = choose(kPaddingSides, cfg.data.padding_side, "data.padding_side");
+  o.padding = cfg.data.padding_side;
   return o;
 }
 
@@ -241,7 +241,7 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
                        nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt, Batcher& batcher) {
   TrainState state;
   state.seed = static_cast<uint64_t>(cfg.train.seed);
-  state.batch_mode = cfg.data.batching;
+  state.batch_mode = batch_mode_name(cfg.data.batching);
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
     check_resumable(cfg, model.config(), meta.config.resolved(), data.vocab_size, opts.resume);
