@@ -4,11 +4,11 @@
 // Enumerated settings. Each key's spellings are listed once, with the enum value each one stands
 // for: here, or for data.batching and data.padding_side in data/batcher.h (data/ owns that enum
 // and checkpoints read it too). validate() (config.cpp) accepts exactly these names; the string
-// -> enum mapping at use (model_factory: the model's family, position, norm, activation,
-// attention kernel; the trainer: data.batching, data.padding_side) goes through choose() over the
-// same table, so a spelling can never be accepted by one and unknown to the other. Keys whose
-// value is not turned into an enum type (data.tokenizer, data.separator, train.device,
-// train.dtype, train.lr_schedule) have a list of names only.
+// -> enum mapping goes through the same table: at use through choose() (model_factory: the
+// model's family, position, norm, activation, attention kernel), or at load (data.batching and
+// data.padding_side are enum-typed in config.h), so a spelling can never be accepted by one and
+// unknown to the other. Keys whose value is not turned into an enum type (data.tokenizer,
+// data.separator, train.device, train.dtype, train.lr_schedule) have a list of names only.
 //
 // Comparison. first_difference() walks the one key table (config.cpp) and compares values with
 // their types' ==, so anything asking "did this setting change?" uses the same field list

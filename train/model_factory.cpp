@@ -48,7 +48,9 @@ std::string toml_text(double v) { return format_double(v); }
 std::string toml_text(bool v) { return v ? "true" : "false"; }
 template <class E, size_t N>
 std::string toml_text(const std::array<Choice<E>, N>& table, E v) {
-  return "\"" + std::string(choice_name(table, v)) + "\"";
+  std::string out(1, '"');  // appended, not "\"" + name: g++ 12 warns falsely (-Wrestrict) on that
+  out += choice_name(table, v);
+  return out += '"';
 }
 std::string toml_text(nn::Family v) { return toml_text(kFamilies, v); }
 std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
