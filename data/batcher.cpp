@@ -33,26 +33,26 @@ Batch alloc_batch(int64_t rows, int64_t t) {
 
 }  // namespace
 
+namespace {
+// "a, b or c" from a table's names.
+template <class E, size_t N>
+std::string spelled_out(const std::array<Choice<E>, N>& choices) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(choices[i].name);
+  return out;
+}
+}  // namespace
+
 BatchMode parse_batch_mode(std::string_view name) {
-  if (name == "random_windows") return BatchMode::random_windows;
-  if (name == "padded_docs") return BatchMode::padded_docs;
-  if (name == "packed_docs") return BatchMode::packed_docs;
-  fail("[batcher] unknown batch mode '", name, "' (expected random_windows, padded_docs or packed_docs)");
+  if (const BatchMode* m = find_choice(kBatchModes, name)) return *m;
+  fail("[batcher] unknown batch mode '", name, "' (expected ", spelled_out(kBatchModes), ")");
 }
 
-const char* batch_mode_name(BatchMode mode) {
-  switch (mode) {
-    case BatchMode::random_windows: return "random_windows";
-    case BatchMode::padded_docs: return "padded_docs";
-    case BatchMode::packed_docs: return "packed_docs";
-  }
-  return "?";
-}
+const char* batch_mode_name(BatchMode mode) { return choice_name(kBatchModes, mode).data(); }
 
 Padding parse_padding(std::string_view name) {
-  if (name == "right") return Padding::right;
-  if (name == "left") return Padding::left;
-  fail("[batcher] unknown padding '", name, "' (expected right or left)");
+  if (const Padding* p = find_choice(kPaddingSides, name)) return *p;
+  fail("[batcher] unknown padding '", name, "' (expected ", spelled_out(kPaddingSides), ")");
 }
 
 std::array<int64_t, 5> BatcherState::to_array() const {

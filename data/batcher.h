@@ -36,18 +36,26 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "tensor/choice.h"
 #include "tensor/tensor.h"
 
 namespace qkv {
 
 constexpr int64_t kIgnoreIndex = -100;
 
+// Each mode's and padding side's spellings, once: the config (data.batching, data.padding_side;
+// train/config_schema.h) and checkpoints (/data mode) accept exactly these.
 enum class BatchMode { random_windows, padded_docs, packed_docs };
-BatchMode parse_batch_mode(std::string_view name);  // "random_windows" | "padded_docs" | "packed_docs"
+inline constexpr std::array kBatchModes = {Choice<BatchMode>{"random_windows", BatchMode::random_windows},
+                                           Choice<BatchMode>{"padded_docs", BatchMode::padded_docs},
+                                           Choice<BatchMode>{"packed_docs", BatchMode::packed_docs}};
+BatchMode parse_batch_mode(std::string_view name);  // a name in kBatchModes
 const char* batch_mode_name(BatchMode mode);
 
 enum class Padding { right, left };
-Padding parse_padding(std::string_view name);  // "right" | "left"
+inline constexpr std::array kPaddingSides = {Choice<Padding>{"right", Padding::right},
+                                             Choice<Padding>{"left", Padding::left}};
+Padding parse_padding(std::string_view name);  // a name in kPaddingSides
 
 struct BatcherOptions {
   BatchMode mode = BatchMode::random_windows;

@@ -15,15 +15,31 @@ namespace qkv::nn {
 const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
 
 void ModelConfig::validate() const {
-  QKV_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
-  QKV_CHECK(n_head > 0 && n_kv_head > 0, "model.n_head and model.n_kv_head must be positive");
-  QKV_CHECK(n_embd > 0 && n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be a multiple of model.n_head (",
-            n_head, ")");
-  QKV_CHECK(n_head % n_kv_head == 0, "model.n_head (", n_head, ") must be a multiple of model.n_kv_head (", n_kv_head,
+  auto positive = [](const char* key, int64_t v) { QKV_CHECK(v > 0, key, " must be > 0, got ", v); };
+  auto positive_real = [](const char* key, double v) {
+    QKV_CHECK(v > 0 && std::isfinite(v), key, " must be a finite number > 0, got ", v);
+  };
+  auto probability = [](const char* key, double v) { QKV_CHECK(v >= 0 && v < 1, key, " must be in [0, 1), got ", v); };
+  positive("model.n_layer", n_layer);
+  positive("model.n_head", n_head);
+  positive("model.n_kv_head", n_kv_head);
+  positive("model.n_embd", n_embd);
+  positive("model.block_size", block_size);
+  positive("model.vocab_size", vocab_size);
+  positive("model.ffn_hidden", ffn_hidden);
+  QKV_CHECK(n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be divisible by model.n_head (", n_head, ")");
+  QKV_CHECK(n_head % n_kv_head == 0, "model.n_head (", n_head, ") must be divisible by model.n_kv_head (", n_kv_head,
             ")");
-  QKV_CHECK(block_size > 0 && vocab_size > 0 && ffn_hidden > 0, "model.block_size, vocab_size and ffn_hidden must be positive");
-  QKV_CHECK(position != Position::rope || head_dim() % 2 == 0, "model: RoPE needs an even head dim, got ", head_dim());
-  QKV_CHECK(dropout >= 0 && dropout < 1 && attn_dropout >= 0 && attn_dropout < 1, "model.dropout must be in [0, 1)");
+  probability("model.dropout", dropout);
+  probability("model.attn_dropout", attn_dropout);
+  positive_real("model.norm_eps", norm_eps);
+  positive_real("model.rope_theta", rope_theta);
+  QKV_CHECK(window >= 0, "model.window must be >= 0, got ", window);
+  QKV_CHECK(init_std >= 0 && std::isfinite(init_std), "model.init_std must be a finite number >= 0, got ", init_std);
+  QKV_CHECK(position != Position::rope || head_dim() % 2 == 0,
+            "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());
+  QKV_CHECK(position != Position::sinusoidal || n_embd % 2 == 0,
+            "sinusoidal positions need an even model.n_embd, got ", n_embd);
 }
 
 int64_t ModelCache::length() const { return layers.empty() ? 0 : layers[0].length(); }

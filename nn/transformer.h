@@ -35,7 +35,13 @@ struct ModelConfig {
   bool recompute = false;  // activation recomputation per block
 
   int64_t head_dim() const { return n_embd / n_head; }
-  void validate() const;  // throws qkv::Error naming the key at fault
+  bool operator==(const ModelConfig&) const = default;
+  // The rules of a model's shape and numbers, written once: sizes > 0, n_embd % n_head == 0,
+  // n_head % n_kv_head == 0, dropouts in [0, 1), norm_eps and rope_theta > 0, window and init_std
+  // >= 0, an even head size for RoPE and an even n_embd for sinusoidal positions. Throws
+  // qkv::Error naming the config key at fault ("model.n_head ..."); the config's validator
+  // (train/config.cpp) runs the same check on the model a config describes.
+  void validate() const;
 };
 
 // What a layer's attention step calls, as one replaceable object: RoPE, a last word on the options

@@ -13,6 +13,7 @@
 
 #include "checkpoint_test_util.h"
 #include "data/h5.h"
+#include "train/session.h"
 
 using namespace qkv;
 using namespace qkv::train;
@@ -333,6 +334,57 @@ TEST_CASE("checkpoint save rejects a config that does not describe the model", "
   save_checkpoint(dir.file("w.h5"), r.cfg, *r.model, nullptr, r.state, *r.tok);
   CHECK_FALSE(read_checkpoint_meta(dir.file("w.h5")).has_optimizer);
   CHECK_THAT(error_of([&] { load_optimizer_state(dir.file("w.h5"), *r.opt); }), Contains("no optimizer state"));
+}
+
+TEST_CASE("checkpoint saving and --resume ask one question: every model key is refused or accepted by both",
+          "[checkpoint][resume]") {
+  // Each used to keep its own comparison: saving compared 13 fields, so a config whose
+  // model.dropout, attn_dropout, norm_eps, rope_theta, window, init_std or attn_kernel did not
+  // match the model was written as if it did; resume compared every key as written, so an
+  // explicit model.vocab_size equal to the tokenizer's was a different model there and the same
+  // model here. Both now ask model_difference.
+  TempDir dir;
+  Run r = make_run("llama");  // resolved: the family defaults are written out
+  const int64_t V = r.tok->vocab_size();
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"model.family", "gpt2"},        {"model.n_layer", "3"},        {"model.n_head", "8"},
+      {"model.n_kv_head", "1"},        {"model.n_embd", "48"},        {"model.block_size", "32"},
+      {"model.vocab_size", "80"},      {"model.dropout", "0.25"},     {"model.attn_dropout", "0.125"},
+      {"model.norm_eps", "0.001"},     {"model.rope_theta", "500.0"}, {"model.ffn_hidden", "40"},
+      {"model.position", "alibi"},     {"model.norm", "layernorm"},   {"model.activation", "gelu"},
+      {"model.bias", "true"},          {"model.tie_embeddings", "true"},
+      {"model.window", "4"},           {"model.init_std", "0.05"},    {"model.attn_kernel", "reference"},
+  };
+  // Every model key but ffn_multiple_of (which only acts through ffn_hidden, set explicitly here).
+  size_t model_keys = 0;
+  for (const std::string& k : config_keys()) model_keys += k.rfind("model.", 0) == 0 && k != "model.ffn_multiple_of";
+  CHECK(changes.size() == model_keys);
+  for (const auto& [key, value] : changes) {
+    CAPTURE(key);
+    Config other = r.cfg;
+    apply_override(other, key + "=" + value);
+    validate(other, "test");
+    const std::string shown = key == "model.family" || key == "model.position" || key == "model.norm" ||
+                                      key == "model.activation" || key == "model.attn_kernel"
+                                  ? "\"" + value + "\""
+                                  : value;
+    CHECK_THAT(error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, nullptr, r.state, *r.tok); }),
+               Contains("the config does not describe the model being saved: " + key + " is " + shown + " in the config"));
+    CHECK_THAT(error_of([&] { check_resumable(other, model_config(other, V), r.cfg, V, "ck.h5"); }),
+               Contains("ck.h5: " + key + " is "));
+    CHECK_THAT(error_of([&] { check_resumable(other, model_config(other, V), r.cfg, V, "ck.h5"); }),
+               Contains(" but " + shown + " now (it must not change across a resume)"));
+  }
+  CHECK_FALSE(fs::exists(dir.file("x.h5")));
+  // The same model spelt differently (the tokenizer's size written out; train.recompute on) is
+  // accepted by both.
+  Config same = r.cfg;
+  same.model.vocab_size = V;
+  same.train.recompute = true;
+  CHECK_NOTHROW(save_checkpoint(dir.file("y.h5"), same, *r.model, nullptr, r.state, *r.tok));
+  CHECK_NOTHROW(check_resumable(same, model_config(same, V), r.cfg, V, "ck.h5"));
+  CHECK_NOTHROW(check_resumable(r.cfg, r.model->config(), read_checkpoint_meta(dir.file("y.h5")).config.resolved(), V,
+                                "y.h5"));
 }
 
 TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never best.h5", "[checkpoint]") {

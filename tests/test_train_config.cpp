@@ -30,7 +30,7 @@ TEST_CASE("an empty config gives the documented defaults", "[train][config]") {
   CHECK(c.model.norm_eps == 1e-5);
   CHECK(c.model.rope_theta == 10000.0);
   CHECK(c.data.tokenizer == "char");
-  CHECK(c.data.batching == "random_windows");
+  CHECK(c.data.batching == BatchMode::random_windows);
   CHECK(c.train.batch_size == 12);
   CHECK(c.train.lr == 1e-3);
   CHECK(c.train.min_lr == 1e-4);
@@ -125,7 +125,7 @@ prompt = "ROMEO:"
   CHECK(c.model.window == 16);
   CHECK(c.model.attn_kernel == "reference");
   CHECK(c.data.tokenizer == "bpe");
-  CHECK(c.data.padding_side == "left");
+  CHECK(c.data.padding_side == Padding::left);
   CHECK(c.train.device == "cuda");
   CHECK(c.train.lr == 3e-4);
   CHECK(c.train.lr_schedule == "constant");
@@ -321,7 +321,7 @@ TEST_CASE("every spelling the validator accepts maps to its enum, and no other",
   for (const auto& c : kAttnKernels)
     CHECK(train::model_config(parse("[model]\nattn_kernel = \"" + std::string(c.name) + "\"\n").resolved(), 65)
               .attn_kernel == c.value);
-  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.name);
+  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.value);
   // A spelling outside the table: the same message from the validator and from choose().
   CHECK_THROWS_WITH(parse("[data]\nbatching = \"packed\"\n"),
                     Contains("configs/x.toml: data.batching must be one of \"random_windows\", \"padded_docs\", "
@@ -357,4 +357,104 @@ TEST_CASE("first_difference names the first differing key of the selection, with
   b.model.bias = true;  // unset vs set differs as stored; resolved, gpt2's default is true
   CHECK(first_difference(a, b, {"model.bias"}));
   CHECK_FALSE(first_difference(a.resolved(), b.resolved(), {"model.bias"}));
+}
+
+TEST_CASE("model rules are written once: the config reports nn::ModelConfig::validate's own message", "[train][config]") {
+  // The config's validator and ModelConfig::validate used to keep two copies of these rules and
+  // disagreed: "must be > 0" against "must be positive", "divisible by" against "a multiple of",
+  // and an odd n_embd with sinusoidal positions or norm_eps = 0 was refused by one, built by the other.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"model.n_layer=0", "model.n_layer must be > 0, got 0"},
+      {"model.n_head=3", "model.n_embd (128) must be divisible by model.n_head (3)"},
+      {"model.n_kv_head=3", "model.n_head (4) must be divisible by model.n_kv_head (3)"},
+      {"model.block_size=-5", "model.block_size must be > 0, got -5"},
+      {"model.dropout=1.0", "model.dropout must be in [0, 1), got 1"},
+      {"model.norm_eps=0", "model.norm_eps must be a finite number > 0, got 0"},
+      {"model.window=-1", "model.window must be >= 0, got -1"},
+      {"model.init_std=-0.5", "model.init_std must be a finite number >= 0, got -0.5"},
+  };
+  for (const auto& [assignment, message] : bad) {
+    CAPTURE(assignment);
+    Config raw;
+    apply_override(raw, assignment);  // no validation: what nn sees
+    CHECK_THROWS_WITH(train::model_config(raw, 65), message);
+    CHECK_THROWS_WITH(parse("", {assignment}), "configs/x.toml: " + message);
+  }
+  nn::ModelConfig m;
+  m.position = nn::Position::sinusoidal;
+  m.n_embd = 36;
+  m.n_head = m.n_kv_head = 4;
+  CHECK_NOTHROW(m.validate());
+  m.n_embd = 33;  // 11 per head: fine for the heads, but the sinusoid pairs sin/cos over n_embd
+  m.n_head = m.n_kv_head = 3;
+  CHECK_THROWS_WITH(m.validate(), "sinusoidal positions need an even model.n_embd, got 33");
+  CHECK_THROWS_WITH(parse("[model]\nposition = \"sinusoidal\"\nn_embd = 33\nn_head = 3\n"),
+                    "configs/x.toml: sinusoidal positions need an even model.n_embd, got 33");
+}
+
+TEST_CASE("the batching modes and padding sides have one table: config, batcher and checkpoints agree",
+          "[train][config][data]") {
+  // Spelt out three times before (config_schema.h, parse_batch_mode, the checkpoint's /data check).
+  REQUIRE(kBatchModes.size() == 3);
+  for (const auto& c : kBatchModes) {
+    CHECK(parse_batch_mode(c.name) == c.value);
+    CHECK(batch_mode_name(c.value) == c.name);
+    CHECK(choose(kBatchModes, c.name, "data.batching") == c.value);
+    CHECK(parse("", {"data.batching=" + std::string(c.name)}).data.batching == c.value);
+  }
+  for (const auto& c : kPaddingSides) {
+    CHECK(parse_padding(c.name) == c.value);
+    CHECK(parse("", {"data.padding_side=" + std::string(c.name)}).data.padding_side == c.value);
+  }
+  CHECK_THROWS_WITH(parse_batch_mode("packed"),
+                    "[batcher] unknown batch mode 'packed' (expected random_windows, padded_docs or packed_docs)");
+  CHECK_THROWS_WITH(parse_padding("up"), "[batcher] unknown padding 'up' (expected right or left)");
+  CHECK_THROWS_WITH(parse("", {"data.batching=packed"}), Contains("data.batching must be one of"));
+  // Read into the enum at load: a wrong spelling or type is refused there, naming where it came
+  // from; the text written back (the checkpoint's config) is the spelling, as before.
+  CHECK_THROWS_WITH(parse("", {"data.padding_side=up"}),
+                    "--set data.padding_side=up: data.padding_side must be one of \"right\", \"left\"; got \"up\"");
+  CHECK_THROWS_WITH(parse("[data]\nbatching = 2\n"), "configs/x.toml: data.batching must be a string, got integer");
+  const Config p = parse("[data]\nbatching = \"packed_docs\"\npadding_side = \"left\"\n");
+  const std::string text = to_toml(p);
+  CHECK(text.find("\nbatching = \"packed_docs\"\npadding_side = \"left\"\n") != std::string::npos);
+  CHECK(parse_config_text(text, "round trip") == p.resolved());
+  Config q = p;
+  q.data.padding_side = Padding::right;
+  const auto d = first_difference(p, q, {"data."});
+  REQUIRE(d);
+  CHECK(d->key == "data.padding_side");
+  CHECK(d->a == "\"left\"");
+  CHECK(d->b == "\"right\"");
+}
+
+TEST_CASE("model_difference names the first differing model key with both values as to_toml writes them",
+          "[train][config]") {
+  const Config cfg = parse("[model]\nfamily = \"llama\"\n").resolved();
+  const nn::ModelConfig a = train::model_config(cfg, 65);
+  CHECK_FALSE(train::model_difference(a, a));
+  nn::ModelConfig b = a;
+  b.recompute = !a.recompute;  // train.recompute: how backward runs, not which model
+  CHECK_FALSE(train::model_difference(a, b));
+  b.position = nn::Position::alibi;
+  b.dropout = 0.25;
+  auto d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.dropout");  // declaration order: dropout before position
+  CHECK(d->a == "0.0");
+  CHECK(d->b == "0.25");
+  b.dropout = a.dropout;
+  d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.position");
+  CHECK(d->a == "\"rope\"");
+  CHECK(d->b == "\"alibi\"");
+  // The text is the one the checkpoint's config holds for the same value.
+  CHECK(to_toml(cfg).find("position = " + d->a + "\n") != std::string::npos);
+  b = a;
+  b.family = nn::Family::gpt2;
+  d = train::model_difference(a, b);
+  REQUIRE(d);
+  CHECK(d->key == "model.family");
+  CHECK(d->b == "\"gpt2\"");
 }

@@ -62,7 +62,7 @@ bool is_conv1d_weight(nn::Family family, const std::string& name) {
           ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
 }
 
-nn::Family family_of(const Config& cfg) { return cfg.model.family == "llama" ? nn::Family::llama : nn::Family::gpt2; }
+nn::Family family_of(const Config& cfg) { return choose(kFamilies, cfg.model.family, "model.family"); }
 
 Shape stored_shape(const Shape& s, bool conv1d) { return conv1d ? Shape{s.at(1), s.at(0)} : s; }
 
@@ -180,26 +180,12 @@ Config stored_config(const h5::File& f) {
   return parse_config_text(text, "checkpoint " + f.path());
 }
 
-// The model being saved must be the one the config describes, or the file could never be loaded.
+// The model being saved must be the one the config describes, or the file could never be loaded
+// (the same comparison --resume makes: model_difference).
 void check_config_matches(const std::string& path, const Config& cfg, const nn::DecoderModel& model, int64_t vocab) {
-  const nn::ModelConfig want = model_config(cfg.resolved(), vocab);
-  const nn::ModelConfig& got = model.config();
-  auto same = [&](const char* key, auto a, auto b) {
-    if (a != b) ckpt_fail(path, "the config does not describe the model being saved: ", key, " is ", a, " in the config but ", b, " in the model");
-  };
-  same("model.family", nn::family_name(want.family), std::string(nn::family_name(got.family)));
-  same("model.n_layer", want.n_layer, got.n_layer);
-  same("model.n_head", want.n_head, got.n_head);
-  same("model.n_kv_head", want.n_kv_head, got.n_kv_head);
-  same("model.n_embd", want.n_embd, got.n_embd);
-  same("model.block_size", want.block_size, got.block_size);
-  same("model.vocab_size", want.vocab_size, got.vocab_size);
-  same("model.ffn_hidden", want.ffn_hidden, got.ffn_hidden);
-  same("model.position", static_cast<int>(want.position), static_cast<int>(got.position));
-  same("model.norm", static_cast<int>(want.norm), static_cast<int>(got.norm));
-  same("model.activation", static_cast<int>(want.activation), static_cast<int>(got.activation));
-  same("model.bias", want.bias, got.bias);
-  same("model.tie_embeddings", want.tie_embeddings, got.tie_embeddings);
+  if (const auto d = model_difference(model_config(cfg.resolved(), vocab), model.config()))
+    ckpt_fail(path, "the config does not describe the model being saved: ", d->key, " is ", d->a, " in the config but ",
+              d->b, " in the model");
 }
 
 // Checks one stored float32 tensor's type and shape; `what` is its full name for messages.
@@ -256,7 +242,7 @@ bool natural_less(const std::string& a, const std::string& b) {
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
-  if (state.batch_mode != "random_windows" && state.batch_mode != "padded_docs" && state.batch_mode != "packed_docs")
+  if (!find_choice(kBatchModes, state.batch_mode))
     ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
   const nn::Family family = model.config().family;
   h5::AtomicWriter writer(path);
@@ -322,7 +308,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
   s.data = BatcherState::from_array(data_state);
   s.batch_mode = f.attr_string("data", "mode");
-  if (s.batch_mode != "random_windows" && s.batch_mode != "padded_docs" && s.batch_mode != "packed_docs")
+  if (!find_choice(kBatchModes, s.batch_mode))
     ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
   if (f.has_attr("data", "corpus_tokens"))
     s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),

@@ -20,11 +20,20 @@
 #include <variant>
 
 #include "tensor/error.h"
+#include "train/model_factory.h"
 
 namespace qkv {
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*>;
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, BatchMode*, Padding*>;
+
+// The spellings of an enum-typed field.
+const auto& table_of(const BatchMode*) { return kBatchModes; }
+const auto& table_of(const Padding*) { return kPaddingSides; }
+
+// A field written as a TOML string: text, or an enum spelt by name.
+bool is_text(const FieldPtr& p) { return !std::holds_alternative<int64_t*>(p) && !std::holds_alternative<double*>(p) &&
+                                         !std::holds_alternative<bool*>(p) && !std::holds_alternative<std::optional<bool>*>(p); }
 
 struct Field {
   const char* section;
@@ -166,9 +175,14 @@ void assign(const Field& f, const toml::node& n, const std::string& origin) {
         } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
           if (auto v = n.as_boolean()) *p = v->get();
           else wrong("a boolean");
-        } else {
+        } else if constexpr (std::is_same_v<T, std::string>) {
           if (auto v = n.as_string()) *p = v->get();
           else wrong("a string");
+        } else {  // an enumerated setting: one of its table's spellings, read into the enum here
+          const auto* v = n.as_string();
+          if (!v) wrong("a string");
+          else if (const T* e = find_choice(table_of(p), v->get())) *p = *e;
+          else fail(origin, ": ", not_one_of(f.name(), v->get(), names_of(table_of(p)), false));
         }
       },
       f.ptr);
@@ -202,8 +216,8 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-// Shortest text that reads back to the same double; plain decimals while they stay short
-// (0.0003 rather than 3e-04), and always with a '.' or exponent so TOML reads a float.
+}  // namespace
+
 std::string format_double(double v) {
   char buf[400];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
@@ -214,6 +228,8 @@ std::string format_double(double v) {
   if (std::isnan(v)) s = "nan";
   return s;
 }
+
+namespace {
 
 std::string quote(const std::string& s) {
   std::string out = "\"";
@@ -249,7 +265,8 @@ std::string field_text(const Field& f) {
         else if constexpr (std::is_same_v<T, double>) os << format_double(*p);
         else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
         else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
-        else os << quote(*p);
+        else if constexpr (std::is_same_v<T, std::string>) os << quote(*p);
+        else os << quote(std::string(choice_name(table_of(p), *p)));
       },
       f.ptr);
   return os.str();
@@ -378,7 +395,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
   } catch (const toml::parse_error&) {
     is_toml = false;
   }
-  const bool string_field = std::holds_alternative<std::string*>(f->ptr);
+  const bool string_field = is_text(f->ptr);
   if (is_toml && !(string_field && !parsed["v"].is_string())) {
     assign(*f, *parsed.get("v"), origin);
   } else {
@@ -389,34 +406,23 @@ void apply_override(Config& cfg, const std::string& assignment) {
 void validate(const Config& cfg, const std::string& origin) {
   const Checker c{origin};
   const ModelSettings& m = cfg.model;
+  // What only the settings have: spellings, and the 0 / "" that stand for a family default.
   c.enumeration("model.family", m.family, kFamilies);
-  c.positive("model.n_layer", m.n_layer);
-  c.positive("model.n_head", m.n_head);
   c.non_negative("model.n_kv_head", m.n_kv_head);
-  c.positive("model.n_embd", m.n_embd);
-  c.positive("model.block_size", m.block_size);
   c.non_negative("model.vocab_size", m.vocab_size);
-  if (m.n_embd % m.n_head != 0)
-    fail(origin, ": model.n_embd (", m.n_embd, ") must be divisible by model.n_head (", m.n_head, ")");
-  if (m.n_head % m.resolved_n_kv_head() != 0)
-    fail(origin, ": model.n_head (", m.n_head, ") must be divisible by model.n_kv_head (", m.n_kv_head, ")");
-  c.in_range("model.dropout", m.dropout, 0.0, 1.0, false);
-  c.in_range("model.attn_dropout", m.attn_dropout, 0.0, 1.0, false);
-  c.positive("model.norm_eps", m.norm_eps);
-  c.positive("model.rope_theta", m.rope_theta);
   c.non_negative("model.ffn_hidden", m.ffn_hidden);
   c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
   c.enumeration("model.position", m.position, kPositions, true);
   c.enumeration("model.norm", m.norm, kNorms, true);
   c.enumeration("model.activation", m.activation, kActivations, true);
-  c.non_negative("model.window", m.window);
-  c.non_negative("model.init_std", m.init_std);
   c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
-  if (m.resolved_position() == "rope" && m.head_dim() % 2 != 0)
-    fail(origin, ": rotary positions need an even head size, but model.n_embd / model.n_head = ",
-         m.head_dim());
-  if (m.resolved_position() == "sinusoidal" && m.n_embd % 2 != 0)
-    fail(origin, ": sinusoidal positions need an even model.n_embd, got ", m.n_embd);
+  // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
+  // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
+  try {
+    (void)train::model_config(cfg, 1);
+  } catch (const Error& e) {
+    fail(origin, ": ", e.what());
+  }
 
   const DataSettings& d = cfg.data;
   c.enumeration("data.tokenizer", d.tokenizer, kTokenizers);
@@ -424,8 +430,6 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
   c.enumeration("data.separator", d.separator, kSeparators);
   c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
-  c.enumeration("data.batching", d.batching, kBatchModes);
-  c.enumeration("data.padding_side", d.padding_side, kPaddingSides);
   if (!d.random_tokens && m.vocab_size > 0) {
     if (d.tokenizer == "byte" && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");

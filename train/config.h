@@ -7,6 +7,8 @@
 // model.n_layer?)", "configs/x.toml: model.n_head must be an integer, got string"), so a typo
 // never silently trains the default model.
 //
+// Most enumerated settings are kept as written (strings, checked against their tables in
+// config_schema.h); data.batching and data.padding_side are read into their enum types at load.
 // Empty strings / 0 / unset optionals mean "the family default"; the resolved_*() accessors give
 // the value actually used, and to_toml() writes the resolved values, so a checkpoint's config
 // does not depend on what the defaults were when it was trained.
@@ -15,6 +17,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "data/batcher.h"
 
 namespace qkv {
 
@@ -61,8 +65,9 @@ struct DataSettings {
   int64_t bpe_vocab_size = 512;
   std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
   double val_fraction = 0.1;
-  std::string batching = "random_windows";  // kBatchModes (config_schema.h)
-  std::string padding_side = "right";       // "right" | "left"
+  // Enumerated settings read into their enum at load (spellings: data/batcher.h's tables).
+  BatchMode batching = BatchMode::random_windows;  // kBatchModes
+  Padding padding_side = Padding::right;           // kPaddingSides
   bool random_tokens = false;  // train on uniform random tokens (benchmarks), no corpus needed
   bool operator==(const DataSettings&) const = default;
 };

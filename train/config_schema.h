@@ -1,17 +1,20 @@
 // What each enumerated setting may be, and how two configs compare: the one place both are
 // defined.
 //
-// Enumerated settings. Each key's spellings are listed once, here, with the enum value each one
-// stands for. validate() (config.cpp) accepts exactly these names; the string -> enum mapping at
-// use (model_factory: the model's family, position, norm, activation, attention kernel; the
-// trainer: data.batching, data.padding_side) goes through choose() over the same table, so a
-// spelling can never be accepted by one and unknown to the other. Keys whose value is not turned
-// into an enum type (data.tokenizer, data.separator, train.device, train.dtype,
-// train.lr_schedule) have a list of names only.
+// Enumerated settings. Each key's spellings are listed once, with the enum value each one stands
+// for: here, or for data.batching and data.padding_side in data/batcher.h (data/ owns that enum
+// and checkpoints read it too). validate() (config.cpp) accepts exactly these names; the string
+// -> enum mapping goes through the same table: at use through choose() (model_factory: the
+// model's family, position, norm, activation, attention kernel), or at load (data.batching and
+// data.padding_side are enum-typed in config.h), so a spelling can never be accepted by one and
+// unknown to the other. Keys whose value is not turned into an enum type (data.tokenizer,
+// data.separator, train.device, train.dtype, train.lr_schedule) have a list of names only.
 //
 // Comparison. first_difference() walks the one key table (config.cpp) and compares values with
-// their types' ==, so resume (trainer) and anything else asking "did this setting change?" use
-// the same field list instead of their own field-by-field code.
+// their types' ==, so anything asking "did this setting change?" uses the same field list
+// instead of its own field-by-field code. Whether two configs describe the same model is asked
+// of the models they build (model_difference, train/model_factory.h): checkpoint saving and
+// --resume (train/session.h) share it.
 #pragma once
 #include <array>
 #include <initializer_list>
@@ -23,16 +26,11 @@
 #include "attention/attention.h"
 #include "data/batcher.h"
 #include "nn/transformer.h"
+#include "tensor/choice.h"
 #include "tensor/error.h"
 #include "train/config.h"
 
 namespace qkv {
-
-template <class E>
-struct Choice {
-  std::string_view name;
-  E value;
-};
 
 inline constexpr std::array kFamilies = {Choice<nn::Family>{"gpt2", nn::Family::gpt2},
                                          Choice<nn::Family>{"llama", nn::Family::llama}};
@@ -47,11 +45,8 @@ inline constexpr std::array kActivations = {
     Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
-inline constexpr std::array kBatchModes = {Choice<BatchMode>{"random_windows", BatchMode::random_windows},
-                                           Choice<BatchMode>{"padded_docs", BatchMode::padded_docs},
-                                           Choice<BatchMode>{"packed_docs", BatchMode::packed_docs}};
-inline constexpr std::array kPaddingSides = {Choice<Padding>{"right", Padding::right},
-                                             Choice<Padding>{"left", Padding::left}};
+// data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
+// (which checkpoints and the batcher read too).
 inline constexpr std::array<std::string_view, 3> kTokenizers = {"char", "byte", "bpe"};
 inline constexpr std::array<std::string_view, 3> kSeparators = {"blank_line", "percent_line", "none"};
 inline constexpr std::array<std::string_view, 2> kDevices = {"cpu", "cuda"};
@@ -70,6 +65,11 @@ template <size_t N>
 std::vector<std::string_view> names_of(const std::array<std::string_view, N>& names) {
   return {names.begin(), names.end()};
 }
+
+// A double as to_toml writes it: the shortest text that reads back to the same value, plain
+// decimals while they stay short (0.0003 rather than 3e-04), always with a '.' or an exponent so
+// TOML reads a float.
+std::string format_double(double v);
 
 // `key must be one of "a", "b"[ (or "" for the family default)]; got "v"` (without an origin).
 std::string not_one_of(std::string_view key, std::string_view value, const std::vector<std::string_view>& names,

@@ -1,9 +1,64 @@
 #include "train/model_factory.h"
 
+#include <string>
+#include <variant>
+
 #include "tensor/error.h"
 #include "train/config_schema.h"
 
 namespace qkv::train {
+namespace {
+
+using nn::ModelConfig;
+using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
+                            nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
+                            attn::Kernel ModelConfig::*>;
+
+// Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
+struct ModelField {
+  const char* key;
+  Member member;
+};
+const ModelField kModelFields[] = {
+    {"model.family", &ModelConfig::family},
+    {"model.n_layer", &ModelConfig::n_layer},
+    {"model.n_head", &ModelConfig::n_head},
+    {"model.n_kv_head", &ModelConfig::n_kv_head},
+    {"model.n_embd", &ModelConfig::n_embd},
+    {"model.block_size", &ModelConfig::block_size},
+    {"model.vocab_size", &ModelConfig::vocab_size},
+    {"model.dropout", &ModelConfig::dropout},
+    {"model.attn_dropout", &ModelConfig::attn_dropout},
+    {"model.norm_eps", &ModelConfig::norm_eps},
+    {"model.rope_theta", &ModelConfig::rope_theta},
+    {"model.ffn_hidden", &ModelConfig::ffn_hidden},
+    {"model.position", &ModelConfig::position},
+    {"model.norm", &ModelConfig::norm},
+    {"model.activation", &ModelConfig::activation},
+    {"model.bias", &ModelConfig::bias},
+    {"model.tie_embeddings", &ModelConfig::tie_embeddings},
+    {"model.window", &ModelConfig::window},
+    {"model.init_std", &ModelConfig::init_std},
+    {"model.attn_kernel", &ModelConfig::attn_kernel},
+};
+
+// A value as to_toml writes it.
+std::string toml_text(int64_t v) { return std::to_string(v); }
+std::string toml_text(double v) { return format_double(v); }
+std::string toml_text(bool v) { return v ? "true" : "false"; }
+template <class E, size_t N>
+std::string toml_text(const std::array<Choice<E>, N>& table, E v) {
+  std::string out(1, '"');  // appended, not "\"" + name: g++ 12 warns falsely (-Wrestrict) on that
+  out += choice_name(table, v);
+  return out += '"';
+}
+std::string toml_text(nn::Family v) { return toml_text(kFamilies, v); }
+std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
+std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
+std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
+std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
+
+}  // namespace
 
 nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   const ModelSettings& m = cfg.model;
@@ -37,6 +92,24 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
 
 std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokenizer_vocab) {
   return std::make_unique<nn::DecoderModel>(model_config(cfg, tokenizer_vocab));
+}
+
+std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const nn::ModelConfig& b) {
+  for (const ModelField& f : kModelFields) {
+    std::optional<ConfigDifference> d = std::visit(
+        [&](auto member) -> std::optional<ConfigDifference> {
+          if (a.*member == b.*member) return std::nullopt;
+          return ConfigDifference{f.key, toml_text(a.*member), toml_text(b.*member)};
+        },
+        f.member);
+    if (d) return d;
+  }
+  // A field added to ModelConfig but not to kModelFields would make two different models "the same".
+  ModelConfig a_as_b = a;
+  a_as_b.recompute = b.recompute;
+  QKV_CHECK(a_as_b == b, "internal error: nn::ModelConfig has a field that model_difference (train/model_factory.cpp) "
+            "does not compare");
+  return std::nullopt;
 }
 
 }  // namespace qkv::train

@@ -4,6 +4,8 @@
 
 #include "data/h5.h"
 #include "tensor/philox.h"
+#include "train/config_schema.h"
+#include "train/model_factory.h"
 
 namespace qkv::train {
 
@@ -74,6 +76,23 @@ CorpusFingerprint corpus_fingerprint(const RunData& data) {
   }
   fp.fnv1a64 = h;
   return fp;
+}
+
+void check_resumable(const Config& now, const nn::ModelConfig& model, const Config& then, int64_t vocab,
+                     const std::string& ckpt) {
+  auto refuse = [&](const ConfigDifference& d) {
+    fail(ckpt, ": ", d.key, " is ", d.a, " in the run being resumed but ", d.b, " now (it must not change across a resume)");
+  };
+  Config described = then;  // a size left to the tokenizer is this run's (the tokenizers are compared next)
+  if (described.model.vocab_size == 0) described.model.vocab_size = vocab;
+  if (const auto d = model_difference(model_config(described, described.model.vocab_size), model)) refuse(*d);
+  if (const auto d = first_difference(then, now, {"data.tokenizer", "data.batching", "data.val_fraction", "train.seed",
+                                                  "train.batch_size", "train.grad_accum"}))
+    refuse(*d);
+  // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
+  const int64_t a = then.train.resolved_seq_len(then.model.block_size);
+  const int64_t b = now.train.resolved_seq_len(now.model.block_size);
+  if (a != b) refuse({"train.seq_len", std::to_string(a), std::to_string(b)});
 }
 
 void apply_thread_setting(const Config& cfg) {

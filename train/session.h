@@ -24,6 +24,15 @@ RunData load_run_data(const Config& cfg);
 // One pass over the tokens (about a second per 10^9 bytes of ids).
 CorpusFingerprint corpus_fingerprint(const RunData& data);
 
+// Refuses a --resume (naming `ckpt`, the key and both values) when the checkpoint's resolved
+// config `then` changes what is computed: the model (model_difference between the model `then`
+// describes, with `vocab` tokens, and `model`, the one built from `now`: the same comparison as
+// checkpoint saving), or a setting of the data stream and optimizer trajectory (data.tokenizer,
+// data.batching, data.val_fraction, train.seed, train.batch_size, train.grad_accum, and
+// train.seq_len as used).
+void check_resumable(const Config& now, const nn::ModelConfig& model, const Config& then, int64_t vocab,
+                     const std::string& ckpt);
+
 // Applies train.threads (0 = leave OpenMP's default).
 void apply_thread_setting(const Config& cfg);
 

@@ -48,11 +48,11 @@ BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Com
   BatcherOptions o;
   o.rank = comm.rank();  // [dist] this rank's rows of the global batch
   o.world = comm.world();
-  o.mode = choose(kBatchModes, cfg.data.batching, "data.batching");
+  o.mode = cfg.data.batching;
   o.batch_size = cfg.train.batch_size;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
   o.seed = seed;
-  o.padding = choose(kPaddingSides, cfg.data.padding_side, "data.padding_side");
+  o.padding = cfg.data.padding_side;
   return o;
 }
 
@@ -99,20 +99,6 @@ class RunDirLock {
  private:
   int fd_ = -1;
 };
-
-// Settings that must not change across a resume (they change the computation): one comparison
-// over the key table (config_schema.h), naming the first key that differs.
-void check_resumable(const Config& now, const Config& then, const std::string& ckpt) {
-  if (const auto d = first_difference(now, then, {"model.", "data.tokenizer", "data.batching", "data.val_fraction",
-                                                  "train.seed", "train.batch_size", "train.grad_accum"}))
-    fail(ckpt, ": ", d->key, " is ", d->b, " in the run being resumed but ", d->a,
-         " now (it must not change across a resume)");
-  // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
-  const int64_t a = now.train.resolved_seq_len(now.model.block_size);
-  const int64_t b = then.train.resolved_seq_len(then.model.block_size);
-  QKV_CHECK(a == b, ckpt, ": train.seq_len is ", b, " in the run being resumed but ", a,
-            " now (it must not change across a resume)");
-}
 
 // The corpus must be the one the checkpoint was trained on (not just one with the same vocabulary).
 void check_same_corpus(const CheckpointMeta& meta, const CorpusFingerprint& now, const std::string& data_path,
@@ -255,10 +241,10 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
                        nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt, Batcher& batcher) {
   TrainState state;
   state.seed = static_cast<uint64_t>(cfg.train.seed);
-  state.batch_mode = cfg.data.batching;
+  state.batch_mode = batch_mode_name(cfg.data.batching);
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
-    check_resumable(cfg, meta.config.resolved(), opts.resume);
+    check_resumable(cfg, model.config(), meta.config.resolved(), data.vocab_size, opts.resume);
     QKV_CHECK(meta.tokenizer->serialize() == data.tokenizer->serialize(), opts.resume,
               ": the checkpoint's tokenizer differs from the one built from data.path");
     check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, dp.comm().is_root());
