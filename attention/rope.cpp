@@ -1,14 +1,14 @@
 // RoPE forward and backward (formulas in rope.h). One kernel serves both: the backward is the
-// same rotation with sin negated. Shapes: x, out [B, H, N, D]; positions [B, N] (a [N] tensor is
-// broadcast over B). cos/sin are computed once per (b, n) and reused across the H heads.
+// same rotation with sin negated (cpu::rope in tensor/cpu/rope.cpp, its twin cuda::rope in
+// tensor/cuda/rope.cu). Shapes: x, out [B, H, N, D]; positions [B, N] (a [N] tensor is broadcast
+// over B).
 #include "attention/rope.h"
-
-#include <omp.h>
 
 #include <cmath>
 #include <vector>
 
 #include "autograd/node.h"
+#include "tensor/cpu/nn_kernels.h"
 #include "tensor/cuda/kernels.h"
 
 namespace qkv::attn {
@@ -23,46 +23,11 @@ std::vector<double> rope_inv_freq(double theta, int64_t D) {
   return inv_freq;
 }
 
-// out = rotate(x, sign·angle); out contiguous [B,H,N,D].
-template <class T>
-void rope_kernel(const Tensor& x, const std::vector<int64_t>& pos, bool pos_per_row, double theta, double sign,
-                 const Tensor& out) {
-  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), D = x.size(3), half = D / 2;
-  const int64_t sb = x.stride(0), sh = x.stride(1), sn = x.stride(2), sd = x.stride(3);
-  const T* xp = x.data<T>();
-  T* op = out.data<T>();
-  const std::vector<double> inv_freq = rope_inv_freq(theta, D);
-  const int64_t rows = B * N;
-#pragma omp parallel if (rows * H * D > (1 << 15) && !omp_in_parallel())
-  {
-    std::vector<T> c(half), s(half);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = r / N, n = r % N;
-      const double p = static_cast<double>(pos[pos_per_row ? r : n]);
-      for (int64_t f = 0; f < half; ++f) {
-        const double a = p * inv_freq[f];
-        c[f] = static_cast<T>(std::cos(a));
-        s[f] = static_cast<T>(sign * std::sin(a));
-      }
-      for (int64_t h = 0; h < H; ++h) {
-        const T* xr = xp + b * sb + h * sh + n * sn;
-        T* orow = op + ((b * H + h) * N + n) * D;
-        for (int64_t f = 0; f < half; ++f) {
-          const T x1 = xr[f * sd], x2 = xr[(f + half) * sd];
-          orow[f] = x1 * c[f] - x2 * s[f];
-          orow[f + half] = x2 * c[f] + x1 * s[f];
-        }
-      }
-    }
-  }
-}
-
 Tensor rope_apply(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, double theta, double sign) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (x.device() == Device::cuda) cuda::rope(x, pos, per_row, rope_inv_freq(theta, x.size(3)), sign, out);
-  else if (x.dtype() == DType::f32) rope_kernel<float>(x, pos, per_row, theta, sign, out);
-  else rope_kernel<double>(x, pos, per_row, theta, sign, out);
+  const std::vector<double> inv_freq = rope_inv_freq(theta, x.size(3));
+  if (x.device() == Device::cuda) cuda::rope(x, pos, per_row, inv_freq, sign, out);
+  else cpu::rope(x, pos, per_row, inv_freq, sign, out);
   return out;
 }
 

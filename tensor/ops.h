@@ -121,6 +121,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // dweight [V, C] = scatter-add of dy rows at ids.
 Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embeddings);
+// dweight [V, C] += scatter-add of dy rows at ids, in place on a contiguous dweight (a gradient
+// already being accumulated, e.g. a tied LM head's).
+void embedding_backward_into(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
+
+// x [R, C] -> [C], the column sums in row order (float64 accumulation on the CPU): the bias
+// gradient of a Linear. The _into form writes a preallocated contiguous out [C].
+Tensor sum_rows(const Tensor& x);
+void sum_rows_into(const Tensor& x, const Tensor& out);
 
 // LayerNorm over the last dim: y = (x - mean) * rstd * w + b; returns y and saves mean/rstd ([...]).
 struct NormResult {
@@ -132,6 +140,12 @@ struct NormGrads {
 };
 NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd);
+// The same into preallocated contiguous outputs: dx (x's shape) is written, or added to with
+// accumulate_dx (a residual stream's pending gradient); dweight/dbias [C] may be undefined (not
+// wanted).
+void layer_norm_backward_into(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              bool accumulate_dx);
 // RMSNorm over the last dim: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 NormResult rms_norm(const Tensor& x, const Tensor& weight, double eps);  // mean left undefined
 NormGrads rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd);
@@ -147,6 +161,9 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 // dlogits = (softmax(logits) - onehot(target)) * dloss / count, zero rows for ignored targets.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
                               int64_t count, int64_t ignore_index = -100);
+// The same written over the logits (contiguous) in place: for a caller holding their only reference.
+void cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                             int64_t count, int64_t ignore_index = -100);
 
 // Inverted dropout: a * keep / (1 - p), keep drawn by Philox from (seed, offset + row-major element
 // index) (tensor/cpu/random_bits.h), so the same call on dy is its backward. p == 0 returns a;

@@ -64,6 +64,16 @@ void check_same_shape(const char* op, const Tensor& a, const char* an, const Ten
 
 Shape drop_last(const Shape& s) { return Shape(s.begin(), s.end() - 1); }
 
+// A preallocated output of an _into op: contiguous, of the given shape and of x's dtype and device.
+void check_out(const char* op, const Tensor& out, const char* what, const Shape& shape, const Tensor& like) {
+  detail::require_defined(op, out, what);
+  QKV_CHECK(out.shape() == shape, "[", op, "] ", what, " is ", shape_str(out.shape()), ", not ", shape_str(shape));
+  QKV_CHECK(out.dtype() == like.dtype(), "[", op, "] ", what, " is ", dtype_name(out.dtype()), " but must be ",
+            dtype_name(like.dtype()));
+  QKV_CHECK(out.is_contiguous(), "[", op, "] ", what, " ", shape_str(out.shape()), " must be contiguous");
+  detail::require_same_device(op, like, out);
+}
+
 Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
 
 }  // namespace
@@ -88,26 +98,66 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   return out;
 }
 
-Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embeddings) {
-  detail::require_defined("embedding_backward", dy, "dy");
-  detail::require_float("embedding_backward", dy, "dy");
-  QKV_CHECK(num_embeddings >= 0, "[embedding_backward] num_embeddings ", num_embeddings, " is negative");
-  const Tensor idc = checked_ids("embedding_backward", ids, num_embeddings);
+namespace {
+
+// Checks ids and dy [..ids.., C] of embedding_backward; returns the ids contiguous.
+Tensor check_embedding_backward(const char* op, const Tensor& ids, const Tensor& dy, int64_t num_embeddings) {
+  detail::require_defined(op, dy, "dy");
+  detail::require_float(op, dy, "dy");
+  QKV_CHECK(num_embeddings >= 0, "[", op, "] num_embeddings ", num_embeddings, " is negative");
+  const Tensor idc = checked_ids(op, ids, num_embeddings);
   Shape expect = ids.shape();
-  QKV_CHECK(dy.dim() == ids.dim() + 1, "[embedding_backward] ids are ", shape_str(ids.shape()), " but dy is ",
+  QKV_CHECK(dy.dim() == ids.dim() + 1, "[", op, "] ids are ", shape_str(ids.shape()), " but dy is ",
             shape_str(dy.shape()), ": dy must be [..ids.., C]");
   expect.push_back(dy.size(-1));
-  QKV_CHECK(dy.shape() == expect, "[embedding_backward] ids are ", shape_str(ids.shape()), " but dy is ",
-            shape_str(dy.shape()), ": dy must be [..ids.., C]");
-  const int64_t c = dy.size(-1);
-  detail::require_same_device("embedding_backward", dy, idc);
-  Tensor dweight = zeros({num_embeddings, c}, dy.dtype(), dy.device());
-  if (dy.numel() > 0) {
-    const Tensor dy2 = dy.contiguous().view({idc.numel(), c});
-    if (on_cuda(dy)) cuda::embedding_backward(idc, dy2, dweight);
-    else cpu::embedding_backward(idc, dy2, dweight);
-  }
+  QKV_CHECK(dy.shape() == expect, "[", op, "] ids are ", shape_str(ids.shape()), " but dy is ", shape_str(dy.shape()),
+            ": dy must be [..ids.., C]");
+  detail::require_same_device(op, dy, idc);
+  return idc;
+}
+
+void run_embedding_backward(const Tensor& idc, const Tensor& dy, const Tensor& dweight) {
+  if (dy.numel() == 0) return;
+  const Tensor dy2 = dy.contiguous().view({idc.numel(), dy.size(-1)});
+  if (on_cuda(dy)) cuda::embedding_backward(idc, dy2, dweight);
+  else cpu::embedding_backward(idc, dy2, dweight);
+}
+
+}  // namespace
+
+Tensor embedding_backward(const Tensor& ids, const Tensor& dy, int64_t num_embeddings) {
+  const Tensor idc = check_embedding_backward("embedding_backward", ids, dy, num_embeddings);
+  Tensor dweight = zeros({num_embeddings, dy.size(-1)}, dy.dtype(), dy.device());
+  run_embedding_backward(idc, dy, dweight);
   return dweight;
+}
+
+void embedding_backward_into(const Tensor& ids, const Tensor& dy, const Tensor& dweight) {
+  detail::require_defined("embedding_backward_into", dweight, "dweight");
+  QKV_CHECK(dweight.dim() == 2, "[embedding_backward_into] dweight must be [V, C], got ", shape_str(dweight.shape()));
+  const Tensor idc = check_embedding_backward("embedding_backward_into", ids, dy, dweight.size(0));
+  check_out("embedding_backward_into", dweight, "dweight", {dweight.size(0), dy.size(-1)}, dy);
+  run_embedding_backward(idc, dy, dweight);
+}
+
+// ---- column sums ----
+
+void sum_rows_into(const Tensor& x, const Tensor& out) {
+  detail::require_defined("sum_rows", x, "x");
+  detail::require_float("sum_rows", x, "x");
+  QKV_CHECK(x.dim() == 2, "[sum_rows] x must be [R, C], got ", shape_str(x.shape()));
+  check_out("sum_rows", out, "out", {x.size(1)}, x);
+  const Tensor xc = x.contiguous();
+  if (on_cuda(xc)) cuda::sum_rows(xc, out);
+  else cpu::sum_rows(xc, out);
+}
+
+Tensor sum_rows(const Tensor& x) {
+  detail::require_defined("sum_rows", x, "x");
+  QKV_CHECK(x.dim() == 2, "[sum_rows] x must be [R, C], got ", shape_str(x.shape()));
+  Tensor out = Tensor::empty({x.size(1)}, x.dtype(), x.device());
+  sum_rows_into(x, out);
+  return out;
 }
 
 // ---- layer norm / rms norm ----
@@ -131,8 +181,9 @@ NormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
   return r;
 }
 
-NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                              const Tensor& rstd) {
+void layer_norm_backward_into(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                              bool accumulate_dx) {
   check_norm_input("layer_norm_backward", x);
   check_same_shape("layer_norm_backward", dy, "dy", x, "x");
   check_norm_param("layer_norm_backward", weight, x, "weight");
@@ -141,16 +192,28 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
                 mean.dtype() == x.dtype() && rstd.dtype() == x.dtype(),
             "[layer_norm_backward] x is ", shape_str(x.shape()), " so mean and rstd must be ", dtype_name(x.dtype()),
             " ", shape_str(rows));
-  NormGrads g;
-  g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (weight.defined()) g.dweight = Tensor::empty(weight.shape(), x.dtype(), x.device());
-  g.dbias = Tensor::empty({x.size(-1)}, x.dtype(), x.device());
+  check_out("layer_norm_backward", dx, "dx", x.shape(), x);
+  if (dweight.defined()) {
+    QKV_CHECK(weight.defined(), "[layer_norm_backward] dweight is wanted but there is no weight");
+    check_out("layer_norm_backward", dweight, "dweight", {x.size(-1)}, x);
+  }
+  if (dbias.defined()) check_out("layer_norm_backward", dbias, "dbias", {x.size(-1)}, x);
   if (on_cuda(x))
     cuda::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
-                              rstd.contiguous(), g.dx, g.dweight, g.dbias);
+                              rstd.contiguous(), dx, dweight, dbias, accumulate_dx);
   else
     cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), contiguous_or_undefined(weight), mean.contiguous(),
-                             rstd.contiguous(), g.dx, g.dweight, g.dbias);
+                             rstd.contiguous(), dx, dweight, dbias, accumulate_dx);
+}
+
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd) {
+  check_norm_input("layer_norm_backward", x);
+  NormGrads g;
+  g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (weight.defined()) g.dweight = Tensor::empty({x.size(-1)}, x.dtype(), x.device());
+  g.dbias = Tensor::empty({x.size(-1)}, x.dtype(), x.device());
+  layer_norm_backward_into(dy, x, weight, mean, rstd, g.dx, g.dweight, g.dbias, /*accumulate_dx=*/false);
   return g;
 }
 
@@ -257,6 +320,23 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   else
     cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
   return dlogits;
+}
+
+void cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                             int64_t count, int64_t ignore_index) {
+  const CeInputs in = check_cross_entropy("cross_entropy_backward_", logits, targets, ignore_index);
+  QKV_CHECK(logits.is_contiguous(), "[cross_entropy_backward_] logits ", shape_str(logits.shape()),
+            " must be contiguous to be overwritten");
+  QKV_CHECK(lse.defined() && lse.shape() == Shape{logits.size(0)} && lse.dtype() == logits.dtype(),
+            "[cross_entropy_backward_] logits are ", shape_str(logits.shape()), " so lse must be ",
+            dtype_name(logits.dtype()), " [", logits.size(0), "]");
+  detail::require_same_device("cross_entropy_backward_", logits, lse);
+  // Each element is read before it is written, by the same thread: dlogits may be the logits.
+  const double scale = count > 0 ? dloss / static_cast<double>(count) : 0.0;
+  if (on_cuda(logits))
+    cuda::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
+  else
+    cpu::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
 }
 
 // ---- dropout ----

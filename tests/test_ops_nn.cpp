@@ -240,3 +240,100 @@ TEST_CASE("dropout backward regenerates the forward mask", "[autograd][nn][dropo
   }
 }
 
+
+// ---- the in-place / preallocated forms the autograd rules call (one dispatch point per kernel) ----
+
+TEST_CASE("sum_rows gives the column sums of [R, C]; sum_rows_into writes a preallocated [C]", "[ops][nn][sum_rows]") {
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const Tensor x = rnd({300, 70}, 21, t);
+    const Tensor s = sum_rows(x);
+    REQUIRE(s.shape() == Shape{70});
+    const std::vector<double> xv = x.to_vector();
+    std::vector<double> want(70, 0.0);
+    for (int64_t i = 0; i < 300; ++i)
+      for (int64_t j = 0; j < 70; ++j) want[j] += xv[i * 70 + j];
+    check_mixed_close(s.to_vector(), want, tol_of(t) * 10);
+    const Tensor out = full({70}, 7.0, t);
+    sum_rows_into(x, out);
+    CHECK(max_abs_diff(out, s) == 0.0);
+    // A transposed view is summed as its values, not its storage.
+    const Tensor xt = rnd({70, 300}, 22, t).transpose(0, 1);
+    check_mixed_close(sum_rows(xt).to_vector(), sum(xt, {0}).to_vector(), tol_of(t) * 10);
+  }
+  CHECK_THROWS_WITH(sum_rows(zeros({2, 3, 4})), Catch::Contains("[sum_rows] x must be [R, C], got [2,3,4]"));
+  CHECK_THROWS_WITH(sum_rows_into(zeros({2, 3}), zeros({4})), Catch::Contains("[sum_rows] out is [4], not [3]"));
+  CHECK_THROWS_WITH(sum_rows_into(zeros({2, 3}), zeros({3}, DType::f64)), Catch::Contains("out is float64"));
+  CHECK_THROWS_WITH(sum_rows(zeros({2, 3}, DType::i64)), Catch::Contains("must be float32 or float64"));
+}
+
+TEST_CASE("embedding_backward_into adds the scatter into an existing gradient", "[ops][nn][embedding]") {
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const int64_t v = 11, c = 9;
+    const Tensor ids = from_vector_i64({3, 0, 3, 10, 5, 3}, {2, 3});
+    const Tensor dy = rnd({2, 3, c}, 23, t);
+    const Tensor before = rnd({v, c}, 24, t);
+    const Tensor g = before.clone();
+    embedding_backward_into(ids, dy, g);
+    check_mixed_close(g.to_vector(), add(before, embedding_backward(ids, dy, v)).to_vector(), tol_of(t) * 10);
+    // Into zeros it is embedding_backward itself, bit for bit.
+    const Tensor z = zeros({v, c}, t);
+    embedding_backward_into(ids, dy, z);
+    CHECK(max_abs_diff(z, embedding_backward(ids, dy, v)) == 0.0);
+  }
+  const Tensor dy = zeros({2, 4});
+  CHECK_THROWS_WITH(embedding_backward_into(from_vector_i64({1, 7}, {2}), dy, zeros({5, 4})),
+                    Catch::Contains("id 7 at flat position 1 is out of range for 5"));
+  CHECK_THROWS_WITH(embedding_backward_into(from_vector_i64({1, 2}, {2}), dy, zeros({5, 3})),
+                    Catch::Contains("[embedding_backward_into] dweight is [5,3], not [5,4]"));
+  CHECK_THROWS_WITH(embedding_backward_into(from_vector_i64({1, 2}, {2}), dy, zeros({4, 5}).transpose(0, 1)),
+                    Catch::Contains("must be contiguous"));
+}
+
+TEST_CASE("layer_norm_backward_into writes or adds dx and skips unwanted parameter grads", "[ops][nn][norm]") {
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const Tensor x = rnd({5, 6, 40}, 25, t, 2.0), w = rnd({40}, 26, t), b = rnd({40}, 27, t);
+    const Tensor dy = rnd({5, 6, 40}, 28, t);
+    const NormResult ln = layer_norm(x, w, b, 1e-5);
+    const NormGrads g = layer_norm_backward(dy, x, w, ln.mean, ln.rstd);
+    const Tensor dx = Tensor::empty(x.shape(), t), dw = Tensor::empty({40}, t), db = Tensor::empty({40}, t);
+    layer_norm_backward_into(dy, x, w, ln.mean, ln.rstd, dx, dw, db, false);
+    CHECK(max_abs_diff(dx, g.dx) == 0.0);
+    CHECK(max_abs_diff(dw, g.dweight) == 0.0);
+    CHECK(max_abs_diff(db, g.dbias) == 0.0);
+    // Accumulating into a pending gradient, no parameter grads wanted.
+    const Tensor pending = rnd({5, 6, 40}, 29, t);
+    const Tensor acc = pending.clone();
+    layer_norm_backward_into(dy, x, w, ln.mean, ln.rstd, acc, Tensor(), Tensor(), true);
+    check_mixed_close(acc.to_vector(), add(pending, g.dx).to_vector(), tol_of(t) * 10);
+  }
+  const Tensor x = zeros({3, 4}), m = zeros({3}), r = ones({3});
+  CHECK_THROWS_WITH(layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 5}), Tensor(), Tensor(), false),
+                    Catch::Contains("[layer_norm_backward] dx is [3,5], not [3,4]"));
+  CHECK_THROWS_WITH(layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 4}), zeros({4}), Tensor(), false),
+                    Catch::Contains("dweight is wanted but there is no weight"));
+  CHECK_THROWS_WITH(layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 4}), Tensor(), zeros({4}, DType::f64), false),
+                    Catch::Contains("dbias is float64"));
+}
+
+TEST_CASE("cross_entropy_backward_ overwrites the logits with cross_entropy_backward's gradient",
+          "[ops][nn][cross_entropy]") {
+  for (DType t : {DType::f32, DType::f64}) {
+    INFO(dtype_name(t));
+    const Tensor logits = rnd({6, 13}, 30, t, 3.0);
+    const Tensor targets = from_vector_i64({2, -100, 12, 0, 7, -100}, {6});
+    const CrossEntropyResult ce = cross_entropy(logits, targets);
+    const Tensor want = cross_entropy_backward(logits, targets, ce.lse, 0.75, ce.count);
+    const Tensor in_place = logits.clone();
+    cross_entropy_backward_(in_place, targets, ce.lse, 0.75, ce.count);
+    CHECK(max_abs_diff(in_place, want) == 0.0);
+    CHECK(in_place.at({1, 4}) == 0.0);  // an ignored row
+  }
+  const Tensor lt = zeros({13, 6}).transpose(0, 1);
+  CHECK_THROWS_WITH(cross_entropy_backward_(lt, from_vector_i64({1, 2, 3, 4, 5, 6}, {6}), zeros({6}), 1.0, 6),
+                    Catch::Contains("[cross_entropy_backward_] logits [6,13] must be contiguous"));
+  CHECK_THROWS_WITH(cross_entropy_backward_(zeros({2, 3}), from_vector_i64({1, 3}, {2}), zeros({2}), 1.0, 2),
+                    Catch::Contains("target 3 at row 1 is out of range for 3"));
+}

@@ -1,19 +1,14 @@
-// AdamW: the fused CPU update and the bookkeeping around it (see optimizer.h for the formula).
-//
-// Work split: all parameters are treated as one concatenated range of elements, cut into one
-// equal slice per thread, so a step is a single parallel region with no barrier per parameter
-// and no thread idles on a small bias while another updates the embedding. Each slice is a plain
-// contiguous loop the compiler vectorises (p, g, m, v are restrict, the scalars are loop
-// invariants). The update is memory-bound: 4 reads and 3 writes of float32 per element.
+// AdamW: the bookkeeping around the fused update (see optimizer.h for the formula), whose kernels
+// are cpu::adamw_update_many (tensor/cpu/adamw.cpp) and its twin cuda::adamw_update_many
+// (tensor/cuda/adamw.cu).
 #include "train/optimizer.h"
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
-#include "tensor/cuda/adamw_multi.h"
+#include "tensor/cpu/adamw.h"
+#include "tensor/cuda/adamw.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "train/config.h"
@@ -29,15 +24,6 @@ AdamWOptions AdamWOptions::from(const TrainSettings& t) {
   o.weight_decay = t.weight_decay;
   return o;
 }
-
-namespace cpu {
-void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
-                  float* __restrict v, int64_t n, const AdamWScalars& s) {
-  const AdamWScalars local = s;  // by value, so the compiler knows the stores below cannot change it
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], local);
-}
-}  // namespace cpu
 
 AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts)
     : params_(std::move(params)), opts_(opts) {
@@ -79,7 +65,7 @@ void AdamW::step(double lr, float grad_scale) {
   const double t = static_cast<double>(step_);
   const double bc1 = 1.0 - std::pow(opts_.beta1, t);
   const double bc2 = 1.0 - std::pow(opts_.beta2, t);
-  cpu::AdamWScalars base{};
+  AdamWScalars base{};
   base.beta1 = static_cast<float>(opts_.beta1);
   base.one_minus_beta1 = static_cast<float>(1.0 - opts_.beta1);
   base.beta2 = static_cast<float>(opts_.beta2);
@@ -88,14 +74,14 @@ void AdamW::step(double lr, float grad_scale) {
   base.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   base.eps = static_cast<float>(opts_.eps);
   base.grad_scale = grad_scale;
-  cpu::AdamWScalars with_decay = base, without_decay = base;
+  AdamWScalars with_decay = base, without_decay = base;
   with_decay.decay_factor = static_cast<float>(1.0 - lr * opts_.weight_decay);
   without_decay.decay_factor = 1.0f;
 
   // Gather the work: pointers for every parameter that has a gradient.
-  std::vector<WorkItem>& items = work_;
-  items.clear();
-  std::vector<Tensor> keep;  // contiguous copies of strided gradients (rare), alive for the loop
+  std::vector<AdamWSlice>& slices = work_;
+  slices.clear();
+  std::vector<Tensor> keep;  // contiguous copies of strided gradients (rare), alive for the update
   int64_t total = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const OptimParam& op = params_[i];
@@ -110,38 +96,15 @@ void AdamW::step(double lr, float grad_scale) {
       g = g.contiguous();
       keep.push_back(g);
     }
-    items.push_back({op.param.data<float>(), states_[i].exp_avg.data<float>(),
-                     states_[i].exp_avg_sq.data<float>(), g.data<float>(), op.param.numel(), total,
-                     op.decay});
+    slices.push_back({op.param.data<float>(), g.data<float>(), states_[i].exp_avg.data<float>(),
+                      states_[i].exp_avg_sq.data<float>(), op.param.numel(), op.decay});
     total += op.param.numel();
   }
   if (total == 0) return;
-  if (params_[0].param.device() == Device::cuda) {
-    // Every parameter in one launch (tensor/cuda/adamw_multi.h).
-    std::vector<cuda::AdamWSlice> slices;
-    slices.reserve(items.size());
-    for (const WorkItem& it : items) slices.push_back({it.p, it.g, it.m, it.v, it.n, it.decay});
-    cuda::adamw_update_many(slices, with_decay, without_decay);
-    return;
-  }
-
-  constexpr int64_t kGrain = 1 << 14;  // elements per thread worth a fork
-  const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int nt = static_cast<int>(std::clamp<int64_t>(total / kGrain, 1, max_threads));
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    // This thread's slice [lo, hi) of the concatenated range, rounded to 16 elements (one cache line).
-    auto cut = [&](int k) { return std::min(total, (total * k / nth + 15) / 16 * 16); };
-    const int64_t lo = tid == 0 ? 0 : cut(tid), hi = tid == nth - 1 ? total : cut(tid + 1);
-    for (const WorkItem& it : items) {
-      const int64_t a = std::max(lo, it.begin), b = std::min(hi, it.begin + it.n);
-      if (a >= b) continue;
-      const int64_t off = a - it.begin;
-      cpu::adamw_update(it.p + off, it.g + off, it.m + off, it.v + off, b - a,
-                        it.decay ? with_decay : without_decay);
-    }
-  }
+  if (params_[0].param.device() == Device::cuda)
+    cuda::adamw_update_many(slices, with_decay, without_decay);  // every parameter in one launch
+  else
+    cpu::adamw_update_many(slices, with_decay, without_decay);  // one parallel region
 }
 
 void AdamW::set_step_count(int64_t t) {

@@ -82,20 +82,7 @@ class AdamW {
   std::unordered_map<std::string, size_t> index_;
   AdamWOptions opts_;
   int64_t step_ = 0;
-  struct WorkItem {  // one parameter's pointers for the fused loop
-    float *p, *m, *v;
-    const float* g;
-    int64_t n, begin;  // begin: offset of this parameter in the concatenated range
-    bool decay;
-  };
-  std::vector<WorkItem> work_;  // reused every step (no allocation in the steady state)
+  std::vector<AdamWSlice> work_;  // one parameter's pointers each, reused every step (no allocation)
 };
-
-namespace cpu {
-// The fused kernel over n contiguous elements (see the formula above and tensor/adamw_scalars.h).
-using qkv::AdamWScalars;
-void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
-                  float* __restrict v, int64_t n, const AdamWScalars& s);
-}  // namespace cpu
 
 }  // namespace qkv::train

@@ -8,8 +8,6 @@
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
-#include "tensor/cpu/nn_kernels.h"
-#include "tensor/cuda/kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -174,9 +172,7 @@ struct BiasGeluBackward : Node {
     if (needs_grad(1)) {
       const int64_t C = bias.size(0);
       const Tensor rows = dz.reshape({C > 0 ? dz.numel() / C : 0, C});
-      dbias = Tensor::empty({C}, dz.dtype(), dz.device());
-      if (dz.device() == Device::cuda) cuda::sum_rows(rows, dbias);
-      else cpu::sum_rows(rows, dbias);
+      dbias = sum_rows(rows);
     }
     return {needs_grad(0) ? dz : Tensor(), dbias};
   }

@@ -6,8 +6,6 @@
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
-#include "tensor/cpu/nn_kernels.h"
-#include "tensor/cuda/kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -78,10 +76,7 @@ struct LinearBackward : Node {
     auto run = [&](int task) {
       if (task == 0 && want_dx) matmul_into(dy2, weight, dx, 1.0, 0.0, bf16);
       if (task == 1 && want_dw) matmul_into(dy2.transpose(0, 1), x2, dw, 1.0, 0.0, bf16);
-      if (task == 2 && want_db) {
-        if (dyc.device() == Device::cuda) cuda::sum_rows(dyc, db);
-        else cpu::sum_rows(dyc, db);
-      }
+      if (task == 2 && want_db) sum_rows_into(dyc, db);
     };
     const bool side_by_side = want_dx && want_dw && dy.device() == Device::cpu && omp_get_max_threads() == 2 &&
                               !omp_in_parallel() && rows * in * out >= (int64_t(1) << 20);

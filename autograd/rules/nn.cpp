@@ -3,7 +3,6 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
-#include "tensor/cpu/nn_kernels.h"
 
 namespace qkv::ag {
 using autograd::Node;
@@ -26,8 +25,7 @@ struct EmbeddingBackward : Node {
                           ? pending.exclusive(0, {num_embeddings, c}, dy.dtype())
                           : nullptr;
     if (!g) return backward(dy);
-    const Tensor idc = ids.contiguous();  // range-checked by the forward
-    if (dy.numel() > 0) cpu::embedding_backward(idc, dy.contiguous().view({idc.numel(), c}), *g);
+    embedding_backward_into(ids, dy, *g);
     return {Tensor()};
   }
   void release() override { ids = Tensor(); }
@@ -51,8 +49,7 @@ struct LayerNormBackward : Node {
     Tensor dweight, dbias;
     if (weight.defined() && needs_grad(1)) dweight = Tensor::empty(weight.shape(), x.dtype());
     if (needs_grad(2)) dbias = Tensor::empty({x.size(-1)}, x.dtype());
-    cpu::layer_norm_backward(dy.contiguous(), x.contiguous(), weight.defined() ? weight.contiguous() : weight,
-                             mean.contiguous(), rstd.contiguous(), *into, dweight, dbias, /*accumulate_dx=*/true);
+    layer_norm_backward_into(dy, x, weight, mean, rstd, *into, dweight, dbias, /*accumulate_dx=*/true);
     return {Tensor(), dweight, dbias};
   }
   void release() override { x = weight = mean = rstd = Tensor(); }
@@ -80,8 +77,7 @@ struct CrossEntropyBackward : Node {
   std::vector<Tensor> backward(const Tensor& dloss) override {
     if (logits.device() == Device::cpu && logits.is_contiguous() && lse.is_contiguous() &&
         autograd::exclusively_owned(logits)) {
-      const double scale = count > 0 ? dloss.item() / static_cast<double>(count) : 0.0;
-      cpu::cross_entropy_backward(logits, targets.contiguous(), lse, scale, ignore_index, logits);
+      cross_entropy_backward_(logits, targets, lse, dloss.item(), count, ignore_index);
       return {logits};
     }
     return {cross_entropy_backward(logits, targets, lse, dloss.item(), count, ignore_index)};

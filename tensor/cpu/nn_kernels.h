@@ -5,6 +5,7 @@
 // the number of threads.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -49,6 +50,13 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
 // dlogits [N, V] = (softmax - onehot(target)) * scale, zero rows where target == ignore_index.
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double scale,
                             int64_t ignore_index, const Tensor& dlogits);
+
+// ---- RoPE rotate-half (tensor/cpu/rope.cpp; formulas attention/rope.h) ----
+// x [B, H, N, D] (any strides), out contiguous: out[.., f] = x1·cos − x2·sin,
+// out[.., f + D/2] = x2·cos + x1·sin with angle pos·inv_freq[f]·sign; pos has N entries (or B·N
+// with per_row), inv_freq D/2.
+void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const std::vector<double>& inv_freq,
+          double sign, const Tensor& out);
 
 // ---- dropout (tensor/cpu/nn_kernels.cpp) ----
 // out[i] = a[i] * keep(seed, offset + i) / (1 - p), i the row-major index; 0 < p < 1.

@@ -1,4 +1,4 @@
-// The CUDA RoPE kernel (AdamW is tensor/cuda/adamw_multi.cu):
+// The CUDA RoPE kernel (its CPU twin: tensor/cpu/rope.cpp):
 //   RoPE (attention/rope.h): out_f = x_f·cos a − x_{f+D/2}·sin a, out_{f+D/2} = x_{f+D/2}·cos a + x_f·sin a,
 //     a = sign·pos·inv_freq_f, computed in float64 like the CPU kernel (inv_freq comes from the host,
 //     so both devices use the same frequencies bit for bit).

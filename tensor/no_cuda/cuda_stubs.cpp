@@ -1,6 +1,6 @@
 // Linked when qkv is built without CUDA: every entry point but device_count() refuses clearly.
 #include "tensor/cuda/cuda_backend.h"
-#include "tensor/cuda/adamw_multi.h"
+#include "tensor/cuda/adamw.h"
 #include "tensor/cuda/device_info.h"
 #include "tensor/cuda/grad_norm.h"
 #include "tensor/cuda/kernels.h"

@@ -57,7 +57,7 @@ mutant shared_memory_over_default attention/cuda/fused_attention.cu \
 mutant shuffle_partner tensor/cuda/nn.cu \
   '0,/__shfl_xor_sync(0xffffffffu, v, o)/s//__shfl_xor_sync(0xffffffffu, v, o \/ 2 + 1)/' \
   "CUDA embedding*"
-mutant adamw_slice_search tensor/cuda/adamw_multi.cu \
+mutant adamw_slice_search tensor/cuda/adamw.cu \
   's/if (first_block\[mid\] <= b) lo = mid;/if (first_block[mid] < b) lo = mid;/' \
   "*AdamW over all parameters in one launch*"
 

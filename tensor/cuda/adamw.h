@@ -1,6 +1,6 @@
-// AdamW over all parameters in one kernel launch (train/optimizer.cpp on the GPU): every parameter
-// is cut into chunks of kAdamWChunk elements and one block updates one chunk, so a model's
-// ~150 tensors cost one launch, not one each.
+// AdamW over all parameters in one kernel launch (train/optimizer.cpp on the GPU; the CPU twin is
+// tensor/cpu/adamw.h): every parameter is cut into chunks of kAdamWChunk elements and one block
+// updates one chunk, so a model's ~150 tensors cost one launch, not one each.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -8,16 +8,6 @@
 #include "tensor/adamw_scalars.h"
 
 namespace qkv::cuda {
-
-// One parameter's device arrays: weights p, gradient g, moments m and v, n contiguous floats each.
-struct AdamWSlice {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
-  int64_t n;
-  bool decay;  // weight decay applies (2-D weights), else not (biases, norms, embeddings' policy)
-};
 
 constexpr int64_t kAdamWChunk = 4096;  // elements per block
 

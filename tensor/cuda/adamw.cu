@@ -1,10 +1,10 @@
-// cuda::adamw_update_many (adamw_multi.h). The host writes a table of the slices and the first
+// cuda::adamw_update_many (adamw.h). The host writes a table of the slices and the first
 // block of each ([count + 1] prefix sums) to the device; block b finds its slice by binary search
 // in the prefix sums and updates chunk b − first[slice] of it.
 #include <cstring>
 #include <vector>
 
-#include "tensor/cuda/adamw_multi.h"
+#include "tensor/cuda/adamw.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/ops.h"
 
