@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test (ctest).
 # QUICK=1 skips the tests tagged [slow]. The bitwise-exact cases then run once more under each
-# OpenBLAS kernel the CPU can run (below). Then the GPU tests ([cuda]) run again on the host CUDA
-# emulator (tests/emulation/README.md), so they run on machines without a GPU too: a second build,
-# QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
+# OpenBLAS kernel the CPU can run (below). Then the non-slow CPU suite runs once more under
+# AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer (-DQKV_SANITIZE=address,undefined,
+# in build-sanitize/, or SANITIZE_BUILD_DIR; SANITIZE=0 skips it). Then the GPU tests ([cuda]) run
+# again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
+# GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
@@ -32,6 +34,30 @@ if [[ ${BLAS_KERNELS:-all} != 0 && $(uname -m) == x86_64 ]]; then
     echo "test.sh: the [exact] cases with OPENBLAS_CORETYPE=$kernel" >&2
     OPENBLAS_CORETYPE=$kernel QKV_EXPECT_BLAS_KERNEL=$kernel "$build_dir/tests/qkv_tests" "[exact]" >&2
   done
+fi
+
+# The CPU suite once more under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer
+# (-DQKV_SANITIZE=address,undefined, in build-sanitize/): any report fails its test. Leaks that are
+# inside libraries (OpenMPI's init/finalize, ...) are suppressed in tests/sanitizer/lsan.supp, each
+# with its reason; a leak in qkv's own code is a bug. SANITIZE=0 skips this part.
+if [[ ${SANITIZE:-1} == 1 ]]; then
+  san_dir=${SANITIZE_BUILD_DIR:-build-sanitize}
+  cmake -S . -B "$san_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=OFF -DQKV_MPI=OFF \
+    -DQKV_SANITIZE=address,undefined >&2
+  cmake --build "$san_dir" -j2 --target qkv qkv_tests >&2
+  # detect_leaks: LeakSanitizer at every exit (a leak fails the test or CLI run, exit status 1).
+  # abort_on_error=0: a report exits with a status instead of dumping core.
+  # fast_unwind_on_malloc=0: HDF5 and OpenMPI are built without frame pointers, so the fast
+  # unwinder stops at their first frame; the suppressions name functions below it (H5O_protect),
+  # and a report needs the whole stack to say whose allocation it is (~1.4x slower CLI runs).
+  # halt_on_error / -fno-sanitize-recover: the first UB report stops the program.
+  # (A subshell: the options stay out of the stages below; the CLI runs the tests start inherit them.)
+  (
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:fast_unwind_on_malloc=0
+    export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizer/lsan.supp:print_suppressions=0
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    ctest --test-dir "$san_dir" --output-on-failure --timeout 1800 -j2 -LE "slow|mpi|emulation"
+  )
 fi
 
 if [[ ${CUDA_EMULATION:-1} == 1 ]]; then
