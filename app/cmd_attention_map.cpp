@@ -4,10 +4,10 @@
 #include <cstdio>
 
 #include "app/commands.h"
-#include "train/attention_map.h"
+#include "analysis/attention_map.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
-#include "train/png.h"
+#include "analysis/png.h"
 #include "train/session.h"
 
 namespace qkv::app {
@@ -40,9 +40,9 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
                    static_cast<long long>(c.block_size));
       ids.erase(ids.begin(), ids.end() - c.block_size);
     }
-    const train::AttentionMaps maps = train::compute_attention_maps(*model, ids, meta.tokenizer.get());
-    train::write_png(out_path, train::render_attention_map(maps, layer, head));
-    if (!grid_path.empty()) train::write_png(grid_path, train::render_attention_grid(maps));
+    const analysis::AttentionMaps maps = analysis::compute_attention_maps(*model, ids, meta.tokenizer.get());
+    analysis::write_png(out_path, analysis::render_attention_map(maps, layer, head));
+    if (!grid_path.empty()) analysis::write_png(grid_path, analysis::render_attention_grid(maps));
     std::fprintf(json ? stderr : stdout, "attention-map: layer %lld head %lld over %lld tokens -> %s%s%s\n",
                  static_cast<long long>(layer), static_cast<long long>(head), static_cast<long long>(maps.tokens),
                  out_path.c_str(), grid_path.empty() ? "" : ", grid -> ", grid_path.c_str());

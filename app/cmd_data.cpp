@@ -4,7 +4,7 @@
 
 #include "app/commands.h"
 #include "data/dataset.h"
-#include "train/plot.h"
+#include "analysis/plot.h"
 
 namespace qkv::app {
 
@@ -55,7 +55,7 @@ void add_plot_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--out", out, "output .svg")->required();
   cmd->add_flag("--json", json, "print {\"out\": …} as one JSON line");
   cmd->callback([&exit_code] {
-    train::plot_metrics(metrics, out);
+    analysis::plot_metrics(metrics, out);
     if (json) print_json({{"out", out}});
     else std::printf("wrote %s\n", out.c_str());
     exit_code = 0;

@@ -1,6 +1,6 @@
 // qkv leakcheck (--checkpoint CKPT | --config FILE [--set k=v]...) [--device cpu|cuda] [--json] [--report DIR]
 //               [--self-test]
-//   Runs the leakage and consistency checks (train/leakcheck.h) on a trained checkpoint or a
+//   Runs the leakage and consistency checks (analysis/leakcheck.h) on a trained checkpoint or a
 //   freshly initialised model, plus the data-leakage checks when the dataset can be loaded.
 //   Exit 1 when a check fails, or with --self-test when a planted fault is missed or a clean
 //   model false-alarms.
@@ -9,7 +9,7 @@
 
 #include "app/commands.h"
 #include "train/checkpoint.h"
-#include "train/leakcheck.h"
+#include "analysis/leakcheck.h"
 #include "train/model_factory.h"
 #include "train/session.h"
 
@@ -71,7 +71,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     std::shared_ptr<const Tokenizer> tok;
     std::optional<train::RunData> data;
     std::string data_error;
-    train::LeakCheckReport report;
+    analysis::LeakCheckReport report;
     if (!ckpt.empty()) {
       train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
       cfg = meta.config;
@@ -97,31 +97,31 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     model->to(dev);
     if (dev != Device::cpu) report.subject += ", on " + device;
 
-    train::LeakCheckOptions opts;
+    analysis::LeakCheckOptions opts;
     opts.ngram_n = ngram;
     opts.max_ngram_share = max_share;
     std::fprintf(stderr, "leakcheck: %s\n", report.subject.c_str());
-    report.checks = train::run_model_checks(*model, opts);
+    report.checks = analysis::run_model_checks(*model, opts);
     if (data && !cfg.data.random_tokens) {
-      for (auto& c : train::check_data_leakage(*data->train, *data->val, opts)) report.checks.push_back(std::move(c));
+      for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts)) report.checks.push_back(std::move(c));
     } else {
       const std::string why = data ? "data.random_tokens: no corpus" : "dataset not loadable: " + data_error;
       report.skipped.emplace_back("data.val_ngram_share", why);
       report.skipped.emplace_back("data.duplicated_docs", why);
     }
-    std::fputs(train::leakcheck_table(report).c_str(), out);
+    std::fputs(analysis::leakcheck_table(report).c_str(), out);
 
-    std::optional<train::SelfTestResult> st;
+    std::optional<analysis::SelfTestResult> st;
     if (self_test) {
-      st = train::run_self_test(*model, opts, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
-      std::fputs(train::self_test_table(*st).c_str(), out);
+      st = analysis::run_self_test(*model, opts, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+      std::fputs(analysis::self_test_table(*st).c_str(), out);
     }
     if (!report_dir.empty()) {
       const auto probe = report_probe(*model, data ? &*data : nullptr, tok.get(), opts.seed);
-      train::write_leakcheck_report(report_dir, report, st ? &*st : nullptr, *model, probe, tok.get());
+      analysis::write_leakcheck_report(report_dir, report, st ? &*st : nullptr, *model, probe, tok.get());
       std::fprintf(stderr, "leakcheck: report written to %s/index.html\n", report_dir.c_str());
     }
-    if (json) print_json(train::leakcheck_json(report, st ? &*st : nullptr));
+    if (json) print_json(analysis::leakcheck_json(report, st ? &*st : nullptr));
     exit_code = report.failed() > 0 || (st && !st->pass()) ? 1 : 0;
   });
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "analysis/plot.h"
 #include "app/commands.h"
 #include "train/config.h"
 #include "distributed/distributed.h"
@@ -28,10 +29,11 @@ void train_once(const TrainArgs& a, bool root) {
   train::TrainOptions o;
   o.resume = a.resume;
   o.init_from = a.init_from;
-  o.plot = a.plot;
   o.progress = !a.quiet;
   const train::TrainSummary s = train::run_training(cfg, o);
   if (!root) return;
+  // The loss curve is drawn here, after the run, so training never depends on the analysis tools.
+  if (a.plot) analysis::plot_metrics(cfg.train.out_dir + "/metrics.jsonl", cfg.train.out_dir + "/loss.svg");
   if (s.nothing_to_do)
     std::fprintf(a.json ? stderr : stdout, "nothing to do: checkpoint is at step %lld >= train.max_steps %lld\n",
                  static_cast<long long>(s.step), static_cast<long long>(cfg.train.max_steps));

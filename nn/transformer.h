@@ -48,7 +48,7 @@ struct ModelConfig {
 // of the attention call, and the attention op (plain, packed, or with its weights for inspection).
 // The library's ops (the default) call attention/rope.h and attention/attention.h as documented
 // there. A tool that must run a model with a known bug installs its own (leakcheck's self-test,
-// train/leakcheck_selftest.cpp), so the model carries no test switch of its own.
+// analysis/leakcheck_selftest.cpp), so the model carries no test switch of its own.
 class AttentionOps {
  public:
   virtual ~AttentionOps() = default;

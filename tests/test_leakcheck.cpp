@@ -1,4 +1,4 @@
-// Leakage and consistency evaluation (train/leakcheck.h): every check passes on clean tiny models
+// Leakage and consistency evaluation (analysis/leakcheck.h): every check passes on clean tiny models
 // and fails under at least one planted fault; the self-test catches every fault with no false
 // alarm; the naive float64 reference reproduces the 2x2 worked example; attention maps are the
 // model's real attention and show the causal triangle; PNG and HTML outputs; CLI input errors.
@@ -20,10 +20,10 @@
 #include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
-#include "train/attention_map.h"
-#include "train/leakcheck.h"
-#include "train/leakcheck_internal.h"
-#include "train/png.h"
+#include "analysis/attention_map.h"
+#include "analysis/leakcheck.h"
+#include "analysis/leakcheck_internal.h"
+#include "analysis/png.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;
@@ -50,11 +50,11 @@ std::unique_ptr<nn::DecoderModel> tiny_gpt2() {
 
 // The self-test's probe model: llama, RoPE, GQA 4:2, window 6.
 std::unique_ptr<nn::DecoderModel> tiny_llama() {
-  auto models = train::self_test_models(*tiny_gpt2());
+  auto models = analysis::self_test_models(*tiny_gpt2());
   return std::move(models[1].model);
 }
 
-const train::LeakCheck& find(const std::vector<train::LeakCheck>& v, const std::string& name) {
+const analysis::LeakCheck& find(const std::vector<analysis::LeakCheck>& v, const std::string& name) {
   for (const auto& c : v)
     if (c.name == name) return c;
   FAIL("no check named " << name);
@@ -72,13 +72,13 @@ std::string temp_dir(const std::string& tag) {
 
 TEST_CASE("naive reference attention reproduces the 2x2 worked example", "[leakcheck]") {
   // The 2x2 worked example of test_attention_semantics.cpp: Q = K = I (d_k = 2), V = diag(10, 20).
-  train::leak::NaiveSpec s;
+  analysis::leak::NaiveSpec s;
   s.Nq = s.Nk = 2;
   s.D = s.Dv = 2;
   const std::vector<double> q{1, 0, 0, 1}, k{1, 0, 0, 1}, v{10, 0, 0, 20};
   std::vector<double> out, w;
   s.causal = false;
-  CHECK(train::leak::naive_attention(s, q, k, v, out, &w) == 0);
+  CHECK(analysis::leak::naive_attention(s, q, k, v, out, &w) == 0);
   CHECK(w[0] == Approx(0.6698).margin(1e-4));
   CHECK(w[1] == Approx(0.3302).margin(1e-4));
   CHECK(out[0] == Approx(6.698).margin(1e-3));
@@ -86,7 +86,7 @@ TEST_CASE("naive reference attention reproduces the 2x2 worked example", "[leakc
   CHECK(out[2] == Approx(3.302).margin(1e-3));
   CHECK(out[3] == Approx(13.396).margin(1e-3));
   s.causal = true;  // causal: A = [[1, 0], [0.3302, 0.6698]], O = [[10, 0], [3.302, 13.396]]
-  train::leak::naive_attention(s, q, k, v, out, &w);
+  analysis::leak::naive_attention(s, q, k, v, out, &w);
   CHECK(w[0] == 1.0);
   CHECK(w[1] == 0.0);
   CHECK(out[0] == Approx(10.0).epsilon(1e-12));
@@ -94,7 +94,7 @@ TEST_CASE("naive reference attention reproduces the 2x2 worked example", "[leakc
   CHECK(out[3] == Approx(13.396).margin(1e-3));
   // A row whose keys are all masked gives zero weights and a zero output, never NaN.
   s.key_valid = {0, 0};
-  CHECK(train::leak::naive_attention(s, q, k, v, out, &w) == 2);
+  CHECK(analysis::leak::naive_attention(s, q, k, v, out, &w) == 2);
   for (double x : out) CHECK(x == 0.0);
 }
 
@@ -103,10 +103,10 @@ namespace {
 // Every check passes on the clean tiny models, run on `dev`; the exact-zero properties are
 // exactly zero, not merely small.
 void expect_clean_models_pass(Device dev) {
-  train::LeakCheckOptions o;
+  analysis::LeakCheckOptions o;
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
     model->to(dev);
-    const auto checks = train::run_model_checks(*model, o);
+    const auto checks = analysis::run_model_checks(*model, o);
     CHECK(checks.size() == 16);
     for (const auto& c : checks) {
       INFO(nn::family_name(model->config().family) << " " << c.name << " = " << c.value << " (threshold " << c.threshold
@@ -125,10 +125,10 @@ void expect_clean_models_pass(Device dev) {
 void expect_planted_faults_caught(Device dev) {
   struct Expect {
     const char* check;
-    train::Fault fault;
+    analysis::Fault fault;
     bool llama;
   };
-  using F = train::Fault;
+  using F = analysis::Fault;
   const Expect cases[] = {
       {"future_token_perturbation", F::causal_reversed, false},
       {"kv_decode", F::top_left_causal, false},
@@ -159,13 +159,13 @@ void expect_planted_faults_caught(Device dev) {
   const auto gpt2 = tiny_gpt2(), llama = tiny_llama();
   gpt2->to(dev);
   llama->to(dev);
-  train::LeakCheckOptions o;
+  analysis::LeakCheckOptions o;
   for (const Expect& e : cases) {
     nn::DecoderModel& model = e.llama ? *llama : *gpt2;
-    const train::PlantedFault planted(model, e.fault);
-    const auto checks = train::run_model_checks(model, o);
+    const analysis::PlantedFault planted(model, e.fault);
+    const auto checks = analysis::run_model_checks(model, o);
     const auto& c = find(checks, e.check);
-    INFO(e.check << " under " << train::fault_name(e.fault) << ": value " << c.value << " threshold " << c.threshold
+    INFO(e.check << " under " << analysis::fault_name(e.fault) << ": value " << c.value << " threshold " << c.threshold
                  << " (" << c.detail << ")");
     CHECK_FALSE(c.pass);
     CHECK(c.value > 10 * std::max(c.threshold, 1e-7));  // well outside, not a rounding accident
@@ -180,10 +180,10 @@ void expect_planted_faults_caught(Device dev) {
 TEST_CASE("every leak check passes on clean tiny models", "[leakcheck][exact]") {
   expect_clean_models_pass(Device::cpu);
   // The caller's model is untouched: still in the mode it was in.
-  train::LeakCheckOptions o;
+  analysis::LeakCheckOptions o;
   auto m = tiny_gpt2();
   m->train();
-  train::check_dropout(*m, o);
+  analysis::check_dropout(*m, o);
   CHECK(m->is_training());
 }
 
@@ -199,73 +199,73 @@ TEST_CASE("on the GPU, every leak check passes on clean models and catches each 
   auto m = tiny_gpt2();
   m->to(Device::cuda);
   m->train();
-  const train::leak::EvalModel copy(*m);
+  const analysis::leak::EvalModel copy(*m);
   CHECK(copy->device() == Device::cuda);
 }
 
 TEST_CASE("a planted fault lives in its model and its copies and never in other models or the library", "[leakcheck]") {
   const auto a = tiny_gpt2(), b = tiny_gpt2();  // the same weights
-  const Tensor ids = train::leak::ids_tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6});
-  const Tensor clean = train::leak::forward(*b, ids);
-  CHECK(max_abs_diff(train::leak::forward(*a, ids), clean) == 0.0);
+  const Tensor ids = analysis::leak::ids_tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6});
+  const Tensor clean = analysis::leak::forward(*b, ids);
+  CHECK(max_abs_diff(analysis::leak::forward(*a, ids), clean) == 0.0);
   {
-    const train::PlantedFault planted(*a, train::Fault::causal_reversed);
+    const analysis::PlantedFault planted(*a, analysis::Fault::causal_reversed);
     CHECK(a->attention_ops() != nn::AttentionOps::library());
-    const auto copy = train::copy_model(*a, a->config());
+    const auto copy = analysis::copy_model(*a, a->config());
     CHECK(copy->attention_ops() == a->attention_ops());
-    const Tensor faulty = train::leak::forward(*a, ids);
+    const Tensor faulty = analysis::leak::forward(*a, ids);
     CHECK(max_abs_diff(faulty, clean) > 1e-3);                                // the bug shows in this model
-    CHECK(max_abs_diff(train::leak::forward(*copy, ids), faulty) == 0.0);     // and in its copy
-    CHECK(max_abs_diff(train::leak::forward(*b, ids), clean) == 0.0);         // not in another model
+    CHECK(max_abs_diff(analysis::leak::forward(*copy, ids), faulty) == 0.0);     // and in its copy
+    CHECK(max_abs_diff(analysis::leak::forward(*b, ids), clean) == 0.0);         // not in another model
   }
   CHECK(a->attention_ops() == nn::AttentionOps::library());
-  CHECK(max_abs_diff(train::leak::forward(*a, ids), clean) == 0.0);  // and gone with the guard
+  CHECK(max_abs_diff(analysis::leak::forward(*a, ids), clean) == 0.0);  // and gone with the guard
 }
 
 TEST_CASE("the self-test catches every planted fault without false alarms", "[leakcheck][slow]") {
   const auto model = tiny_gpt2();
   std::vector<std::string> lines;
-  const train::SelfTestResult st =
-      train::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
+  const analysis::SelfTestResult st =
+      analysis::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
   CHECK(st.planted() == 10);
   CHECK(st.detected() == 10);
   CHECK(st.false_alarms.empty());
   CHECK(st.pass());
   CHECK(lines.size() == 2 * 11);  // two models, clean + ten faults
   for (const auto& f : st.faults) {
-    INFO(train::fault_name(f.fault));
+    INFO(analysis::fault_name(f.fault));
     CHECK(f.detected);
     CHECK_FALSE(f.caught_by.empty());
   }
   // The faults the user's gpt2 model cannot show (no RoPE, no window) are caught on the probe.
   for (const auto& f : st.faults)
-    if (f.fault == train::Fault::rope_cache_relative)
+    if (f.fault == analysis::Fault::rope_cache_relative)
       for (const auto& c : f.caught_by) CHECK(c.model == "probe-llama");
-  const nlohmann::json j = train::leakcheck_json({}, &st);
+  const nlohmann::json j = analysis::leakcheck_json({}, &st);
   CHECK(j["self_test"]["planted"] == 10);
   CHECK(j["self_test"]["detected"] == 10);
   CHECK(j["self_test"]["false_alarms"] == 0);
   CHECK(j["self_test"]["faults"].size() == 10);
-  CHECK(train::self_test_table(st).find("10/10 planted faults detected, PASS") != std::string::npos);
+  CHECK(analysis::self_test_table(st).find("10/10 planted faults detected, PASS") != std::string::npos);
 }
 
 TEST_CASE("the naive float64 attention backward is the gradient of the naive forward", "[leakcheck]") {
   // Central differences of L = Σ dO ∘ O(q, k, v) on a small case with every feature the leak checks
   // use: GQA 4:2, causal, window, key padding that empties a row, segments, ALiBi.
-  train::leak::NaiveSpec s;
+  analysis::leak::NaiveSpec s;
   s.B = 2, s.Hq = 4, s.Hkv = 2, s.Nq = 5, s.Nk = 7, s.D = 3, s.Dv = 3;
   s.window = 5;
   s.key_valid.assign(14, 1);
   for (int j = 0; j < 3; ++j) s.key_valid[7 + j] = 0;  // batch 1: query 0 (position 2) sees nothing
   s.segment = {0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
-  s.alibi = train::leak::naive_alibi_slopes(4);
+  s.alibi = analysis::leak::naive_alibi_slopes(4);
   auto draw = [](size_t n, uint64_t seed) { return randn({static_cast<int64_t>(n)}, seed, 0, 0.0, 1.0, DType::f64).to_vector(); };
   std::vector<double> q = draw(2 * 4 * 5 * 3, 1), k = draw(2 * 2 * 7 * 3, 2), v = draw(2 * 2 * 7 * 3, 3),
                       dout = draw(2 * 4 * 5 * 3, 4), dq, dk, dv, out;
   for (double& x : q) x *= 3;  // weights far from uniform
-  train::leak::naive_attention_backward(s, q, k, v, dout, dq, dk, dv);
+  analysis::leak::naive_attention_backward(s, q, k, v, dout, dq, dk, dv);
   auto loss = [&] {
-    train::leak::naive_attention(s, q, k, v, out, nullptr);
+    analysis::leak::naive_attention(s, q, k, v, out, nullptr);
     double l = 0;
     for (size_t e = 0; e < out.size(); ++e) l += dout[e] * out[e];
     return l;
@@ -294,34 +294,34 @@ TEST_CASE("the naive float64 attention backward is the gradient of the naive for
 }
 
 TEST_CASE("the backward reference check fails on an attention whose gradient is wrong", "[leakcheck]") {
-  // The planted faults (train::Fault) are forward bugs only, so the wrong gradient comes from
+  // The planted faults (analysis::Fault) are forward bugs only, so the wrong gradient comes from
   // the check's test seam: an attention whose output is exactly right (q - copy(q) is 0) but whose
   // dq carries an extra 0.1·dO, or whose dv is scaled by 1.001 (the output again exact).
-  const train::leak::AttentionFn right = [](const Tensor& q, const Tensor& k, const Tensor& v,
+  const analysis::leak::AttentionFn right = [](const Tensor& q, const Tensor& k, const Tensor& v,
                                             const attn::AttentionOptions& o) { return attn::attention(q, k, v, o); };
-  const train::leak::AttentionFn leaks_into_dq = [](const Tensor& q, const Tensor& k, const Tensor& v,
+  const analysis::leak::AttentionFn leaks_into_dq = [](const Tensor& q, const Tensor& k, const Tensor& v,
                                                     const attn::AttentionOptions& o) {
     return ag::add(attn::attention(q, k, v, o), ag::mul(ag::sub(q, q.clone()), 0.1));
   };
-  const train::leak::AttentionFn scales_dv = [](const Tensor& q, const Tensor& k, const Tensor& v,
+  const analysis::leak::AttentionFn scales_dv = [](const Tensor& q, const Tensor& k, const Tensor& v,
                                                 const attn::AttentionOptions& o) {
     // v + 0.001·(v − copy(v)): the value of v, the gradient 1.001·dV.
     return attn::attention(q, k, ag::add(v, ag::mul(ag::sub(v, v.clone()), 0.001)), o);
   };
-  train::LeakCheckOptions o;
+  analysis::LeakCheckOptions o;
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
     const std::string family = nn::family_name(model->config().family);
-    const train::LeakCheck clean = train::leak::reference_attention_backward(*model, o, right);
+    const analysis::LeakCheck clean = analysis::leak::reference_attention_backward(*model, o, right);
     INFO(family << ": clean " << clean.value << " (" << clean.detail << ")");
     CHECK(clean.name == "reference_attention_backward");
     CHECK(clean.pass);
-    CHECK(clean.value == train::check_reference_attention_backward(*model, o).value);
-    const train::LeakCheck bad_dq = train::leak::reference_attention_backward(*model, o, leaks_into_dq);
+    CHECK(clean.value == analysis::check_reference_attention_backward(*model, o).value);
+    const analysis::LeakCheck bad_dq = analysis::leak::reference_attention_backward(*model, o, leaks_into_dq);
     INFO(family << ": extra dq " << bad_dq.value << " (" << bad_dq.detail << ")");
     CHECK_FALSE(bad_dq.pass);
     CHECK(bad_dq.value > 100 * bad_dq.threshold);
     CHECK(bad_dq.detail.find(" dq (attention)") != std::string::npos);
-    const train::LeakCheck bad_dv = train::leak::reference_attention_backward(*model, o, scales_dv);
+    const analysis::LeakCheck bad_dv = analysis::leak::reference_attention_backward(*model, o, scales_dv);
     INFO(family << ": dv x1.001 " << bad_dv.value << " (" << bad_dv.detail << ")");
     CHECK_FALSE(bad_dv.pass);
     CHECK(bad_dv.value == Approx(1e-3).epsilon(0.05));
@@ -350,12 +350,12 @@ TEST_CASE("data leakage checks flag validation text copied from train", "[leakch
     return d;
   };
   const TokenSplit train = split({doc(1), doc(2), doc(3)});
-  train::LeakCheckOptions o;  // n = 32: each 100-token document has 69 windows
-  const auto clean = train::check_data_leakage(train, split({doc(4), doc(5)}), o);
+  analysis::LeakCheckOptions o;  // n = 32: each 100-token document has 69 windows
+  const auto clean = analysis::check_data_leakage(train, split({doc(4), doc(5)}), o);
   CHECK(find(clean, "data.val_ngram_share").value == 0.0);
   CHECK(find(clean, "data.duplicated_docs").value == 0.0);
   CHECK(find(clean, "data.val_ngram_share").pass);
-  const auto leaky = train::check_data_leakage(train, split({doc(4), doc(2)}), o);
+  const auto leaky = analysis::check_data_leakage(train, split({doc(4), doc(2)}), o);
   CHECK(find(leaky, "data.val_ngram_share").value == Approx(0.5));
   CHECK(find(leaky, "data.duplicated_docs").value == 1.0);
   CHECK_FALSE(find(leaky, "data.val_ngram_share").pass);
@@ -368,7 +368,7 @@ TEST_CASE("attention maps are the model's own attention and show the causal tria
     const int64_t T = c.block_size, G = c.n_head / c.n_kv_head, hd = c.head_dim();
     std::vector<int32_t> ids;
     for (int64_t t = 0; t < T; ++t) ids.push_back(static_cast<int32_t>((t * 7 + 3) % c.vocab_size));
-    const train::AttentionMaps maps = train::compute_attention_maps(*model, ids, nullptr);
+    const analysis::AttentionMaps maps = analysis::compute_attention_maps(*model, ids, nullptr);
     REQUIRE(maps.weights.size() == static_cast<size_t>(c.n_layer));
     // The model's own attention outputs for the same text.
     std::vector<nn::AttentionCapture> caps;
@@ -405,55 +405,55 @@ TEST_CASE("attention maps are the model's own attention and show the causal tria
       CHECK(err / scale < 1e-5);
     }
     // The heatmap: masked cells grey above the diagonal, coloured on and below it.
-    train::HeatmapLayout lay;
-    const train::Image img = train::render_attention_map(maps, c.n_layer - 1, 1, &lay);
+    analysis::HeatmapLayout lay;
+    const analysis::Image img = analysis::render_attention_map(maps, c.n_layer - 1, 1, &lay);
     REQUIRE(lay.cell > 0);
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j) {
-        const train::Rgb px = img.get(lay.x0 + static_cast<int>(j) * lay.cell + lay.cell / 2,
+        const analysis::Rgb px = img.get(lay.x0 + static_cast<int>(j) * lay.cell + lay.cell / 2,
                                lay.y0 + static_cast<int>(i) * lay.cell + lay.cell / 2);
         INFO("cell " << i << "," << j);
-        CHECK((px == train::kMaskedColour) == !maps.visible(i, j));
+        CHECK((px == analysis::kMaskedColour) == !maps.visible(i, j));
       }
     // The first query sees only itself: weight 1, the darkest colour.
-    CHECK(img.get(lay.x0 + lay.cell / 2, lay.y0 + lay.cell / 2) == train::weight_colour(1.0));
+    CHECK(img.get(lay.x0 + lay.cell / 2, lay.y0 + lay.cell / 2) == analysis::weight_colour(1.0));
   }
 }
 
 TEST_CASE("PNG images round-trip through libpng with the bitmap font", "[leakcheck][png]") {
-  train::Image img(40, 20, {255, 255, 255});
+  analysis::Image img(40, 20, {255, 255, 255});
   img.fill_rect(30, 5, 5, 5, {200, 10, 20});
   const int w = img.draw_text(1, 1, "A", {0, 0, 0});
   CHECK(w == 6);
   // 'A' (drawn from y = 1): glyph row 0 is .###., row 4 is #####.
-  CHECK(img.get(1, 1) == train::Rgb{255, 255, 255});
-  CHECK(img.get(2, 1) == train::Rgb{0, 0, 0});
-  CHECK(img.get(4, 1) == train::Rgb{0, 0, 0});
-  CHECK(img.get(5, 1) == train::Rgb{255, 255, 255});
-  for (int x = 1; x <= 5; ++x) CHECK(img.get(x, 5) == train::Rgb{0, 0, 0});
-  CHECK(img.get(3, 4) == train::Rgb{255, 255, 255});  // row 3 is #...#
+  CHECK(img.get(1, 1) == analysis::Rgb{255, 255, 255});
+  CHECK(img.get(2, 1) == analysis::Rgb{0, 0, 0});
+  CHECK(img.get(4, 1) == analysis::Rgb{0, 0, 0});
+  CHECK(img.get(5, 1) == analysis::Rgb{255, 255, 255});
+  for (int x = 1; x <= 5; ++x) CHECK(img.get(x, 5) == analysis::Rgb{0, 0, 0});
+  CHECK(img.get(3, 4) == analysis::Rgb{255, 255, 255});  // row 3 is #...#
   const std::string dir = temp_dir("png");
-  train::write_png(dir + "/a.png", img);
-  const std::string bytes = train::encode_png(img);
+  analysis::write_png(dir + "/a.png", img);
+  const std::string bytes = analysis::encode_png(img);
   REQUIRE(bytes.size() > 8);
   CHECK(bytes.substr(1, 3) == "PNG");
-  const train::Image back = train::read_png(dir + "/a.png");
+  const analysis::Image back = analysis::read_png(dir + "/a.png");
   REQUIRE(back.width() == 40);
   REQUIRE(back.height() == 20);
   CHECK(back.pixels() == img.pixels());
-  CHECK_THROWS_WITH(train::read_png(dir + "/missing.png"), Catch::Contains("[png]"));
+  CHECK_THROWS_WITH(analysis::read_png(dir + "/missing.png"), Catch::Contains("[png]"));
   fs::remove_all(dir);
 }
 
 TEST_CASE("the HTML report holds the tables and both heatmaps", "[leakcheck]") {
   const auto model = tiny_gpt2();
-  train::LeakCheckReport r;
+  analysis::LeakCheckReport r;
   r.subject = "tiny <model>";
-  r.checks = train::run_model_checks(*model, {});
+  r.checks = analysis::run_model_checks(*model, {});
   r.checks.back().pass = false;  // one failing row, to see it marked
   const std::string dir = temp_dir("report");
   std::vector<int32_t> ids{1, 2, 3, 4, 5, 6, 7, 8};
-  train::write_leakcheck_report(dir, r, nullptr, *model, ids, nullptr);
+  analysis::write_leakcheck_report(dir, r, nullptr, *model, ids, nullptr);
   std::ifstream in(dir + "/index.html");
   const std::string html((std::istreambuf_iterator<char>(in)), {});
   CHECK(html.find("future_token_perturbation") != std::string::npos);
@@ -461,11 +461,11 @@ TEST_CASE("the HTML report holds the tables and both heatmaps", "[leakcheck]") {
   CHECK(html.find("FAIL") != std::string::npos);
   CHECK(html.find("attention_map.png") != std::string::npos);
   CHECK(html.find("attention_grid.png") != std::string::npos);
-  CHECK(train::read_png(dir + "/attention_map.png").width() > 8 * 8);
-  CHECK(train::read_png(dir + "/attention_grid.png").height() > 2 * 8);
+  CHECK(analysis::read_png(dir + "/attention_map.png").width() > 8 * 8);
+  CHECK(analysis::read_png(dir + "/attention_grid.png").height() > 2 * 8);
   for (const auto& e : fs::directory_iterator(dir))  // no temporary files left behind
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
-  const nlohmann::json j = train::leakcheck_json(r, nullptr);
+  const nlohmann::json j = analysis::leakcheck_json(r, nullptr);
   CHECK(j["checks"].size() == r.checks.size());
   CHECK(j["failed"] == 1);
   CHECK(j["passed"] == static_cast<int>(r.checks.size()) - 1);

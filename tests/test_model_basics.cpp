@@ -18,7 +18,7 @@
 #include "nn/transformer.h"
 #include "tensor/allocator.h"
 #include "train/config.h"
-#include "train/leakcheck.h"
+#include "analysis/leakcheck.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
 
@@ -256,7 +256,7 @@ TEST_CASE("KV-cached forward token by token and in chunks of 3 reproduces the fu
   m.init_weights(11);
   const Tensor ids = ids_of(lcg_ids(16, 37, 4), 2);
   const Tensor full = run(m, ids);
-  const train::PlantedFault planted(m, train::Fault::rope_cache_relative);
+  const analysis::PlantedFault planted(m, analysis::Fault::rope_cache_relative);
   CHECK(rel_err(cached_logits(m, ids, 3), full) > 1e-3);
 }
 
@@ -285,7 +285,7 @@ TEST_CASE("a left-padded batch gives each sequence's logits at its valid positio
       std::printf("[model] left padding %-5s %-9s: padded row rel %.2e, full row rel %.2e\n", family, kernel, ea, eb);
       CHECK(ea < 1e-5);
       CHECK(eb < 1e-5);
-      const train::PlantedFault planted(m, train::Fault::ignore_key_padding);  // the check is sensitive
+      const analysis::PlantedFault planted(m, analysis::Fault::ignore_key_padding);  // the check is sensitive
       CHECK(rel_err(run(m, args).select(0, 0).narrow(0, 3, 5), run(m, ids_of(a, 1)).select(0, 0)) > 1e-3);
     }
 }

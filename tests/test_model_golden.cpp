@@ -25,7 +25,7 @@
 #include "nn/transformer.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/config.h"
-#include "train/leakcheck.h"
+#include "analysis/leakcheck.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
 
@@ -206,21 +206,21 @@ TEST_CASE("llama logits, loss, gradients and 10 AdamW steps match the float64 Py
 TEST_CASE("the golden logits comparison detects planted attention bugs", "[golden][model]") {
   struct Case {
     const char* family;
-    train::Fault fault;
+    analysis::Fault fault;
   };
-  for (const Case c : {Case{"gpt2", train::Fault::scale_d_model}, Case{"gpt2", train::Fault::gqa_modulo},
-                       Case{"llama", train::Fault::scale_d_model}, Case{"llama", train::Fault::causal_reversed}}) {
+  for (const Case c : {Case{"gpt2", analysis::Fault::scale_d_model}, Case{"gpt2", analysis::Fault::gqa_modulo},
+                       Case{"llama", analysis::Fault::scale_d_model}, Case{"llama", analysis::Fault::causal_reversed}}) {
     Golden g = load_model(c.family, "reference");
     autograd::NoGradGuard no_grad;
     nn::ForwardArgs args;
     args.ids = g.ids;
     Tensor logits;
     {
-      const train::PlantedFault planted(*g.model, c.fault);
+      const analysis::PlantedFault planted(*g.model, c.fault);
       logits = g.model->forward(args);
     }
     const double err = rel_err(logits.to_vector(), g.fx["logits"].get<std::vector<double>>());
-    std::printf("[golden] %-5s with fault %-16s logits rel %.2e\n", c.family, train::fault_name(c.fault), err);
+    std::printf("[golden] %-5s with fault %-16s logits rel %.2e\n", c.family, analysis::fault_name(c.fault), err);
     CHECK(err > 1e-3);
   }
 }

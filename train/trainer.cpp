@@ -24,7 +24,6 @@
 #include "train/config_schema.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
-#include "train/plot.h"
 #include "train/run_log.h"
 #include "train/schedule.h"
 #include "train/session.h"
@@ -397,7 +396,6 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   }
   // [dist] Replicas must still agree (a transport that returned different sums would show here).
   dist::check_same_on_all_ranks(comm, dp.parameter_hash(), "the final parameters");
-  if (opts.plot && root) plot_metrics(log.metrics_path(), out_dir + "/loss.svg");
 
   summary.step = state.step;
   summary.loss = last_loss;

@@ -37,7 +37,6 @@ struct TrainOptions {
   std::string resume;     // continue this checkpoint's run exactly
   std::string init_from;  // start a new run from this checkpoint's weights
   bool progress = true;   // progress line with ETA on stderr
-  bool plot = false;      // write out_dir/loss.svg at the end
 };
 
 struct TrainSummary {

@@ -23,9 +23,9 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
-#include "train/leakcheck_internal.h"
+#include "analysis/leakcheck_internal.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 using leak::fmt;
 using leak::max_abs;
@@ -417,4 +417,4 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
   return leak::make_check("dropout_discipline", value, 0, detail);
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

@@ -14,9 +14,9 @@
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/philox.h"
-#include "train/leakcheck_internal.h"
+#include "analysis/leakcheck_internal.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 namespace leak {
 
@@ -257,4 +257,4 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   return out;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

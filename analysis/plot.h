@@ -3,10 +3,10 @@
 #pragma once
 #include <string>
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 // Reads metrics JSON lines (fields "step", "loss", optional "val_loss") and writes an SVG.
 // Throws qkv::Error naming the file and line on unreadable input; the write is atomic.
 void plot_metrics(const std::string& metrics_path, const std::string& out_svg);
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

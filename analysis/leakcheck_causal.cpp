@@ -12,10 +12,10 @@
 #include <map>
 
 #include "tensor/ops.h"
-#include "train/leakcheck_internal.h"
+#include "analysis/leakcheck_internal.h"
 #include "train/sampler.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 using leak::fmt;
 using leak::max_abs;
@@ -168,7 +168,7 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
   {
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(8, L / 2));
     std::vector<int32_t> prompt(rows[0].begin(), rows[0].begin() + P);
-    SampleOptions so;
+    train::SampleOptions so;
     so.temperature = 0;
     so.max_new_tokens = o.greedy_tokens > 0 ? o.greedy_tokens : std::min<int64_t>(c.block_size, 64);
     so.kv_cache = true;
@@ -328,4 +328,4 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
                               leak::rounding_tolerance_note(c, L));
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "train/leakcheck.h"
+#include "analysis/leakcheck.h"
 
-namespace qkv::train::leak {
+namespace qkv::analysis::leak {
 
 // ---- probe ----
 int64_t probe_len(const nn::ModelConfig& c, const LeakCheckOptions& o);
@@ -100,4 +100,4 @@ using AttentionFn =
     std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& opts)>;
 LeakCheck reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o, const AttentionFn& fn);
 
-}  // namespace qkv::train::leak
+}  // namespace qkv::analysis::leak

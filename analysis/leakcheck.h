@@ -40,7 +40,7 @@
 #include "data/dataset.h"
 #include "nn/transformer.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 struct LeakCheck {
   std::string name;
@@ -173,4 +173,4 @@ std::string self_test_table(const SelfTestResult& st);
 void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, const SelfTestResult* st,
                             const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok);
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

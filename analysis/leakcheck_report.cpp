@@ -6,11 +6,11 @@
 #include <filesystem>
 
 #include "train/atomic_file.h"
-#include "train/attention_map.h"
-#include "train/leakcheck.h"
-#include "train/png.h"
+#include "analysis/attention_map.h"
+#include "analysis/leakcheck.h"
+#include "analysis/png.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 int LeakCheckReport::passed() const {
   int n = 0;
@@ -171,7 +171,7 @@ void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, co
   h += "<p>Layer " + std::to_string(layer) + ", head 0:<br><img src=\"attention_map.png\" alt=\"attention map\"></p>\n";
   h += "<p>Every layer and head:<br><img src=\"attention_grid.png\" alt=\"attention grid\"></p>\n";
   h += "</body></html>\n";
-  write_file_atomic(dir + "/index.html", h);
+  train::write_file_atomic(dir + "/index.html", h);
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 struct Rgb {
   uint8_t r = 0, g = 0, b = 0;
@@ -44,4 +44,4 @@ void write_png(const std::string& path, const Image& img);
 // Reads any PNG libpng understands, converted to 8-bit RGB (tests and tools).
 Image read_png(const std::string& path);
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

@@ -2,7 +2,7 @@
 // each layer's captured q/k/v, so what is drawn is exactly what the reference kernel computes for
 // the model's real inputs; the grey "masked" cells come from the causal/window predicate, not from
 // weights that merely happen to be 0.
-#include "train/attention_map.h"
+#include "analysis/attention_map.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include "attention/rope.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
-#include "train/leakcheck.h"
+#include "analysis/leakcheck.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 std::string token_label(const Tokenizer* tok, int32_t id, size_t max_chars) {
   if (!tok) return std::to_string(id);
@@ -156,4 +156,4 @@ Image render_attention_grid(const AttentionMaps& m) {
   return img;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

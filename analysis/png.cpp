@@ -4,7 +4,7 @@
 // Font: one glyph per printable ASCII character (32..126), seven rows of five bits each, bit 4
 // the leftmost pixel. Drawn for this project; two extra glyphs give labels for characters that
 // would otherwise be invisible: a return arrow for '\n' and an open box for a space ('\x01').
-#include "train/png.h"
+#include "analysis/png.h"
 
 #include <png.h>
 
@@ -14,7 +14,7 @@
 #include "tensor/error.h"
 #include "train/atomic_file.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 namespace {
 
@@ -189,7 +189,7 @@ std::string encode_png(const Image& img) {
   return out;
 }
 
-void write_png(const std::string& path, const Image& img) { write_file_atomic(path, encode_png(img)); }
+void write_png(const std::string& path, const Image& img) { train::write_file_atomic(path, encode_png(img)); }
 
 Image read_png(const std::string& path) {
   png_image pi;
@@ -211,4 +211,4 @@ Image read_png(const std::string& path) {
   return img;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

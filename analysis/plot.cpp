@@ -1,4 +1,4 @@
-#include "train/plot.h"
+#include "analysis/plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "tensor/error.h"
 #include "train/atomic_file.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 namespace {
 
 struct Series {
@@ -99,7 +99,7 @@ void plot_metrics(const std::string& metrics_path, const std::string& out_svg) {
   svg << "<text x='" << W - R - 150 << "' y='" << T + 10 << "' fill='#1f77b4'>train loss</text>\n";
   if (!val.x.empty()) svg << "<text x='" << W - R - 150 << "' y='" << T + 26 << "' fill='#d62728'>val loss</text>\n";
   svg << "</svg>\n";
-  write_file_atomic(out_svg, svg.str());
+  train::write_file_atomic(out_svg, svg.str());
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

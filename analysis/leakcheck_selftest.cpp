@@ -15,9 +15,9 @@
 #include "autograd/functions.h"
 #include "data/leakage.h"
 #include "tensor/ops.h"
-#include "train/leakcheck_internal.h"
+#include "analysis/leakcheck_internal.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 namespace {
 
@@ -295,4 +295,4 @@ std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSp
   return out;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis

@@ -11,9 +11,9 @@
 
 #include "data/tokenizer.h"
 #include "nn/transformer.h"
-#include "train/png.h"
+#include "analysis/png.h"
 
-namespace qkv::train {
+namespace qkv::analysis {
 
 struct AttentionMaps {
   std::vector<std::string> labels;  // one printable label per token
@@ -43,4 +43,4 @@ Image render_attention_grid(const AttentionMaps& m);
 Rgb weight_colour(double w);
 constexpr Rgb kMaskedColour{200, 200, 200};
 
-}  // namespace qkv::train
+}  // namespace qkv::analysis
