@@ -271,7 +271,10 @@ bool File::has(const std::string& name) const {
   while (pos != std::string::npos) {
     pos = full.find('/', pos + 1);
     const std::string prefix = full.substr(0, pos);
-    if (H5Lexists(file_.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    // A negative answer is an error (a damaged header), not "absent": callers skip what is absent.
+    const htri_t exists = H5Lexists(file_.get(), prefix.c_str(), H5P_DEFAULT);
+    if (exists < 0) fail("cannot read the link ", prefix, " (corrupt file?)");
+    if (exists == 0) return false;
     // Only hard links: a soft link would alias another object of this file, an external link
     // would read from another file (neither is anything qkv writes).
     H5L_info_t li{};
@@ -542,7 +545,10 @@ void File::set_attr(const std::string& obj, const std::string& name, double valu
 
 bool File::has_attr(const std::string& obj, const std::string& name) const {
   if (!has(obj)) return false;
-  return H5Aexists_by_name(file_.get(), normalize(obj).c_str(), name.c_str(), H5P_DEFAULT) > 0;
+  // As in has(): an error is a damaged header, never "absent" (an absent checksum is not checked).
+  const htri_t exists = H5Aexists_by_name(file_.get(), normalize(obj).c_str(), name.c_str(), H5P_DEFAULT);
+  if (exists < 0) fail("cannot read the attributes of ", normalize(obj), " (corrupt file?)");
+  return exists > 0;
 }
 
 namespace {

@@ -474,3 +474,55 @@ TEST_CASE("qkv inspect verifies every dataset's checksum and exits 2 naming a co
   REQUIRE(run_command(qkv_cmd("inspect " + path + " 2>/dev/null"), out) == 0);
   CHECK_THAT(out, Contains("datasets pass their checksums"));
 }
+
+// A corrupt object header makes HDF5's existence queries fail (a negative result, not "no").
+// has()/has_attr() must report that as a corrupt file rather than as "absent": an absent
+// optional attribute (a checksum, say) is skipped by its readers, so calling a damaged one absent
+// would skip the very check that catches the damage. Every single-byte corruption of the file's
+// first 4 KiB that HDF5 still opens must either answer truthfully or throw one line.
+TEST_CASE("h5 existence queries on a corrupt file throw instead of answering 'absent'", "[faults][io]") {
+  TempDir dir;
+  const std::string path = dir.file("exists.h5");
+  {
+    h5::File f = h5::File::create(path);
+    f.write_string("/group/text", "some text");
+    f.set_attr("/", "format", "probe");
+    f.set_attr("/group", "count", int64_t{7});
+    f.close();
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(bytes.size() > 4096);
+  int opened = 0, threw = 0;
+  const std::string corrupt = dir.file("corrupt.h5");
+  for (size_t off = 0; off < 4096; ++off) {
+    std::string b = bytes;
+    b[off] = static_cast<char>(b[off] ^ 0x5a);
+    {
+      std::ofstream out(corrupt, std::ios::binary | std::ios::trunc);
+      out.write(b.data(), static_cast<std::streamsize>(b.size()));
+    }
+    std::optional<h5::File> f;
+    try {
+      f.emplace(h5::File::open(corrupt));
+    } catch (const Error&) {
+      continue;  // refused at open: fine
+    }
+    ++opened;
+    for (const auto& [obj, name] : {std::pair<std::string, std::string>{"/", "format"}, {"/group", "count"}}) {
+      INFO("byte " << off << " flipped, attribute " << name << " of " << obj);
+      try {
+        const bool present = f->has_attr(obj, name);  // outside CHECK, which would swallow a throw
+        CHECK(present);  // it is there; "no" would be a lie
+      } catch (const Error& e) {
+        ++threw;
+        CHECK(std::string(e.what()).find('\n') == std::string::npos);
+      }
+    }
+  }
+  INFO("opened " << opened << ", threw " << threw);
+  CHECK(opened > 0);
+}
