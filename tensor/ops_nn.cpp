@@ -2,7 +2,7 @@
 // They check shapes, dtypes and index ranges (so a bad id or target is one readable error, never
 // an out-of-bounds read), make inputs contiguous where the kernel needs it, allocate the outputs
 // on the inputs' device and call the CPU kernels (tensor/cpu/nn_kernels.h) or the CUDA ones
-// (tensor/cuda/nn.cu). Ids and targets on the device are range-checked from a host copy.
+// (tensor/cuda/nn.cu, norm.cu, cross_entropy.cu). Ids and targets on the device are range-checked from a host copy.
 #include "tensor/cpu/nn_kernels.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"

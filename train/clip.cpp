@@ -1,19 +1,15 @@
 // Global gradient norm and clipping (see clip.h).
 //
-// norm^2 = sum_k sum_i x_k[i]^2, accumulated in double. Each tensor is cut into blocks of
-// kBlock elements; the blocks of all tensors are summed in parallel (one double per block, in a
-// reused buffer) and then added in block order, so the result does not depend on how many
-// threads ran. Inside a block `omp simd reduction` lets the compiler keep several vector
-// accumulators: that order is fixed by the binary, not by scheduling. Device tensors are reduced
-// on the device (cuda::sum_squares: one float64 sum of squares per tensor, gathered to the host
-// in one copy).
+// norm^2 = sum_k sum_i x_k[i]^2 in float64: each tensor's sum of squares comes from its device's
+// kernel (cpu::sum_squares or cuda::sum_squares, twins with one float64 per tensor, each
+// deterministic whatever the thread count), and the per-tensor sums are added in list order.
 #include "train/clip.h"
 
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
 
+#include "tensor/cpu/grad_norm.h"
 #include "tensor/cuda/grad_norm.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -21,69 +17,21 @@
 namespace qkv::train {
 namespace {
 
-constexpr int64_t kBlock = 8192;
-
-template <class T>
-double sum_squares(const T* __restrict x, int64_t n) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(x[i]);
-    s += v * v;
-  }
-  return s;
-}
-
 double global_norm_impl(const std::vector<Tensor>& tensors, const char* op) {
-  struct Span {
-    const void* data;
-    DType dtype;
-    int64_t n;
-  };
-  std::vector<Span> spans;
-  std::vector<Tensor> keep;  // contiguous copies of strided inputs
-  std::vector<Tensor> on_device;  // reduced on the device, one float64 per tensor
-  spans.reserve(tensors.size());
-  int64_t blocks = 0;
-  for (const Tensor& t0 : tensors) {
-    if (!t0.defined() || t0.numel() == 0) continue;
-    QKV_CHECK(t0.dtype() == DType::f32 || t0.dtype() == DType::f64, "[", op, "] tensors must be float32 or float64, got ",
-              dtype_name(t0.dtype()));
-    if (t0.device() != Device::cpu) {
-      on_device.push_back(t0);
-      continue;
-    }
-    Tensor t = t0;
-    if (!t.is_contiguous()) t = t.contiguous();
-    if (!t.same(t0)) keep.push_back(t);
-    spans.push_back({t.raw_data(), t.dtype(), t.numel()});
-    blocks += (t.numel() + kBlock - 1) / kBlock;
+  std::vector<Tensor> on_cpu, on_device;
+  std::vector<std::pair<bool, size_t>> slot;  // (on the device?, index there), in list order
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    QKV_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "[", op, "] tensors must be float32 or float64, got ",
+              dtype_name(t.dtype()));
+    std::vector<Tensor>& dst = t.device() == Device::cpu ? on_cpu : on_device;
+    slot.emplace_back(t.device() != Device::cpu, dst.size());
+    dst.push_back(t);
   }
-  double device_total = 0.0;
-  for (double v : cuda::sum_squares(on_device)) device_total += v;  // tensor order
-  if (blocks == 0) return std::sqrt(device_total);
-
-  // Block b of the whole list -> (span, start). Built serially; tiny next to the data.
-  static thread_local std::vector<double> partial;
-  static thread_local std::vector<std::pair<int32_t, int64_t>> where;
-  partial.assign(blocks, 0.0);
-  where.clear();
-  where.reserve(blocks);
-  for (size_t k = 0; k < spans.size(); ++k)
-    for (int64_t s = 0; s < spans[k].n; s += kBlock) where.emplace_back(static_cast<int32_t>(k), s);
-
-  double* part = partial.data();
-  const auto* loc = where.data();
-  const bool parallel = blocks >= 4 && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const Span& sp = spans[loc[b].first];
-    const int64_t start = loc[b].second, n = std::min(kBlock, sp.n - start);
-    part[b] = sp.dtype == DType::f32 ? sum_squares(static_cast<const float*>(sp.data) + start, n)
-                                     : sum_squares(static_cast<const double*>(sp.data) + start, n);
-  }
-  double total = device_total;
-  for (int64_t b = 0; b < blocks; ++b) total += part[b];
+  const std::vector<double> cpu_sums = cpu::sum_squares(on_cpu);
+  const std::vector<double> device_sums = on_device.empty() ? std::vector<double>{} : cuda::sum_squares(on_device);
+  double total = 0.0;
+  for (const auto& [device, i] : slot) total += device ? device_sums[i] : cpu_sums[i];
   return std::sqrt(total);
 }
 

@@ -54,7 +54,7 @@ void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const 
           double sign, const Tensor& out);
 
 // The fused neural-net ops of tensor/cpu/nn_kernels.h, same arguments and results
-// (tensor/cuda/nn.cu). Sums run in orders fixed by the shapes: results are deterministic.
+// (tensor/cuda/nn.cu, norm.cu, cross_entropy.cu). Sums run in orders fixed by the shapes: results are deterministic.
 void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
 void sum_rows(const Tensor& x, const Tensor& out);

@@ -54,7 +54,7 @@ mutant host_reads_device_memory tensor/cuda/elementwise.cu \
 mutant shared_memory_over_default attention/cuda/fused_attention.cu \
   's/> 48 \* 1024) t \/= 2;/> 96 * 1024) t \/= 2;/' \
   "CUDA fused attention matches the CPU fused kernel*"
-mutant shuffle_partner tensor/cuda/nn.cu \
+mutant shuffle_partner tensor/cuda/kernel_util.cuh \
   '0,/__shfl_xor_sync(0xffffffffu, v, o)/s//__shfl_xor_sync(0xffffffffu, v, o \/ 2 + 1)/' \
   "CUDA embedding*"
 mutant adamw_slice_search tensor/cuda/adamw.cu \
