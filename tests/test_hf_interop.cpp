@@ -293,3 +293,42 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
   write_text(d + "/model.safetensors.index.json", idx.dump());
   CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("not a .safetensors file name inside"));
 }
+
+TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer", "[hf]") {
+  const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
+  if (!std::filesystem::exists(qkv)) {
+    WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  TempDir dir;
+  const std::string hf = hf_fixture("gpt2_tiny");
+  // The corpus tokenized with the directory's GPT-2 BPE (what `qkv prepare --tokenizer-from` does).
+  std::string corpus;
+  for (int i = 0; i < 40; ++i) corpus += std::string(kCorpus) + " It was the age of wisdom, it was the age of foolishness.\n";
+  write_text(dir.file("corpus.txt"), corpus);
+  std::string out;
+  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer-from " + hf + " --out " +
+                          dir.file("data.h5") + " --json 2>/dev/null",
+                      out) == 0);
+  CHECK(json::parse(out.substr(out.rfind('{')))["tokenizer"] == "gpt2_bpe");
+  write_text(dir.file("ft.toml"), "[model]\nfamily = \"gpt2\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 32\n"
+                                  "vocab_size = 662\n[data]\npath = \"" + dir.file("data.h5") + "\"\ntokenizer = \"gpt2_bpe\"\n"
+                                  "separator = \"none\"\n[train]\nbatch_size = 2\nmax_steps = 1\nlr = 0\nmin_lr = 0\n"
+                                  "eval_interval = 1000\nout_dir = \"" + dir.file("run") + "\"\n");
+  const std::string train = qkv + " train --config " + dir.file("ft.toml") + " --init-from " + hf + " --json";
+  // lr 0: the one step leaves the weights as they were loaded.
+  REQUIRE(run_command(train + " 2>/dev/null", out) == 0);
+  const std::string ckpt = json::parse(out.substr(out.rfind('{')))["checkpoint"];
+  train::import_hf(hf, dir.file("imported.h5"));
+  CHECK(same_weights(*load(ckpt).model, snapshot(*load(dir.file("imported.h5")).model)));
+  // Another network, or data tokenized otherwise, is refused naming what differs.
+  CHECK(run_command(train + " --set model.n_embd=64 --set train.out_dir=" + dir.file("run2") + " 2>/dev/null", out) == 2);
+  CHECK_THAT(out, Catch::Contains("model.n_embd is 32 there but 64"));
+  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer byte --out " + dir.file("bytes.h5") +
+                          " >/dev/null 2>&1",
+                      out) == 0);
+  CHECK(run_command(train + " --set data.path=" + dir.file("bytes.h5") + " --set data.tokenizer=byte --set train.out_dir=" +
+                        dir.file("run3") + " 2>/dev/null",
+                    out) == 2);
+  CHECK_THAT(out, Catch::Contains("its tokenizer (gpt2_bpe, 662 tokens) is not the one of data.path (byte"));
+}
