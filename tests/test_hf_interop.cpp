@@ -231,6 +231,7 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
     write_text(d + "/config.json", c.dump());
   };
 
+  CHECK_THAT(import_error(dir.file("absent")), Catch::Contains("absent: not a directory"));
   // A pickle is refused, saying why.
   std::string d = copy_of("gpt2_tiny", "pickle");
   fs::rename(d + "/model.safetensors", d + "/pytorch_model.bin");

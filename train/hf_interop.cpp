@@ -529,6 +529,8 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
 }
 
 HfImportResult import_hf(const std::string& dir, const std::string& out, const HfImportOptions& opts) {
+  std::error_code ec;
+  QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (qkv import reads a Hugging Face model directory)");
   std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
   HfModelInfo info = read_hf_config(dir, tok->kind());
   const int64_t vocab = info.config.model.vocab_size;
