@@ -3,6 +3,7 @@
 // file, each refused with one line naming the file and the tensor or field at fault.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -68,20 +69,22 @@ TEST_CASE("safetensors writer lays out bytes as the specification says", "[safet
 }
 
 TEST_CASE("safetensors reader widens F16, BF16 and F64 and refuses integer dtypes by name", "[safetensors]") {
-  const unsigned char f16[4] = {0x00, 0x3C, 0x00, 0xC1};                       // 1.0, -2.5
+  // 1.0, -2.5, the smallest and largest subnormals 2^-24 and 1023 * 2^-24, the largest normal 65504, +inf
+  const unsigned char f16[12] = {0x00, 0x3C, 0x00, 0xC1, 0x01, 0x00, 0xFF, 0x03, 0xFF, 0x7B, 0x00, 0x7C};
   double f64[2] = {0.1, -3.0};
   const unsigned char i32[4] = {7, 0, 0, 0};
   std::string buf(reinterpret_cast<const char*>(f64), 16);
-  buf.append(reinterpret_cast<const char*>(f16), 4);
+  buf.append(reinterpret_cast<const char*>(f16), 12);
   buf.append(reinterpret_cast<const char*>(i32), 4);
   const std::string h = R"({"d":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},)"
-                        R"("h":{"dtype":"F16","shape":[2],"data_offsets":[16,20]},)"
-                        R"("i":{"dtype":"I32","shape":[],"data_offsets":[20,24]}})";
+                        R"("h":{"dtype":"F16","shape":[6],"data_offsets":[16,28]},)"
+                        R"("i":{"dtype":"I32","shape":[],"data_offsets":[28,32]}})";
   TempDir dir;
   const std::string path = dir.file("m.safetensors");
   std::ofstream(path, std::ios::binary) << file_of(h, buf);
   Reader r(path);
-  CHECK(r.read_f32(*r.header().find("h")) == std::vector<float>{1.0f, -2.5f});
+  CHECK(r.read_f32(*r.header().find("h")) == std::vector<float>{1.0f, -2.5f, std::ldexp(1.0f, -24),
+                                                                 std::ldexp(1023.0f, -24), 65504.0f, INFINITY});
   CHECK(r.read_f32(*r.header().find("d")) == std::vector<float>{0.1f, -3.0f});
   CHECK(r.header().find("i")->numel() == 1);  // shape [] is a scalar
   CHECK_THAT(error_of([&] { r.read_f32(*r.header().find("i")); }),
