@@ -1,35 +1,48 @@
-// qkv prepare --input TEXT --tokenizer byte|char|bpe --out DATA.h5 [--separator …] [--bpe-vocab-size N]
+// qkv prepare --input TEXT (--tokenizer byte|char|bpe | --tokenizer-from CKPT|HF_DIR) --out DATA.h5
+//             [--separator …] [--bpe-vocab-size N]
 // qkv plot --metrics RUN_DIR/metrics.jsonl --out loss.svg
 #include <cstdio>
 
 #include "app/commands.h"
 #include "data/dataset.h"
 #include "analysis/plot.h"
+#include "train/checkpoint.h"
+#include "train/hf_interop.h"
 
 namespace qkv::app {
 
 void add_prepare_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("prepare", "tokenize a text file into train/val splits (HDF5)");
-  static std::string input, tokenizer = "char", out, separator = "none";
+  static std::string input, tokenizer = "char", tokenizer_from, out, separator = "none";
   static int32_t bpe_vocab = 512;
   static double val_fraction = 0.1;
   static int64_t seed = 1337;
   static bool json = false;
   cmd->add_option("--input", input, "text file")->required();
-  cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe")->required();
+  auto* kind = cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe");
+  auto* from = cmd->add_option("--tokenizer-from", tokenizer_from,
+                               "use the tokenizer of a checkpoint or a Hugging Face model directory (GPT-2's BPE)");
+  kind->excludes(from);
+  from->excludes(kind);
   cmd->add_option("--out", out, "output .h5")->required();
   cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")->capture_default_str();
   cmd->add_option("--bpe-vocab-size", bpe_vocab, "BPE vocabulary size")->capture_default_str();
   cmd->add_option("--val-fraction", val_fraction, "share of documents (or tokens) held out")->capture_default_str();
   cmd->add_option("--seed", seed, "which documents go to validation")->capture_default_str();
   cmd->add_flag("--json", json, "print a summary as one JSON line");
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, kind] {
     PrepareOptions o;
     o.tokenizer = tokenizer;
     o.bpe_vocab_size = bpe_vocab;
     o.separator = parse_separator(separator);
     o.val_fraction = val_fraction;
     o.split_seed = static_cast<uint64_t>(seed);
+    QKV_CHECK(!tokenizer_from.empty() || kind->count() > 0, "prepare: give --tokenizer or --tokenizer-from");
+    if (!tokenizer_from.empty()) {
+      o.given = train::is_hf_directory(tokenizer_from) ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
+                                                      : std::shared_ptr<const Tokenizer>(train::read_checkpoint_meta(tokenizer_from).tokenizer);
+      o.tokenizer = o.given->kind();
+    }
     const Dataset ds = prepare_dataset(input, out, o);
     std::fprintf(json ? stderr : stdout, "%s: %s tokenizer (vocab %d), train %lld tokens in %lld documents, val %lld tokens in %lld documents\n",
                  out.c_str(), ds.tokenizer->kind(), ds.tokenizer->vocab_size(), static_cast<long long>(ds.train->size()),

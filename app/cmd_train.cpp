@@ -1,4 +1,4 @@
-// qkv train --config FILE [--set key=value]... [--resume CKPT | --init-from CKPT] [--plot] [--json]
+// qkv train --config FILE [--set key=value]... [--resume CKPT | --init-from CKPT|HF_DIR] [--plot] [--json]
 // Under `mpirun -np N` every process runs this command as one rank of a data-parallel job
 // (distributed/distributed.h): only rank 0 prints; an error on any rank prints one line naming the
 // rank and ends the whole job (MPI_Abort), so no rank waits forever in a collective.
@@ -60,7 +60,7 @@ void add_train_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--config", args.config, "config file (TOML)")->required();
   cmd->add_option("--set", args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
   cmd->add_option("--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
-  cmd->add_option("--init-from", args.init_from, "start a new run from a checkpoint's weights");
+  cmd->add_option("--init-from", args.init_from, "start a new run from a checkpoint's weights (or a Hugging Face model directory's)");
   cmd->add_flag("--plot", args.plot, "write OUT_DIR/loss.svg at the end");
   cmd->add_flag("--quiet", args.quiet, "no progress lines on stderr");
   cmd->add_flag("--json", args.json, "print the final metrics as one JSON line");

@@ -156,7 +156,8 @@ Dataset prepare_text(std::string_view text, const std::string& name, const Prepa
   std::string corpus;
   corpus.reserve(total);
   for (const std::string& d : docs) corpus += d;
-  std::shared_ptr<const Tokenizer> tok = make_tokenizer(opts.tokenizer, corpus, TokenizerOptions{opts.bpe_vocab_size});
+  std::shared_ptr<const Tokenizer> tok =
+      opts.given ? opts.given : make_tokenizer(opts.tokenizer, corpus, TokenizerOptions{opts.bpe_vocab_size});
 
   const std::vector<std::vector<int32_t>> ids = tok->encode_each(docs);
 

@@ -80,6 +80,9 @@ struct PrepareOptions {
                                    // files repeat some), so no val document is also in train
   double val_fraction = 0.1;       // in [0, 1)
   uint64_t split_seed = 1337;      // which documents go to val
+  // When set, text is tokenized with this tokenizer instead of one built from the corpus (a
+  // gpt2_bpe tokenizer from `qkv import`: `qkv prepare --tokenizer-from`); `tokenizer` is ignored.
+  std::shared_ptr<const Tokenizer> given;
 };
 
 // Tokenizes `text_path` into a prepared dataset at `out_h5` (atomically) and returns it loaded.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "data/byte_level_bpe.h"
 #include "data/h5.h"
 #include "tensor/error.h"
 
@@ -235,6 +236,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, std::string_vie
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
   if (kind == "char") return CharTokenizer::train(corpus);
   if (kind == "bpe") return BpeTokenizer::train(corpus, opts.bpe_vocab_size);
+  if (kind == Gpt2BpeTokenizer::kKind)
+    fail("[tokenizer] a gpt2_bpe tokenizer is read from Hugging Face files (qkv import), not learned from a corpus: "
+         "tokenize the text with `qkv prepare --tokenizer-from CKPT` and set data.path to the prepared .h5");
   fail("[tokenizer] unknown tokenizer '", kind, "' (expected byte, char or bpe)");
 }
 
@@ -261,6 +265,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
       }
       return std::make_unique<CharTokenizer>(std::move(vocab));
     }
+    if (kind == Gpt2BpeTokenizer::kKind) return Gpt2BpeTokenizer::from_serialized(text);
     if (kind == "bpe") {
       QKV_CHECK(j.contains("merges") && j["merges"].is_array(), "[tokenizer] stored bpe tokenizer has no \"merges\" array");
       const std::string pre = j.value("pre_split", std::string());

@@ -7,6 +7,9 @@
 //         character the corpus lacked is an error naming it.
 //   bpe   byte-level BPE: the 256 byte tokens plus merges learned on the corpus (see bpe.cpp),
 //         so it encodes any byte string, seen in training or not.
+//   gpt2_bpe  GPT-2's byte-level BPE read from Hugging Face files (vocab.json + merges.txt or
+//         tokenizer.json), giving HF's ids exactly (data/byte_level_bpe.h). Not built from a
+//         corpus: it arrives with `qkv import` and travels in checkpoints and prepared datasets.
 // For all kinds decode(encode(s)) == s exactly. A tokenizer serializes to one JSON string (kept
 // inside prepared datasets and checkpoints under a "/tokenizer" group) that rebuilds it exactly.
 #pragma once
@@ -28,7 +31,7 @@ class File;
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual const char* kind() const = 0;  // "byte" | "char" | "bpe"
+  virtual const char* kind() const = 0;  // "byte" | "char" | "bpe" | "gpt2_bpe"
   virtual int32_t vocab_size() const = 0;
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // encode() of each text (BPE shares its per-word work across them).

@@ -6,9 +6,28 @@
 # in build-sanitize/, or SANITIZE_BUILD_DIR). Then the GPU tests ([cuda]) run
 # again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
+# Before ctest, torch and transformers are installed for the interop test (INTEROP=0 skips that);
+# after it, the safetensors fuzz target runs for FUZZ_SECONDS (default 20; 0 skips) when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+
+# The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
+# against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
+# transformers==4.36.2 (a release that works with that torch). Installed here when missing;
+# INTEROP=0 skips the install, and without them the test reports itself skipped (the committed
+# fixtures of tests/test_hf_interop.cpp still run). A failed install (no network) only warns.
+if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
+  echo "test.sh: installing python3-torch and transformers==4.36.2 for the interop test" >&2
+  sudo_cmd=""
+  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  {
+    $sudo_cmd apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-torch python3-pip &&
+      $sudo_cmd /usr/bin/python3 -m pip install -q --break-system-packages transformers==4.36.2 &&
+      /usr/bin/python3 -c "import torch, transformers"
+  } >&2 || echo "test.sh: WARNING: could not install torch/transformers; the interop test will be skipped" >&2
+fi
 build_dir=${BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 args=(--test-dir "$build_dir" --output-on-failure --timeout 900)
@@ -16,6 +35,16 @@ if [[ ${QUICK:-0} == 1 ]]; then
   args+=(-LE slow)
 fi
 ctest "${args[@]}"
+
+# The safetensors header parser under libFuzzer (tests/fuzz/run_fuzz.sh; AddressSanitizer and
+# UndefinedBehaviorSanitizer) for FUZZ_SECONDS (default 20) when clang++ is installed; 0 skips it.
+if [[ ${FUZZ_SECONDS:-20} != 0 ]]; then
+  if command -v clang++ >/dev/null; then
+    WORK="$build_dir/fuzz" tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-20}" >&2
+  else
+    echo "test.sh: clang++ not installed; the safetensors fuzz run is skipped (apt-get install clang)" >&2
+  fi
+fi
 
 # The bitwise-exact cases ([exact]) again under every OpenBLAS kernel this CPU can run: a
 # machine's environment may set OPENBLAS_CORETYPE, and another kernel rounds GEMM tails

@@ -61,7 +61,8 @@ struct ModelSettings {
 
 struct DataSettings {
   std::string path;                   // a text file or a prepared .h5; may be empty with random_tokens
-  std::string tokenizer = "char";     // "char" | "byte" | "bpe"
+  std::string tokenizer = "char";     // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF files:
+                                      // a checkpoint made by `qkv import`; not built from a corpus)
   int64_t bpe_vocab_size = 512;
   std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
   double val_fraction = 0.1;

@@ -47,7 +47,7 @@ inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
 // data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
 // (which checkpoints and the batcher read too).
-inline constexpr std::array<std::string_view, 3> kTokenizers = {"char", "byte", "bpe"};
+inline constexpr std::array<std::string_view, 4> kTokenizers = {"char", "byte", "bpe", "gpt2_bpe"};
 inline constexpr std::array<std::string_view, 3> kSeparators = {"blank_line", "percent_line", "none"};
 inline constexpr std::array<std::string_view, 2> kDevices = {"cpu", "cuda"};
 inline constexpr std::array<std::string_view, 2> kDtypes = {"float32", "bf16"};

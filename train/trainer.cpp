@@ -23,6 +23,7 @@
 #include "train/clip.h"
 #include "train/config_schema.h"
 #include "train/evaluate.h"
+#include "train/hf_interop.h"
 #include "train/model_factory.h"
 #include "train/run_log.h"
 #include "train/schedule.h"
@@ -252,6 +253,26 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
     load_optimizer_state(opts.resume, dp, opt);
     state = meta.state;
     batcher.restore(state.data);
+  } else if (!opts.init_from.empty() && is_hf_directory(opts.init_from)) {
+    // A Hugging Face directory (train/hf_interop.h): the network it describes must be this run's
+    // (settings that do not change the function, dropout and init, may differ).
+    nn::ModelConfig theirs = model_config(read_hf_config(opts.init_from, cfg.data.tokenizer).config, data.vocab_size);
+    nn::ModelConfig ours = model.config();
+    theirs.dropout = ours.dropout;
+    theirs.attn_dropout = ours.attn_dropout;
+    theirs.init_std = ours.init_std;
+    theirs.attn_kernel = ours.attn_kernel;
+    if (const auto d = model_difference(ours, theirs))
+      fail(opts.init_from, "/config.json: ", d->key, " is ", d->b, " there but ", d->a, " in this run's config");
+    // Its ids must mean what the data's ids mean.
+    if (has_hf_tokenizer(opts.init_from)) {
+      const auto theirs_tok = read_hf_tokenizer(opts.init_from);
+      QKV_CHECK(theirs_tok->serialize() == data.tokenizer->serialize(), opts.init_from, ": its tokenizer (",
+                theirs_tok->kind(), ", ", theirs_tok->vocab_size(), " tokens) is not the one of data.path (",
+                data.tokenizer->kind(), ", ", data.tokenizer->vocab_size(), " tokens); tokenize the text with `qkv prepare ",
+                "--tokenizer-from ", opts.init_from, "`");
+    }
+    load_hf_weights(opts.init_from, model);
   } else if (!opts.init_from.empty()) {
     load_model_weights(opts.init_from, model);
   }

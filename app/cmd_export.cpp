@@ -1,0 +1,43 @@
+// qkv export --checkpoint CKPT --out DIR [--dtype f32|bf16] [--json]: a directory Hugging Face's
+// `transformers` loads with AutoModelForCausalLM.from_pretrained(DIR) (train/hf_interop.h says
+// what is written and what is refused).
+#include <cstdio>
+#include <string>
+
+#include "app/commands.h"
+#include "train/hf_interop.h"
+
+namespace qkv::app {
+
+void add_export_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("export", "write a checkpoint as a Hugging Face model directory (safetensors + config.json)");
+  static std::string checkpoint, out, dtype = "f32";
+  static bool json = false;
+  cmd->add_option("--checkpoint", checkpoint, "checkpoint file (.h5)")->required();
+  cmd->add_option("--out", out, "output directory (must not exist)")->required();
+  cmd->add_option("--dtype", dtype, "stored weights: f32 | bf16")->capture_default_str();
+  cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
+  cmd->callback([&exit_code] {
+    train::HfExportOptions o;
+    o.dtype = dtype;
+    const train::HfExportResult r = train::export_hf(checkpoint, out, o);
+    if (json) {
+      print_json({{"out", r.dir},
+                  {"architecture", r.architecture},
+                  {"dtype", r.dtype},
+                  {"tensors", r.tensors},
+                  {"parameters", r.parameters},
+                  {"safetensors_bytes", r.bytes},
+                  {"tokenizer", r.tokenizer},
+                  {"files", r.files}});
+    } else {
+      std::printf("wrote %s: %s, %lld tensors (%lld parameters, %s), tokenizer %s\n", r.dir.c_str(),
+                  r.architecture.c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.parameters),
+                  r.dtype.c_str(),
+                  r.tokenizer == "hf" ? "as HF files" : "as qkv_tokenizer.json (a mapping, not an HF tokenizer)");
+    }
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,335 @@
+// Hugging Face interop (train/hf_interop.h) without Python: the committed fixtures
+// tests/reference/hf/ were made and scored by `transformers` 4.36.2 (make_hf_fixture.py), so
+// importing them must give HF's loss (float64 reference, 1e-6 relative), logits and greedy
+// continuation; export -> import must give back the same weights bit for bit; and everything HF
+// cannot express or qkv cannot read is refused by name. (tests/interop/ checks the other
+// direction against the real `transformers` when Python has it.)
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "checkpoint_test_util.h"
+#include "data/safetensors.h"
+#include "tensor/dtype.h"
+#include "train/evaluate.h"
+#include "train/hf_interop.h"
+#include "train/sampler.h"
+
+using namespace qkv;
+using namespace qkv::ckpt_test;
+namespace st = qkv::safetensors;
+using nlohmann::json;
+
+namespace {
+
+std::string hf_fixture(const std::string& name) { return std::string(QKV_SOURCE_DIR) + "/tests/reference/hf/" + name; }
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.is_open());
+  return json::parse(in);
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+struct Loaded {
+  train::CheckpointMeta meta;
+  std::unique_ptr<nn::DecoderModel> model;
+};
+Loaded load(const std::string& ckpt) {
+  Loaded l;
+  l.meta = train::read_checkpoint_meta(ckpt);
+  l.model = train::build_model(l.meta.config.resolved(), l.meta.tokenizer->vocab_size());
+  train::load_model_weights(ckpt, *l.model);
+  l.model->eval();
+  return l;
+}
+
+// The imported fixture against what transformers computed.
+void check_against_fixture(const std::string& name, const train::HfImportOptions& opts, const std::string& tokenizer_kind) {
+  TempDir dir;
+  const json e = read_json_file(hf_fixture(name + ".expected.json"));
+  const std::string ckpt = dir.file("imported.h5");
+  const train::HfImportResult r = train::import_hf(hf_fixture(name), ckpt, opts);
+  CHECK(r.tokenizer == tokenizer_kind);
+  Loaded l = load(ckpt);
+  const auto ids = e["ids"].get<std::vector<int32_t>>();
+  CHECK(l.meta.tokenizer->encode(e["text"].get<std::string>()) == ids);
+  const int64_t T = e["block_size"];
+  REQUIRE(l.model->config().block_size == T);
+
+  const double loss = train::evaluate_windows(*l.model, ids, name).mean();
+  const double want = e["loss"];
+  INFO(name << ": qkv " << loss << " transformers " << want);
+  CHECK(std::abs(loss - want) <= 1e-6 * std::abs(want));
+
+  Tensor x = Tensor::empty({1, T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) x.data<int64_t>()[t] = ids[static_cast<size_t>(t)];
+  nn::ForwardArgs a;
+  a.ids = x;
+  const Tensor logits = l.model->forward(a).contiguous();
+  const auto want_logits = e["logits_first_window"].get<std::vector<double>>();
+  double worst = 0;
+  for (size_t i = 0; i < want_logits.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(logits.data<float>()[i]) - want_logits[i]));
+  CHECK(worst < 1e-4);
+
+  train::SampleOptions so;
+  so.max_new_tokens = 12;
+  so.temperature = 0;
+  CHECK(train::generate(*l.model, e["prompt_ids"].get<std::vector<int32_t>>(), so) ==
+        e["greedy"].get<std::vector<int32_t>>());
+}
+
+}  // namespace
+
+TEST_CASE("hf import: a GPT2LMHeadModel saved by transformers gives its loss, logits and greedy tokens", "[hf]") {
+  check_against_fixture("gpt2_tiny", {}, "gpt2_bpe");
+}
+
+TEST_CASE("hf import: a sharded bfloat16 LlamaForCausalLM with GQA gives its loss, logits and greedy tokens", "[hf]") {
+  train::HfImportOptions o;
+  o.tokenizer = "byte";
+  check_against_fixture("llama_gqa_tiny", o, "byte");
+  // Without --tokenizer byte a directory without tokenizer files is refused, saying what to do.
+  TempDir dir;
+  CHECK_THAT(error_of([&] { train::import_hf(hf_fixture("llama_gqa_tiny"), dir.file("x.h5")); }),
+             Catch::Contains("no tokenizer files") && Catch::Contains("--tokenizer byte"));
+}
+
+TEST_CASE("hf export writes what the HF classes read and import gives the weights back bit for bit", "[hf]") {
+  for (const std::string family : {"gpt2", "llama"}) {
+    INFO(family);
+    TempDir dir;
+    Run run = make_run(family);
+    const std::string ckpt = dir.file("run.h5");
+    save(run, ckpt);
+    const std::string out = dir.file("hf");
+    const train::HfExportResult r = train::export_hf(ckpt, out);
+    CHECK(r.tokenizer == "mapping");  // a char tokenizer is no HF tokenizer
+    const json cfg = read_json_file(out + "/config.json");
+    const ModelSettings& m = run.cfg.model;
+    if (family == "gpt2") {
+      CHECK(cfg["architectures"] == json{"GPT2LMHeadModel"});
+      CHECK(cfg["n_embd"] == m.n_embd);
+      CHECK(cfg["n_positions"] == m.block_size);
+      CHECK(cfg["activation_function"] == "gelu_new");
+      CHECK(cfg["tie_word_embeddings"] == true);
+    } else {
+      CHECK(cfg["architectures"] == json{"LlamaForCausalLM"});
+      CHECK(cfg["num_key_value_heads"] == 2);
+      CHECK(cfg["num_attention_heads"] == 4);
+      CHECK(cfg["rope_theta"] == m.rope_theta);
+      CHECK(cfg["intermediate_size"] == m.resolved_ffn_hidden());
+      CHECK(cfg["tie_word_embeddings"] == false);
+    }
+    CHECK(cfg["vocab_size"] == run.tok->vocab_size());
+    // The safetensors file: every parameter, HF layout (gpt2's Conv1D [in, out]), F32.
+    st::Reader rd(out + "/model.safetensors");
+    CHECK(rd.header().metadata.at("format") == "pt");
+    CHECK(static_cast<int64_t>(rd.header().tensors.size()) == r.tensors);
+    for (const auto& p : run.model->named_parameters()) {
+      const st::TensorInfo* t = rd.header().find(p.name);
+      REQUIRE(t);
+      CHECK(t->dtype == st::DType::F32);
+      if (p.name.find("attn.c_attn.weight") != std::string::npos) {
+        CHECK(t->shape == std::vector<int64_t>{p.tensor.shape()[1], p.tensor.shape()[0]});
+        const auto v = rd.read_f32(*t);
+        // element [in=1, out=2] of the file is our [out=2, in=1]
+        CHECK(v[static_cast<size_t>(1 * t->shape[1] + 2)] == p.tensor.data<float>()[2 * p.tensor.shape()[1] + 1]);
+      }
+    }
+    // Back: the same weights and tokenizer.
+    const std::string back = dir.file("back.h5");
+    train::import_hf(out, back);
+    Loaded l = load(back);
+    CHECK(same_weights(*l.model, snapshot(*run.model)));
+    CHECK(l.meta.tokenizer->serialize() == run.tok->serialize());
+    CHECK(l.meta.config.model.family == family);
+
+    // bf16: each value rounded to nearest even.
+    const std::string out16 = dir.file("hf16");
+    train::HfExportOptions o;
+    o.dtype = "bf16";
+    train::export_hf(ckpt, out16, o);
+    CHECK(read_json_file(out16 + "/config.json")["torch_dtype"] == "bfloat16");
+    st::Reader r16(out16 + "/model.safetensors");
+    const auto params = run.model->named_parameters();
+    const auto& p0 = params.front();
+    const auto v16 = r16.read_f32(*r16.header().find(p0.name));
+    for (size_t i = 0; i < 50; ++i) CHECK(v16[i] == bf16_to_float(float_to_bf16(p0.tensor.data<float>()[i])));
+  }
+}
+
+TEST_CASE("hf export of a gpt2_bpe model writes GPT-2's tokenizer files; re-import gives the same tokenizer", "[hf]") {
+  TempDir dir;
+  const std::string ckpt = dir.file("g.h5");
+  train::import_hf(hf_fixture("gpt2_tiny"), ckpt);
+  const std::string out = dir.file("hf");
+  CHECK(train::export_hf(ckpt, out).tokenizer == "hf");
+  for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
+                        "generation_config.json"})
+    CHECK(std::filesystem::exists(out + "/" + f));
+  CHECK(read_json_file(out + "/config.json")["eos_token_id"] == 0);
+  const std::string back = dir.file("back.h5");
+  train::import_hf(out, back);
+  CHECK(train::read_checkpoint_meta(back).tokenizer->serialize() == train::read_checkpoint_meta(ckpt).tokenizer->serialize());
+}
+
+TEST_CASE("hf export refuses what the HF class cannot express, by key, and writes nothing", "[hf]") {
+  const auto export_error = [](const std::string& family, const std::function<void(Config&)>& edit) {
+    TempDir dir;
+    Config cfg = tiny_config(family);
+    edit(cfg);
+    validate(cfg, "test");
+    cfg = cfg.resolved();
+    auto tok = CharTokenizer::train(kCorpus);
+    auto model = train::build_model(cfg, tok->vocab_size());
+    model->init_weights(3);
+    train::save_checkpoint(dir.file("c.h5"), cfg, *model, nullptr, train::TrainState{}, *tok);
+    const std::string msg = error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("out")); });
+    CHECK_FALSE(std::filesystem::exists(dir.file("out")));
+    for (const auto& e : std::filesystem::directory_iterator(dir.path)) CHECK(e.path().filename() == "c.h5");  // no temp left
+    return msg;
+  };
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "rope"; }), Catch::Contains("model.position = rope"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "alibi"; }), Catch::Contains("model.position = alibi"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.n_kv_head = 2; }), Catch::Contains("model.n_kv_head = 2"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.norm = "rmsnorm"; }), Catch::Contains("model.norm = rmsnorm"));
+  CHECK_THAT(export_error("llama", [](Config& c) { c.model.window = 4; }), Catch::Contains("model.window = 4"));
+  CHECK_THAT(export_error("llama", [](Config& c) { c.model.bias = true; }), Catch::Contains("model.bias = true"));
+  CHECK_THAT(export_error("llama", [](Config& c) { c.model.activation = "gelu"; }), Catch::Contains("model.activation = gelu"));
+
+  TempDir dir;
+  Run run = make_run("gpt2");
+  save(run, dir.file("c.h5"));
+  std::filesystem::create_directory(dir.file("taken"));
+  CHECK_THAT(error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("taken")); }), Catch::Contains("already exists"));
+  train::HfExportOptions o;
+  o.dtype = "f16";
+  CHECK_THAT(error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("x"), o); }), Catch::Contains("--dtype f16"));
+}
+
+TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks and mismatched tensors", "[hf]") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const auto copy_of = [&](const std::string& src, const std::string& name) {
+    const std::string d = dir.file(name);
+    fs::copy(hf_fixture(src), d, fs::copy_options::recursive);
+    return d;
+  };
+  const auto import_error = [&](const std::string& d) {
+    return error_of([&] { train::import_hf(d, dir.file("out.h5")); });
+  };
+  const auto edit_config = [&](const std::string& d, const std::function<void(json&)>& edit) {
+    json c = read_json_file(d + "/config.json");
+    edit(c);
+    write_text(d + "/config.json", c.dump());
+  };
+
+  CHECK_THAT(import_error(dir.file("absent")), Catch::Contains("absent: not a directory"));
+  // A pickle is refused, saying why.
+  std::string d = copy_of("gpt2_tiny", "pickle");
+  fs::rename(d + "/model.safetensors", d + "/pytorch_model.bin");
+  CHECK_THAT(import_error(d), Catch::Contains("pytorch_model.bin") && Catch::Contains("arbitrary code"));
+
+  d = copy_of("gpt2_tiny", "bert");
+  edit_config(d, [](json& c) { c["architectures"] = {"BertForMaskedLM"}; });
+  CHECK_THAT(import_error(d), Catch::Contains("\"BertForMaskedLM\" is not supported"));
+
+  d = copy_of("llama_gqa_tiny", "scaled");
+  edit_config(d, [](json& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("\"rope_scaling\""));
+
+  d = copy_of("llama_gqa_tiny", "mistral");
+  edit_config(d, [](json& c) { c["architectures"] = {"MistralForCausalLM"}; c["sliding_window"] = 16; });
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("\"sliding_window\" = 16"));
+  edit_config(d, [](json& c) { c["sliding_window"] = nullptr; });
+  CHECK_NOTHROW(train::import_hf(d, dir.file("mistral.h5"), {"byte"}));
+
+  d = copy_of("gpt2_tiny", "activation");
+  edit_config(d, [](json& c) { c["activation_function"] = "silu"; });
+  CHECK_THAT(import_error(d), Catch::Contains("\"activation_function\" = \"silu\""));
+
+  // A config that disagrees with the tensors: the shape error names the tensor.
+  d = copy_of("gpt2_tiny", "shape");
+  edit_config(d, [](json& c) { c["n_inner"] = 64; });
+  CHECK_THAT(import_error(d), Catch::Contains("\"transformer.h.0.mlp.c_fc.weight\" has shape [32,128]"));
+
+  // A tensor missing, and one that is not a parameter.
+  st::Reader src(hf_fixture("gpt2_tiny/model.safetensors"));
+  std::vector<st::WriteTensor> ts;
+  for (const auto& t : src.header().tensors) ts.push_back({t.name, t.dtype, t.shape, src.read_bytes(t)});
+  d = copy_of("gpt2_tiny", "missing");
+  auto fewer = ts;
+  fewer.erase(std::remove_if(fewer.begin(), fewer.end(), [](auto& t) { return t.name == "transformer.ln_f.bias"; }),
+              fewer.end());
+  write_text(d + "/model.safetensors", st::serialize(fewer, {{"format", "pt"}}));
+  CHECK_THAT(import_error(d), Catch::Contains("\"transformer.ln_f.bias\" is missing"));
+  d = copy_of("gpt2_tiny", "extra");
+  auto more = ts;
+  more.push_back({"transformer.h.0.attn.extra", st::DType::F32, {1}, std::string(4, '\0')});
+  write_text(d + "/model.safetensors", st::serialize(more, {{"format", "pt"}}));
+  CHECK_THAT(import_error(d), Catch::Contains("\"transformer.h.0.attn.extra\" is not a parameter"));
+
+  // The original GPT-2 files name tensors without "transformer."; HF's buffers are skipped.
+  d = copy_of("gpt2_tiny", "unprefixed");
+  auto bare = ts;
+  for (auto& t : bare)
+    if (t.name.rfind("transformer.", 0) == 0) t.name = t.name.substr(12);
+  bare.push_back({"h.0.attn.bias", st::DType::F32, {1}, std::string(4, '\0')});
+  write_text(d + "/model.safetensors", st::serialize(bare, {{"format", "pt"}}));
+  train::import_hf(d, dir.file("bare.h5"));
+  train::import_hf(hf_fixture("gpt2_tiny"), dir.file("ref.h5"));
+  CHECK(same_weights(*load(dir.file("bare.h5")).model, snapshot(*load(dir.file("ref.h5")).model)));
+
+  // A shard index pointing outside the directory is refused.
+  d = copy_of("llama_gqa_tiny", "escape");
+  json idx = read_json_file(d + "/model.safetensors.index.json");
+  idx["weight_map"]["lm_head.weight"] = "../../etc/passwd.safetensors";
+  write_text(d + "/model.safetensors.index.json", idx.dump());
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("not a .safetensors file name inside"));
+}
+
+TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer", "[hf]") {
+  const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
+  if (!std::filesystem::exists(qkv)) {
+    WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  TempDir dir;
+  const std::string hf = hf_fixture("gpt2_tiny");
+  // The corpus tokenized with the directory's GPT-2 BPE (what `qkv prepare --tokenizer-from` does).
+  std::string corpus;
+  for (int i = 0; i < 40; ++i) corpus += std::string(kCorpus) + " It was the age of wisdom, it was the age of foolishness.\n";
+  write_text(dir.file("corpus.txt"), corpus);
+  std::string out;
+  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer-from " + hf + " --out " +
+                          dir.file("data.h5") + " --json 2>/dev/null",
+                      out) == 0);
+  CHECK(json::parse(out.substr(out.rfind('{')))["tokenizer"] == "gpt2_bpe");
+  write_text(dir.file("ft.toml"), "[model]\nfamily = \"gpt2\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 32\n"
+                                  "vocab_size = 662\n[data]\npath = \"" + dir.file("data.h5") + "\"\ntokenizer = \"gpt2_bpe\"\n"
+                                  "separator = \"none\"\n[train]\nbatch_size = 2\nmax_steps = 1\nlr = 0\nmin_lr = 0\n"
+                                  "eval_interval = 1000\nout_dir = \"" + dir.file("run") + "\"\n");
+  const std::string train = qkv + " train --config " + dir.file("ft.toml") + " --init-from " + hf + " --json";
+  // lr 0: the one step leaves the weights as they were loaded.
+  REQUIRE(run_command(train + " 2>/dev/null", out) == 0);
+  const std::string ckpt = json::parse(out.substr(out.rfind('{')))["checkpoint"];
+  train::import_hf(hf, dir.file("imported.h5"));
+  CHECK(same_weights(*load(ckpt).model, snapshot(*load(dir.file("imported.h5")).model)));
+  // Another network, or data tokenized otherwise, is refused naming what differs.
+  CHECK(run_command(train + " --set model.n_embd=64 --set train.out_dir=" + dir.file("run2") + " 2>/dev/null", out) == 2);
+  CHECK_THAT(out, Catch::Contains("model.n_embd is 32 there but 64"));
+  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer byte --out " + dir.file("bytes.h5") +
+                          " >/dev/null 2>&1",
+                      out) == 0);
+  CHECK(run_command(train + " --set data.path=" + dir.file("bytes.h5") + " --set data.tokenizer=byte --set train.out_dir=" +
+                        dir.file("run3") + " 2>/dev/null",
+                    out) == 2);
+  CHECK_THAT(out, Catch::Contains("its tokenizer (gpt2_bpe, 662 tokens) is not the one of data.path (byte"));
+}

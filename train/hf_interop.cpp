@@ -1,0 +1,554 @@
+// Hugging Face export and import (rules: train/hf_interop.h).
+#include "train/hf_interop.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "data/byte_level_bpe.h"
+#include "data/safetensors.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "train/atomic_file.h"
+#include "train/checkpoint.h"
+#include "train/model_factory.h"
+
+namespace qkv::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+namespace st = qkv::safetensors;
+
+namespace {
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// GPT-2's Conv1D weights, stored [in, out] by HF (and by qkv checkpoints); qkv's Linear is [out, in].
+bool is_conv1d_weight(const std::string& family, const std::string& name) {
+  return family == "gpt2" && (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+                              ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  QKV_CHECK(in.is_open(), path, ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  QKV_CHECK(!in.bad(), path, ": read failed");
+  return ss.str();
+}
+
+json read_json(const std::string& path) {
+  const std::string text = read_text(path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    fail(path, ": not valid JSON: ", msg);
+  }
+}
+
+std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::strict) + "\n"; }
+
+// ---- export ----
+
+// Refuses, naming the [model] key, what the family's HF class cannot express.
+std::string check_exportable(const Config& cfg, const std::string& ckpt) {
+  const ModelSettings& m = cfg.model;
+  const auto refuse = [&](const std::string& key, const std::string& value, const char* cls, const char* why) {
+    fail(ckpt, ": model.", key, " = ", value, " cannot be exported: ", cls, " ", why);
+  };
+  if (m.window > 0) refuse("window", std::to_string(m.window), m.family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM",
+                           "has no sliding-window attention");
+  if (m.family == "gpt2") {
+    const char* cls = "GPT2LMHeadModel";
+    if (m.resolved_position() != "learned") refuse("position", m.resolved_position(), cls, "has learned positions only");
+    if (m.resolved_norm() != "layernorm") refuse("norm", m.resolved_norm(), cls, "has LayerNorm only");
+    if (m.resolved_activation() == "swiglu") refuse("activation", "swiglu", cls, "has no gated MLP");
+    if (!m.resolved_bias()) refuse("bias", "false", cls, "always has biases");
+    if (m.resolved_n_kv_head() != m.n_head)
+      refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls, "has no grouped-query attention (n_kv_head must equal n_head)");
+    return "GPT2LMHeadModel";
+  }
+  const char* cls = "LlamaForCausalLM";
+  if (m.resolved_position() != "rope") refuse("position", m.resolved_position(), cls, "has RoPE positions only");
+  if (m.resolved_norm() != "rmsnorm") refuse("norm", m.resolved_norm(), cls, "has RMSNorm only");
+  if (m.resolved_activation() != "swiglu") refuse("activation", m.resolved_activation(), cls, "has a SwiGLU MLP only");
+  if (m.resolved_bias()) refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
+  return "LlamaForCausalLM";
+}
+
+const char* gpt2_activation_name(const std::string& a) {
+  if (a == "gelu_tanh") return "gelu_new";
+  if (a == "gelu") return "gelu";
+  return "relu";
+}
+
+// The <|endoftext|>-style token of a gpt2_bpe tokenizer (its first added token), or -1.
+int32_t special_token(const Tokenizer& tok) {
+  if (std::string(tok.kind()) != Gpt2BpeTokenizer::kKind) return -1;
+  const auto& added = static_cast<const Gpt2BpeTokenizer&>(tok).added();
+  return added.empty() ? -1 : added.front();
+}
+
+json config_json(const Config& cfg, const std::string& arch, int64_t vocab, int32_t special, const std::string& dtype) {
+  const ModelSettings& m = cfg.model;
+  const json eos = special >= 0 ? json(special) : json(nullptr);
+  json j;
+  j["architectures"] = {arch};
+  j["vocab_size"] = vocab;
+  j["tie_word_embeddings"] = m.resolved_tie_embeddings();
+  j["initializer_range"] = m.init_std;
+  j["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
+  j["bos_token_id"] = eos;
+  j["eos_token_id"] = eos;
+  j["use_cache"] = true;
+  if (arch == "GPT2LMHeadModel") {
+    j["model_type"] = "gpt2";
+    j["n_positions"] = m.block_size;
+    j["n_ctx"] = m.block_size;
+    j["n_embd"] = m.n_embd;
+    j["n_layer"] = m.n_layer;
+    j["n_head"] = m.n_head;
+    j["n_inner"] = m.resolved_ffn_hidden();
+    j["activation_function"] = gpt2_activation_name(m.resolved_activation());
+    j["layer_norm_epsilon"] = m.norm_eps;
+    j["resid_pdrop"] = m.dropout;
+    j["embd_pdrop"] = m.dropout;
+    j["attn_pdrop"] = m.attn_dropout;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+  } else {
+    j["model_type"] = "llama";
+    j["hidden_size"] = m.n_embd;
+    j["intermediate_size"] = m.resolved_ffn_hidden();
+    j["num_hidden_layers"] = m.n_layer;
+    j["num_attention_heads"] = m.n_head;
+    j["num_key_value_heads"] = m.resolved_n_kv_head();
+    j["hidden_act"] = "silu";
+    j["max_position_embeddings"] = m.block_size;
+    j["rms_norm_eps"] = m.norm_eps;
+    j["rope_theta"] = m.rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["attention_bias"] = false;
+    j["attention_dropout"] = m.attn_dropout;
+    j["pretraining_tp"] = 1;
+  }
+  return j;
+}
+
+// Files describing the tokenizer; returns "hf" when they are an HF tokenizer, "mapping" otherwise.
+std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<std::string, std::string>& files) {
+  if (std::string(tok.kind()) == Gpt2BpeTokenizer::kKind) {
+    const auto& g = static_cast<const Gpt2BpeTokenizer&>(tok);
+    files["vocab.json"] = g.vocab_json() + "\n";
+    files["merges.txt"] = g.merges_txt();
+    json cfg = {{"tokenizer_class", "GPT2Tokenizer"}, {"add_prefix_space", false}, {"add_bos_token", false},
+                {"model_max_length", block_size}, {"clean_up_tokenization_spaces", false}, {"errors", "replace"}};
+    json decoder = json::object();
+    for (int32_t id : g.added())
+      decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]}, {"special", true}, {"lstrip", false},
+                                     {"rstrip", false}, {"single_word", false}, {"normalized", false}};
+    cfg["added_tokens_decoder"] = decoder;
+    json special = json::object();
+    if (!g.added().empty()) {
+      const std::string& s = g.vocab()[static_cast<size_t>(g.added().front())];
+      for (const char* k : {"bos_token", "eos_token", "unk_token"}) cfg[k] = special[k] = s;
+    }
+    files["tokenizer_config.json"] = dump(cfg);
+    files["special_tokens_map.json"] = dump(special);
+    return "hf";
+  }
+  json ids = json::array();
+  static const char* hex = "0123456789abcdef";
+  for (int32_t i = 0; i < tok.vocab_size(); ++i) {
+    std::string bytes, h;
+    tok.append_token(i, bytes);
+    for (unsigned char c : bytes) h += hex[c >> 4], h += hex[c & 15];
+    ids.push_back(h);
+  }
+  json m = {{"format", "qkv-tokenizer-mapping"},
+            {"version", 1},
+            {"note", "Not a Hugging Face tokenizer: token id i stands for the bytes id_to_bytes_hex[i]; "
+                     "encoding follows qkv's rule for this kind (see qkv's data/tokenizer.h). "
+                     "`qkv import` restores the tokenizer from the \"qkv\" entry."},
+            {"kind", tok.kind()},
+            {"id_to_bytes_hex", ids},
+            {"qkv", json::parse(tok.serialize())}};
+  files["qkv_tokenizer.json"] = m.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
+  return "mapping";
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Writes `files` into a fresh temporary directory beside `dir`, then renames it to `dir`.
+void write_directory_atomic(const std::string& dir, const std::map<std::string, std::string>& files) {
+  std::error_code ec;
+  QKV_CHECK(!fs::exists(dir, ec), dir, ": already exists (export never overwrites; remove it or choose another --out)");
+  fs::path target = fs::absolute(dir);
+  if (!target.has_filename()) target = target.parent_path();
+  QKV_CHECK(fs::is_directory(target.parent_path(), ec), dir, ": its parent directory ", target.parent_path().string(),
+            " does not exist");
+  std::random_device rd;
+  const std::string tmp = target.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd() % 1000000);
+  QKV_CHECK(fs::create_directory(tmp, ec) && !ec, tmp, ": cannot create (", ec.message(), ")");
+  try {
+    for (const auto& [name, bytes] : files) write_file_atomic(tmp + "/" + name, bytes);
+    fsync_dir(tmp);
+    fs::rename(tmp, target, ec);
+    QKV_CHECK(!ec, dir, ": cannot move the finished directory into place (", ec.message(), ")");
+    fsync_dir(target.parent_path().string());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+// ---- import ----
+
+int64_t get_int(const json& j, const std::string& key, const std::string& where, std::optional<int64_t> dflt = {}) {
+  if (!j.contains(key) || j[key].is_null()) {
+    QKV_CHECK(dflt.has_value(), where, ": lacks \"", key, "\"");
+    return *dflt;
+  }
+  QKV_CHECK(j[key].is_number_integer() && j[key].get<int64_t>() >= 0, where, ": \"", key, "\" is ", j[key].dump(),
+            ", not a non-negative integer");
+  return j[key].get<int64_t>();
+}
+double get_real(const json& j, const std::string& key, const std::string& where, double dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  QKV_CHECK(j[key].is_number(), where, ": \"", key, "\" is ", j[key].dump(), ", not a number");
+  return j[key].get<double>();
+}
+bool get_bool(const json& j, const std::string& key, const std::string& where, bool dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  QKV_CHECK(j[key].is_boolean(), where, ": \"", key, "\" is ", j[key].dump(), ", not true or false");
+  return j[key].get<bool>();
+}
+std::string get_string(const json& j, const std::string& key, const std::string& where, const std::string& dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  QKV_CHECK(j[key].is_string(), where, ": \"", key, "\" is ", j[key].dump(), ", not a string");
+  return j[key].get<std::string>();
+}
+
+// The weight files of DIR, in order; refuses pickles by name.
+std::vector<std::string> weight_files(const std::string& dir, json* weight_map) {
+  std::error_code ec;
+  const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+  if (fs::exists(single, ec)) return {single};
+  if (fs::exists(index, ec)) {
+    const json j = read_json(index);
+    QKV_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object() && !j["weight_map"].empty(), index,
+              ": has no \"weight_map\" object");
+    std::set<std::string> names;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      QKV_CHECK(it.value().is_string(), index, ": weight_map entry ", json(it.key()).dump(), " is not a file name");
+      const std::string f = it.value();
+      // A plain file name in DIR: an index is data, and must not send the reader elsewhere.
+      QKV_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f != "." &&
+                    f != ".." && ends_with(f, ".safetensors"),
+                index, ": weight_map file ", json(f).dump(), " is not a .safetensors file name inside the directory");
+      names.insert(f);
+    }
+    if (weight_map) *weight_map = j["weight_map"];
+    std::vector<std::string> out;
+    for (const auto& n : names) {
+      QKV_CHECK(fs::exists(dir + "/" + n, ec), index, ": lists ", n, ", which is not in ", dir);
+      out.push_back(dir + "/" + n);
+    }
+    return out;
+  }
+  for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
+    QKV_CHECK(!fs::exists(dir + "/" + pickle, ec), dir, ": holds ", pickle,
+              " (PyTorch pickle) but no model.safetensors; qkv does not read pickles, since loading one can run "
+              "arbitrary code. Convert it in Python: model.save_pretrained(dir, safe_serialization=True)");
+  fail(dir, ": has no model.safetensors (nor model.safetensors.index.json)");
+}
+
+}  // namespace
+
+HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opts) {
+  QKV_CHECK(opts.dtype == "f32" || opts.dtype == "bf16", "--dtype ", opts.dtype, " is not f32 or bf16");
+  CheckpointMeta meta = read_checkpoint_meta(checkpoint);
+  const Config cfg = meta.config.resolved();
+  const std::string arch = check_exportable(cfg, checkpoint);
+  auto model = build_model(cfg, meta.tokenizer->vocab_size());
+  load_model_weights(checkpoint, *model);
+  const int64_t vocab = model->config().vocab_size;
+
+  HfExportResult r;
+  r.dir = out_dir;
+  r.architecture = arch;
+  r.dtype = opts.dtype;
+  const st::DType dt = opts.dtype == "bf16" ? st::DType::BF16 : st::DType::F32;
+  std::vector<st::WriteTensor> tensors;
+  for (const nn::NamedParameter& p : model->named_parameters()) {
+    const bool conv1d = is_conv1d_weight(cfg.model.family, p.name);
+    Tensor t = p.tensor.to(Device::cpu);
+    t = conv1d ? t.transpose(0, 1).contiguous() : t.contiguous();
+    st::WriteTensor w;
+    w.name = p.name;
+    w.dtype = dt;
+    w.shape = std::vector<int64_t>(t.shape().begin(), t.shape().end());
+    w.data = st::encode_f32(t.data<float>(), t.numel(), dt);
+    r.parameters += t.numel();
+    tensors.push_back(std::move(w));
+  }
+  r.tensors = static_cast<int64_t>(tensors.size());
+
+  std::map<std::string, std::string> files;
+  files["model.safetensors"] = st::serialize(tensors, {{"format", "pt"}, {"qkv_source", fs::path(checkpoint).filename().string()}});
+  r.bytes = static_cast<int64_t>(files["model.safetensors"].size());
+  tensors.clear();
+  const int32_t special = special_token(*meta.tokenizer);
+  files["config.json"] = dump(config_json(cfg, arch, vocab, special, opts.dtype));
+  const json eos = special >= 0 ? json(special) : json(nullptr);
+  files["generation_config.json"] = dump({{"bos_token_id", eos}, {"eos_token_id", eos}});
+  r.tokenizer = tokenizer_files(*meta.tokenizer, cfg.model.block_size, files);
+  for (const auto& [name, _] : files) r.files.push_back(name);
+  write_directory_atomic(out_dir, files);
+  return r;
+}
+
+bool is_hf_directory(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec);
+}
+
+HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_kind) {
+  std::error_code ec;
+  QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory");
+  const std::string where = dir + "/config.json";
+  QKV_CHECK(fs::exists(where, ec), dir, ": has no config.json");
+  const json j = read_json(where);
+  QKV_CHECK(j.is_object(), where, ": is not a JSON object");
+  std::string arch;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0];
+  const std::string type = get_string(j, "model_type", where, "");
+  HfModelInfo info;
+  info.dir = dir;
+  info.architecture = arch.empty() ? type : arch;
+  Config cfg;
+  ModelSettings& m = cfg.model;
+  const auto refuse = [&](const std::string& key, const json& value, const char* why) {
+    fail(where, ": \"", key, "\" = ", value.dump(), " cannot be imported: ", why);
+  };
+  if (arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2")) {
+    m.family = "gpt2";
+    m.vocab_size = get_int(j, "vocab_size", where);
+    m.block_size = get_int(j, "n_positions", where);
+    m.n_embd = get_int(j, "n_embd", where);
+    m.n_layer = get_int(j, "n_layer", where);
+    m.n_head = get_int(j, "n_head", where);
+    m.n_kv_head = m.n_head;
+    m.ffn_hidden = get_int(j, "n_inner", where, 4 * m.n_embd);
+    const std::string act = get_string(j, "activation_function", where, "gelu_new");
+    if (act == "gelu_new" || act == "gelu_pytorch_tanh") m.activation = "gelu_tanh";
+    else if (act == "gelu" || act == "relu") m.activation = act;
+    else refuse("activation_function", act, "qkv has gelu_new (tanh), gelu and relu");
+    m.norm_eps = get_real(j, "layer_norm_epsilon", where, 1e-5);
+    m.dropout = get_real(j, "resid_pdrop", where, 0.1);
+    m.attn_dropout = get_real(j, "attn_pdrop", where, 0.1);
+    if (get_real(j, "embd_pdrop", where, m.dropout) != m.dropout)
+      refuse("embd_pdrop", j["embd_pdrop"], "qkv has one dropout for embeddings and residuals (resid_pdrop)");
+    if (!get_bool(j, "scale_attn_weights", where, true)) refuse("scale_attn_weights", false, "qkv always scales by 1/sqrt(head size)");
+    if (get_bool(j, "scale_attn_by_inverse_layer_idx", where, false))
+      refuse("scale_attn_by_inverse_layer_idx", true, "qkv has no per-layer attention scale");
+    if (get_bool(j, "add_cross_attention", where, false)) refuse("add_cross_attention", true, "qkv is decoder-only");
+    m.tie_embeddings = get_bool(j, "tie_word_embeddings", where, true);
+    m.position = "learned";
+    m.norm = "layernorm";
+    m.bias = true;
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || (arch.empty() && (type == "llama" || type == "mistral"))) {
+    m.family = "llama";
+    m.vocab_size = get_int(j, "vocab_size", where);
+    m.n_embd = get_int(j, "hidden_size", where);
+    m.ffn_hidden = get_int(j, "intermediate_size", where);
+    m.n_layer = get_int(j, "num_hidden_layers", where);
+    m.n_head = get_int(j, "num_attention_heads", where);
+    m.n_kv_head = get_int(j, "num_key_value_heads", where, m.n_head);
+    m.block_size = get_int(j, "max_position_embeddings", where);
+    m.norm_eps = get_real(j, "rms_norm_eps", where, 1e-6);
+    m.rope_theta = get_real(j, "rope_theta", where, 10000.0);
+    m.attn_dropout = get_real(j, "attention_dropout", where, 0.0);
+    const std::string act = get_string(j, "hidden_act", where, "silu");
+    if (act != "silu") refuse("hidden_act", act, "qkv's llama MLP is SwiGLU (silu)");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) refuse("rope_scaling", j["rope_scaling"], "qkv's RoPE has no scaling");
+    if (get_bool(j, "attention_bias", where, false)) refuse("attention_bias", true, "qkv's llama has no biases");
+    if (get_bool(j, "mlp_bias", where, false)) refuse("mlp_bias", true, "qkv's llama has no biases");
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null())
+      refuse("sliding_window", j["sliding_window"], "Mistral's sliding window is not reproduced (only sliding_window null)");
+    if (j.contains("head_dim") && !j["head_dim"].is_null() && m.n_head > 0 &&
+        get_int(j, "head_dim", where) * m.n_head != m.n_embd)
+      refuse("head_dim", j["head_dim"], "qkv's head size is hidden_size / num_attention_heads");
+    m.tie_embeddings = get_bool(j, "tie_word_embeddings", where, false);
+    m.position = "rope";
+    m.norm = "rmsnorm";
+    m.activation = "swiglu";
+    m.bias = false;
+  } else {
+    fail(where, ": architecture ", json(info.architecture).dump(),
+         " is not supported (qkv imports GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM without sliding window)");
+  }
+  cfg.data.tokenizer = tokenizer_kind;
+  validate(cfg, where);
+  info.config = cfg.resolved();
+  info.weight_files = weight_files(dir, nullptr);
+  return info;
+}
+
+bool has_hf_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(dir + "/tokenizer.json", ec) || (fs::exists(dir + "/vocab.json", ec) && fs::exists(dir + "/merges.txt", ec)) ||
+         fs::exists(dir + "/qkv_tokenizer.json", ec);
+}
+
+std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::string& fallback) {
+  std::error_code ec;
+  const std::string tj = dir + "/tokenizer.json", vj = dir + "/vocab.json", mt = dir + "/merges.txt",
+                    qj = dir + "/qkv_tokenizer.json";
+  const auto with_path = [](const std::string& path, const auto& f) -> std::unique_ptr<Tokenizer> {
+    try {
+      return f();
+    } catch (const Error& e) {
+      fail(path, ": ", e.what());
+    }
+  };
+  if (fallback == "byte") return std::make_unique<ByteTokenizer>();
+  QKV_CHECK(fallback.empty(), "--tokenizer ", fallback, " is not supported (byte, or none to read DIR's tokenizer files)");
+  if (fs::exists(tj, ec)) return with_path(tj, [&] { return Gpt2BpeTokenizer::from_tokenizer_json(read_text(tj)); });
+  if (fs::exists(vj, ec) && fs::exists(mt, ec))
+    return with_path(vj, [&] { return Gpt2BpeTokenizer::from_vocab_merges(read_text(vj), read_text(mt)); });
+  if (fs::exists(qj, ec)) {
+    return with_path(qj, [&] {
+      const json j = read_json(qj);
+      QKV_CHECK(j.is_object() && j.value("format", std::string()) == "qkv-tokenizer-mapping" && j.contains("qkv"),
+                "not a qkv-tokenizer-mapping file");
+      return tokenizer_from_json(j["qkv"].dump());
+    });
+  }
+  fail(dir, ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "
+            "pass --tokenizer byte if the model's ids are bytes");
+}
+
+void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
+  const std::string family = nn::family_name(model.config().family);
+  json weight_map;
+  const std::vector<std::string> files = weight_files(dir, &weight_map);
+  std::vector<std::unique_ptr<st::Reader>> readers;
+  std::map<std::string, std::pair<st::Reader*, const st::TensorInfo*>> found;
+  for (const std::string& f : files) {
+    readers.push_back(std::make_unique<st::Reader>(f));
+    for (const st::TensorInfo& t : readers.back()->header().tensors) {
+      const auto [it, fresh] = found.emplace(t.name, std::make_pair(readers.back().get(), &t));
+      QKV_CHECK(fresh, dir, ": tensor ", json(t.name).dump(), " is in two shards (", it->second.first->path(), " and ", f, ")");
+    }
+  }
+  if (!weight_map.is_null())
+    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+      const auto f = found.find(it.key());
+      QKV_CHECK(f != found.end() && fs::path(f->second.first->path()).filename() == it.value().get<std::string>(), dir,
+                "/model.safetensors.index.json: tensor ", json(it.key()).dump(), " is not in ", it.value().get<std::string>());
+    }
+  // Files saved from the base model (GPT2Model, LlamaModel) lack the head model's prefix.
+  const std::string root = family == "gpt2" ? "transformer." : "model.";
+  const std::string probe = family == "gpt2" ? "wte.weight" : "embed_tokens.weight";
+  const bool unprefixed = !found.count(root + probe) && found.count(probe);
+  const auto file_name = [&](const std::string& name) {
+    return unprefixed && name.rfind(root, 0) == 0 ? name.substr(root.size()) : name;
+  };
+  std::set<std::string> used;
+  const std::vector<nn::NamedParameter> params = model.named_parameters();
+  std::vector<Tensor> values;  // all read and checked before the model is touched
+  for (const nn::NamedParameter& p : params) {
+    const std::string name = file_name(p.name);
+    const auto it = found.find(name);
+    QKV_CHECK(it != found.end(), dir, ": tensor ", json(name).dump(), " is missing (the ", family, " model described by ",
+              "config.json needs it)");
+    used.insert(name);
+    st::Reader& r = *it->second.first;
+    const st::TensorInfo& t = *it->second.second;
+    const bool conv1d = is_conv1d_weight(family, p.name);
+    Shape want = p.tensor.shape();
+    if (conv1d) want = Shape{want.at(1), want.at(0)};
+    const std::vector<int64_t> want_v(want.begin(), want.end());
+    QKV_CHECK(t.shape == want_v, r.path(), ": tensor ", json(name).dump(), " has shape ", json(t.shape).dump(),
+              " but config.json's model needs ", json(want_v).dump());
+    const std::vector<float> v = r.read_f32(t);
+    for (size_t i = 0; i < v.size(); ++i)
+      QKV_CHECK(std::isfinite(v[i]), r.path(), ": tensor ", json(name).dump(), " element ", i, " is ", v[i]);
+    Tensor value = Tensor::empty(p.tensor.shape(), DType::f32, Device::cpu);
+    float* dst = value.data<float>();
+    if (conv1d) {  // stored [in, out] -> ours [out, in]
+      const int64_t in = want[0], out = want[1];
+      for (int64_t a = 0; a < in; ++a)
+        for (int64_t b = 0; b < out; ++b) dst[b * in + a] = v[static_cast<size_t>(a * out + b)];
+    } else {
+      std::memcpy(dst, v.data(), v.size() * sizeof(float));
+    }
+    values.push_back(std::move(value));
+  }
+  for (const auto& [name, where] : found) {
+    if (used.count(name)) continue;
+    // Non-parameter buffers some versions of transformers saved, and a tied head saved anyway.
+    const bool buffer = (family == "gpt2" && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) ||
+                        ends_with(name, "rotary_emb.inv_freq");
+    const bool tied_head = name == "lm_head.weight" && model.config().tie_embeddings;
+    QKV_CHECK(buffer || tied_head, where.first->path(), ": tensor ", json(name).dump(), " is not a parameter of the ",
+              family, " model config.json describes");
+  }
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor dst = params[i].tensor;
+    copy_(dst, dst.device() == Device::cpu ? values[i] : values[i].to(dst.device()));
+  }
+}
+
+HfImportResult import_hf(const std::string& dir, const std::string& out, const HfImportOptions& opts) {
+  std::error_code ec;
+  QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (qkv import reads a Hugging Face model directory)");
+  std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
+  HfModelInfo info = read_hf_config(dir, tok->kind());
+  const int64_t vocab = info.config.model.vocab_size;
+  QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(), " tokens but config.json's vocab_size is ",
+            vocab);
+  auto model = build_model(info.config, tok->vocab_size());
+  load_hf_weights(dir, *model);
+  TrainState state;
+  state.seed = static_cast<uint64_t>(info.config.train.seed);
+  save_checkpoint(out, info.config, *model, nullptr, state, *tok);
+  HfImportResult r;
+  r.checkpoint = out;
+  r.architecture = info.architecture;
+  r.tokenizer = tok->kind();
+  r.vocab_size = vocab;
+  r.tensors = static_cast<int64_t>(model->named_parameters().size());
+  r.parameters = model->parameter_count();
+  return r;
+}
+
+}  // namespace qkv::train

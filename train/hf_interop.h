@@ -1,0 +1,90 @@
+// Hugging Face interop: a qkv checkpoint to a directory `transformers` loads with
+// AutoModelForCausalLM.from_pretrained(DIR), and such a directory back to a qkv checkpoint.
+//
+// qkv's parameter names and stored layouts already are HF's (train/checkpoint.h), so the model
+// maps one to one:
+//   gpt2 family  <-> GPT2LMHeadModel (model_type "gpt2"): learned positions, LayerNorm, biases,
+//                    multi-head attention (n_kv_head = n_head), activation gelu_tanh <-> "gelu_new"
+//                    (also read: "gelu_pytorch_tanh"), gelu <-> "gelu", relu <-> "relu";
+//                    tied or untied head (tie_word_embeddings).
+//   llama family <-> LlamaForCausalLM (model_type "llama"): RoPE (rotate-half, rope_theta), RMSNorm,
+//                    SwiGLU ("silu"), no biases, GQA (num_key_value_heads), tied or untied head.
+//                    Import also reads MistralForCausalLM ("mistral") with sliding_window null: the
+//                    same network under another name.
+// Settings the HF class cannot express are refused by name, never written approximately: for
+// gpt2, any position but learned, rmsnorm, swiglu, no biases, GQA, a sliding window; for llama,
+// any position but rope, layernorm, an activation but swiglu, biases, a window; on import,
+// rope_scaling, attention_bias, scale_attn_weights = false, cross-attention, and so on.
+//
+// Export writes DIR atomically (a temporary directory renamed into place; DIR must not exist):
+//   model.safetensors       the weights (float32 or bfloat16), __metadata__ {"format": "pt"}
+//   config.json             GPT2Config / LlamaConfig fields (architectures, sizes, eps,
+//                           rope_theta, heads, tie_word_embeddings, torch_dtype, bos/eos ids)
+//   generation_config.json  bos/eos token ids
+//   tokenizer               gpt2_bpe: vocab.json + merges.txt + tokenizer_config.json
+//                           (GPT2Tokenizer, no prefix space) + special_tokens_map.json, which HF
+//                           reproduces exactly. byte, char and qkv's own bpe (its pre-split differs
+//                           from GPT-2's, so no HF tokenizer gives its ids): qkv_tokenizer.json, a
+//                           documented mapping {"format": "qkv-tokenizer-mapping", "kind",
+//                           "id_to_bytes_hex": [hex of each id's bytes], "qkv": the tokenizer
+//                           as qkv stores it} — not claimed as an HF tokenizer.
+// Import reads config.json and model.safetensors, or the shards model-0000k-of-0000n.safetensors
+// listed by model.safetensors.index.json; F32, F16, BF16 (and F64) become float32. Names may lack
+// the head model's prefix ("wte.weight" for "transformer.wte.weight", as the original GPT-2 files
+// have). HF's non-parameter buffers (gpt2 attn.bias / attn.masked_bias, llama rotary_emb.inv_freq)
+// are skipped; any other unknown tensor, a missing one or a wrong shape is an error naming it.
+// pytorch_model.bin (a pickle: loading one can run arbitrary code) is refused.
+// The tokenizer: DIR's tokenizer.json or vocab.json + merges.txt (GPT-2 byte-level BPE), else
+// qkv_tokenizer.json (a qkv export), else `tokenizer = "byte"` when the caller says the ids are bytes.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+#include "nn/transformer.h"
+#include "train/config.h"
+
+namespace qkv::train {
+
+struct HfExportOptions {
+  std::string dtype = "f32";  // "f32" | "bf16"
+};
+struct HfExportResult {
+  std::string dir, architecture, dtype, tokenizer;  // tokenizer: "hf" (exact HF files) or "mapping"
+  int64_t tensors = 0, parameters = 0, bytes = 0;
+  std::vector<std::string> files;
+};
+HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opts = {});
+
+// What an HF directory holds, read and checked (weights not read yet).
+struct HfModelInfo {
+  std::string dir, architecture;
+  Config config;  // the qkv config of the same network (resolved; data.tokenizer = the tokenizer's kind)
+  std::vector<std::string> weight_files;
+};
+// Reads DIR/config.json; `tokenizer_kind` is what data.tokenizer will say.
+HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_kind = "byte");
+// The tokenizer of DIR (rules above); `fallback` "byte" allows a directory without tokenizer
+// files, "" refuses it naming the files looked for.
+std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::string& fallback = "");
+// True when DIR holds tokenizer files read_hf_tokenizer reads.
+bool has_hf_tokenizer(const std::string& dir);
+// Loads DIR's weights into `model`, which must be the network DIR describes: every parameter
+// present with HF's shape; names the first tensor at fault.
+void load_hf_weights(const std::string& dir, nn::DecoderModel& model);
+
+struct HfImportOptions {
+  std::string tokenizer;  // "" (from DIR's files) or "byte"
+};
+struct HfImportResult {
+  std::string checkpoint, architecture, tokenizer;
+  int64_t tensors = 0, parameters = 0, vocab_size = 0;
+};
+// DIR -> a qkv checkpoint at `out` (step 0, no optimizer state), written atomically.
+HfImportResult import_hf(const std::string& dir, const std::string& out, const HfImportOptions& opts = {});
+
+// True for a directory holding config.json (what --init-from accepts beside a checkpoint).
+bool is_hf_directory(const std::string& path);
+
+}  // namespace qkv::train
