@@ -5,6 +5,8 @@
 // lengths), GQA/MQA, RoPE on request, large logits over several key tiles, and bad input.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -528,9 +530,15 @@ TEST_CASE("encoder-decoder learns to reverse strings: >= 99% exact on held-out s
   nn::EncoderDecoder m(c);
   m.init_weights(1);
   examples::ReverseTrainOptions o;
+  // One thread, as README's run: these GEMMs are tiny, and OpenBLAS's threads spin on a shared
+  // machine (measured: 2 threads several times slower there). Restored after.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   const auto rep = examples::train_reverse(m, t, o, [](int64_t step, double loss, double acc) {
     std::printf("reverse: step %lld loss %.4f held-out accuracy %.3f\n", static_cast<long long>(step), loss, acc);
+    std::fflush(stdout);
   });
+  omp_set_num_threads(threads);
   std::printf("reverse: %.1f%% after %lld steps, %.1f s\n", 100 * rep.accuracy, static_cast<long long>(rep.steps),
               rep.seconds);
   CHECK(rep.accuracy >= 0.99);
