@@ -28,6 +28,21 @@
 //   dropout_discipline  max|Δ| between eval runs, eval vs dropout-free, train runs with one seed
 //               (and train runs with two seeds must differ)              0
 //   data.val_ngram_share, data.duplicated_docs   (with a dataset)        0.05, 0
+//   permutation_equivariance  (only models with position = none, no window; otherwise listed as
+//               skipped with the reason, never passed) attention without positions is
+//               permutation-equivariant (seed 1 §16). On a copy with the causal mask lifted (the
+//               model's own attention ops wrapped): max over logits and every layer of
+//               max|h(πx) − π h(x)| / max|h| for a seeded shuffle π of the probe   rounding tolerance
+//   permutation_equivariance.causal_prefix  the model as it runs (causal): max relative change of
+//               the FIRST block's output (and a one-block model's logits) at positions t >= s when
+//               tokens [0, s) are shuffled (s in {2, L/4, L/2, L-1})      rounding tolerance
+//               Its detail states a finding, not a leak: a one-block model sees its context as a
+//               bag of tokens and cannot tell order; with >= 2 blocks the deeper ones can (they
+//               read block 0 at positions < s, whose prefixes did change: the causal mask alone
+//               leaks position), and the detail gives how much. Failing means something puts
+//               position into a model that has none (a kernel reading indices, a wrong mask).
+//   "rounding tolerance" is leak::rounding_tolerance (u·sqrt(K)·(2 + 6·n_layer)): these two
+//   compare sums over keys taken in another order, so they are not exact.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -78,7 +93,14 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
 // data.val_ngram_share, data.duplicated_docs
 std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o);
 
-// Every model check above, in table order. A check that throws is recorded as failed (value inf)
+// permutation_equivariance and permutation_equivariance.causal_prefix; throws when
+// permutation_not_applicable(model.config()) is not empty.
+std::vector<LeakCheck> check_permutation_equivariance(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// Why the permutation checks do not apply to a model ("" when they do): positions, a window.
+std::string permutation_not_applicable(const nn::ModelConfig& c);
+
+// Every model check above, in table order (the permutation checks only where they apply; the
+// caller lists them as skipped otherwise). A check that throws is recorded as failed (value inf)
 // with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
 

@@ -254,6 +254,8 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
+  if (permutation_not_applicable(m->config()).empty())
+    guarded("permutation_equivariance", [&] { return check_permutation_equivariance(*m, o); });
   return out;
 }
 

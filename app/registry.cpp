@@ -1,6 +1,7 @@
 #include "app/registry.h"
 
 #include "attention/attention.h"
+#include "nn/cross_attention.h"
 
 namespace qkv::app {
 
@@ -9,6 +10,7 @@ const autograd::GradcheckRegistry& full_gradcheck_registry() {
     autograd::GradcheckRegistry r;
     autograd::register_core_gradchecks(r);
     attn::register_attention_gradchecks(r);
+    nn::register_cross_attention_gradchecks(r);
     return r;
   }();
   return registry;
