@@ -215,9 +215,10 @@ Image render_heads_grid(const HeadsReport& r) {
       const int x = pad + static_cast<int>(hd) * col_w;
       const int y = pad + title_h + static_cast<int>(l) * (panel + caption + gap);
       const HeadScores& s = r.heads[static_cast<size_t>(l * m.n_head + hd)];
-      char score[32];
-      std::snprintf(score, sizeof score, " %.2f", s.label_score);
-      img.draw_text(x, y, "L" + std::to_string(l) + " H" + std::to_string(hd) + score, ink);
+      char caption_line[64];
+      std::snprintf(caption_line, sizeof caption_line, "L%lld H%lld %.2f", static_cast<long long>(l),
+                    static_cast<long long>(hd), s.label_score);
+      img.draw_text(x, y, caption_line, ink);
       img.draw_text(x, y + Image::kGlyphH + 2, s.label, {20, 60, 140});
       const float* wts = m.weights[static_cast<size_t>(l)].data<float>() + hd * T * T;
       for (int64_t i = 0; i < T; ++i)

@@ -96,8 +96,11 @@ struct VariantResult {
   std::vector<std::string> overrides;
   double val_loss = NAN, val_loss_gap = NAN;  // gap = val_loss - full's (NaN without a full variant)
   double tokens_per_s = 0, wall_s = 0;
+  // The resident high-water mark over the variant (training, inference, checks). VmHWM is reset
+  // before the variant, after freed memory went back to the OS, so it starts from what the
+  // process still holds (a little more for later variants of one study than for the first).
   int64_t peak_rss_bytes = 0;
-  bool peak_rss_per_variant = false;  // VmHWM reset before the variant; else the process's peak so far
+  bool peak_rss_per_variant = false;  // VmHWM could be reset; else the process's peak so far
   int64_t steps = 0, train_tokens = 0, params = 0, block_size = 0;
   std::vector<CurvePoint> curve;  // validation loss against training wall time (eval excluded)
   std::vector<LengthResult> lengths;
