@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
   qkv::app::add_attention_map_command(app, exit_code);
   qkv::app::add_export_command(app, exit_code);
   qkv::app::add_import_command(app, exit_code);
+  qkv::app::add_cost_command(app, exit_code);
+  qkv::app::add_heads_command(app, exit_code);
+  qkv::app::add_study_command(app, exit_code);
   const bool json = json_requested(argc, argv);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,68 @@
+// qkv study --config BASE [--set k=v]... --variants full,window:64,... [--lengths 256,1024,4096]
+//           [--budget-tokens T] [--decode-tokens N] [--no-checks] [--report DIR] [--json]
+//   Trains BASE once per attention variant (same data, seed, budget, schedule) and compares them:
+//   val loss and its gap to full, tokens/s, wall time, peak RSS, inference latency and memory per
+//   length, loss at longer lengths, leakcheck's consistency checks, edge inputs (analysis/study.h).
+//   Progress on stderr; DIR/index.html is the report; a second run skips finished variants.
+#include <cstdio>
+#include <sstream>
+
+#include "analysis/study.h"
+#include "app/commands.h"
+
+namespace qkv::app {
+
+void add_study_command(CLI::App& root, int& exit_code) {
+  auto* cmd = root.add_subcommand("study", "train one config per attention variant and compare quality, speed and memory");
+  static std::string config, variants, lengths = "256,1024,4096", report = "runs/study";
+  static std::vector<std::string> sets;
+  static int64_t budget = 0, decode_tokens = 16, eval_tokens = 8192;
+  static bool json = false, no_checks = false;
+  cmd->add_option("--config", config, "base config file (.toml)")->required();
+  cmd->add_option("--set", sets, "override a base config key (repeatable)");
+  cmd->add_option("--variants", variants, "comma-separated variants: full, window:W, strided:S, global:G, block_sparse:B, bigbird, linear")
+      ->required();
+  cmd->add_option("--lengths", lengths, "comma-separated inference lengths")->capture_default_str();
+  cmd->add_option("--budget-tokens", budget, "training tokens per variant (default: the config's max_steps)");
+  cmd->add_option("--decode-tokens", decode_tokens, "decoded tokens timed per length")->capture_default_str();
+  cmd->add_option("--eval-tokens", eval_tokens, "validation tokens scored per length")->capture_default_str();
+  cmd->add_flag("--no-checks", no_checks, "skip leakcheck's model checks");
+  cmd->add_option("--report", report, "work and report directory (index.html, variants/<name>/)")->capture_default_str();
+  cmd->add_flag("--json", json, "print {variants: [...]} as one JSON line");
+  cmd->callback([&exit_code] {
+    analysis::StudyOptions o;
+    o.dir = report;
+    o.lengths.clear();
+    std::stringstream ss(lengths);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.empty()) continue;
+      size_t used = 0;
+      long long n = 0;
+      try {
+        n = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      QKV_CHECK(used == item.size() && n >= 1, "--lengths: '", item, "' is not a positive integer");
+      o.lengths.push_back(n);
+    }
+    QKV_CHECK(budget >= 0, "--budget-tokens must be >= 0, got ", budget);
+    QKV_CHECK(decode_tokens >= 1, "--decode-tokens must be >= 1, got ", decode_tokens);
+    QKV_CHECK(eval_tokens >= 1, "--eval-tokens must be >= 1, got ", eval_tokens);
+    o.budget_tokens = budget;
+    o.decode_tokens = decode_tokens;
+    o.eval_tokens = eval_tokens;
+    o.run_checks = !no_checks;
+    o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    const auto specs = analysis::parse_variants(variants);
+    const analysis::StudyResult r = analysis::run_study(config, sets, specs, o);
+    analysis::write_study_report(r);
+    std::fputs(analysis::study_table(r).c_str(), json ? stderr : stdout);
+    std::fprintf(json ? stderr : stdout, "study: report -> %s/index.html\n", report.c_str());
+    if (json) print_json(analysis::study_json(r));
+    exit_code = 0;
+  });
+}
+
+}  // namespace qkv::app

@@ -1,0 +1,122 @@
+// `qkv study` (analysis/study.h): variant parsing, a tiny study of full vs window:8 with its
+// report, JSON fields and resume.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "analysis/study.h"
+
+using namespace qkv;
+
+namespace {
+std::string src(const std::string& rel) { return std::string(QKV_SOURCE_DIR) + "/" + rel; }
+}  // namespace
+
+TEST_CASE("study: variant specs map through the table", "[study]") {
+  const auto v = analysis::parse_variants("full, window:64,window:8");
+  REQUIRE(v.size() == 3);
+  CHECK(v[0].name == "full");
+  CHECK(v[0].overrides == std::vector<std::string>{"model.window=0"});
+  CHECK(v[1].overrides == std::vector<std::string>{"model.window=64"});
+  const auto s = analysis::parse_variants("strided:16,linear");
+  CHECK(s[0].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=strided", "model.pattern_stride=16"});
+  CHECK(s[1].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=linear"});
+  CHECK_THROWS_WITH(analysis::parse_variants("full,sparse"), Catch::Contains("unknown variant 'sparse'"));
+  CHECK_THROWS_WITH(analysis::parse_variants("window"), Catch::Contains("window needs a parameter"));
+  CHECK_THROWS_WITH(analysis::parse_variants("full:3"), Catch::Contains("full takes no parameter"));
+  CHECK_THROWS_WITH(analysis::parse_variants("window:x"), Catch::Contains("positive integer"));
+  CHECK_THROWS_WITH(analysis::parse_variants("full,full"), Catch::Contains("listed twice"));
+  CHECK_THROWS_WITH(analysis::parse_variants(""), Catch::Contains("no variant"));
+}
+
+TEST_CASE("study: a tiny study of full vs window:8, its report, and resume", "[study][slow]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "qkv_test_study").string();
+  std::filesystem::remove_all(dir);
+  analysis::StudyOptions o;
+  o.dir = dir;
+  o.lengths = {8, 24, 64};  // 64 > block_size 32: learned positions cannot go there
+  o.budget_tokens = 8 * 32 * 12;  // 12 steps of batch 8 x 32 tokens
+  o.decode_tokens = 4;
+  o.eval_tokens = 256;
+  std::vector<std::string> lines;
+  o.progress = [&](const std::string& l) { lines.push_back(l); };
+  const std::vector<std::string> sets = {"data.path=" + src("data/corpus/tinyshakespeare.txt"), "train.log_interval=4"};
+  const auto variants = analysis::parse_variants("full,window:8");
+  const analysis::StudyResult r = analysis::run_study(src("configs/tiny.toml"), sets, variants, o);
+  REQUIRE(r.variants.size() == 2);
+  for (const auto& v : r.variants) {
+    INFO(v.name);
+    CHECK_FALSE(v.resumed);
+    CHECK(v.steps == 12);
+    CHECK(v.train_tokens == 12 * 8 * 32);
+    CHECK(std::isfinite(v.val_loss));
+    CHECK(v.val_loss < 4.5);  // below ln(65) = 4.17 plus slack: it trained
+    CHECK(v.tokens_per_s > 0);
+    CHECK(v.peak_rss_bytes > 0);
+    CHECK_FALSE(v.curve.empty());
+    REQUIRE(v.lengths.size() == 3);
+    CHECK(v.lengths[0].measured);
+    CHECK(v.lengths[1].measured);
+    CHECK(std::isfinite(v.lengths[0].prefill_ms));
+    CHECK(v.lengths[0].kv_cache_bytes > 0);
+    CHECK(std::isfinite(v.lengths[1].val_loss));
+    CHECK_FALSE(v.lengths[2].measured);
+    CHECK(v.lengths[2].skipped.find("block_size") != std::string::npos);
+    CHECK_FALSE(std::isfinite(v.lengths[2].val_loss));
+    CHECK_FALSE(v.checks.empty());
+    for (const auto& c : v.checks) {
+      INFO(c.name << " " << c.value);
+      CHECK(c.pass);
+    }
+    REQUIRE(v.edges.size() == 3);
+    for (const auto& e : v.edges) {
+      INFO(e.name << ": " << e.got);
+      CHECK(e.pass);
+    }
+    CHECK(std::filesystem::exists(dir + "/variants/" + (v.name == "full" ? "full" : "window_8") + "/result.json"));
+  }
+  CHECK(r.variants[0].val_loss_gap == 0.0);
+  CHECK(std::isfinite(r.variants[1].val_loss_gap));
+  // Same KV cache bytes at the same length: the window does not shrink make_cache's buffers.
+  CHECK(r.variants[0].lengths[0].kv_cache_bytes == r.variants[1].lengths[0].kv_cache_bytes);
+  analysis::write_study_report(r);
+  std::ifstream html(dir + "/index.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+  CHECK(page.find("<svg") != std::string::npos);
+  CHECK(page.find("window:8") != std::string::npos);
+  const auto j = analysis::study_json(r);
+  REQUIRE(j["variants"].size() == 2);
+  for (const char* k : {"name", "val_loss", "tokens_per_s", "peak_rss_bytes", "wall_s", "val_loss_gap", "lengths", "checks", "edges"})
+    CHECK(j["variants"][0].contains(k));
+  CHECK(j["variants"][1]["name"] == "window:8");
+
+  // Resume: both variants come from their result files, with the same numbers.
+  lines.clear();
+  const analysis::StudyResult again = analysis::run_study(src("configs/tiny.toml"), sets, variants, o);
+  REQUIRE(again.variants.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(again.variants[i].resumed);
+    CHECK(again.variants[i].val_loss == r.variants[i].val_loss);
+    CHECK(again.variants[i].lengths[1].val_loss == r.variants[i].lengths[1].val_loss);
+  }
+  CHECK(lines.size() == 2);
+  // A variant without its result file (an interrupted run) trains again; the other is kept.
+  std::filesystem::remove(dir + "/variants/window_8/result.json");
+  lines.clear();
+  const analysis::StudyResult third = analysis::run_study(src("configs/tiny.toml"), sets, variants, o);
+  CHECK(third.variants[0].resumed);
+  CHECK_FALSE(third.variants[1].resumed);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("study: a pattern variant this build lacks fails before training, naming the key", "[study]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "qkv_test_study_bad").string();
+  std::filesystem::remove_all(dir);
+  analysis::StudyOptions o;
+  o.dir = dir;
+  const auto variants = analysis::parse_variants("full,strided:4");
+  CHECK_THROWS_WITH(analysis::run_study(src("configs/tiny.toml"), {}, variants, o),
+                    Catch::Contains("model.attention_pattern"));
+  CHECK_FALSE(std::filesystem::exists(dir));  // nothing written
+}
