@@ -78,9 +78,14 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
 // data.val_ngram_share, data.duplicated_docs
 std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o);
 
-// Every model check above, in table order. A check that throws is recorded as failed (value inf)
-// with the error as its detail.
+// Every model check above that applies, in table order. A check that throws is recorded as failed
+// (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// The checks run_model_checks leaves out for `model`, each with the reason (name, reason): for
+// model.attention_pattern = linear the softmax-specific ones (mask.*, reference_attention and its
+// backward: linear attention forms no weights; its float64 reference is tests/test_attention_linear.cpp
+// and `qkv gradcheck --only linear`). Reported as skipped, never as passed.
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
 // dropout / kernel / window but must have the same parameter shapes. Eval mode.
@@ -111,6 +116,7 @@ enum class Fault {
   scale_d_model,         // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
   rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
   dropout_in_eval,       // attention dropout left on in eval mode
+  linear_chunk_future,   // linear attention's causal chunk also reads its own later keys
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

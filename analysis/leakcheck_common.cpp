@@ -250,11 +250,20 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("train_vs_inference", [&] { return check_train_vs_inference(*m, o); });
   guarded("padding", [&] { return check_padding(*m, o); });
   guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
-  guarded("mask", [&] { return check_mask_semantics(*m, o); });
-  guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
-  guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
+  const bool softmax = model.config().attention_pattern == nn::AttentionPattern::full;
+  if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
+  if (softmax) guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
+  if (softmax) guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
   return out;
+}
+
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model) {
+  if (model.config().attention_pattern == nn::AttentionPattern::full) return {};
+  const std::string why =
+      "not applicable to model.attention_pattern = linear: it forms no softmax weights (its float64 reference: "
+      "tests/test_attention_linear.cpp, qkv gradcheck --only linear)";
+  return {{"mask.*", why}, {"reference_attention", why}, {"reference_attention_backward", why}};
 }
 
 }  // namespace qkv::analysis

@@ -388,7 +388,8 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
   const nn::ModelConfig& c = model.config();
   nn::ModelConfig with = c, without = c;
   with.dropout = c.dropout > 0 ? c.dropout : 0.1;
-  with.attn_dropout = c.attn_dropout > 0 ? c.attn_dropout : 0.1;
+  // linear attention has no weights to drop: its copy keeps attn_dropout = 0 (residual dropout only)
+  with.attn_dropout = c.attention_pattern == nn::AttentionPattern::linear ? 0 : c.attn_dropout > 0 ? c.attn_dropout : 0.1;
   without.dropout = without.attn_dropout = 0;
   const auto drop = copy_model(model, with), none = copy_model(model, without);
   const int64_t L = leak::probe_len(c, o);
