@@ -555,3 +555,55 @@ TEST_CASE("leakcheck: a causal chunk that reads its own later keys is caught", "
     CHECK(c->value > 10 * std::max(c->threshold, 1e-7));
   }
 }
+
+// ---- CUDA ----
+
+TEST_CASE("linear attention on the GPU equals the CPU kernel, forward and backward", "[attention][linear][cuda]") {
+  if (!test::cuda_device_present()) return;
+  uint64_t seed = 4000;
+  for (LinearFeature f : kFeatures)
+    for (bool causal : {false, true})
+      for (int variant = 0; variant < 3; ++variant) {  // plain, key padding, key padding + segments
+        if (!causal && variant == 2) continue;
+        for (int64_t chunk : {int64_t(3), int64_t(13)}) {
+          const Dims d{2, 4, 2, causal ? 13 : 9, 13, 4};
+          const DType dt = variant == 1 ? DType::f32 : DType::f64;
+          Case c = make_case(d, f, causal, chunk, variant > 0, seed += 5, dt, variant == 2);
+          INFO(label(f, causal, chunk, true, variant > 0) << (variant == 2 ? " segments" : "") << " "
+                                                            << (dt == DType::f32 ? "f32" : "f64"));
+          const Tensor u = randn({d.B, d.Hq, d.Nq, d.D}, seed + 3, 0, 0.0, 1.0, dt);
+          auto run = [&](Device dev) {
+            Tensor q = c.q.to(dev), k = c.k.to(dev), v = c.v.to(dev);
+            q.set_requires_grad(true);
+            k.set_requires_grad(true);
+            v.set_requires_grad(true);
+            const Tensor out = attn::linear_attention(q, k, v, c.o);
+            CHECK(out.device() == dev);
+            autograd::backward(out, u.to(dev));
+            return std::vector<Tensor>{out.to(Device::cpu), q.grad().to(Device::cpu), k.grad().to(Device::cpu),
+                                       v.grad().to(Device::cpu)};
+          };
+          const std::vector<Tensor> cpu = run(Device::cpu), gpu = run(Device::cuda);
+          const double tol = dt == DType::f32 ? 1e-4 : 1e-10;
+          const char* names[] = {"out", "dq", "dk", "dv"};
+          for (int a = 0; a < 4; ++a) {
+            INFO(names[a]);
+            // float32: both kernels round; dq cancels (dnum·S against dden·z), so the absolute
+            // tolerance scales with the largest element
+            const std::vector<double> want = cpu[a].to_vector();
+            double scale = 0;
+            for (double x : want) scale = std::max(scale, std::abs(x));
+            test::check_close(gpu[a], want, tol, tol * scale);
+          }
+        }
+      }
+  // The planted fault reaches the GPU kernel too (it reads the chunk's later keys).
+  Case c = make_case({1, 2, 1, 8, 8, 4}, LinearFeature::elu1, true, 4, false, 77, DType::f64);
+  c.o.fault_chunk_future = true;
+  const std::vector<double> want = attn::linear_attention(c.q, c.k, c.v, c.o).to_vector();
+  test::check_close(attn::linear_attention(c.q.to(Device::cuda), c.k.to(Device::cuda), c.v.to(Device::cuda), c.o)
+                        .to(Device::cpu),
+                    want, 1e-10, 1e-12);
+  c.o.fault_chunk_future = false;
+  CHECK(rel(attn::linear_attention(c.q, c.k, c.v, c.o), from_vector(want, c.q.shape(), DType::f64)) > 1e-3);
+}
