@@ -254,6 +254,26 @@ void advance_state(T* S, T* z, const T* psi, const T* vh, int64_t v_sn, int64_t 
     for (int64_t r = 0; r < m; ++r) z[r] += psi[j * m + r];
 }
 
+// Per-thread scratch, carved from one allocator tensor (so the allocator's peak counts it).
+template <class T>
+struct Buf {
+  T* p;
+  int64_t n;
+  T* data() const { return p; }
+  T* begin() const { return p; }
+  T* end() const { return p + n; }
+  T& operator[](int64_t i) const { return p[i]; }
+};
+template <class T>
+struct Carver {
+  T* p;
+  Buf<T> take(int64_t n) {
+    Buf<T> b{p, n};
+    p += n;
+    return b;
+  }
+};
+
 // ---- Forward ----
 
 template <class T>
@@ -261,10 +281,15 @@ void run_forward(const Io<T>& io, const LinearProblem& p, const LinearAttentionO
   const int64_t tasks = p.B * p.Hkv, D = p.D, Dv = p.Dv, m = p.m, Nq = p.Nq, Nk = p.Nk;
   const int64_t c = chunk_of(o, Nk);
   const T eps = static_cast<T>(o.eps);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(p, tasks))
+  const int nthreads = threads_for(p, tasks);
+  const int64_t per = Nk * (D + m) + Nq * (D + m) + m * Dv + m + c * c + c * Dv;
+  Tensor scratch = Tensor::empty({nthreads, per}, p.dtype);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t b = t / p.Hkv, hk = t % p.Hkv;
-    std::vector<T> kt(Nk * D), psi(Nk * m), qt(Nq * D), phi(Nq * m), S(m * Dv), z(m), A(c * c), pre(c * Dv);
+    Carver<T> cv{scratch.data<T>() + omp_get_thread_num() * per};
+    const Buf<T> kt = cv.take(Nk * D), psi = cv.take(Nk * m), qt = cv.take(Nq * D), phi = cv.take(Nq * m),
+                 S = cv.take(m * Dv), z = cv.take(m), A = cv.take(c * c), pre = cv.take(c * Dv);
     const T* vh = io.v + b * io.v_sb + hk * io.v_sh;
     const int64_t* st = io.start + b * Nk;
     features<T>(io.k + b * io.k_sb + hk * io.k_sh, io.k_sn, Nk, p, o.feature, io.W,
@@ -325,12 +350,18 @@ void run_backward(const Io<T>& io, const LinearProblem& p, const LinearAttention
                   const T* out, const T* den, T* dq, T* dk, T* dv) {
   const int64_t tasks = p.B * p.Hkv, D = p.D, Dv = p.Dv, m = p.m, Nq = p.Nq, Nk = p.Nk;
   const int64_t c = chunk_of(o, Nk);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(p, tasks))
+  const int nthreads = threads_for(p, tasks);
+  const int64_t per = Nk * (D + 2 * m) + Nq * (D + 2 * m + Dv + 1) + m * Dv + m + 2 * c * c + c * std::max(m, Dv) + c * Dv;
+  Tensor scratch = Tensor::empty({nthreads, per}, p.dtype);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t b = t / p.Hkv, hk = t % p.Hkv;
-    std::vector<T> kt(Nk * D), psi(Nk * m), dpsi(Nk * m, T(0)), qt(Nq * D), phi(Nq * m), dphi(Nq * m),
-        dnum(Nq * Dv), dden(Nq), S(m * Dv), z(m), A(c * c), dA(c * c), tm(c * std::max(m, Dv)), tv(c * Dv),
-        tden(c);
+    Carver<T> cv{scratch.data<T>() + omp_get_thread_num() * per};
+    const Buf<T> kt = cv.take(Nk * D), psi = cv.take(Nk * m), dpsi = cv.take(Nk * m), qt = cv.take(Nq * D),
+                 phi = cv.take(Nq * m), dphi = cv.take(Nq * m), dnum = cv.take(Nq * Dv), dden = cv.take(Nq),
+                 S = cv.take(m * Dv), z = cv.take(m), A = cv.take(c * c), dA = cv.take(c * c),
+                 tm = cv.take(c * std::max(m, Dv)), tv = cv.take(c * Dv);
+    std::fill(dpsi.begin(), dpsi.end(), T(0));
     const T* vh = io.v + b * io.v_sb + hk * io.v_sh;
     const uint8_t* valid = io.valid ? io.valid + b * Nk : nullptr;
     const int64_t* st = io.start + b * Nk;

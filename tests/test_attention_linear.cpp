@@ -15,7 +15,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "compare_util.h"
+#include "attention/bench.h"
 #include "nn/transformer.h"
+#include "tensor/allocator.h"
 #include "tensor/ops.h"
 #include "train/config.h"
 #include "train/model_factory.h"
@@ -312,6 +314,50 @@ TEST_CASE("linear attention: a query that sees no valid key gets 0, not NaN", "[
   const std::vector<double> out = attn::linear_attention(q, k, v, o).to_vector();
   for (int e = 0; e < 6; ++e) CHECK(out[e] == 0.0);
   for (double x : out) CHECK(std::isfinite(x));
+}
+
+TEST_CASE("linear attention memory grows linearly in N, never N × N", "[attention][linear]") {
+  // Allocator peak of one causal forward + backward (inputs, output, den, gradients and the kernels'
+  // scratch, which comes from the allocator) at N and 4N: about 4x, where N × N weights would be 16x.
+  auto peak = [](int64_t n) {
+    Tensor q = randn({1, 2, n, 16}, 1), k = randn({1, 2, n, 16}, 2), v = randn({1, 2, n, 16}, 3);
+    q.set_requires_grad(true);
+    k.set_requires_grad(true);
+    v.set_requires_grad(true);
+    LinearAttentionOptions o;
+    o.causal = true;
+    const int64_t before = allocator_stats().bytes_in_use;
+    reset_peak_bytes();
+    autograd::backward(attn::linear_attention(q, k, v, o), randn({1, 2, n, 16}, 4));
+    return allocator_stats().peak_bytes - before;
+  };
+  const int64_t p1 = peak(1024), p4 = peak(4096);
+  std::printf("[linear] peak bytes fwd+bwd: N=1024 %lld, N=4096 %lld (ratio %.2f)\n", static_cast<long long>(p1),
+              static_cast<long long>(p4), static_cast<double>(p4) / static_cast<double>(p1));
+  CHECK(p4 < 5 * p1);
+  CHECK(p4 > 3 * p1);
+  CHECK(p4 < 4096 * 4096 * 4);  // less than one float32 N × N matrix
+}
+
+TEST_CASE("qkv bench --pattern linear rows carry pattern, kernel and kept pairs", "[attention][linear][bench]") {
+  attn::AttentionBenchOptions o;
+  o.pattern = "linear";
+  o.ns = {64, 128};
+  o.hkvs = {2};
+  o.heads = 2;
+  o.head_dims = {8};
+  o.repeats = 1;
+  o.threads = 1;
+  const auto rows = attn::bench_attention(o);
+  REQUIRE(rows.size() == 2);
+  for (const auto& r : rows) {
+    CHECK(r.pattern == "linear");
+    CHECK(r.kernel == "linear");
+    CHECK(r.kept_pairs == r.n * (r.n + 1) / 2);
+    CHECK(r.peak_bytes > 0);
+  }
+  o.pattern = "diagonal";
+  CHECK_THROWS_WITH(attn::bench_attention(o), Catch::Contains("--pattern"));
 }
 
 // ---- The model: config keys, decode through the recurrent state, training ----
