@@ -252,7 +252,7 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
   const bool softmax = model.config().attention_pattern == nn::AttentionPattern::full;
   if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
-  if (softmax) guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
+  guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   if (softmax) guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
   return out;
@@ -263,7 +263,7 @@ std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn:
   const std::string why =
       "not applicable to model.attention_pattern = linear: it forms no softmax weights (its float64 reference: "
       "tests/test_attention_linear.cpp, qkv gradcheck --only linear)";
-  return {{"mask.*", why}, {"reference_attention", why}, {"reference_attention_backward", why}};
+  return {{"mask.*", why}, {"reference_attention_backward", why}};
 }
 
 }  // namespace qkv::analysis

@@ -231,7 +231,15 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
       leak::naive_rope(q, B, Hq, L, hd, r.pos, c.rope_theta);
       leak::naive_rope(k, B, Hkv, L, hd, r.pos, c.rope_theta);
     }
-    leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
+    if (c.attention_pattern == nn::AttentionPattern::linear) {
+      const attn::LinearAttentionOptions lo;  // the model's layers use the default eps and scale
+      const std::vector<double> W = c.linear_feature == attn::LinearFeature::favor
+                                        ? attn::favor_projection_for_layer(c.linear_features, hd, l).to_vector()
+                                        : std::vector<double>();
+      leak::naive_linear_attention(r.spec, c.linear_feature, W, lo.eps, q, k, to_f64(r.caps[l].v), ref);
+    } else {
+      leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
+    }
     const Tensor ref_t = from_vector(ref, {B, Hq, L, hd}, DType::f64);
     const double d = leak::ratio(max_delta(r.caps[l].out, ref_t), max_abs(ref_t));
     if (l == 0 || d > worst) {
@@ -245,6 +253,50 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
 }
 
 namespace leak {
+
+void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W, double eps,
+                            const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                            std::vector<double>& out) {
+  const int64_t G = s.Hq / s.Hkv, D = s.D;
+  const int64_t m = f == attn::LinearFeature::favor ? static_cast<int64_t>(W.size()) / D : D;
+  const double rs = std::sqrt(s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(D)));
+  auto phi = [&](const double* x) {
+    std::vector<double> t(static_cast<size_t>(D)), o(static_cast<size_t>(m));
+    double sq = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      t[d] = rs * x[d];
+      sq += t[d] * t[d];
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      if (f == attn::LinearFeature::favor) {
+        double u = 0;
+        for (int64_t d = 0; d < D; ++d) u += W[r * D + d] * t[d];
+        o[r] = std::exp(u - sq / 2) / std::sqrt(static_cast<double>(m));
+      } else {
+        o[r] = f == attn::LinearFeature::relu ? std::max(t[r], 0.0) : (t[r] > 0 ? t[r] + 1 : std::exp(t[r]));
+      }
+    }
+    return o;
+  };
+  out.assign(static_cast<size_t>(s.B * s.Hq * s.Nq * s.Dv), 0.0);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Nq; ++i) {
+        const std::vector<double> fq = phi(&q[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * D)]);
+        double den = eps;
+        std::vector<double> num(static_cast<size_t>(s.Dv), 0.0);
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          if (!naive_visible(s, b, i, j)) continue;
+          const size_t kr = static_cast<size_t>((b * s.Hkv + h / G) * s.Nk + j);
+          const std::vector<double> fk = phi(&k[kr * static_cast<size_t>(D)]);
+          double w = 0;
+          for (int64_t r = 0; r < m; ++r) w += fq[r] * fk[r];
+          den += w;
+          for (int64_t d = 0; d < s.Dv; ++d) num[d] += w * v[kr * static_cast<size_t>(s.Dv) + static_cast<size_t>(d)];
+        }
+        for (int64_t d = 0; d < s.Dv; ++d) out[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Dv + d)] = num[d] / den;
+      }
+}
 
 void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
