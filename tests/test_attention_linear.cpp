@@ -653,3 +653,39 @@ TEST_CASE("linear attention on the GPU equals the CPU kernel, forward and backwa
   c.o.fault_chunk_future = false;
   CHECK(rel(attn::linear_attention(c.q, c.k, c.v, c.o), from_vector(want, c.q.shape(), DType::f64)) > 1e-3);
 }
+
+TEST_CASE("a linear model on the GPU: forward, backward and recurrent decode equal the CPU's", "[attention][linear][cuda]") {
+  if (!test::cuda_device_present()) return;
+  for (const char* feature : {"elu1", "favor"}) {
+    auto cpu = train::build_model(linear_config("llama", feature, 3), 37);
+    cpu->init_weights(9);
+    auto gpu = train::build_model(linear_config("llama", feature, 3), 37);
+    gpu->init_weights(9);
+    gpu->to(Device::cuda);
+    const Tensor ids = from_vector_i64(lcg(2 * 7, 37, 3), {2, 7});
+    auto loss_and_grad = [&](nn::DecoderModel& m) {
+      nn::ForwardArgs a;
+      a.ids = ids;
+      const Tensor logits = m.forward(a);
+      autograd::backward(ag::sum(logits));
+      return std::make_pair(logits.to(Device::cpu), m.named_parameters()[1].tensor.grad().to(Device::cpu));
+    };
+    const auto [lc, gc] = loss_and_grad(*cpu);
+    const auto [lg, gg] = loss_and_grad(*gpu);
+    INFO(feature);
+    CHECK(rel(lg, lc) < 1e-5);
+    CHECK(rel(gg, gc) < 1e-4);
+    // Decode on the device through the recurrent state, token by token.
+    autograd::NoGradGuard no_grad;
+    gpu->eval();
+    nn::ModelCache cache = gpu->make_cache(2, 7);
+    std::vector<Tensor> parts;
+    for (int64_t t = 0; t < 7; ++t) {
+      nn::ForwardArgs a;
+      a.ids = ids.narrow(1, t, 1).contiguous();
+      a.cache = &cache;
+      parts.push_back(gpu->forward(a).to(Device::cpu));
+    }
+    CHECK(rel(cat(parts, 1), lc) < 1e-5);
+  }
+}
