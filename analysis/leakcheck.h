@@ -82,10 +82,9 @@ std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSp
 // (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // The checks run_model_checks leaves out for `model`, each with the reason (name, reason): for
-// model.attention_pattern = linear the softmax-specific ones (mask.*, reference_attention_backward:
-// linear attention forms no weights; reference_attention compares it with its own naive float64
-// loop, and its backward is checked by tests/test_attention_linear.cpp and `qkv gradcheck --only
-// linear`). Reported as skipped, never as passed.
+// model.attention_pattern = linear the softmax-specific mask.* (linear attention forms no weights;
+// reference_attention and its backward compare it with its own naive float64 loops). Reported as
+// skipped, never as passed.
 std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
