@@ -99,10 +99,15 @@ std::vector<LeakCheck> check_permutation_equivariance(const nn::DecoderModel& mo
 // Why the permutation checks do not apply to a model ("" when they do): positions, a window.
 std::string permutation_not_applicable(const nn::ModelConfig& c);
 
-// Every model check above, in table order (the permutation checks only where they apply; the
-// caller lists them as skipped otherwise). A check that throws is recorded as failed (value inf)
-// with the error as its detail.
+// Every model check above that applies, in table order (not_applicable_checks below lists the
+// rest). A check that throws is recorded as failed (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// The checks run_model_checks leaves out for `model`, each with the reason (name, reason): for
+// model.attention_pattern = linear the softmax-specific mask.* (linear attention forms no weights;
+// reference_attention and its backward compare it with its own naive float64 loops); the
+// permutation checks unless permutation_not_applicable() is empty. Reported as skipped, never as
+// passed.
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
 // dropout / kernel / window but must have the same parameter shapes. Eval mode.
@@ -133,6 +138,7 @@ enum class Fault {
   scale_d_model,         // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
   rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
   dropout_in_eval,       // attention dropout left on in eval mode
+  linear_chunk_future,   // linear attention's causal chunk also reads its own later keys
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

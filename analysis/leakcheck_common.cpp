@@ -250,12 +250,24 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("train_vs_inference", [&] { return check_train_vs_inference(*m, o); });
   guarded("padding", [&] { return check_padding(*m, o); });
   guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
-  guarded("mask", [&] { return check_mask_semantics(*m, o); });
+  const bool softmax = model.config().attention_pattern == nn::AttentionPattern::full;
+  if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
   if (permutation_not_applicable(m->config()).empty())
     guarded("permutation_equivariance", [&] { return check_permutation_equivariance(*m, o); });
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (model.config().attention_pattern == nn::AttentionPattern::linear)
+    out.emplace_back("mask.*",
+                     "not applicable to model.attention_pattern = linear: it forms no softmax weights to mask "
+                     "(reference_attention and its backward check it against naive float64 linear loops instead)");
+  if (const std::string why = permutation_not_applicable(model.config()); !why.empty())
+    out.emplace_back("permutation_equivariance", why);
   return out;
 }
 

@@ -85,6 +85,18 @@ int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const 
 void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
                               std::vector<double>& dk, std::vector<double>& dv);
+// Linear attention's textbook loop (attention/linear_attention.h) with the same visibility:
+// O_i = Σ_j vis·(φ(q~_i)·φ(k~_j)) v_j / (Σ_j vis·φ(q~_i)·φ(k~_j) + eps), q~ = √s·q; `W` [m, D] for favor.
+void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W, double eps,
+                            const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                            std::vector<double>& out);
+// Its vjp in the quadratic form (no state, no chunks): dnum_i = dO_i / den_i, dden_i = −dO_i·O_i / den_i,
+// for visible (i, j): dw_ij = dnum_i·v_j + dden_i, dv_j += w_ij dnum_i, dφ_i += dw_ij φ(k~_j),
+// dφ(k~_j) += dw_ij φ_i; then through φ and √s (dk, dv summed over the query heads of a group).
+void naive_linear_attention_backward(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W,
+                                     double eps, const std::vector<double>& q, const std::vector<double>& k,
+                                     const std::vector<double>& v, const std::vector<double>& dout,
+                                     std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv);
 // RoPE, rotate-half pairing, in place on x [B, H, N, D] with positions pos [B, N].
 void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t D, const std::vector<int64_t>& pos,
                 double theta);

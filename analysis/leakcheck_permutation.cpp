@@ -97,6 +97,8 @@ std::string permutation_not_applicable(const nn::ModelConfig& c) {
   if (c.position != nn::Position::none)
     return "the model has positions (model.position is not \"none\"): order is visible by design";
   if (c.window > 0) return "model.window > 0: a sliding window is positional information";
+  if (c.attention_pattern != nn::AttentionPattern::full)
+    return "model.attention_pattern is not full: the checks lift the softmax attention's causal mask";
   if (c.block_size < 3) return "model.block_size < 3: no prefix to permute";
   return "";
 }

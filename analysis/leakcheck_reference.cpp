@@ -231,7 +231,15 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
       leak::naive_rope(q, B, Hq, L, hd, r.pos, c.rope_theta);
       leak::naive_rope(k, B, Hkv, L, hd, r.pos, c.rope_theta);
     }
-    leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
+    if (c.attention_pattern == nn::AttentionPattern::linear) {
+      const attn::LinearAttentionOptions lo;  // the model's layers use the default eps and scale
+      const std::vector<double> W = c.linear_feature == attn::LinearFeature::favor
+                                        ? attn::favor_projection_for_layer(c.linear_features, hd, l).to_vector()
+                                        : std::vector<double>();
+      leak::naive_linear_attention(r.spec, c.linear_feature, W, lo.eps, q, k, to_f64(r.caps[l].v), ref);
+    } else {
+      leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
+    }
     const Tensor ref_t = from_vector(ref, {B, Hq, L, hd}, DType::f64);
     const double d = leak::ratio(max_delta(r.caps[l].out, ref_t), max_abs(ref_t));
     if (l == 0 || d > worst) {
@@ -245,6 +253,134 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
 }
 
 namespace leak {
+
+void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W, double eps,
+                            const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                            std::vector<double>& out) {
+  const int64_t G = s.Hq / s.Hkv, D = s.D;
+  const int64_t m = f == attn::LinearFeature::favor ? static_cast<int64_t>(W.size()) / D : D;
+  const double rs = std::sqrt(s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(D)));
+  auto phi = [&](const double* x) {
+    std::vector<double> t(static_cast<size_t>(D)), o(static_cast<size_t>(m));
+    double sq = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      t[d] = rs * x[d];
+      sq += t[d] * t[d];
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      if (f == attn::LinearFeature::favor) {
+        double u = 0;
+        for (int64_t d = 0; d < D; ++d) u += W[r * D + d] * t[d];
+        o[r] = std::exp(u - sq / 2) / std::sqrt(static_cast<double>(m));
+      } else {
+        o[r] = f == attn::LinearFeature::relu ? std::max(t[r], 0.0) : (t[r] > 0 ? t[r] + 1 : std::exp(t[r]));
+      }
+    }
+    return o;
+  };
+  out.assign(static_cast<size_t>(s.B * s.Hq * s.Nq * s.Dv), 0.0);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Nq; ++i) {
+        const std::vector<double> fq = phi(&q[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * D)]);
+        double den = eps;
+        std::vector<double> num(static_cast<size_t>(s.Dv), 0.0);
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          if (!naive_visible(s, b, i, j)) continue;
+          const size_t kr = static_cast<size_t>((b * s.Hkv + h / G) * s.Nk + j);
+          const std::vector<double> fk = phi(&k[kr * static_cast<size_t>(D)]);
+          double w = 0;
+          for (int64_t r = 0; r < m; ++r) w += fq[r] * fk[r];
+          den += w;
+          for (int64_t d = 0; d < s.Dv; ++d) num[d] += w * v[kr * static_cast<size_t>(s.Dv) + static_cast<size_t>(d)];
+        }
+        for (int64_t d = 0; d < s.Dv; ++d) out[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Dv + d)] = num[d] / den;
+      }
+}
+
+void naive_linear_attention_backward(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W,
+                                     double eps, const std::vector<double>& q, const std::vector<double>& k,
+                                     const std::vector<double>& v, const std::vector<double>& dout,
+                                     std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  const int64_t G = s.Hq / s.Hkv, D = s.D, Dv = s.Dv;
+  const int64_t m = f == attn::LinearFeature::favor ? static_cast<int64_t>(W.size()) / D : D;
+  const double rs = std::sqrt(s.scale != 0 ? s.scale : 1.0 / std::sqrt(static_cast<double>(D)));
+  auto phi = [&](const double* x) {
+    std::vector<double> o(static_cast<size_t>(m));
+    double sq = 0;
+    for (int64_t d = 0; d < D; ++d) sq += rs * x[d] * rs * x[d];
+    for (int64_t r = 0; r < m; ++r) {
+      if (f == attn::LinearFeature::favor) {
+        double u = 0;
+        for (int64_t d = 0; d < D; ++d) u += W[r * D + d] * rs * x[d];
+        o[r] = std::exp(u - sq / 2) / std::sqrt(static_cast<double>(m));
+      } else {
+        const double t = rs * x[r];
+        o[r] = f == attn::LinearFeature::relu ? std::max(t, 0.0) : (t > 0 ? t + 1 : std::exp(t));
+      }
+    }
+    return o;
+  };
+  // dx += rs·vjp_φ(rs·x, g)
+  auto phi_vjp = [&](const double* x, const std::vector<double>& g, double* dx) {
+    const std::vector<double> fx = phi(x);
+    for (int64_t d = 0; d < D; ++d) {
+      const double t = rs * x[d];
+      double acc = 0;
+      if (f == attn::LinearFeature::favor) {
+        for (int64_t r = 0; r < m; ++r) acc += g[r] * fx[r] * (W[r * D + d] - t);
+      } else {
+        acc = g[d] * (t > 0 ? 1.0 : f == attn::LinearFeature::relu ? 0.0 : std::exp(t));
+      }
+      dx[d] += rs * acc;
+    }
+  };
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  std::vector<std::vector<double>> dpsi(static_cast<size_t>(s.B * s.Hkv * s.Nk), std::vector<double>(m, 0.0));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Nq; ++i) {
+        const size_t qr = static_cast<size_t>((b * s.Hq + h) * s.Nq + i);
+        const std::vector<double> fq = phi(&q[qr * D]);
+        std::vector<size_t> vis;
+        std::vector<double> w;
+        double den = eps;
+        std::vector<double> num(static_cast<size_t>(Dv), 0.0);
+        for (int64_t j = 0; j < s.Nk; ++j) {
+          if (!naive_visible(s, b, i, j)) continue;
+          const size_t kr = static_cast<size_t>((b * s.Hkv + h / G) * s.Nk + j);
+          const std::vector<double> fk = phi(&k[kr * D]);
+          double wij = 0;
+          for (int64_t r = 0; r < m; ++r) wij += fq[r] * fk[r];
+          vis.push_back(kr);
+          w.push_back(wij);
+          den += wij;
+          for (int64_t e = 0; e < Dv; ++e) num[e] += wij * v[kr * Dv + e];
+        }
+        const double* go = &dout[qr * Dv];
+        double dden = 0;
+        for (int64_t e = 0; e < Dv; ++e) dden -= go[e] * num[e] / den;
+        dden /= den;
+        std::vector<double> dphi(static_cast<size_t>(m), 0.0);
+        for (size_t a = 0; a < vis.size(); ++a) {
+          const size_t kr = vis[a];
+          const std::vector<double> fk = phi(&k[kr * D]);
+          double dw = dden;
+          for (int64_t e = 0; e < Dv; ++e) {
+            dw += go[e] / den * v[kr * Dv + e];
+            dv[kr * Dv + e] += w[a] * go[e] / den;
+          }
+          for (int64_t r = 0; r < m; ++r) {
+            dphi[r] += dw * fk[r];
+            dpsi[kr][r] += dw * fq[r];
+          }
+        }
+        phi_vjp(&q[qr * D], dphi, &dq[qr * D]);
+      }
+  for (size_t kr = 0; kr < dpsi.size(); ++kr) phi_vjp(&k[kr * D], dpsi[kr], &dk[kr * D]);
+}
 
 void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
@@ -294,7 +430,8 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
   const Device dev = m->device();
   const bool rope = c.position == nn::Position::rope;
   // A gpt2-style model (fused c_attn) without RoPE trains through attention_packed: check that op too.
-  const bool packed = c.family == nn::Family::gpt2 && !rope;
+  const bool linear = c.attention_pattern == nn::AttentionPattern::linear;
+  const bool packed = c.family == nn::Family::gpt2 && !rope && !linear;
   attn::AttentionOptions opts;
   opts.causal = true;
   opts.window = c.window;
@@ -331,7 +468,20 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
       naive_rope(k, B, Hkv, L, hd, r.pos, c.rope_theta);
     }
     std::vector<double> dq, dk, dv;
-    naive_attention_backward(r.spec, q, k, v, dout64, dq, dk, dv);
+    attn::LinearAttentionOptions lo;  // linear: the model's layer options (favor: the layer's W)
+    if (linear) {
+      lo.feature = c.linear_feature;
+      lo.causal = true;
+      lo.chunk = c.linear_chunk;
+      lo.key_padding = opts.key_padding;
+      lo.segment_ids = opts.segment_ids;
+      if (c.linear_feature == attn::LinearFeature::favor)
+        lo.projection = attn::favor_projection_for_layer(c.linear_features, hd, l).to(dev);
+      const std::vector<double> W = lo.projection.defined() ? lo.projection.to_vector() : std::vector<double>();
+      naive_linear_attention_backward(r.spec, c.linear_feature, W, lo.eps, q, k, v, dout64, dq, dk, dv);
+    } else {
+      naive_attention_backward(r.spec, q, k, v, dout64, dq, dk, dv);
+    }
     if (rope) {
       naive_rope(dq, B, Hq, L, hd, neg_pos, c.rope_theta);
       naive_rope(dk, B, Hkv, L, hd, neg_pos, c.rope_theta);
@@ -352,7 +502,7 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
       qa = ops->rope(q0, positions, c.rope_theta, 0);
       ka = ops->rope(k0, positions, c.rope_theta, 0);
     }
-    autograd::backward(fn(qa, ka, v0, opts), dout.to(dev));
+    autograd::backward(linear ? ops->linear_attention(qa, ka, v0, lo) : fn(qa, ka, v0, opts), dout.to(dev));
     const Tensor got[3] = {q0.grad(), k0.grad(), v0.grad()};
     compare(got, "attention");
 
@@ -370,7 +520,7 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
   return make_check("reference_attention_backward", worst, 1e-4,
                     "every layer's attention backward on its real q/k/v (the 3 probe rows) with a seeded N(0,1) dO: "
                     "dq, dk, dv" + std::string(rope ? " through RoPE" : "") + " vs the naive float64 vjp (" + r.what +
-                        (packed ? "; attention() and attention_packed" : "; attention()") +
+                        (linear ? "; linear_attention()" : packed ? "; attention() and attention_packed" : "; attention()") +
                         "); max|Δ| / max|ref|, worst " + worst_at);
 }
 
@@ -388,7 +538,8 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
   const nn::ModelConfig& c = model.config();
   nn::ModelConfig with = c, without = c;
   with.dropout = c.dropout > 0 ? c.dropout : 0.1;
-  with.attn_dropout = c.attn_dropout > 0 ? c.attn_dropout : 0.1;
+  // linear attention has no weights to drop: its copy keeps attn_dropout = 0 (residual dropout only)
+  with.attn_dropout = c.attention_pattern == nn::AttentionPattern::linear ? 0 : c.attn_dropout > 0 ? c.attn_dropout : 0.1;
   without.dropout = without.attn_dropout = 0;
   const auto drop = copy_model(model, with), none = copy_model(model, without);
   const int64_t L = leak::probe_len(c, o);

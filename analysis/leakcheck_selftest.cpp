@@ -131,6 +131,12 @@ class FaultyAttention : public nn::AttentionOps {
     const int64_t B = qkv.size(0), N = qkv.size(1);
     return attn::attention_packed(qkv, q_heads, kv_heads, wrong(o, {B, q_heads, kv_heads, N, N}));
   }
+  Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const attn::LinearAttentionOptions& o) const override {
+    attn::LinearAttentionOptions w = o;
+    w.fault_chunk_future = f_ == Fault::linear_chunk_future;
+    return attn::linear_attention(q, k, v, w);
+  }
   attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                 const AttentionOptions& o) const override {
     if (wrong_softmax_fault(f_)) return wrong_softmax(f_, q, k, v, o);
@@ -166,6 +172,7 @@ const char* fault_name(Fault f) {
     case Fault::scale_d_model: return "scale_d_model";
     case Fault::rope_cache_relative: return "rope_cache_relative";
     case Fault::dropout_in_eval: return "dropout_in_eval";
+    case Fault::linear_chunk_future: return "linear_chunk_future";
   }
   return "?";
 }
@@ -184,7 +191,7 @@ std::vector<Fault> planted_faults() {
   using F = Fault;
   return {F::causal_reversed,   F::softmax_over_queries, F::ignore_key_padding, F::mask_after_softmax,
           F::top_left_causal,   F::window_off_by_one,    F::gqa_modulo,         F::scale_d_model,
-          F::rope_cache_relative, F::dropout_in_eval};
+          F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future};
 }
 
 const char* fault_condition(Fault f) {
@@ -199,6 +206,7 @@ const char* fault_condition(Fault f) {
     case Fault::scale_d_model: return "n_head > 1 (d_head != d_model)";
     case Fault::rope_cache_relative: return "RoPE and a KV cache";
     case Fault::dropout_in_eval: return "attention dropout > 0 (set on a copy)";
+    case Fault::linear_chunk_future: return "linear attention with chunks > 1 (the probe-linear model)";
     case Fault::none: break;
   }
   return "";
@@ -246,6 +254,24 @@ std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model) 
   probe.model->eval();
   probe.model->to(user_model.device());
   out.push_back(std::move(probe));
+
+  // Linear attention (model.attention_pattern = linear): the same llama probe, no window, chunks
+  // of 4 so a probe spans several chunks and every chunk has later keys to leak.
+  if (u.attention_pattern != nn::AttentionPattern::linear || u.linear_chunk < 2) {
+    nn::ModelConfig l = p;
+    l.window = 0;
+    l.attention_pattern = nn::AttentionPattern::linear;
+    l.linear_chunk = 4;
+    l.linear_features = l.head_dim();
+    SelfTestModel lin;
+    lin.name = "probe-linear";
+    lin.description = "llama, 2 layers, RoPE, GQA 4:2, linear attention (elu1, chunk 4), C 32, block 16";
+    lin.model = std::make_unique<nn::DecoderModel>(l);
+    lin.model->init_weights(0x5e1f7e58);
+    lin.model->eval();
+    lin.model->to(user_model.device());
+    out.push_back(std::move(lin));
+  }
   return out;
 }
 

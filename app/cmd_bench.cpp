@@ -25,6 +25,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   static int64_t tokens = 256;
   static double peak_tflops = 0;
   static std::vector<int64_t> ns, head_dims;
+  static std::string pattern = "full", linear_feature = "elu1";
   static bool profile = false, json = false;
   cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
@@ -34,6 +35,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
   cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
+  cmd->add_option("--pattern", pattern, "attention: full | linear (linear: N 1K..64K, kv heads 8)")->capture_default_str();
+  cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")->capture_default_str();
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
   cmd->add_option("--peak-tflops", peak_tflops, "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
@@ -94,6 +97,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       }
     } else if (what == "attention") {
       attn::AttentionBenchOptions o;
+      o.pattern = pattern;
+      o.linear_feature = attn::parse_linear_feature(linear_feature, "--linear-feature");
+      if (pattern == "linear") {
+        o.ns = {1024, 2048, 4096, 8192, 16384, 32768, 65536};
+        o.hkvs = {8};
+      }
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
       o.threads = threads > 0 ? threads : omp_get_max_threads();
@@ -114,7 +123,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                      r.kernel.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.hkv),
                      static_cast<long long>(r.head_dim), r.ms, r.forward_ms, r.forward_tflops, r.backward_tflops,
                      r.peak_bytes / 1048576.0);
-        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
+        results.push_back({{"name", "attention"}, {"pattern", r.pattern}, {"kept_pairs", r.kept_pairs},
+                           {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
                            {"head_dim", r.head_dim}, {"ms", r.ms}, {"forward_ms", r.forward_ms},
                            {"forward_tflops", r.forward_tflops}, {"backward_tflops", r.backward_tflops},
                            {"peak_bytes", r.peak_bytes}});

@@ -25,7 +25,10 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
   };
   std::vector<AttentionBenchResult> results;
   try {
-    for (Kernel kernel : opt.kernels)
+    const bool linear = opt.pattern == "linear";
+    QKV_CHECK(linear || opt.pattern == "full", "[bench] --pattern must be full or linear, got '", opt.pattern, "'");
+    const std::vector<Kernel> kernels = linear ? std::vector<Kernel>{Kernel::fused} : opt.kernels;
+    for (Kernel kernel : kernels)
       for (int64_t D : opt.head_dims)
         for (int64_t n : opt.ns)
           for (int64_t hkv : opt.hkvs) {
@@ -40,11 +43,16 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             AttentionOptions o;
             o.causal = opt.causal;
             o.kernel = kernel;
+            LinearAttentionOptions lo;
+            lo.causal = opt.causal;
+            lo.feature = opt.linear_feature;
+            lo.chunk = opt.linear_chunk;
+            if (lo.feature == LinearFeature::favor) lo.projection = favor_projection_for_layer(D, D, 0).to(dev);
             double fwd_ms = 0;
             auto step = [&] {
               autograd::AutocastGuard autocast(opt.bf16_autocast);
               const auto t0 = std::chrono::steady_clock::now();
-              Tensor out = attention(q, k, v, o);
+              Tensor out = linear ? linear_attention(q, k, v, lo) : attention(q, k, v, o);
               sync();
               fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
               autograd::backward(out, g);
@@ -68,15 +76,21 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             std::sort(ms.begin(), ms.end());
             std::sort(fms.begin(), fms.end());
             AttentionBenchResult res;
-            res.kernel = std::string(kernel == Kernel::fused ? "fused" : "reference") + (opt.bf16_autocast ? "/bf16" : "");
+            res.kernel = std::string(linear ? "linear" : kernel == Kernel::fused ? "fused" : "reference") +
+                         (opt.bf16_autocast ? "/bf16" : "");
+            res.pattern = opt.pattern;
+            res.kept_pairs = opt.causal ? n * (n + 1) / 2 : n * n;
             res.n = n;
             res.hkv = hkv;
             res.head_dim = D;
             res.ms = ms[ms.size() / 2];
             res.forward_ms = fms[fms.size() / 2];
             res.peak_bytes = peak;
-            const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
-                                     static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);
+            double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
+                               static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);
+            if (linear)  // per token: the chunk's Φ·Ψᵀ and A·V (c·(m + Dv)), Φ·S and the state update (2·m·Dv), m = D
+              fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) *
+                          (static_cast<double>(std::min(opt.linear_chunk, n)) * 2.0 * D + 2.0 * D * D);
             res.forward_tflops = fwd_flops / (res.forward_ms * 1e-3) * 1e-12;
             res.backward_tflops = 2.5 * fwd_flops / (std::max(res.ms - res.forward_ms, 1e-9) * 1e-3) * 1e-12;
             results.push_back(res);

@@ -40,9 +40,38 @@ void ModelConfig::validate() const {
             "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());
   QKV_CHECK(position != Position::sinusoidal || n_embd % 2 == 0,
             "sinusoidal positions need an even model.n_embd, got ", n_embd);
+  if (attention_pattern == AttentionPattern::linear) {
+    // Each refused option is defined on softmax weights, which linear attention never forms.
+    const char* lin = " is not defined for model.attention_pattern = \"linear\" (no softmax weights)";
+    QKV_CHECK(position != Position::alibi, "model.position = \"alibi\"", lin, "; use rope, learned, sinusoidal or none");
+    QKV_CHECK(attn_dropout == 0, "model.attn_dropout = ", attn_dropout, lin, "; set it to 0");
+    QKV_CHECK(window == 0, "model.window = ", window, lin, "; set it to 0");
+    QKV_CHECK(attn_kernel == attn::Kernel::fused, "model.attn_kernel = \"reference\"", lin, "; use \"fused\"");
+    positive("model.linear_features", linear_features);
+    positive("model.linear_chunk", linear_chunk);
+  }
 }
 
-int64_t ModelCache::length() const { return layers.empty() ? 0 : layers[0].length(); }
+int64_t ModelCache::length() const {
+  if (!linear.empty()) return linear[0].length();
+  return layers.empty() ? 0 : layers[0].length();
+}
+
+void ModelCache::clear() {
+  for (attn::KVCache& c : layers) c.clear();
+  for (attn::LinearState& s : linear) s.clear();
+}
+
+int64_t ModelCache::bytes() const {
+  int64_t n = 0;
+  for (const attn::KVCache& c : layers) {
+    const auto [k, v] = c.view();
+    n += c.capacity() * (k.size(0) * k.size(1) * k.size(3) + v.size(0) * v.size(1) * v.size(3)) *
+         static_cast<int64_t>(dtype_size(k.dtype()));
+  }
+  for (const attn::LinearState& s : linear) n += s.state_bytes();
+  return n;
+}
 
 namespace {
 
@@ -85,6 +114,10 @@ Tensor AttentionOps::attention_packed(const Tensor& qkv, int64_t q_heads, int64_
                                       const attn::AttentionOptions& o) const {
   return attn::attention_packed(qkv, q_heads, kv_heads, o);
 }
+Tensor AttentionOps::linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const attn::LinearAttentionOptions& o) const {
+  return attn::linear_attention(q, k, v, o);
+}
 attn::AttentionWeights AttentionOps::attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                             const attn::AttentionOptions& o) const {
   return attn::attention_with_weights(q, k, v, o);
@@ -121,7 +154,7 @@ class SelfAttention : public Module {
       // gradients land in one [B, T, Hq + 2 Hkv, hd] buffer (NarrowBackward adds into it) that
       // reshapes back to the projection's output without a copy.
       Tensor qkv = ag::reshape(c_attn_->forward(x), {B, T, Hq + 2 * Hkv, hd});
-      if (cfg_.position != Position::rope && !args.cache && !args.attention) {
+      if (cfg_.position != Position::rope && !args.cache && !args.attention && !linear()) {
         // A whole sequence without RoPE: attention reads q, k, v in place from the packed
         // projection and returns [B, T, Hq, hd], so neither direction copies a head transpose and
         // backward writes dq, dk, dv into one gradient (attention/attention.h).
@@ -146,6 +179,12 @@ class SelfAttention : public Module {
       q = ops_->rope(q, positions, cfg_.rope_theta, cached);
       k = ops_->rope(k, positions, cfg_.rope_theta, cached);
     }
+    if (linear()) {
+      Tensor y = linear_attention(q, k, v, args, layer);  // [B, Hq, T, hd]
+      if (args.attention) args.attention->back().out = y;
+      y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});
+      return c_proj_->forward(y);
+    }
     if (args.cache) {
       auto kv = args.cache->layers[layer].append(k, v);
       k = kv.first;
@@ -155,6 +194,38 @@ class SelfAttention : public Module {
     if (args.attention) args.attention->back().out = y;
     y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
     return c_proj_->forward(y);
+  }
+
+ private:
+  bool linear() const { return cfg_.attention_pattern == AttentionPattern::linear; }
+
+  // model.attention_pattern = linear: the chunked causal op on a whole sequence, or one step of the
+  // layer's recurrent state when decoding (key padding: the columns of this call's tokens).
+  Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v, ForwardArgs& args, int64_t layer) const {
+    if (args.cache) {
+      QKV_CHECK(!args.segment_ids.defined(), "[model] linear attention decodes without segment_ids");
+      QKV_CHECK(static_cast<int64_t>(args.cache->linear.size()) > layer,
+                "[model] a linear-attention model needs the cache make_cache() builds (recurrent states)");
+      Tensor kp = args.key_padding;
+      if (kp.defined()) kp = kp.narrow(1, kp.size(1) - q.size(2), q.size(2)).contiguous();
+      return args.cache->linear[layer].step(q, k, v, kp);
+    }
+    return ops_->linear_attention(q, k, v, linear_options(cfg_, layer, q.device(), args));
+  }
+
+ public:
+  // The options of a layer's linear attention (causal; favor's W drawn for the layer, never redrawn).
+  static attn::LinearAttentionOptions linear_options(const ModelConfig& c, int64_t layer, Device dev,
+                                                     const ForwardArgs& args) {
+    attn::LinearAttentionOptions o;
+    o.feature = c.linear_feature;
+    o.causal = true;
+    o.chunk = c.linear_chunk;
+    o.key_padding = args.key_padding;
+    o.segment_ids = args.segment_ids;
+    if (c.linear_feature == attn::LinearFeature::favor)
+      o.projection = attn::favor_projection_for_layer(c.linear_features, c.head_dim(), layer).to(dev);
+    return o;
   }
 
  private:
@@ -436,6 +507,15 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
 
 ModelCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
   ModelCache c;
+  if (cfg_.attention_pattern == AttentionPattern::linear) {
+    // One recurrent state per layer: its size does not depend on `capacity`.
+    for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+      ForwardArgs none;
+      c.linear.emplace_back(batch, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim(), cfg_.head_dim(),
+                            SelfAttention::linear_options(cfg_, l, Device::cpu, none));
+    }
+    return c;
+  }
   for (int64_t l = 0; l < cfg_.n_layer; ++l)
     c.layers.emplace_back(batch, cfg_.n_kv_head, capacity, cfg_.head_dim(), cfg_.head_dim(), DType::f32, device());
   return c;

@@ -12,6 +12,7 @@
 
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
+#include "attention/linear_attention.h"
 #include "nn/layers.h"
 
 namespace qkv::nn {
@@ -20,6 +21,8 @@ enum class Family { gpt2, llama };
 enum class Position { learned, rope, sinusoidal, alibi, none };
 enum class NormKind { layernorm, rmsnorm };
 enum class Activation { gelu_tanh, gelu, swiglu, relu };
+// full: softmax attention (attention/attention.h); linear: attention/linear_attention.h.
+enum class AttentionPattern { full, linear };
 
 struct ModelConfig {
   Family family = Family::gpt2;
@@ -33,12 +36,18 @@ struct ModelConfig {
   int64_t window = 0;
   attn::Kernel attn_kernel = attn::Kernel::fused;
   bool recompute = false;  // activation recomputation per block
+  AttentionPattern attention_pattern = AttentionPattern::full;
+  attn::LinearFeature linear_feature = attn::LinearFeature::elu1;
+  int64_t linear_features = 32;  // favor's m (resolved: the head size unless set)
+  int64_t linear_chunk = 64;
 
   int64_t head_dim() const { return n_embd / n_head; }
   bool operator==(const ModelConfig&) const = default;
   // The rules of a model's shape and numbers, written once: sizes > 0, n_embd % n_head == 0,
   // n_head % n_kv_head == 0, dropouts in [0, 1), norm_eps and rope_theta > 0, window and init_std
-  // >= 0, an even head size for RoPE and an even n_embd for sinusoidal positions. Throws
+  // >= 0, an even head size for RoPE and an even n_embd for sinusoidal positions; linear attention
+  // with linear_features and linear_chunk > 0 and none of ALiBi, attn_dropout, window or the
+  // reference kernel (each is defined on softmax weights, which linear attention never forms). Throws
   // qkv::Error naming the config key at fault ("model.n_head ..."); the config's validator
   // (train/config.cpp) runs the same check on the model a config describes.
   void validate() const;
@@ -62,16 +71,26 @@ class AttentionOps {
   virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o) const;
   virtual Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
                                   const attn::AttentionOptions& o) const;
+  // model.attention_pattern = linear: the layer's causal linear attention (whole sequences; decoding
+  // steps the layer's LinearState instead).
+  virtual Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const attn::LinearAttentionOptions& o) const;
   virtual attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                         const attn::AttentionOptions& o) const;
   // The library's ops (one shared instance).
   static std::shared_ptr<const AttentionOps> library();
 };
 
-// One incremental-decoding cache per layer.
+// One incremental-decoding cache per layer: the KV cache of softmax attention, or for
+// attention_pattern = linear the recurrent state (S, z) of each layer, whose size does not grow
+// with the length (`linear`; `layers` is then empty).
 struct ModelCache {
   std::vector<attn::KVCache> layers;
+  std::vector<attn::LinearState> linear;
   int64_t length() const;
+  void clear();  // every layer back to length 0
+  // Bytes held by the cache's buffers (KV: capacity-sized; linear: the states).
+  int64_t bytes() const;
 };
 
 // What one layer's attention saw and produced, for inspection tools (leakcheck's reference check,

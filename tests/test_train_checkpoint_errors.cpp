@@ -354,6 +354,8 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
       {"model.position", "alibi"},     {"model.norm", "layernorm"},   {"model.activation", "gelu"},
       {"model.bias", "true"},          {"model.tie_embeddings", "true"},
       {"model.window", "4"},           {"model.init_std", "0.05"},    {"model.attn_kernel", "reference"},
+      {"model.attention_pattern", "linear"}, {"model.linear_feature", "favor"}, {"model.linear_features", "7"},
+      {"model.linear_chunk", "8"},
   };
   // Every model key but ffn_multiple_of (which only acts through ffn_hidden, set explicitly here).
   size_t model_keys = 0;
@@ -365,7 +367,8 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
     apply_override(other, key + "=" + value);
     validate(other, "test");
     const std::string shown = key == "model.family" || key == "model.position" || key == "model.norm" ||
-                                      key == "model.activation" || key == "model.attn_kernel"
+                                      key == "model.activation" || key == "model.attn_kernel" ||
+                                      key == "model.attention_pattern" || key == "model.linear_feature"
                                   ? "\"" + value + "\""
                                   : value;
     CHECK_THAT(error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, nullptr, r.state, *r.tok); }),

@@ -71,6 +71,10 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "window", &m.window},
       {"model", "init_std", &m.init_std},
       {"model", "attn_kernel", &m.attn_kernel},
+      {"model", "attention_pattern", &m.attention_pattern},
+      {"model", "linear_feature", &m.linear_feature},
+      {"model", "linear_features", &m.linear_features},
+      {"model", "linear_chunk", &m.linear_chunk},
       {"data", "path", &d.path},
       {"data", "tokenizer", &d.tokenizer},
       {"data", "bpe_vocab_size", &d.bpe_vocab_size},
@@ -416,6 +420,9 @@ void validate(const Config& cfg, const std::string& origin) {
   c.enumeration("model.norm", m.norm, kNorms, true);
   c.enumeration("model.activation", m.activation, kActivations, true);
   c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
+  c.enumeration("model.attention_pattern", m.attention_pattern, kAttentionPatterns);
+  c.enumeration("model.linear_feature", m.linear_feature, kLinearFeatures);
+  c.non_negative("model.linear_features", m.linear_features);
   // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
   try {

@@ -45,6 +45,13 @@ struct ModelSettings {
   int64_t window = 0;      // sliding attention window; 0 = none
   double init_std = 0.02;
   std::string attn_kernel = "fused";  // "fused" | "reference"
+  // Which attention: "full" (softmax, the default; old checkpoints load as it) | "linear"
+  // (attention/linear_attention.h: O(N) time and memory, a recurrent decode state). linear refuses
+  // ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a linear meaning).
+  std::string attention_pattern = "full";
+  std::string linear_feature = "elu1";  // linear's φ: "elu1" | "relu" | "favor"
+  int64_t linear_features = 0;          // favor's m random features; 0 = the head size
+  int64_t linear_chunk = 64;            // keys per chunk of the causal (training) form; any value is exact
 
   std::string resolved_position() const;    // gpt2: learned, llama: rope
   std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm

@@ -45,6 +45,12 @@ inline constexpr std::array kActivations = {
     Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
+inline constexpr std::array kAttentionPatterns = {
+    Choice<nn::AttentionPattern>{"full", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"linear", nn::AttentionPattern::linear}};
+inline constexpr std::array kLinearFeatures = {Choice<attn::LinearFeature>{"elu1", attn::LinearFeature::elu1},
+                                               Choice<attn::LinearFeature>{"relu", attn::LinearFeature::relu},
+                                               Choice<attn::LinearFeature>{"favor", attn::LinearFeature::favor}};
 // data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
 // (which checkpoints and the batcher read too).
 inline constexpr std::array<std::string_view, 4> kTokenizers = {"char", "byte", "bpe", "gpt2_bpe"};

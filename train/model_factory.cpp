@@ -12,7 +12,8 @@ namespace {
 using nn::ModelConfig;
 using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
                             nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
-                            attn::Kernel ModelConfig::*>;
+                            attn::Kernel ModelConfig::*, nn::AttentionPattern ModelConfig::*,
+                            attn::LinearFeature ModelConfig::*>;
 
 // Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
 struct ModelField {
@@ -40,6 +41,10 @@ const ModelField kModelFields[] = {
     {"model.window", &ModelConfig::window},
     {"model.init_std", &ModelConfig::init_std},
     {"model.attn_kernel", &ModelConfig::attn_kernel},
+    {"model.attention_pattern", &ModelConfig::attention_pattern},
+    {"model.linear_feature", &ModelConfig::linear_feature},
+    {"model.linear_features", &ModelConfig::linear_features},
+    {"model.linear_chunk", &ModelConfig::linear_chunk},
 };
 
 // A value as to_toml writes it.
@@ -57,6 +62,8 @@ std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
 std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
 std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
 std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
+std::string toml_text(nn::AttentionPattern v) { return toml_text(kAttentionPatterns, v); }
+std::string toml_text(attn::LinearFeature v) { return toml_text(kLinearFeatures, v); }
 
 }  // namespace
 
@@ -85,6 +92,10 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   c.tie_embeddings = m.resolved_tie_embeddings();
   c.window = m.window;
   c.attn_kernel = choose(kAttnKernels, m.attn_kernel, "model.attn_kernel");
+  c.attention_pattern = choose(kAttentionPatterns, m.attention_pattern, "model.attention_pattern");
+  c.linear_feature = choose(kLinearFeatures, m.linear_feature, "model.linear_feature");
+  c.linear_features = m.linear_features > 0 ? m.linear_features : (c.n_head > 0 ? c.head_dim() : 0);
+  c.linear_chunk = m.linear_chunk;
   c.recompute = cfg.train.recompute;
   c.validate();
   return c;

@@ -69,7 +69,7 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
       // Feed what the cache has not seen: the whole prompt first (prefill), then one token.
       const size_t seen = cache_live ? static_cast<size_t>(cache.length()) : 0;
       if (!cache_live) {
-        for (auto& l : cache.layers) l.clear();
+        cache.clear();
         cache_live = true;
       }
       args.ids = ids_tensor(ctx, seen);
