@@ -51,7 +51,7 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
   const analysis::ModelGradcheckReport& rep = run.report;
   const int64_t rows = run.batch.x.size(0), tokens = run.batch.x.size(1);
   std::FILE* table = table_stream(json);
-  std::fprintf(table, "gradcheck: %s: %s, %lld layers, n_embd %lld, vocab %lld%s, %lld parameters in float64; batch %lld x %lld (%s); attention: %s\n",
+  std::fprintf(table, "gradcheck: %s: %s, n_layer %lld, n_embd %lld, vocab %lld%s, %lld parameters in float64; batch %lld x %lld (%s); attention: %s\n",
                config.c_str(), nn::family_name(mc.family), static_cast<long long>(mc.n_layer),
                static_cast<long long>(mc.n_embd), static_cast<long long>(mc.vocab_size),
                run.vocab_stand_in ? " (model.vocab_size = 0: a stand-in for the tokenizer's)" : "",
