@@ -4,6 +4,8 @@
 namespace qkv::app {
 // Every registered gradcheck case: the core ops (autograd/rules/) and attention
 // (attention/gradchecks.cpp), assembled once. `qkv gradcheck` runs it, and so does the test case
-// "every registered gradcheck case passes" (tests/test_gradcheck_registry.cpp).
+// "every registered gradcheck case passes" (tests/test_gradcheck_registry.cpp). Whole models are
+// not registered cases: `qkv gradcheck --config FILE` checks the model of any config
+// (analysis/model_gradcheck.h; tests/test_model_gradcheck.cpp).
 const autograd::GradcheckRegistry& full_gradcheck_registry();
 }

@@ -44,7 +44,8 @@ class GradcheckRegistry {
 
 // Each rules file registers its own cases (explicit calls: a static library drops
 // self-registering objects nobody references). The app assembles the full registry from these
-// and from the layers above (attention, model).
+// and from attention's (app/registry.h); whole models are checked by `qkv gradcheck --config`
+// (analysis/model_gradcheck.h), not by registered cases.
 void register_view_gradchecks(GradcheckRegistry& r);         // rules/views.cpp
 void register_elementwise_gradchecks(GradcheckRegistry& r);  // rules/elementwise.cpp
 void register_reduce_gradchecks(GradcheckRegistry& r);       // rules/reduce.cpp

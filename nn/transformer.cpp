@@ -493,8 +493,11 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
   positions = here(positions);
   Tensor x = tok_emb_->forward(args.ids);  // [B, T, C]
   if (pos_emb_) x = ag::add(x, pos_emb_->forward(positions));
-  if (sinusoid_.defined()) x = ag::add(x, index_select(sinusoid_, 0, positions.reshape({-1})).reshape(
-                                              positions.dim() == 1 ? Shape{T, cfg_.n_embd} : Shape{B, T, cfg_.n_embd}));
+  // The table is float32; a model whose parameters were made float64 (gradcheck) adds it in its dtype.
+  if (sinusoid_.defined())
+    x = ag::add(x, index_select(sinusoid_.dtype() == x.dtype() ? sinusoid_ : sinusoid_.to(x.dtype()), 0,
+                                positions.reshape({-1}))
+                       .reshape(positions.dim() == 1 ? Shape{T, cfg_.n_embd} : Shape{B, T, cfg_.n_embd}));
   x = dropout(x, cfg_.dropout, is_training(), args.rng);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     x = blocks_[l]->forward(x, positions, args, static_cast<int64_t>(l));
