@@ -61,6 +61,10 @@ struct LeakCheckOptions {
 };
 
 // ---- the checks (each on an eval copy of `model`; none modifies it) ----
+// Checks that do not apply to a model (name, reason): padding and packing invariance under a
+// sparse pattern anchored at absolute positions (global, bigbird, block_sparse). run_model_checks
+// leaves them out; reports list them as skipped, never as passed.
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::ModelConfig& c);
 LeakCheck check_future_perturbation(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // kv_decode, chunked_prefill, greedy_generation
 std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, const LeakCheckOptions& o);
@@ -111,6 +115,8 @@ enum class Fault {
   scale_d_model,         // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
   rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
   dropout_in_eval,       // attention dropout left on in eval mode
+  strided_offset_off_by_one,  // strided pattern keeps (pos_i - j + 1) mod s == 0 instead of (pos_i - j) mod s == 0
+  global_reads_future,        // a global query position sees every key, ignoring the causal mask
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

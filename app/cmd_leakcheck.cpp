@@ -102,6 +102,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     opts.max_ngram_share = max_share;
     std::fprintf(stderr, "leakcheck: %s\n", report.subject.c_str());
     report.checks = analysis::run_model_checks(*model, opts);
+    for (auto& na : analysis::not_applicable_checks(model->config())) report.skipped.push_back(std::move(na));
     if (data && !cfg.data.random_tokens) {
       for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts)) report.checks.push_back(std::move(c));
     } else {

@@ -40,6 +40,7 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             AttentionOptions o;
             o.causal = opt.causal;
             o.kernel = kernel;
+            if (opt.pattern.sparse()) o.pattern = std::make_shared<const SparsePattern>(opt.pattern);
             double fwd_ms = 0;
             auto step = [&] {
               autograd::AutocastGuard autocast(opt.bf16_autocast);
@@ -75,6 +76,13 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             res.ms = ms[ms.size() / 2];
             res.forward_ms = fms[fms.size() / 2];
             res.peak_bytes = peak;
+            const PatternStats st = pattern_stats({B, H, hkv, n, n}, o);
+            res.pattern = opt.pattern.describe();
+            res.kept_pairs = st.kept_pairs;
+            res.visited_tiles = st.visited_tiles;
+            res.total_tiles = st.total_tiles;
+            res.kept_gflops = 14.0 * static_cast<double>(D) * static_cast<double>(st.kept_pairs) / (res.ms * 1e-3) * 1e-9;
+            res.ns_per_kept_pair = res.ms * 1e6 / std::max<double>(1.0, static_cast<double>(st.kept_pairs));
             const double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
                                      static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);
             res.forward_tflops = fwd_flops / (res.forward_ms * 1e-3) * 1e-12;

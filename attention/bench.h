@@ -23,6 +23,7 @@ struct AttentionBenchOptions {
   int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
   int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
   bool bf16_autocast = false;       // run under bf16 autocast (on the GPU: the tensor-core kernels)
+  SparsePattern pattern;            // ANDed with the causal mask (full: none)
 };
 
 struct AttentionBenchResult {
@@ -32,6 +33,12 @@ struct AttentionBenchResult {
   double forward_ms = 0;    // median forward alone
   double forward_tflops = 0, backward_tflops = 0;  // causal work: fwd 2·B·H·N²·D, bwd 2.5x that
   int64_t peak_bytes = 0;   // allocator peak during one step, above what was in use before it
+  // The pattern's figures (pattern_stats): visible pairs over the whole problem, the fused kernel's
+  // visited / total 64×64 tiles, and the rate on kept pairs: 14·D FLOPs per kept pair (forward
+  // QKᵀ and PV: 4·D; backward, five products: 10·D) over the fwd+bwd time.
+  std::string pattern = "full";
+  int64_t kept_pairs = 0, visited_tiles = 0, total_tiles = 0;
+  double kept_gflops = 0, ns_per_kept_pair = 0;
 };
 
 std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& opt = {});

@@ -32,6 +32,7 @@ struct ModelConfig {
   bool bias = true, tie_embeddings = true;
   int64_t window = 0;
   attn::Kernel attn_kernel = attn::Kernel::fused;
+  attn::SparsePattern pattern;  // resolved (stride, block size; a layout file read): passed to every attention call
   bool recompute = false;  // activation recomputation per block
 
   int64_t head_dim() const { return n_embd / n_head; }

@@ -227,11 +227,11 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   std::vector<std::string> lines;
   const analysis::SelfTestResult st =
       analysis::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
-  CHECK(st.planted() == 10);
-  CHECK(st.detected() == 10);
+  CHECK(st.planted() == 12);
+  CHECK(st.detected() == 12);
   CHECK(st.false_alarms.empty());
   CHECK(st.pass());
-  CHECK(lines.size() == 2 * 11);  // two models, clean + ten faults
+  CHECK(lines.size() == 4 * 13);  // four models (user, llama probe, two sparse probes), clean + twelve faults
   for (const auto& f : st.faults) {
     INFO(analysis::fault_name(f.fault));
     CHECK(f.detected);
@@ -241,12 +241,17 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   for (const auto& f : st.faults)
     if (f.fault == analysis::Fault::rope_cache_relative)
       for (const auto& c : f.caught_by) CHECK(c.model == "probe-llama");
+  // The sparse faults are caught on their sparse probes (the other models have no pattern).
+  for (const auto& f : st.faults)
+    if (f.fault == analysis::Fault::strided_offset_off_by_one || f.fault == analysis::Fault::global_reads_future)
+      for (const auto& c : f.caught_by)
+        CHECK(c.model == (f.fault == analysis::Fault::global_reads_future ? "probe-global" : "probe-strided"));
   const nlohmann::json j = analysis::leakcheck_json({}, &st);
-  CHECK(j["self_test"]["planted"] == 10);
-  CHECK(j["self_test"]["detected"] == 10);
+  CHECK(j["self_test"]["planted"] == 12);
+  CHECK(j["self_test"]["detected"] == 12);
   CHECK(j["self_test"]["false_alarms"] == 0);
-  CHECK(j["self_test"]["faults"].size() == 10);
-  CHECK(analysis::self_test_table(st).find("10/10 planted faults detected, PASS") != std::string::npos);
+  CHECK(j["self_test"]["faults"].size() == 12);
+  CHECK(analysis::self_test_table(st).find("12/12 planted faults detected, PASS") != std::string::npos);
 }
 
 TEST_CASE("the naive float64 attention backward is the gradient of the naive forward", "[leakcheck]") {

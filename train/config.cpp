@@ -71,6 +71,15 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "window", &m.window},
       {"model", "init_std", &m.init_std},
       {"model", "attn_kernel", &m.attn_kernel},
+      {"model", "attention_pattern", &m.attention_pattern},
+      {"model", "pattern_stride", &m.pattern_stride},
+      {"model", "pattern_local", &m.pattern_local},
+      {"model", "pattern_global", &m.pattern_global},
+      {"model", "pattern_global_tokens", &m.pattern_global_tokens},
+      {"model", "pattern_random_blocks", &m.pattern_random_blocks},
+      {"model", "pattern_block_size", &m.pattern_block_size},
+      {"model", "pattern_layout", &m.pattern_layout},
+      {"model", "pattern_seed", &m.pattern_seed},
       {"data", "path", &d.path},
       {"data", "tokenizer", &d.tokenizer},
       {"data", "bpe_vocab_size", &d.bpe_vocab_size},
@@ -416,6 +425,7 @@ void validate(const Config& cfg, const std::string& origin) {
   c.enumeration("model.norm", m.norm, kNorms, true);
   c.enumeration("model.activation", m.activation, kActivations, true);
   c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
+  c.enumeration("model.attention_pattern", m.attention_pattern, kAttentionPatterns);
   // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
   try {

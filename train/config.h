@@ -45,6 +45,17 @@ struct ModelSettings {
   int64_t window = 0;      // sliding attention window; 0 = none
   double init_std = 0.02;
   std::string attn_kernel = "fused";  // "fused" | "reference"
+  // Sparse attention (definitions: attention/attention.h), ANDed with the causal mask and window.
+  std::string attention_pattern = "full";  // full | window | strided | global | bigbird | block_sparse | linear
+  int64_t pattern_stride = 0;         // strided: s; 0 = ceil(sqrt(block_size))
+  int64_t pattern_local = 0;          // local width l; 0 = the pattern's default (window, bigbird: the
+                                      // pattern block size; strided: s; global: 1)
+  int64_t pattern_global = 1;         // global, bigbird: the first g positions are global
+  std::string pattern_global_tokens;  // global, bigbird: "0,17,33" lists the global positions instead
+  int64_t pattern_random_blocks = 2;  // bigbird: random key blocks per query block
+  int64_t pattern_block_size = 0;     // bigbird, block_sparse: 0 = clamp(block_size / 4, 1, 64)
+  std::string pattern_layout = "local_global";  // block_sparse: local_global | fixed | a file of 0/1 rows
+  int64_t pattern_seed = 0;           // bigbird: seed of the random blocks
 
   std::string resolved_position() const;    // gpt2: learned, llama: rope
   std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm

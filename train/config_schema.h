@@ -45,6 +45,9 @@ inline constexpr std::array kActivations = {
     Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
+// model.attention_pattern: attn::parse_pattern's names, and linear (h-linear's kernel).
+inline constexpr std::array<std::string_view, 7> kAttentionPatterns = {"full",   "window",       "strided", "global",
+                                                                       "bigbird", "block_sparse", "linear"};
 // data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
 // (which checkpoints and the batcher read too).
 inline constexpr std::array<std::string_view, 3> kTokenizers = {"char", "byte", "bpe"};

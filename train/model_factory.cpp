@@ -1,5 +1,6 @@
 #include "train/model_factory.h"
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -12,7 +13,7 @@ namespace {
 using nn::ModelConfig;
 using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
                             nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
-                            attn::Kernel ModelConfig::*>;
+                            attn::Kernel ModelConfig::*, attn::SparsePattern ModelConfig::*>;
 
 // Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
 struct ModelField {
@@ -40,6 +41,7 @@ const ModelField kModelFields[] = {
     {"model.window", &ModelConfig::window},
     {"model.init_std", &ModelConfig::init_std},
     {"model.attn_kernel", &ModelConfig::attn_kernel},
+    {"model.attention_pattern", &ModelConfig::pattern},  // with its model.pattern_* parameters
 };
 
 // A value as to_toml writes it.
@@ -57,6 +59,79 @@ std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
 std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
 std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
 std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
+std::string toml_text(const attn::SparsePattern& v) { return '"' + v.describe() + '"'; }
+
+int64_t ceil_sqrt(int64_t n) {
+  int64_t s = 1;
+  while (s * s < n) ++s;
+  return s;
+}
+
+// model.attention_pattern and its model.pattern_* keys as the resolved pattern every layer passes
+// to attention: "auto" stride and block size fixed from block_size (so decode keeps them), a
+// layout file read. A key set for a pattern that does not use it is an error naming the key.
+attn::SparsePattern sparse_pattern(const ModelSettings& m) {
+  QKV_CHECK(m.attention_pattern != "linear",
+            "model.attention_pattern = linear: linear attention is not part of this build (use full, window, strided, "
+            "global, bigbird or block_sparse)");
+  attn::SparsePattern p;
+  QKV_CHECK(attn::parse_pattern(m.attention_pattern, &p.kind),
+            not_one_of("model.attention_pattern", m.attention_pattern, names_of(kAttentionPatterns), false));
+  const std::string name = m.attention_pattern;
+  const bool strided = p.kind == attn::Pattern::strided, globals = p.kind == attn::Pattern::global ||
+                                                                   p.kind == attn::Pattern::bigbird;
+  const bool blocks = p.kind == attn::Pattern::bigbird || p.kind == attn::Pattern::block_sparse;
+  QKV_CHECK(m.pattern_stride == 0 || strided, "model.pattern_stride = ", m.pattern_stride,
+            " is only used by model.attention_pattern = strided, not ", name);
+  QKV_CHECK(m.pattern_local == 0 || (p.kind != attn::Pattern::full && p.kind != attn::Pattern::block_sparse),
+            "model.pattern_local = ", m.pattern_local, " is not used by model.attention_pattern = ", name);
+  QKV_CHECK(m.pattern_global_tokens.empty() || globals, "model.pattern_global_tokens is only used by "
+            "model.attention_pattern = global or bigbird, not ", name);
+  QKV_CHECK(m.pattern_layout == "local_global" || p.kind == attn::Pattern::block_sparse, "model.pattern_layout = \"",
+            m.pattern_layout, "\" is only used by model.attention_pattern = block_sparse, not ", name);
+  QKV_CHECK(m.pattern_block_size == 0 || blocks, "model.pattern_block_size = ", m.pattern_block_size,
+            " is only used by model.attention_pattern = bigbird or block_sparse, not ", name);
+  QKV_CHECK(m.pattern_stride >= 0, "model.pattern_stride must be >= 0 (0 = ceil(sqrt(model.block_size))), got ",
+            m.pattern_stride);
+  QKV_CHECK(m.pattern_block_size >= 0, "model.pattern_block_size must be >= 0 (0 = auto), got ", m.pattern_block_size);
+  QKV_CHECK(m.pattern_seed >= 0, "model.pattern_seed must be >= 0, got ", m.pattern_seed);
+  p.stride = strided && m.pattern_stride == 0 ? ceil_sqrt(m.block_size) : m.pattern_stride;
+  p.local = m.pattern_local;
+  p.global = m.pattern_global;
+  p.random_blocks = m.pattern_random_blocks;
+  p.block_size = m.pattern_block_size > 0 ? m.pattern_block_size : std::clamp<int64_t>(m.block_size / 4, 1, 64);
+  p.layout = m.pattern_layout;
+  p.seed = static_cast<uint64_t>(m.pattern_seed);
+  // "0, 17,33" -> {0, 17, 33}
+  std::string tok;
+  auto flush = [&] {
+    if (tok.empty()) return;
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    QKV_CHECK(used == tok.size(), "model.pattern_global_tokens must be positions separated by commas, got \"",
+              m.pattern_global_tokens, "\"");
+    p.global_tokens.push_back(v);
+    tok.clear();
+  };
+  for (char ch : m.pattern_global_tokens) {
+    if (ch == ',' || ch == ' ') flush();
+    else tok += ch;
+  }
+  flush();
+  if (p.kind == attn::Pattern::block_sparse) {
+    try {
+      attn::load_layout(p);
+    } catch (const Error& e) {
+      fail("model.pattern_layout: ", e.what());
+    }
+  }
+  return p;
+}
 
 }  // namespace
 
@@ -85,6 +160,7 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   c.tie_embeddings = m.resolved_tie_embeddings();
   c.window = m.window;
   c.attn_kernel = choose(kAttnKernels, m.attn_kernel, "model.attn_kernel");
+  c.pattern = sparse_pattern(m);
   c.recompute = cfg.train.recompute;
   c.validate();
   return c;
