@@ -1,6 +1,8 @@
 // qkv bench [--config FILE] [--what step|attention|gemm|decode] [--steps N] [--threads N] [--profile] [--json]
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
-//           attention also: [--n N...] [--head-dim D...]; a config with train.device = "cuda" selects the GPU
+//           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
+//           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
+//           [--pattern-block-size BS]; a config with train.device = "cuda" selects the GPU
 //           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
 //           datasheet peak, tensor/device_peaks.cpp)
 #include <omp.h>
@@ -45,6 +47,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--pattern-random-blocks", p_random, "attention: bigbird random blocks")->capture_default_str();
   cmd->add_option("--pattern-block-size", p_bs, "attention: bigbird / block_sparse block size")->capture_default_str();
   cmd->add_option("--hkv", p_hkv, "attention: kv heads (default: 8 and 2)");
+  static std::string kernel = "both";
+  cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
   cmd->add_option("--peak-tflops", peak_tflops, "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
@@ -108,6 +112,10 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
       if (p_hkv > 0) o.hkvs = {p_hkv};
+      QKV_CHECK(kernel == "both" || kernel == "fused" || kernel == "reference",
+                "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
+      if (kernel == "fused") o.kernels = {attn::Kernel::fused};
+      if (kernel == "reference") o.kernels = {attn::Kernel::reference};
       QKV_CHECK(attn::parse_pattern(pattern, &o.pattern.kind), "[bench] --pattern must be full, window, strided, global, "
                 "bigbird or block_sparse, got '", pattern, "'");
       o.pattern.stride = p_stride;

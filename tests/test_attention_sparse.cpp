@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "analysis/leakcheck.h"
+#include "compare_util.h"
 #include "attention/attention.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -582,4 +583,27 @@ TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse pro
     const analysis::PlantedFault f(*models[1].model, analysis::Fault::global_reads_future);
     for (const auto& c : analysis::run_model_checks(*models[1].model, o)) CHECK(c.pass);
   }
+}
+
+TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the reference path there)", "[attention][sparse][cuda]") {
+  if (!test::cuda_device_present()) return;
+  for (const Case& c : patterns_at_300())
+    for (int causal = 0; causal < 2; ++causal) {
+      INFO(c.name << " causal " << causal);
+      AttentionOptions o;
+      o.causal = causal;
+      o.pattern = c.pattern;
+      Tensor q = randn({1, 2, 300, 8}, 5, 0, 0.0, 3.0), k = randn({1, 1, 300, 8}, 6), v = randn({1, 1, 300, 8}, 7);
+      const Tensor g = randn({1, 2, 300, 8}, 8);
+      std::vector<std::vector<double>> res[2];
+      for (int dev = 0; dev < 2; ++dev) {
+        const Device d = dev ? Device::cuda : Device::cpu;
+        Tensor qq = q.to(d).set_requires_grad(true), kk = k.to(d).set_requires_grad(true), vv = v.to(d).set_requires_grad(true);
+        const Tensor out = attention(qq, kk, vv, o);
+        autograd::backward(out, g.to(d));
+        res[dev] = {out.to(Device::cpu).to_vector(), qq.grad().to(Device::cpu).to_vector(),
+                    kk.grad().to(Device::cpu).to_vector(), vv.grad().to(Device::cpu).to_vector()};
+      }
+      for (int t = 0; t < 4; ++t) CHECK(rel_err(res[1][t], res[0][t]) <= 1e-5);
+    }
 }
