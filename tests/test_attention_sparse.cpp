@@ -95,6 +95,8 @@ struct Case {
 std::vector<Case> patterns_at_300() {
   return {
       {"window l=50", make(Pattern::window, [](SparsePattern& p) { p.local = 50; })},
+      {"window l=200 (full tiles)", make(Pattern::window, [](SparsePattern& p) { p.local = 200; })},
+      {"block_sparse local_global bs=64 (full tiles)", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })},
       {"strided auto (s=l=18)", make(Pattern::strided)},
       {"strided s=7 l=20", make(Pattern::strided, [](SparsePattern& p) { p.stride = 7; p.local = 20; })},
       {"global g=3 l=30", make(Pattern::global, [](SparsePattern& p) { p.global = 3; p.local = 30; })},
@@ -606,4 +608,43 @@ TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the refer
       }
       for (int t = 0; t < 4; ++t) CHECK(rel_err(res[1][t], res[0][t]) <= 1e-5);
     }
+}
+
+TEST_CASE("sparse: full tiles cut by key_lengths or an elementwise mask are still masked (fused = reference)",
+          "[attention][sparse]") {
+  // window l=200 and block_sparse bs=64 have full 64x64 tiles; key_lengths ends inside one, and
+  // segment ids split them, so the fused kernel must not take the no-mask path there.
+  for (auto pat : {make(Pattern::window, [](SparsePattern& p) { p.local = 200; }),
+                   make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })}) {
+    REQUIRE(pattern_stats({1, 1, 1, 300, 300}, [&] {
+              AttentionOptions o;
+              o.pattern = pat;
+              return o;
+            }()).full_tiles > 0);
+    for (int variant = 0; variant < 2; ++variant) {
+      INFO(pat->describe() << " variant " << variant);
+      AttentionOptions o;
+      o.causal = true;
+      o.pattern = pat;
+      if (variant == 0) {
+        o.key_lengths = {300, 230};
+      } else {
+        Tensor seg = Tensor::empty({2, 300}, DType::i64);
+        for (int64_t e = 0; e < 600; ++e) seg.data<int64_t>()[e] = (e % 300) < 100 + 37 * (e / 300) ? 0 : 1;
+        o.segment_ids = seg;
+      }
+      const Tensor q0 = randn({2, 2, 300, 4}, 31, 0, 0.0, 1.0, DType::f64), k0 = randn({2, 2, 300, 4}, 32, 0, 0.0, 1.0, DType::f64),
+                   v0 = randn({2, 2, 300, 4}, 33, 0, 0.0, 1.0, DType::f64), g = randn({2, 2, 300, 4}, 34, 0, 0.0, 1.0, DType::f64);
+      std::vector<std::vector<double>> res[2];
+      for (int kern = 0; kern < 2; ++kern) {
+        o.kernel = kern ? Kernel::reference : Kernel::fused;
+        Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+               v = v0.clone().set_requires_grad(true);
+        const Tensor out = attention(q, k, v, o);
+        autograd::backward(out, g);
+        res[kern] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+      }
+      for (int t = 0; t < 4; ++t) CHECK(rel_err(res[0][t], res[1][t]) <= 1e-12);
+    }
+  }
 }
