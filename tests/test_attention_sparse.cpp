@@ -453,6 +453,22 @@ TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones na
   const auto d = train::model_difference(cfg("full"), cfg("window"));
   REQUIRE(d);
   CHECK(d->key == "model.attention_pattern");
+  CHECK(d->a == "\"full\"");
+  // each parameter is named by its own key (checkpoint saving and --resume ask model_difference)
+  const std::pair<const char*, std::vector<std::string>> keyed[] = {
+      {"model.pattern_stride", {"model.pattern_stride=4"}},        {"model.pattern_local", {"model.pattern_local=3"}},
+      {"model.pattern_global", {"model.pattern_global=2"}},        {"model.pattern_global_tokens", {"model.pattern_global_tokens=1,2"}},
+      {"model.pattern_random_blocks", {"model.pattern_random_blocks=1"}}, {"model.pattern_block_size", {"model.pattern_block_size=4"}},
+      {"model.pattern_seed", {"model.pattern_seed=9"}}};
+  for (const auto& [key, sets] : keyed) {
+    INFO(key);
+    const char* pattern = std::string(key) == "model.pattern_stride"  ? "strided"
+                          : std::string(key) == "model.pattern_local" ? "window"
+                                                                       : "bigbird";
+    const auto diff = train::model_difference(cfg(pattern, sets), cfg(pattern));
+    REQUIRE(diff);
+    CHECK(diff->key == key);
+  }
 }
 
 TEST_CASE("sparse: a model passes its pattern to every attention call, KV-cache decode included",

@@ -354,10 +354,14 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
       {"model.position", "alibi"},     {"model.norm", "layernorm"},   {"model.activation", "gelu"},
       {"model.bias", "true"},          {"model.tie_embeddings", "true"},
       {"model.window", "4"},           {"model.init_std", "0.05"},    {"model.attn_kernel", "reference"},
+      {"model.attention_pattern", "window"},
   };
-  // Every model key but ffn_multiple_of (which only acts through ffn_hidden, set explicitly here).
+  // Every model key but ffn_multiple_of (which only acts through ffn_hidden, set explicitly here)
+  // and the model.pattern_* parameters (refused on the full pattern; test_attention_sparse.cpp
+  // checks that model_difference names each).
   size_t model_keys = 0;
-  for (const std::string& k : config_keys()) model_keys += k.rfind("model.", 0) == 0 && k != "model.ffn_multiple_of";
+  for (const std::string& k : config_keys())
+    model_keys += k.rfind("model.", 0) == 0 && k != "model.ffn_multiple_of" && k.rfind("model.pattern_", 0) != 0;
   CHECK(changes.size() == model_keys);
   for (const auto& [key, value] : changes) {
     CAPTURE(key);
@@ -365,7 +369,8 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
     apply_override(other, key + "=" + value);
     validate(other, "test");
     const std::string shown = key == "model.family" || key == "model.position" || key == "model.norm" ||
-                                      key == "model.activation" || key == "model.attn_kernel"
+                                      key == "model.activation" || key == "model.attn_kernel" ||
+                                      key == "model.attention_pattern"
                                   ? "\"" + value + "\""
                                   : value;
     CHECK_THAT(error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, nullptr, r.state, *r.tok); }),

@@ -13,7 +13,7 @@ namespace {
 using nn::ModelConfig;
 using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
                             nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
-                            attn::Kernel ModelConfig::*, attn::SparsePattern ModelConfig::*>;
+                            attn::Kernel ModelConfig::*>;
 
 // Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
 struct ModelField {
@@ -41,8 +41,35 @@ const ModelField kModelFields[] = {
     {"model.window", &ModelConfig::window},
     {"model.init_std", &ModelConfig::init_std},
     {"model.attn_kernel", &ModelConfig::attn_kernel},
-    {"model.attention_pattern", &ModelConfig::pattern},  // with its model.pattern_* parameters
 };
+
+// The pattern's first differing setting, named by its model.pattern_* key (values as TOML text).
+std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a, const attn::SparsePattern& b) {
+  auto q = [](const std::string& s) { return '"' + s + '"'; };
+  auto tokens = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  };
+  if (a.kind != b.kind)
+    return ConfigDifference{"model.attention_pattern", q(attn::pattern_name(a.kind)), q(attn::pattern_name(b.kind))};
+  auto num = [](const char* key, int64_t x, int64_t y) -> std::optional<ConfigDifference> {
+    if (x == y) return std::nullopt;
+    return ConfigDifference{key, std::to_string(x), std::to_string(y)};
+  };
+  if (auto d = num("model.pattern_stride", a.stride, b.stride)) return d;
+  if (auto d = num("model.pattern_local", a.local, b.local)) return d;
+  if (auto d = num("model.pattern_global", a.global, b.global)) return d;
+  if (a.global_tokens != b.global_tokens)
+    return ConfigDifference{"model.pattern_global_tokens", q(tokens(a.global_tokens)), q(tokens(b.global_tokens))};
+  if (auto d = num("model.pattern_random_blocks", a.random_blocks, b.random_blocks)) return d;
+  if (auto d = num("model.pattern_block_size", a.block_size, b.block_size)) return d;
+  if (a.layout != b.layout) return ConfigDifference{"model.pattern_layout", q(a.layout), q(b.layout)};
+  if (a.layout_table != b.layout_table || a.layout_rows != b.layout_rows)
+    return ConfigDifference{"model.pattern_layout", q(a.layout + " (other contents)"), q(b.layout)};
+  if (auto d = num("model.pattern_seed", static_cast<int64_t>(a.seed), static_cast<int64_t>(b.seed))) return d;
+  return std::nullopt;
+}
 
 // A value as to_toml writes it.
 std::string toml_text(int64_t v) { return std::to_string(v); }
@@ -59,7 +86,6 @@ std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
 std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
 std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
 std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
-std::string toml_text(const attn::SparsePattern& v) { return '"' + v.describe() + '"'; }
 
 int64_t ceil_sqrt(int64_t n) {
   int64_t s = 1;
@@ -180,6 +206,7 @@ std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const
         f.member);
     if (d) return d;
   }
+  if (auto d = pattern_difference(a.pattern, b.pattern)) return d;
   // A field added to ModelConfig but not to kModelFields would make two different models "the same".
   ModelConfig a_as_b = a;
   a_as_b.recompute = b.recompute;
