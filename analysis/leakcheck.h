@@ -76,6 +76,15 @@ struct LeakCheckOptions {
 };
 
 // ---- the checks (each on an eval copy of `model`; none modifies it) ----
+// Checks that do not apply to a model (name, reason); run_model_checks leaves them out and reports
+// list them as skipped, never as passed:
+//   padding and packing invariance under a sparse pattern anchored at absolute positions (global,
+//     bigbird, block_sparse);
+//   mask.* for model.attention_pattern = linear (it forms no weights; reference_attention and its
+//     backward compare it with its own naive float64 loops);
+//   the permutation checks unless permutation_not_applicable() is empty.
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::ModelConfig& c);
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model);
 LeakCheck check_future_perturbation(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // kv_decode, chunked_prefill, greedy_generation
 std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, const LeakCheckOptions& o);
@@ -102,12 +111,6 @@ std::string permutation_not_applicable(const nn::ModelConfig& c);
 // Every model check above that applies, in table order (not_applicable_checks below lists the
 // rest). A check that throws is recorded as failed (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
-// The checks run_model_checks leaves out for `model`, each with the reason (name, reason): for
-// model.attention_pattern = linear the softmax-specific mask.* (linear attention forms no weights;
-// reference_attention and its backward compare it with its own naive float64 loops); the
-// permutation checks unless permutation_not_applicable() is empty. Reported as skipped, never as
-// passed.
-std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
 // dropout / kernel / window but must have the same parameter shapes. Eval mode.
@@ -139,6 +142,8 @@ enum class Fault {
   rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
   dropout_in_eval,       // attention dropout left on in eval mode
   linear_chunk_future,   // linear attention's causal chunk also reads its own later keys
+  strided_offset_off_by_one,  // strided pattern keeps (pos_i - j + 1) mod s == 0 instead of (pos_i - j) mod s == 0
+  global_reads_future,        // a global query position sees every key, ignoring the causal mask
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

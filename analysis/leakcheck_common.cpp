@@ -129,10 +129,19 @@ std::string fmt(double v) {
   return buf;
 }
 
+std::shared_ptr<const attn::PatternPredicate> naive_pattern(const nn::ModelConfig& c, int64_t nk) {
+  if (!c.pattern.sparse()) return nullptr;
+  return std::make_shared<const attn::PatternPredicate>(c.pattern, nk, /*causal=*/true);
+}
+std::shared_ptr<const attn::SparsePattern> model_pattern(const nn::ModelConfig& c) {
+  return c.pattern.sparse() ? std::make_shared<const attn::SparsePattern>(c.pattern) : nullptr;
+}
+
 bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j) {
   const int64_t p = s.Nk - s.Nq + i;
   if ((s.causal || s.window > 0) && j > p) return false;
   if (s.window > 0 && j <= p - s.window) return false;
+  if (s.pattern && !s.pattern->allows(p, j)) return false;
   if (!s.key_valid.empty() && !s.key_valid[static_cast<size_t>(b * s.Nk + j)]) return false;
   if (!s.segment.empty() && s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
     return false;
@@ -235,9 +244,33 @@ std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, cons
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::ModelConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const attn::Pattern k = c.pattern.kind;
+  if (k == attn::Pattern::global || k == attn::Pattern::bigbird || k == attn::Pattern::block_sparse) {
+    // These patterns are anchored at absolute positions (global tokens, blocks): a left-padded or
+    // packed sequence legitimately sees other keys than the same tokens alone.
+    const std::string why = std::string("model.attention_pattern = ") + attn::pattern_name(k) +
+                            " is anchored at absolute positions, so left padding and packing change what it sees";
+    for (const char* n : {"padding_invariance", "padding_target_loss", "packing_invariance"}) out.emplace_back(n, why);
+  }
+  if (c.attention_pattern == nn::AttentionPattern::linear)
+    out.emplace_back("mask.*",
+                     "not applicable to model.attention_pattern = linear: it forms no softmax weights to mask "
+                     "(reference_attention and its backward check it against naive float64 linear loops instead)");
+  if (const std::string why = permutation_not_applicable(c); !why.empty())
+    out.emplace_back("permutation_equivariance", why);
+  return out;
+}
+
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o) {
   const leak::EvalModel m(model);
   std::vector<LeakCheck> out;
+  const auto skipped = not_applicable_checks(m->config());
+  auto applies = [&](const std::string& name) {
+    return std::none_of(skipped.begin(), skipped.end(), [&](const auto& s) { return s.first == name; });
+  };
+  const bool shift_invariant = applies("padding_invariance"), softmax = applies("mask.*");
   auto guarded = [&](const char* family, auto&& fn) {
     try {
       for (auto& c : fn()) out.push_back(std::move(c));
@@ -248,27 +281,21 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   using V = std::vector<LeakCheck>;
   guarded("future_token_perturbation", [&] { return V{check_future_perturbation(*m, o)}; });
   guarded("train_vs_inference", [&] { return check_train_vs_inference(*m, o); });
-  guarded("padding", [&] { return check_padding(*m, o); });
-  guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
-  const bool softmax = model.config().attention_pattern == nn::AttentionPattern::full;
+  if (shift_invariant) {  // else reported by not_applicable_checks
+    guarded("padding", [&] { return check_padding(*m, o); });
+    guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
+  }
   if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
-  if (permutation_not_applicable(m->config()).empty())
+  if (applies("permutation_equivariance"))
     guarded("permutation_equivariance", [&] { return check_permutation_equivariance(*m, o); });
   return out;
 }
 
 std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model) {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (model.config().attention_pattern == nn::AttentionPattern::linear)
-    out.emplace_back("mask.*",
-                     "not applicable to model.attention_pattern = linear: it forms no softmax weights to mask "
-                     "(reference_attention and its backward check it against naive float64 linear loops instead)");
-  if (const std::string why = permutation_not_applicable(model.config()); !why.empty())
-    out.emplace_back("permutation_equivariance", why);
-  return out;
+  return not_applicable_checks(model.config());
 }
 
 }  // namespace qkv::analysis

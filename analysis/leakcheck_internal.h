@@ -73,7 +73,14 @@ struct NaiveSpec {
   std::vector<int64_t> segment;       // optional [B, Nk]: query at p sees only keys of segment[b, p]
   std::vector<double> alibi;          // optional slopes per query head: adds -m_h (p - j)
   double scale = 0;                   // 0 -> 1 / sqrt(D)
+  // optional sparse pattern (attention.h's definitions, the library's predicate): key j visible
+  // only if pattern->allows(p, j)
+  std::shared_ptr<const attn::PatternPredicate> pattern;
 };
+// The predicate of c's sparse pattern for Nk keys under its causal mask, or null for full attention.
+std::shared_ptr<const attn::PatternPredicate> naive_pattern(const nn::ModelConfig& c, int64_t nk);
+// The model's pattern as attention options carry it (null for full attention).
+std::shared_ptr<const attn::SparsePattern> model_pattern(const nn::ModelConfig& c);
 bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j);
 // Fills out (and weights when non-null); fully masked rows give zero weights and a zero output.
 // Returns the number of fully masked (b, h, i) rows.

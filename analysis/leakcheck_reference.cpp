@@ -61,9 +61,11 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
     s.B = B, s.Hq = Hq, s.Hkv = Hkv, s.Nq = mc.nq, s.Nk = mc.nk, s.D = D, s.Dv = D;
     s.causal = true;
     s.window = mc.window ? w : 0;
+    s.pattern = leak::naive_pattern(c, mc.nk);
     attn::AttentionOptions opts;
     opts.causal = true;
     opts.window = s.window;
+    opts.pattern = leak::model_pattern(c);
     if (mc.padded) {
       s.key_valid.assign(static_cast<size_t>(B * mc.nk), 1);
       for (int64_t j = 0; j < pad; ++j) s.key_valid[static_cast<size_t>(mc.nk + j)] = 0;  // row 1, left padding
@@ -193,11 +195,13 @@ RealAttention capture_real_attention(const nn::DecoderModel& model, const LeakCh
   s.B = B, s.Hq = Hq, s.Hkv = Hkv, s.Nq = L, s.Nk = L, s.D = hd, s.Dv = hd;
   s.causal = true;
   s.window = c.window;
+  s.pattern = leak::naive_pattern(c, L);
   s.key_valid = r.valid;
   s.segment = r.seg;
   if (c.position == nn::Position::alibi) s.alibi = leak::naive_alibi_slopes(Hq);
   r.what = std::string("scale 1/sqrt(") + std::to_string(hd) + "), causal";
   if (c.window > 0) r.what += ", window " + std::to_string(c.window);
+  if (c.pattern.sparse()) r.what += ", pattern " + c.pattern.describe();
   r.what += ", key padding, segments, GQA " + std::to_string(Hq) + ":" + std::to_string(Hkv);
   if (c.position == nn::Position::rope) r.what += ", RoPE at the given positions";
   if (c.position == nn::Position::alibi) r.what += ", ALiBi";
@@ -435,6 +439,7 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
   attn::AttentionOptions opts;
   opts.causal = true;
   opts.window = c.window;
+  opts.pattern = leak::model_pattern(c);
   opts.kernel = c.attn_kernel;
   opts.key_padding = r.args.key_padding.to(dev);
   opts.segment_ids = r.args.segment_ids.to(dev);

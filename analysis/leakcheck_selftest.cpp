@@ -146,6 +146,28 @@ class FaultyAttention : public nn::AttentionOps {
  private:
   // The options with the fault's mask: wrong rules, or the key padding dropped.
   AttentionOptions wrong(AttentionOptions o, const attn::AttentionShape& s) const {
+    const attn::Pattern kind = o.pattern ? o.pattern->kind : attn::Pattern::full;
+    const bool strided = f_ == Fault::strided_offset_off_by_one && kind == attn::Pattern::strided;
+    const bool global = f_ == Fault::global_reads_future && (kind == attn::Pattern::global || kind == attn::Pattern::bigbird);
+    if (strided || global) {  // the pattern's mask rebuilt wrongly as an allow_mask [1, 1, Nq, Nk]
+      const attn::SparsePattern& sp = *o.pattern;
+      const attn::PatternPredicate pred(sp, s.nk, /*causal=*/true);
+      auto is_global = [&](int64_t p) {
+        return sp.global_tokens.empty() ? p < sp.global
+                                        : std::find(sp.global_tokens.begin(), sp.global_tokens.end(), p) != sp.global_tokens.end();
+      };
+      Tensor allow = Tensor::empty({1, 1, s.nq, s.nk}, DType::boolean);
+      for (int64_t i = 0; i < s.nq; ++i)
+        for (int64_t j = 0; j < s.nk; ++j) {
+          const int64_t p = s.nk - s.nq + i, d = p - j;
+          allow.data<bool>()[i * s.nk + j] =
+              strided ? std::abs(d) < pred.local() || (d + 1) % pred.stride() == 0
+                      : (j <= p && pred.allows(p, j)) || is_global(p);  // the global row skips the causal rule
+        }
+      o.allow_mask = allow;
+      o.pattern = nullptr;
+      if (global) o.causal = false;
+    }
     if (f_ == Fault::ignore_key_padding) {
       o.key_padding = Tensor();
       o.key_lengths.clear();
@@ -173,6 +195,8 @@ const char* fault_name(Fault f) {
     case Fault::rope_cache_relative: return "rope_cache_relative";
     case Fault::dropout_in_eval: return "dropout_in_eval";
     case Fault::linear_chunk_future: return "linear_chunk_future";
+    case Fault::strided_offset_off_by_one: return "strided_offset_off_by_one";
+    case Fault::global_reads_future: return "global_reads_future";
   }
   return "?";
 }
@@ -191,7 +215,8 @@ std::vector<Fault> planted_faults() {
   using F = Fault;
   return {F::causal_reversed,   F::softmax_over_queries, F::ignore_key_padding, F::mask_after_softmax,
           F::top_left_causal,   F::window_off_by_one,    F::gqa_modulo,         F::scale_d_model,
-          F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future};
+          F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future,
+          F::strided_offset_off_by_one, F::global_reads_future};
 }
 
 const char* fault_condition(Fault f) {
@@ -207,6 +232,8 @@ const char* fault_condition(Fault f) {
     case Fault::rope_cache_relative: return "RoPE and a KV cache";
     case Fault::dropout_in_eval: return "attention dropout > 0 (set on a copy)";
     case Fault::linear_chunk_future: return "linear attention with chunks > 1 (the probe-linear model)";
+    case Fault::strided_offset_off_by_one: return "model.attention_pattern = strided";
+    case Fault::global_reads_future: return "model.attention_pattern = global or bigbird under a causal model";
     case Fault::none: break;
   }
   return "";
@@ -272,6 +299,31 @@ std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model) 
     lin.model->to(user_model.device());
     out.push_back(std::move(lin));
   }
+  // Sparse probes: the llama probe without its window, one strided (s = 3, l = 2) and one with
+  // global tokens {0, 5} and a local width 3 (Longformer-like), 1 layer each.
+  auto sparse_probe = [&](const char* name, attn::Pattern kind, const char* what) {
+    nn::ModelConfig sc = p;
+    sc.n_layer = 1;
+    sc.window = 0;
+    sc.pattern.kind = kind;
+    if (kind == attn::Pattern::strided) {
+      sc.pattern.stride = 3;
+      sc.pattern.local = 2;
+    } else {
+      sc.pattern.global_tokens = {0, 5};
+      sc.pattern.local = 3;
+    }
+    SelfTestModel m;
+    m.name = name;
+    m.description = std::string("llama, 1 layer, RoPE, GQA 4:2, C 32, block 16, ") + what;
+    m.model = std::make_unique<nn::DecoderModel>(sc);
+    m.model->init_weights(0x5e1f7e58);
+    m.model->eval();
+    m.model->to(user_model.device());
+    out.push_back(std::move(m));
+  };
+  sparse_probe("probe-strided", attn::Pattern::strided, "strided pattern s=3 l=2");
+  sparse_probe("probe-global", attn::Pattern::global, "global pattern, tokens {0, 5}, l=3");
   return out;
 }
 

@@ -1,6 +1,8 @@
 // qkv bench [--config FILE] [--what step|attention|gemm|decode] [--steps N] [--threads N] [--profile] [--json]
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
-//           attention also: [--n N...] [--head-dim D...]; a config with train.device = "cuda" selects the GPU
+//           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
+//           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
+//           [--pattern-block-size BS]; a config with train.device = "cuda" selects the GPU
 //           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
 //           datasheet peak, tensor/device_peaks.cpp)
 #include <omp.h>
@@ -35,7 +37,18 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
   cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
-  cmd->add_option("--pattern", pattern, "attention: full | linear (linear: N 1K..64K, kv heads 8)")->capture_default_str();
+  static int64_t p_stride = 0, p_local = 0, p_global = 1, p_random = 2, p_bs = 64, p_hkv = 0;
+  cmd->add_option("--pattern", pattern, "attention: full|window|strided|global|bigbird|block_sparse|linear (linear: N 1K..64K, kv heads 8)")
+      ->capture_default_str();
+  cmd->add_option("--pattern-stride", p_stride, "attention: strided s (0 = ceil(sqrt(N)))");
+  cmd->add_option("--pattern-local", p_local, "attention: local width l (0 = the pattern's default)");
+  cmd->add_option("--pattern-global", p_global, "attention: global, bigbird: the first g positions are global")
+      ->capture_default_str();
+  cmd->add_option("--pattern-random-blocks", p_random, "attention: bigbird random blocks")->capture_default_str();
+  cmd->add_option("--pattern-block-size", p_bs, "attention: bigbird / block_sparse block size")->capture_default_str();
+  cmd->add_option("--hkv", p_hkv, "attention: kv heads (default: 8 and 2)");
+  static std::string kernel = "both";
+  cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
   cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")->capture_default_str();
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
   cmd->add_option("--peak-tflops", peak_tflops, "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
@@ -97,14 +110,31 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       }
     } else if (what == "attention") {
       attn::AttentionBenchOptions o;
-      o.pattern = pattern;
+      o.linear = pattern == "linear";
       o.linear_feature = attn::parse_linear_feature(linear_feature, "--linear-feature");
-      if (pattern == "linear") {
+      if (o.linear) {
         o.ns = {1024, 2048, 4096, 8192, 16384, 32768, 65536};
         o.hkvs = {8};
       }
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
+      if (p_hkv > 0) o.hkvs = {p_hkv};
+      QKV_CHECK(kernel == "both" || kernel == "fused" || kernel == "reference",
+                "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
+      if (kernel == "fused") o.kernels = {attn::Kernel::fused};
+      if (kernel == "reference") o.kernels = {attn::Kernel::reference};
+      QKV_CHECK(o.linear || attn::parse_pattern(pattern, &o.pattern.kind), "[bench] --pattern must be full, window, "
+                "strided, global, bigbird, block_sparse or linear, got '", pattern, "'");
+      o.pattern.stride = p_stride;
+      o.pattern.local = p_local;
+      o.pattern.global = p_global;
+      o.pattern.random_blocks = p_random;
+      o.pattern.block_size = p_bs;
+      try {
+        o.pattern.validate();
+      } catch (const Error& e) {
+        fail("[bench] --pattern-*: ", e.what());
+      }
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
       if (!config.empty() && cfg.train.device == "cuda") {
@@ -123,11 +153,16 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                      r.kernel.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.hkv),
                      static_cast<long long>(r.head_dim), r.ms, r.forward_ms, r.forward_tflops, r.backward_tflops,
                      r.peak_bytes / 1048576.0);
-        results.push_back({{"name", "attention"}, {"pattern", r.pattern}, {"kept_pairs", r.kept_pairs},
-                           {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
+        if (o.pattern.sparse())
+          std::fprintf(out, "          %s: kept %lld pairs, %lld of %lld tiles visited, %.2f ns/kept pair, %.1f GFLOP/s on kept\n",
+                       r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
+                       static_cast<long long>(r.total_tiles), r.ns_per_kept_pair, r.kept_gflops);
+        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
                            {"head_dim", r.head_dim}, {"ms", r.ms}, {"forward_ms", r.forward_ms},
                            {"forward_tflops", r.forward_tflops}, {"backward_tflops", r.backward_tflops},
-                           {"peak_bytes", r.peak_bytes}});
+                           {"peak_bytes", r.peak_bytes}, {"pattern", r.pattern}, {"kept_pairs", r.kept_pairs},
+                           {"visited_tiles", r.visited_tiles}, {"total_tiles", r.total_tiles},
+                           {"kept_gflops", r.kept_gflops}, {"ns_per_kept_pair", r.ns_per_kept_pair}});
       }
     } else if (what == "decode") {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");

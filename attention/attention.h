@@ -25,6 +25,29 @@
 //   key_lengths     j < key_lengths[b]
 //   segment_ids     seg[b, pos_i] == seg[b, j]    (queries are the last Nq positions)
 //   allow_mask      allow_mask[b, h, i, j]        (broadcast; true = may attend)
+//   pattern         allows(pos_i, j)              (a sparse pattern, below; attention/patterns.h)
+//
+// Sparse patterns (AttentionOptions::pattern), on absolute positions p = pos_i and d = p - j, so a
+// KV-cache decode row sees the same keys as that row of the full forward. Each is ANDed with the
+// masks above: under causal only j <= p of it survives (a decoder never reads the future).
+// Parameters: l (local), s (stride), G (global positions: the first g, or an explicit list),
+// r (random blocks), bs (block size), seed. qb = floor(p / bs), kb = floor(j / bs).
+//   full          true
+//   window        |d| < l                                        (l default bs = 64; causal: p-l < j <= p)
+//   strided       |d| < l  or  d mod s == 0                      (s default ceil(sqrt(Nk)), l default s;
+//                                                                 causal: p-l < j <= p or s | (p-j))
+//   global        |d| < l  or  p ∈ G  or  j ∈ G                  (l default 1: itself; G default {0};
+//                                                                 l = w gives Longformer)
+//   bigbird       |d| < l  or  p ∈ G  or  j ∈ G  or  kb ∈ R(qb)  (l default bs, G default {0}, r default 2)
+//                 R(qb) = { rand(qb, k) : k < r },  rand(qb, k) = X mod m, X = the 64-bit word
+//                 (x0 << 32 | x1) of Philox4x32-10 with key (seed & 0xffffffff, seed >> 32) and
+//                 counter (qb, k, 0x5ba25e00, qb >> 32); m = qb + 1 under a causal mask (blocks
+//                 of the past), else ceil(Nk / bs). The same on every kernel, device and resume.
+//   block_sparse  layout[qb][kb]: "local_global": |qb - kb| <= 1 or kb == 0 or qb == 0;
+//                 "fixed": kb == qb or kb mod 4 == 3; or a 0/1 table loaded from a file.
+// A stride or local width of 0 means "auto" and is resolved from this call's Nk; models resolve it
+// once from their block_size so that decode keeps it. The fused kernels visit only the non-empty
+// tiles of the pattern's block layout (patterns.h), and skip the per-element mask in full ones.
 // A row with no visible key ("fully masked", e.g. left padding under causal) yields a zero output
 // row, lse = -inf and zero gradients (FullyMasked::zero), or an error naming batch, head and row
 // (FullyMasked::error). Never NaN. A bias of -inf also masks (and can empty a row the same way).
@@ -41,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/patterns.h"
 #include "autograd/gradcheck.h"
 #include "tensor/tensor.h"
 
@@ -89,6 +113,9 @@ struct AttentionOptions {
   // CPU kernels follow any rules; the CUDA kernels derive the standard ones themselves, so a call
   // with explicit rules takes the reference path there.
   std::shared_ptr<const MaskRules> rules;
+  // Optional sparse pattern (definitions above), ANDed with every mask. CUDA kernels that cannot
+  // walk it route the call to the reference path (supported() is false).
+  std::shared_ptr<const SparsePattern> pattern;
 };
 
 // The rules the options mean: q_offset = Nk - Nq (bottom-right); causal: hi = 1; window w > 0:
@@ -123,6 +150,14 @@ AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const 
 int64_t count_fully_masked_rows(const AttentionShape& shape, const AttentionOptions& opts);
 // The combined mask as a bool tensor [B, Hq, Nq, Nk] (true = visible), for tests and tools.
 Tensor visibility_mask(const AttentionShape& shape, const AttentionOptions& opts);
+// The figures of a call's sparse pattern: kept_pairs = visible (i, j) pairs counted over the whole
+// [B, Hq, Nq, Nk] problem (every mask; computed from the block layout when no elementwise mask is
+// set), and the fused CPU kernel's tiles: visited (non-empty) of total, and how many are full.
+// Without a pattern the layout is the structural mask's own (causal, window).
+struct PatternStats {
+  int64_t kept_pairs = 0, visited_tiles = 0, full_tiles = 0, total_tiles = 0, tile_q = 0, tile_k = 0;
+};
+PatternStats pattern_stats(const AttentionShape& shape, const AttentionOptions& opts);
 // The dropout multipliers Z [B, Hq, Nq, Nk] (0 or 1/(1-p)) in `dtype`, drawn as documented above.
 Tensor dropout_scale_mask(const AttentionShape& shape, const AttentionOptions& opts, DType dtype = DType::f32);
 

@@ -25,8 +25,7 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
   };
   std::vector<AttentionBenchResult> results;
   try {
-    const bool linear = opt.pattern == "linear";
-    QKV_CHECK(linear || opt.pattern == "full", "[bench] --pattern must be full or linear, got '", opt.pattern, "'");
+    const bool linear = opt.linear;
     const std::vector<Kernel> kernels = linear ? std::vector<Kernel>{Kernel::fused} : opt.kernels;
     for (Kernel kernel : kernels)
       for (int64_t D : opt.head_dims)
@@ -48,6 +47,7 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             lo.feature = opt.linear_feature;
             lo.chunk = opt.linear_chunk;
             if (lo.feature == LinearFeature::favor) lo.projection = favor_projection_for_layer(D, D, 0).to(dev);
+            if (opt.pattern.sparse()) o.pattern = std::make_shared<const SparsePattern>(opt.pattern);
             double fwd_ms = 0;
             auto step = [&] {
               autograd::AutocastGuard autocast(opt.bf16_autocast);
@@ -78,14 +78,19 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             AttentionBenchResult res;
             res.kernel = std::string(linear ? "linear" : kernel == Kernel::fused ? "fused" : "reference") +
                          (opt.bf16_autocast ? "/bf16" : "");
-            res.pattern = opt.pattern;
-            res.kept_pairs = opt.causal ? n * (n + 1) / 2 : n * n;
             res.n = n;
             res.hkv = hkv;
             res.head_dim = D;
             res.ms = ms[ms.size() / 2];
             res.forward_ms = fms[fms.size() / 2];
             res.peak_bytes = peak;
+            const PatternStats st = pattern_stats({B, H, hkv, n, n}, o);
+            res.pattern = linear ? "linear" : opt.pattern.describe();
+            res.kept_pairs = st.kept_pairs;
+            res.visited_tiles = linear ? 0 : st.visited_tiles;
+            res.total_tiles = linear ? 0 : st.total_tiles;
+            res.kept_gflops = 14.0 * static_cast<double>(D) * static_cast<double>(st.kept_pairs) / (res.ms * 1e-3) * 1e-9;
+            res.ns_per_kept_pair = res.ms * 1e6 / std::max<double>(1.0, static_cast<double>(st.kept_pairs));
             double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
                                static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);
             if (linear)  // per token: the chunk's Φ·Ψᵀ and A·V (c·(m + Dv)), Φ·S and the state update (2·m·Dv), m = D

@@ -24,9 +24,10 @@ struct AttentionBenchOptions {
   int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
   int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
   bool bf16_autocast = false;       // run under bf16 autocast (on the GPU: the tensor-core kernels)
-  // "full" (the kernels above) or "linear" (attention/linear_attention.h, causal, kernel "linear",
-  // feature linear_feature, chunk linear_chunk; `kernels` is then ignored).
-  std::string pattern = "full";
+  SparsePattern pattern;            // ANDed with the causal mask (full: none)
+  // linear: attention/linear_attention.h instead (causal as above, kernel "linear", feature
+  // linear_feature, chunk linear_chunk; `kernels` and `pattern` are then ignored).
+  bool linear = false;
   LinearFeature linear_feature = LinearFeature::elu1;
   int64_t linear_chunk = 64;
 };
@@ -38,11 +39,14 @@ struct AttentionBenchResult {
   double forward_ms = 0;    // median forward alone
   double forward_tflops = 0, backward_tflops = 0;  // causal work: fwd 2·B·H·N²·D, bwd 2.5x that
   int64_t peak_bytes = 0;   // allocator peak during one step, above what was in use before it
+  // The pattern's figures (pattern_stats): visible pairs over the whole problem, the fused kernel's
+  // visited / total 64×64 tiles, and the rate on kept pairs: 14·D FLOPs per kept pair (forward
+  // QKᵀ and PV: 4·D; backward, five products: 10·D) over the fwd+bwd time. Linear attention
+  // reports the causal pairs its state stands for (every one reaches O, none is formed), so time
+  // per kept pair compares it with full attention at equal context.
   std::string pattern = "full";
-  // (query, key) pairs per head whose interaction the output holds: N(N+1)/2 causal, N² not. For
-  // linear attention the same count (every causal pair reaches O through the state, none is formed),
-  // so ms per kept pair compares it with full attention at equal context.
-  int64_t kept_pairs = 0;
+  int64_t kept_pairs = 0, visited_tiles = 0, total_tiles = 0;
+  double kept_gflops = 0, ns_per_kept_pair = 0;
 };
 
 std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& opt = {});

@@ -7,8 +7,8 @@ namespace qkv::attn {
 
 // Tile sizes: query rows per block and keys per tile. Each thread holds a few Bq×Bk tiles, so
 // extra memory is O(threads·Bq·Bk + N·D), never N×N.
-constexpr int64_t kBlockQ = 64;
-constexpr int64_t kBlockK = 64;
+constexpr int64_t kBlockQ = kTileQ;  // the grid of sparse block layouts (mask.h)
+constexpr int64_t kBlockK = kTileK;
 
 // Threads worth starting for `flops` of work split into `tasks` pieces: small calls (a decode
 // step, a gradcheck case) stay on the calling thread, where a parallel region costs more than it saves.

@@ -83,13 +83,30 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
     const T* vj = vh + j0 * a.v_sn;
     T* dkj = dkh + j0 * dks;
     T* dvj = dvh + j0 * dvs;
-    for (int64_t i0 = i_lo; i0 < i_hi; i0 += kBlockQ) {
-      const int64_t i1 = std::min(i_hi, i0 + kBlockQ), bq = i1 - i0;
+    // Query blocks: the structural range in steps of Bq, or with a sparse pattern the non-empty
+    // tiles of the block layout's column kt = j0 / Bk (j0 is a multiple of Bk), clipped to it.
+    const BlockLayout* layout = plan.has_pattern() ? &plan.layout() : nullptr;
+    const int64_t kt = j0 / kBlockK;
+    const int64_t n_blocks =
+        layout ? layout->col_ptr[kt + 1] - layout->col_ptr[kt] : (i_hi - i_lo + kBlockQ - 1) / kBlockQ;
+    for (int64_t t = 0; t < n_blocks; ++t) {
+      int64_t i0, i1;
+      if (layout) {
+        const int64_t qt = layout->col_tiles[layout->col_ptr[kt] + t];
+        i0 = std::max(qt * kBlockQ, i_lo);
+        i1 = std::min((qt + 1) * kBlockQ, i_hi);
+        if (i1 <= i0) continue;
+      } else {
+        i0 = i_lo + t * kBlockQ;
+        i1 = std::min(i_hi, i0 + kBlockQ);
+      }
+      const int64_t bq = i1 - i0;
       int64_t j_lo, j_hi;  // the block's own key range may exclude this tile entirely
       plan.key_range(b, i0, i1, &j_lo, &j_hi);
       if (j_hi <= j0 || j_lo >= j0 + bk) continue;
       tile::gemm(false, true, bq, bk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kj, a.k_sn, T(0), s, kBlockK);
-      const bool full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
+      const bool full = layout ? plan.tile_full(b, i0 / kBlockQ, kt, j0 + bk) && j0 >= j_lo && j0 + bk <= j_hi
+                               : plan.block_all_visible(b, i0, i1, j0, j0 + bk);
       if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
       for (int64_t r = 0; r < bq; ++r) {
         const T lse = lseh[i0 + r];

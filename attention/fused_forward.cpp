@@ -56,10 +56,27 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
 
   int64_t j_lo, j_hi;
   plan.key_range(b, i0, i1, &j_lo, &j_hi);
-  for (int64_t j0 = j_lo; j0 < j_hi; j0 += kBlockK) {
-    const int64_t bk = std::min(kBlockK, j_hi - j0);
+  // Key tiles [j0, j0 + bk): the structural range in steps of Bk, or with a sparse pattern the
+  // non-empty tiles of the block layout (aligned at multiples of Bk, i0 at a multiple of Bq),
+  // clipped to the structural range.
+  const BlockLayout* layout = plan.has_pattern() ? &plan.layout() : nullptr;
+  const int64_t qt = i0 / kBlockQ;
+  const int64_t n_tiles = layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_lo + kBlockK - 1) / kBlockK;
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    int64_t j0, bk;
+    bool full;
+    if (layout) {
+      const int64_t kt = layout->row_tiles[layout->row_ptr[qt] + t];
+      j0 = std::max(kt * kBlockK, j_lo);
+      bk = std::min((kt + 1) * kBlockK, j_hi) - j0;
+      if (bk <= 0) continue;
+      full = plan.tile_full(b, qt, kt, j0 + bk);
+    } else {
+      j0 = j_lo + t * kBlockK;
+      bk = std::min(kBlockK, j_hi - j0);
+      full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
+    }
     tile::gemm(false, true, bq, bk, D, a.scale, qb, a.q_sn, kh + j0 * a.k_sn, a.k_sn, T(0), s, kBlockK);
-    const bool full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
     if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
     for (int64_t r = 0; r < bq; ++r) {
       T* sr = s + r * kBlockK;

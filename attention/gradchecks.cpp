@@ -89,6 +89,50 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
                  [=](const std::vector<Tensor>& x) { return attention(x[0], x[1], x[2], o); }});
         }
 
+  // Sparse patterns (op "attention_sparse", the pattern's name first in the case name, so
+  // `qkv gradcheck --only strided` selects them) × {non-causal, causal} × {MHA, GQA} × {dropout}.
+  // N = 9 with blocks of 2 and strides of 3, so every pattern leaves rows partly masked.
+  {
+    struct Named {
+      const char* name;
+      SparsePattern p;
+    };
+    std::vector<Named> patterns;
+    auto add = [&](const char* name, Pattern kind, auto&& set) {
+      SparsePattern p;
+      p.kind = kind;
+      set(p);
+      patterns.push_back({name, p});
+    };
+    add("window", Pattern::window, [](SparsePattern& p) { p.local = 3; });
+    add("strided", Pattern::strided, [](SparsePattern& p) { p.stride = 3; p.local = 2; });
+    add("global", Pattern::global, [](SparsePattern& p) { p.global_tokens = {0, 4}; });
+    add("bigbird", Pattern::bigbird, [](SparsePattern& p) { p.block_size = 2; p.local = 2; p.random_blocks = 1; p.seed = 3; });
+    add("block_sparse", Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 2; p.layout = "fixed"; });
+    const Heads sparse_heads[] = {{"MHA", 2, 2}, {"GQA", 4, 2}};
+    uint64_t sseed = 8000;
+    for (const Named& n : patterns)
+      for (int causal = 0; causal < 2; ++causal)
+        for (const Heads& h : sparse_heads)
+          for (int drop = 0; drop < 2; ++drop) {
+            const Dims d{1, h.Hq, h.Hkv, 9, 9, 3};
+            AttentionOptions o;
+            o.causal = causal;
+            o.pattern = std::make_shared<const SparsePattern>(n.p);
+            if (drop) {
+              o.dropout_p = 0.3;
+              o.dropout_seed = 9;
+              o.dropout_offset = 1;
+            }
+            const uint64_t s = sseed;
+            sseed += 3;
+            r.add({"attention_sparse",
+                   cat(n.name, " (", n.p.describe(), ")", causal ? " causal " : " ", h.name, drop ? " dropout 0.3" : "",
+                       " [1,", h.Hq, ",9,3] k [1,", h.Hkv, ",9,3]"),
+                   [=] { return qkv_inputs(d, s); },
+                   [=](const std::vector<Tensor>& x) { return attention(x[0], x[1], x[2], o); }});
+          }
+  }
   // ALiBi on the fly, under GQA.
   {
     const Dims d{1, 4, 2, 3, 5, 3};

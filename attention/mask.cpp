@@ -146,6 +146,10 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     alibi_ = o.alibi_slopes;
   }
   elementwise_ = key_pad_ || seg_ || allow_;
+  if (o.pattern && o.pattern->sparse()) {
+    pat_ = std::make_shared<const PatternPredicate>(*o.pattern, Nk, rules_.has_hi);
+    layout_ = block_layout(*o.pattern, rules_, Nq, Nk, kTileQ, kTileK);
+  }
 }
 
 bool MaskPlan::grouped_heads() const {
@@ -175,7 +179,7 @@ int64_t MaskPlan::count_fully_masked() const {
     const int64_t i = r % Nq, h = (r / Nq) % Hq, b = r / (Nq * Hq);
     const int64_t p = pos(i), a = lo(p), e = hi(b, p);
     bool any = false;
-    if (!elementwise_) {
+    if (!per_element()) {
       any = a < e;
     } else {
       for (int64_t j = a; j < e && !any; ++j) any = visible_elementwise(b, h, i, j);
@@ -191,7 +195,7 @@ bool MaskPlan::first_fully_masked(int64_t* bo, int64_t* ho, int64_t* io) const {
       for (int64_t i = 0; i < Nq; ++i) {
         const int64_t p = pos(i), a = lo(p), e = hi(b, p);
         bool any = false;
-        for (int64_t j = a; j < e && !any; ++j) any = !elementwise_ || visible_elementwise(b, h, i, j);
+        for (int64_t j = a; j < e && !any; ++j) any = !per_element() || visible_elementwise(b, h, i, j);
         if (!any) {
           *bo = b;
           *ho = h;
@@ -217,6 +221,34 @@ Tensor visibility_mask(const AttentionShape& s, const AttentionOptions& opts) {
     for (int64_t j = 0; j < nk; ++j) out[r * nk + j] = plan.visible(b, h, i, j);
   }
   return m;
+}
+
+PatternStats pattern_stats(const AttentionShape& s, const AttentionOptions& opts) {
+  const MaskPlan plan(s, opts);
+  // Without a pattern: the structural mask's own layout (a "full" pattern under the same rules).
+  const std::shared_ptr<const BlockLayout> own =
+      plan.has_pattern() ? nullptr : block_layout(SparsePattern{}, plan.rules(), s.nq, s.nk, kTileQ, kTileK);
+  const BlockLayout& L = own ? *own : plan.layout();
+  PatternStats st;
+  st.visited_tiles = L.visited_tiles;
+  st.full_tiles = L.full_tiles;
+  st.total_tiles = L.nqt * L.nkt;
+  st.tile_q = L.tq;
+  st.tile_k = L.tk;
+  if (!plan.elementwise() && opts.key_lengths.empty()) {
+    st.kept_pairs = L.kept_pairs * s.batch * s.q_heads;
+    return st;
+  }
+  // Per-batch masks: count the layout's tiles element by element.
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.q_heads; ++h)
+      for (int64_t qt = 0; qt < L.nqt; ++qt)
+        for (int64_t e = L.row_ptr[qt]; e < L.row_ptr[qt + 1]; ++e) {
+          const int64_t kt = L.row_tiles[e];
+          for (int64_t i = qt * L.tq; i < std::min(s.nq, (qt + 1) * L.tq); ++i)
+            for (int64_t j = kt * L.tk; j < std::min(s.nk, (kt + 1) * L.tk); ++j) st.kept_pairs += plan.visible(b, h, i, j);
+        }
+  return st;
 }
 
 Tensor dropout_scale_mask(const AttentionShape& s, const AttentionOptions& opts, DType dtype) {

@@ -29,6 +29,11 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
 // The FullyMasked::error failure for query row `flat_row` = (b·Hq + h)·Nq + i, naming b, h and i.
 [[noreturn]] void fail_fully_masked(const Problem& p, int64_t flat_row);
 
+// The tile grid of the fused CPU kernels, in which a sparse pattern's block layout is computed
+// (fused.h's kBlockQ / kBlockK are these).
+constexpr int64_t kTileQ = 64;
+constexpr int64_t kTileK = 64;
+
 class MaskPlan {
  public:
   // Validates the mask options (and explicit rules) against `s` (throws naming shapes). When
@@ -67,9 +72,19 @@ class MaskPlan {
       *i_hi = std::min<int64_t>(Nq, std::max<int64_t>(0, j1 - rules_.lo - rules_.q_offset));
   }
   bool elementwise() const { return elementwise_; }
-  // True when every (i, j) in the block passes the mask (no per-element work needed).
+  // True when every (i, j) in the block passes the mask (no per-element work needed). Never with
+  // a pattern: the kernels ask the layout (tile_full) instead.
   bool block_all_visible(int64_t b, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
-    return !elementwise_ && j0 >= lo(pos(i1 - 1)) && j1 <= hi(b, pos(i0));
+    return !elementwise_ && !pat_ && j0 >= lo(pos(i1 - 1)) && j1 <= hi(b, pos(i0));
+  }
+  // Sparse pattern: its predicate and block layout on the kTileQ × kTileK grid (null without one).
+  bool has_pattern() const { return pat_ != nullptr; }
+  const PatternPredicate* pattern() const { return pat_.get(); }
+  const BlockLayout& layout() const { return *layout_; }
+  // True when the layout's tile (qt, kt) is full and no per-batch or elementwise mask cuts the
+  // keys [.., j1) of it in batch row b.
+  bool tile_full(int64_t b, int64_t qt, int64_t kt, int64_t j1) const {
+    return layout_->at(qt, kt) == BlockLayout::full && !elementwise_ && (!key_len_ || j1 <= key_len_[b]);
   }
 
   // The full predicate (documented in attention.h).
@@ -81,6 +96,7 @@ class MaskPlan {
     if (key_pad_ && !key_pad_[b * kp_sb_ + j * kp_sj_]) return false;
     if (seg_ && seg_[b * Nk + p] != seg_[b * Nk + j]) return false;
     if (allow_ && !allow_[b * al_s_[0] + h * al_s_[1] + i * al_s_[2] + j * al_s_[3]]) return false;
+    if (pat_ && !pat_->allows(p, j)) return false;
     return true;
   }
   // Elementwise-only part, for keys already inside the structural interval.
@@ -88,8 +104,11 @@ class MaskPlan {
     if (key_pad_ && !key_pad_[b * kp_sb_ + j * kp_sj_]) return false;
     if (seg_ && seg_[b * Nk + pos(i)] != seg_[b * Nk + j]) return false;
     if (allow_ && !allow_[b * al_s_[0] + h * al_s_[1] + i * al_s_[2] + j * al_s_[3]]) return false;
+    if (pat_ && !pat_->allows(pos(i), j)) return false;
     return true;
   }
+  // True when a key inside the structural interval may still be masked (elementwise masks or a pattern).
+  bool per_element() const { return elementwise_ || pat_; }
 
   // Additive terms: bias (as the dtype given to the constructor) and ALiBi.
   bool has_bias() const { return bias_ != nullptr; }
@@ -127,6 +146,8 @@ class MaskPlan {
   int64_t bi_s_[4] = {0, 0, 0, 0};
   std::vector<float> alibi_;
   std::vector<Tensor> keep_;  // owns converted / expanded mask tensors
+  std::shared_ptr<const PatternPredicate> pat_;
+  std::shared_ptr<const BlockLayout> layout_;
 };
 
 template <class T>
@@ -156,7 +177,7 @@ void MaskPlan::apply(int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, i
     const int64_t e = std::clamp<int64_t>(hi(b, p) - j0, a, nc);
     for (int64_t c = 0; c < a; ++c) row[c] = ninf;
     for (int64_t c = e; c < nc; ++c) row[c] = ninf;
-    if (elementwise_)
+    if (elementwise_ || pat_)
       for (int64_t c = a; c < e; ++c)
         if (!visible_elementwise(b, h, i, j0 + c)) row[c] = ninf;
   }

@@ -35,6 +35,20 @@ void ModelConfig::validate() const {
   positive_real("model.norm_eps", norm_eps);
   positive_real("model.rope_theta", rope_theta);
   QKV_CHECK(window >= 0, "model.window must be >= 0, got ", window);
+  QKV_CHECK(pattern.stride >= 0, "model.pattern_stride must be >= 0, got ", pattern.stride);
+  QKV_CHECK(pattern.local >= 0, "model.pattern_local must be >= 0, got ", pattern.local);
+  QKV_CHECK(pattern.global >= 0, "model.pattern_global must be >= 0, got ", pattern.global);
+  QKV_CHECK(pattern.random_blocks >= 0, "model.pattern_random_blocks must be >= 0, got ", pattern.random_blocks);
+  QKV_CHECK(pattern.block_size > 0, "model.pattern_block_size must be > 0, got ", pattern.block_size);
+  for (int64_t t : pattern.global_tokens)
+    QKV_CHECK(t >= 0 && t < block_size, "model.pattern_global_tokens: position ", t,
+              " is outside the context [0, model.block_size = ", block_size, ")");
+  if (pattern.kind == attn::Pattern::block_sparse && pattern.layout_rows > 0) {
+    const int64_t blocks = (block_size + pattern.block_size - 1) / pattern.block_size;
+    QKV_CHECK(pattern.layout_rows >= blocks && pattern.layout_cols >= blocks, "model.pattern_layout ", pattern.layout,
+              " has ", pattern.layout_rows, "x", pattern.layout_cols, " blocks but model.block_size / pattern_block_size needs ",
+              blocks, "x", blocks);
+  }
   QKV_CHECK(init_std >= 0 && std::isfinite(init_std), "model.init_std must be a finite number >= 0, got ", init_std);
   QKV_CHECK(position != Position::rope || head_dim() % 2 == 0,
             "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());
@@ -142,6 +156,7 @@ class SelfAttention : public Module {
       c_proj_ = register_module("o_proj", std::make_shared<Linear>(qd, C, c.bias));
     }
     if (c.position == Position::alibi) alibi_ = attn::alibi_slopes(c.n_head);
+    if (c.pattern.sparse()) pattern_ = std::make_shared<const attn::SparsePattern>(c.pattern);
   }
 
   // x [B, T, C] -> [B, T, C]
@@ -233,6 +248,7 @@ class SelfAttention : public Module {
   attn::AttentionOptions options(ForwardArgs& args) const {
     attn::AttentionOptions o;
     o.causal = true;
+    o.pattern = pattern_;  // the same absolute-position pattern in training, eval and KV-cache decode
     o.window = cfg_.window;
     o.kernel = cfg_.attn_kernel;
     o.key_padding = args.key_padding;
@@ -250,6 +266,7 @@ class SelfAttention : public Module {
   const std::shared_ptr<const AttentionOps>& ops_;
   std::shared_ptr<Linear> c_attn_, q_proj_, k_proj_, v_proj_, c_proj_;
   std::vector<float> alibi_;
+  std::shared_ptr<const attn::SparsePattern> pattern_;
 };
 
 class MLP : public Module {

@@ -35,6 +35,7 @@ struct ModelConfig {
   bool bias = true, tie_embeddings = true;
   int64_t window = 0;
   attn::Kernel attn_kernel = attn::Kernel::fused;
+  attn::SparsePattern pattern;  // resolved (stride, block size; a layout file read): passed to every attention call
   bool recompute = false;  // activation recomputation per block
   AttentionPattern attention_pattern = AttentionPattern::full;
   attn::LinearFeature linear_feature = attn::LinearFeature::elu1;

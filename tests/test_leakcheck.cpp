@@ -227,11 +227,11 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   std::vector<std::string> lines;
   const analysis::SelfTestResult st =
       analysis::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
-  CHECK(st.planted() == 11);
-  CHECK(st.detected() == 11);
+  CHECK(st.planted() == 13);
+  CHECK(st.detected() == 13);
   CHECK(st.false_alarms.empty());
   CHECK(st.pass());
-  CHECK(lines.size() == 3 * 12);  // three models (the last linear), clean + eleven faults
+  CHECK(lines.size() == 5 * 14);  // five models (user, llama probe, linear probe, two sparse probes), clean + 13 faults
   for (const auto& f : st.faults) {
     INFO(analysis::fault_name(f.fault));
     CHECK(f.detected);
@@ -240,16 +240,21 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   // The faults the user's gpt2 model cannot show (no RoPE, no window) are caught on the probe.
   for (const auto& f : st.faults)
     if (f.fault == analysis::Fault::rope_cache_relative)
-      for (const auto& c : f.caught_by) CHECK(c.model != "model");
+      for (const auto& c : f.caught_by) CHECK(c.model != "model");  // the RoPE probes (llama, linear, sparse)
   for (const auto& f : st.faults)
     if (f.fault == analysis::Fault::linear_chunk_future)
       for (const auto& c : f.caught_by) CHECK(c.model == "probe-linear");
+  // The sparse faults are caught on their sparse probes (the other models have no pattern).
+  for (const auto& f : st.faults)
+    if (f.fault == analysis::Fault::strided_offset_off_by_one || f.fault == analysis::Fault::global_reads_future)
+      for (const auto& c : f.caught_by)
+        CHECK(c.model == (f.fault == analysis::Fault::global_reads_future ? "probe-global" : "probe-strided"));
   const nlohmann::json j = analysis::leakcheck_json({}, &st);
-  CHECK(j["self_test"]["planted"] == 11);
-  CHECK(j["self_test"]["detected"] == 11);
+  CHECK(j["self_test"]["planted"] == 13);
+  CHECK(j["self_test"]["detected"] == 13);
   CHECK(j["self_test"]["false_alarms"] == 0);
-  CHECK(j["self_test"]["faults"].size() == 11);
-  CHECK(analysis::self_test_table(st).find("11/11 planted faults detected, PASS") != std::string::npos);
+  CHECK(j["self_test"]["faults"].size() == 13);
+  CHECK(analysis::self_test_table(st).find("13/13 planted faults detected, PASS") != std::string::npos);
 }
 
 TEST_CASE("the naive float64 attention backward is the gradient of the naive forward", "[leakcheck]") {

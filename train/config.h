@@ -45,13 +45,26 @@ struct ModelSettings {
   int64_t window = 0;      // sliding attention window; 0 = none
   double init_std = 0.02;
   std::string attn_kernel = "fused";  // "fused" | "reference"
-  // Which attention: "full" (softmax, the default; old checkpoints load as it) | "linear"
-  // (attention/linear_attention.h: O(N) time and memory, a recurrent decode state). linear refuses
-  // ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a linear meaning).
+  // Which attention (old checkpoints load as "full"):
+  //   full (softmax, the default) | window | strided | global | bigbird | block_sparse: softmax
+  //     attention under that sparse pattern (definitions: attention/attention.h), ANDed with the
+  //     causal mask and model.window; parameters in the model.pattern_* keys below;
+  //   linear (attention/linear_attention.h): O(N) time and memory, a recurrent decode state; it
+  //     refuses ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a
+  //     linear meaning), and every model.pattern_* key.
   std::string attention_pattern = "full";
   std::string linear_feature = "elu1";  // linear's φ: "elu1" | "relu" | "favor"
   int64_t linear_features = 0;          // favor's m random features; 0 = the head size
   int64_t linear_chunk = 64;            // keys per chunk of the causal (training) form; any value is exact
+  int64_t pattern_stride = 0;         // strided: s; 0 = ceil(sqrt(block_size))
+  int64_t pattern_local = 0;          // local width l; 0 = the pattern's default (window, bigbird: the
+                                      // pattern block size; strided: s; global: 1)
+  int64_t pattern_global = 1;         // global, bigbird: the first g positions are global
+  std::string pattern_global_tokens;  // global, bigbird: "0,17,33" lists the global positions instead
+  int64_t pattern_random_blocks = 2;  // bigbird: random key blocks per query block
+  int64_t pattern_block_size = 0;     // bigbird, block_sparse: 0 = clamp(block_size / 4, 1, 64)
+  std::string pattern_layout = "local_global";  // block_sparse: local_global | fixed | a file of 0/1 rows
+  int64_t pattern_seed = 0;           // bigbird: seed of the random blocks
 
   std::string resolved_position() const;    // gpt2: learned, llama: rope
   std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm

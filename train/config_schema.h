@@ -45,8 +45,16 @@ inline constexpr std::array kActivations = {
     Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
+// model.attention_pattern: full, the sparse patterns (attention/patterns.h, attn::parse_pattern's
+// names) and linear. Every name but linear is softmax attention (nn::AttentionPattern::full) whose
+// mask the resolved attn::SparsePattern (nn::ModelConfig::pattern) carries.
 inline constexpr std::array kAttentionPatterns = {
     Choice<nn::AttentionPattern>{"full", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"window", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"strided", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"global", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"bigbird", nn::AttentionPattern::full},
+    Choice<nn::AttentionPattern>{"block_sparse", nn::AttentionPattern::full},
     Choice<nn::AttentionPattern>{"linear", nn::AttentionPattern::linear}};
 inline constexpr std::array kLinearFeatures = {Choice<attn::LinearFeature>{"elu1", attn::LinearFeature::elu1},
                                                Choice<attn::LinearFeature>{"relu", attn::LinearFeature::relu},

@@ -1,5 +1,6 @@
 #include "train/model_factory.h"
 
+#include <algorithm>
 #include <string>
 #include <variant>
 
@@ -12,7 +13,7 @@ namespace {
 using nn::ModelConfig;
 using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
                             nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
-                            attn::Kernel ModelConfig::*, nn::AttentionPattern ModelConfig::*,
+                            attn::Kernel ModelConfig::*,
                             attn::LinearFeature ModelConfig::*>;
 
 // Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
@@ -41,11 +42,38 @@ const ModelField kModelFields[] = {
     {"model.window", &ModelConfig::window},
     {"model.init_std", &ModelConfig::init_std},
     {"model.attn_kernel", &ModelConfig::attn_kernel},
-    {"model.attention_pattern", &ModelConfig::attention_pattern},
     {"model.linear_feature", &ModelConfig::linear_feature},
     {"model.linear_features", &ModelConfig::linear_features},
     {"model.linear_chunk", &ModelConfig::linear_chunk},
 };
+
+// The pattern's first differing setting, named by its model.pattern_* key (values as TOML text).
+std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a, const attn::SparsePattern& b) {
+  auto q = [](const std::string& s) { return '"' + s + '"'; };
+  auto tokens = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  };
+  if (a.kind != b.kind)
+    return ConfigDifference{"model.attention_pattern", q(attn::pattern_name(a.kind)), q(attn::pattern_name(b.kind))};
+  auto num = [](const char* key, int64_t x, int64_t y) -> std::optional<ConfigDifference> {
+    if (x == y) return std::nullopt;
+    return ConfigDifference{key, std::to_string(x), std::to_string(y)};
+  };
+  if (auto d = num("model.pattern_stride", a.stride, b.stride)) return d;
+  if (auto d = num("model.pattern_local", a.local, b.local)) return d;
+  if (auto d = num("model.pattern_global", a.global, b.global)) return d;
+  if (a.global_tokens != b.global_tokens)
+    return ConfigDifference{"model.pattern_global_tokens", q(tokens(a.global_tokens)), q(tokens(b.global_tokens))};
+  if (auto d = num("model.pattern_random_blocks", a.random_blocks, b.random_blocks)) return d;
+  if (auto d = num("model.pattern_block_size", a.block_size, b.block_size)) return d;
+  if (a.layout != b.layout) return ConfigDifference{"model.pattern_layout", q(a.layout), q(b.layout)};
+  if (a.layout_table != b.layout_table || a.layout_rows != b.layout_rows)
+    return ConfigDifference{"model.pattern_layout", q(a.layout + " (other contents)"), q(b.layout)};
+  if (auto d = num("model.pattern_seed", static_cast<int64_t>(a.seed), static_cast<int64_t>(b.seed))) return d;
+  return std::nullopt;
+}
 
 // A value as to_toml writes it.
 std::string toml_text(int64_t v) { return std::to_string(v); }
@@ -62,8 +90,78 @@ std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
 std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
 std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
 std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
-std::string toml_text(nn::AttentionPattern v) { return toml_text(kAttentionPatterns, v); }
 std::string toml_text(attn::LinearFeature v) { return toml_text(kLinearFeatures, v); }
+
+int64_t ceil_sqrt(int64_t n) {
+  int64_t s = 1;
+  while (s * s < n) ++s;
+  return s;
+}
+
+// model.attention_pattern and its model.pattern_* keys as the resolved pattern every layer passes
+// to attention: "auto" stride and block size fixed from block_size (so decode keeps them), a
+// layout file read. A key set for a pattern that does not use it is an error naming the key.
+attn::SparsePattern sparse_pattern(const ModelSettings& m) {
+  attn::SparsePattern p;
+  // linear attention forms no weights to mask: its pattern is full, and every pattern_* key is refused below.
+  const std::string softmax_name = m.attention_pattern == "linear" ? "full" : m.attention_pattern;
+  QKV_CHECK(attn::parse_pattern(softmax_name, &p.kind),
+            not_one_of("model.attention_pattern", m.attention_pattern, names_of(kAttentionPatterns), false));
+  const std::string name = m.attention_pattern;
+  const bool strided = p.kind == attn::Pattern::strided, globals = p.kind == attn::Pattern::global ||
+                                                                   p.kind == attn::Pattern::bigbird;
+  const bool blocks = p.kind == attn::Pattern::bigbird || p.kind == attn::Pattern::block_sparse;
+  QKV_CHECK(m.pattern_stride == 0 || strided, "model.pattern_stride = ", m.pattern_stride,
+            " is only used by model.attention_pattern = strided, not ", name);
+  QKV_CHECK(m.pattern_local == 0 || (p.kind != attn::Pattern::full && p.kind != attn::Pattern::block_sparse),
+            "model.pattern_local = ", m.pattern_local, " is not used by model.attention_pattern = ", name);
+  QKV_CHECK(m.pattern_global_tokens.empty() || globals, "model.pattern_global_tokens is only used by "
+            "model.attention_pattern = global or bigbird, not ", name);
+  QKV_CHECK(m.pattern_layout == "local_global" || p.kind == attn::Pattern::block_sparse, "model.pattern_layout = \"",
+            m.pattern_layout, "\" is only used by model.attention_pattern = block_sparse, not ", name);
+  QKV_CHECK(m.pattern_block_size == 0 || blocks, "model.pattern_block_size = ", m.pattern_block_size,
+            " is only used by model.attention_pattern = bigbird or block_sparse, not ", name);
+  QKV_CHECK(m.pattern_stride >= 0, "model.pattern_stride must be >= 0 (0 = ceil(sqrt(model.block_size))), got ",
+            m.pattern_stride);
+  QKV_CHECK(m.pattern_block_size >= 0, "model.pattern_block_size must be >= 0 (0 = auto), got ", m.pattern_block_size);
+  QKV_CHECK(m.pattern_seed >= 0, "model.pattern_seed must be >= 0, got ", m.pattern_seed);
+  p.stride = strided && m.pattern_stride == 0 ? ceil_sqrt(m.block_size) : m.pattern_stride;
+  p.local = m.pattern_local;
+  p.global = m.pattern_global;
+  p.random_blocks = m.pattern_random_blocks;
+  p.block_size = m.pattern_block_size > 0 ? m.pattern_block_size : std::clamp<int64_t>(m.block_size / 4, 1, 64);
+  p.layout = m.pattern_layout;
+  p.seed = static_cast<uint64_t>(m.pattern_seed);
+  // "0, 17,33" -> {0, 17, 33}
+  std::string tok;
+  auto flush = [&] {
+    if (tok.empty()) return;
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    QKV_CHECK(used == tok.size(), "model.pattern_global_tokens must be positions separated by commas, got \"",
+              m.pattern_global_tokens, "\"");
+    p.global_tokens.push_back(v);
+    tok.clear();
+  };
+  for (char ch : m.pattern_global_tokens) {
+    if (ch == ',' || ch == ' ') flush();
+    else tok += ch;
+  }
+  flush();
+  if (p.kind == attn::Pattern::block_sparse) {
+    try {
+      attn::load_layout(p);
+    } catch (const Error& e) {
+      fail("model.pattern_layout: ", e.what());
+    }
+  }
+  return p;
+}
 
 }  // namespace
 
@@ -96,6 +194,7 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   c.linear_feature = choose(kLinearFeatures, m.linear_feature, "model.linear_feature");
   c.linear_features = m.linear_features > 0 ? m.linear_features : (c.n_head > 0 ? c.head_dim() : 0);
   c.linear_chunk = m.linear_chunk;
+  c.pattern = sparse_pattern(m);
   c.recompute = cfg.train.recompute;
   c.validate();
   return c;
@@ -106,6 +205,12 @@ std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokeniz
 }
 
 std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const nn::ModelConfig& b) {
+  // model.attention_pattern is two fields (softmax or linear; the sparse pattern): named as written.
+  auto pattern_text = [](const ModelConfig& c) {
+    return '"' + std::string(c.attention_pattern == nn::AttentionPattern::linear ? "linear" : attn::pattern_name(c.pattern.kind)) + '"';
+  };
+  if (a.attention_pattern != b.attention_pattern)
+    return ConfigDifference{"model.attention_pattern", pattern_text(a), pattern_text(b)};
   for (const ModelField& f : kModelFields) {
     std::optional<ConfigDifference> d = std::visit(
         [&](auto member) -> std::optional<ConfigDifference> {
@@ -115,6 +220,7 @@ std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const
         f.member);
     if (d) return d;
   }
+  if (auto d = pattern_difference(a.pattern, b.pattern)) return d;
   // A field added to ModelConfig but not to kModelFields would make two different models "the same".
   ModelConfig a_as_b = a;
   a_as_b.recompute = b.recompute;

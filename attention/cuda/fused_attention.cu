@@ -473,7 +473,8 @@ Tensor rows_ok(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); 
 }  // namespace
 
 bool supported(const AttentionOptions& o, const Problem& p) {
-  return !o.bias.defined() && !o.allow_mask.defined() && !o.rules &&
+  // A sparse pattern is not walked by these kernels: the call takes the reference path.
+  return !o.bias.defined() && !o.allow_mask.defined() && !o.rules && !(o.pattern && o.pattern->sparse()) &&
          (p.dtype == DType::f32 || p.dtype == DType::f64) && p.D <= kMaxPerLane * kWarp &&
          p.Dv <= kMaxPerLane * kWarp;
 }

@@ -1,0 +1,110 @@
+// Sparse attention patterns: a visibility predicate over (query position p, key j) plus the block
+// layout the fused kernels walk. The definitions are stated once, in attention/attention.h (the
+// list next to visible(b, h, i, j)); this header holds the types and the layout.
+//
+// A pattern is ANDed with every other mask (causal, window, key padding, lengths, segments,
+// allow_mask) and works on absolute positions p = q_offset + i, so a KV-cache decode step
+// (Nq = 1 < Nk) sees row p of the same pattern as the full forward. The only parameter that
+// depends on the call is a stride / local width left at 0 ("auto"), resolved as ⌈√Nk⌉: a model
+// resolves it once from its block_size (nn::ModelConfig::sparse_pattern) so that every decode
+// step keeps it.
+//
+// Block layout: for kernel tiles of tq query rows × tk keys (aligned at multiples of tq, tk from
+// row 0 and key 0), each tile pair is empty (no visible pair: never visited), full (every pair
+// visible under the pattern and the structural mask: no per-element mask) or partial. It is
+// computed in O(kept pairs + Nq) by enumerating each row's visible keys, and cached (LRU) per
+// (pattern, Nq, Nk, structural rules, tile sizes).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkv::attn {
+
+struct MaskRules;
+
+enum class Pattern { full, window, strided, global, bigbird, block_sparse };
+const char* pattern_name(Pattern p);
+// The pattern spelt `name` ("full", "window", "strided", "global", "bigbird", "block_sparse"), or
+// false.
+bool parse_pattern(std::string_view name, Pattern* out);
+
+struct SparsePattern {
+  Pattern kind = Pattern::full;
+  int64_t stride = 0;         // strided: s; 0 = ⌈√Nk⌉
+  int64_t local = 0;          // l; 0 = the pattern's default (attention.h)
+  int64_t global = 1;         // global, bigbird: the first g positions are global (unless a list is given)
+  std::vector<int64_t> global_tokens;  // global, bigbird: explicit global positions (replaces `global`)
+  int64_t random_blocks = 2;  // bigbird: r random key blocks per query block
+  int64_t block_size = 64;    // bigbird, block_sparse: bs positions per pattern block
+  uint64_t seed = 0;          // bigbird's random blocks
+  // block_sparse: "local_global" (default) or "fixed" names a generator; anything else is a file
+  // read by load_layout into layout_rows × layout_cols below.
+  std::string layout = "local_global";
+  int64_t layout_rows = 0, layout_cols = 0;
+  std::vector<uint8_t> layout_table;  // [layout_rows, layout_cols], 1 = visible block pair
+
+  bool operator==(const SparsePattern& o) const {
+    return kind == o.kind && stride == o.stride && local == o.local && global == o.global &&
+           global_tokens == o.global_tokens && random_blocks == o.random_blocks && block_size == o.block_size &&
+           seed == o.seed && layout == o.layout && layout_rows == o.layout_rows && layout_cols == o.layout_cols &&
+           layout_table == o.layout_table;
+  }
+  bool operator!=(const SparsePattern& o) const { return !(*this == o); }
+  bool sparse() const { return kind != Pattern::full; }
+  // Checks the parameters; throws qkv::Error starting with `what` (e.g. "model.pattern_stride").
+  void validate() const;
+  // A one-line description, e.g. "strided s=8 l=8" (bench rows, leakcheck reports).
+  std::string describe() const;
+};
+
+// block_sparse: reads a layout file into p.layout_table when p.layout is not a generator name.
+// The file holds one row per query block, a '0' / '1' per key block (spaces ignored, '#' starts a
+// comment); rows must have equal length. Throws naming the file and line at fault.
+void load_layout(SparsePattern& p);
+
+// The predicate of one call: the pattern with its "auto" parameters resolved for Nk keys.
+// `causal` says the structural mask keeps j <= p (bigbird then draws random blocks from the past).
+class PatternPredicate {
+ public:
+  PatternPredicate(const SparsePattern& p, int64_t nk, bool causal);
+  bool allows(int64_t p, int64_t j) const;
+  // Appends the keys of position p in [a, e) that the pattern allows (duplicates possible).
+  void keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t>& out) const;
+  int64_t stride() const { return s_; }
+  int64_t local() const { return l_; }
+  // bigbird: the k-th random key block of query block qb (k < r).
+  int64_t random_block(int64_t qb, int64_t k) const;
+
+ private:
+  bool is_global(int64_t x) const;
+  bool block_allowed(int64_t qb, int64_t kb) const;
+  Pattern kind_;
+  int64_t s_ = 1, l_ = 1, g_ = 0, r_ = 0, bs_ = 64, nk_ = 0, nkb_ = 1;
+  bool causal_ = false;
+  uint64_t seed_ = 0;
+  std::vector<int64_t> globals_;  // sorted
+  std::string layout_;
+  int64_t rows_ = 0, cols_ = 0;
+  std::vector<uint8_t> table_;
+};
+
+struct BlockLayout {
+  int64_t nq = 0, nk = 0, tq = 0, tk = 0, nqt = 0, nkt = 0;
+  enum State : uint8_t { empty = 0, partial = 1, full = 2 };
+  std::vector<uint8_t> state;               // [nqt, nkt]
+  std::vector<int64_t> row_ptr, row_tiles;  // non-empty key tiles of each query tile (CSR)
+  std::vector<int64_t> col_ptr, col_tiles;  // non-empty query tiles of each key tile (CSC)
+  int64_t kept_pairs = 0;                   // visible (i, j) pairs of one (b, h) slice
+  int64_t visited_tiles = 0, full_tiles = 0;
+  State at(int64_t qt, int64_t kt) const { return static_cast<State>(state[qt * nkt + kt]); }
+};
+
+// The layout of `pattern` under the structural rules (q_offset, key interval; key_lengths and the
+// elementwise masks are not part of it) for Nq × Nk and tiles tq × tk. Cached.
+std::shared_ptr<const BlockLayout> block_layout(const SparsePattern& pattern, const MaskRules& rules, int64_t nq,
+                                                int64_t nk, int64_t tq, int64_t tk);
+
+}  // namespace qkv::attn

@@ -1,0 +1,666 @@
+// Sparse attention patterns (attention.h, attention/patterns.h): hand-written layouts, the mask
+// against a predicate written out again here from the formulas alone, and both kernels' forward
+// and backward against a float64 brute force built from that predicate (naive loops, no mask code
+// of the library) over inputs spanning several 64×64 kernel tiles.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "analysis/leakcheck.h"
+#include "compare_util.h"
+#include "attention/attention.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "train/config.h"
+#include "train/model_factory.h"
+#include "train/trainer.h"
+#include "tensor/ops.h"
+#include "tensor/philox.h"
+
+using namespace qkv;
+using namespace qkv::attn;
+
+namespace {
+
+std::shared_ptr<const SparsePattern> make(Pattern kind, std::function<void(SparsePattern&)> set = {}) {
+  auto p = std::make_shared<SparsePattern>();
+  p->kind = kind;
+  if (set) set(*p);
+  load_layout(*p);
+  return p;
+}
+
+// The documented predicate, written out again from attention.h (not from patterns.cpp).
+bool doc_allows(const SparsePattern& sp, int64_t nk, bool causal, int64_t p, int64_t j) {
+  const int64_t d = p - j, ad = d < 0 ? -d : d, bs = sp.block_size;
+  int64_t s = sp.stride;
+  if (s == 0) {
+    s = 1;
+    while (s * s < nk) ++s;
+  }
+  auto global = [&](int64_t x) {
+    if (sp.global_tokens.empty()) return x < sp.global;
+    for (int64_t t : sp.global_tokens)
+      if (t == x) return true;
+    return false;
+  };
+  const int64_t qb = p / bs, kb = j / bs;
+  switch (sp.kind) {
+    case Pattern::full: return true;
+    case Pattern::window: return ad < (sp.local ? sp.local : bs);
+    case Pattern::strided: return ad < (sp.local ? sp.local : s) || d % s == 0;
+    case Pattern::global: return ad < (sp.local ? sp.local : 1) || global(p) || global(j);
+    case Pattern::bigbird: {
+      if (ad < (sp.local ? sp.local : bs) || global(p) || global(j)) return true;
+      for (int64_t k = 0; k < sp.random_blocks; ++k) {
+        const Philox4 r = philox4x32_10(uint32_t(qb), uint32_t(k), 0x5ba25e00u, uint32_t(qb >> 32), uint32_t(sp.seed),
+                                        uint32_t(sp.seed >> 32));
+        const uint64_t m = causal ? uint64_t(qb) + 1 : uint64_t((nk + bs - 1) / bs);
+        if (int64_t(((uint64_t(r.v[0]) << 32) | r.v[1]) % m) == kb) return true;
+      }
+      return false;
+    }
+    case Pattern::block_sparse:
+      if (sp.layout == "local_global") return std::abs(qb - kb) <= 1 || kb == 0 || qb == 0;
+      if (sp.layout == "fixed") return kb == qb || kb % 4 == 3;
+      return sp.layout_table[qb * sp.layout_cols + kb] != 0;
+  }
+  return false;
+}
+
+// rows of '0'/'1' of visibility_mask for one (b, h).
+std::vector<std::string> mask_rows(const AttentionShape& s, const AttentionOptions& o) {
+  const Tensor m = visibility_mask(s, o);
+  std::vector<std::string> rows;
+  for (int64_t i = 0; i < s.nq; ++i) {
+    std::string r;
+    for (int64_t j = 0; j < s.nk; ++j) r += m.data<bool>()[i * s.nk + j] ? '1' : '0';
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+struct Case {
+  std::string name;
+  std::shared_ptr<const SparsePattern> pattern;
+};
+
+std::vector<Case> patterns_at_300() {
+  return {
+      {"window l=50", make(Pattern::window, [](SparsePattern& p) { p.local = 50; })},
+      {"window l=200 (full tiles)", make(Pattern::window, [](SparsePattern& p) { p.local = 200; })},
+      {"block_sparse local_global bs=64 (full tiles)", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })},
+      {"strided auto (s=l=18)", make(Pattern::strided)},
+      {"strided s=7 l=20", make(Pattern::strided, [](SparsePattern& p) { p.stride = 7; p.local = 20; })},
+      {"global g=3 l=30", make(Pattern::global, [](SparsePattern& p) { p.global = 3; p.local = 30; })},
+      {"global list", make(Pattern::global, [](SparsePattern& p) { p.global_tokens = {5, 100, 257}; })},
+      {"bigbird bs=32 r=2", make(Pattern::bigbird, [](SparsePattern& p) { p.block_size = 32; p.global = 2; p.seed = 5; })},
+      {"block_sparse local_global bs=48", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 48; })},
+      {"block_sparse fixed bs=40", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 40; p.layout = "fixed"; })},
+  };
+}
+
+struct Grads {
+  std::vector<double> out, dq, dk, dv;
+};
+
+// Float64 brute force: naive loops over the predicate above, the causal rule and key padding;
+// the dropout multipliers are the documented draw (dropout_scale_mask).
+Grads brute(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+            const std::vector<double>& dout, int64_t B, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk, int64_t D,
+            const SparsePattern& sp, bool causal, const std::vector<int>& pad, const AttentionOptions& o) {
+  const int64_t G = Hq / Hkv, off = Nk - Nq;
+  const double sc = 1.0 / std::sqrt(double(D));
+  std::vector<double> Z(size_t(B * Hq * Nq * Nk), 1.0);
+  if (o.dropout_p > 0) Z = dropout_scale_mask({B, Hq, Hkv, Nq, Nk}, o, DType::f64).to_vector();
+  Grads g;
+  g.out.assign(size_t(B * Hq * Nq * D), 0);
+  g.dq.assign(g.out.size(), 0);
+  g.dk.assign(size_t(B * Hkv * Nk * D), 0);
+  g.dv.assign(g.dk.size(), 0);
+  std::vector<double> P(Nk), dP(Nk);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / G;
+      for (int64_t i = 0; i < Nq; ++i) {
+        const int64_t p = off + i;
+        const double* qi = &q[((b * Hq + h) * Nq + i) * D];
+        const double* zi = &Z[((b * Hq + h) * Nq + i) * Nk];
+        double mx = -INFINITY;
+        std::vector<char> vis(Nk);
+        for (int64_t j = 0; j < Nk; ++j) {
+          vis[j] = (!causal || j <= p) && (pad.empty() || pad[b * Nk + j]) && doc_allows(sp, Nk, causal, p, j);
+          if (!vis[j]) continue;
+          double s = 0;
+          for (int64_t e = 0; e < D; ++e) s += qi[e] * k[((b * Hkv + hk) * Nk + j) * D + e];
+          P[j] = s * sc;
+          mx = std::max(mx, P[j]);
+        }
+        if (mx == -INFINITY) continue;  // fully masked: zero output and gradients
+        double sum = 0;
+        for (int64_t j = 0; j < Nk; ++j) sum += vis[j] ? (P[j] = std::exp(P[j] - mx)) : (P[j] = 0);
+        for (int64_t j = 0; j < Nk; ++j) P[j] /= sum;
+        double* oi = &g.out[((b * Hq + h) * Nq + i) * D];
+        const double* di = &dout[((b * Hq + h) * Nq + i) * D];
+        double Di = 0;
+        for (int64_t j = 0; j < Nk; ++j) {
+          if (!vis[j]) continue;
+          double dpj = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            const double vv = v[((b * Hkv + hk) * Nk + j) * D + e];
+            oi[e] += P[j] * zi[j] * vv;
+            dpj += di[e] * vv;
+            g.dv[((b * Hkv + hk) * Nk + j) * D + e] += P[j] * zi[j] * di[e];
+          }
+          dP[j] = dpj * zi[j];
+          Di += P[j] * dP[j];
+        }
+        for (int64_t j = 0; j < Nk; ++j) {
+          if (!vis[j]) continue;
+          const double ds = P[j] * (dP[j] - Di) * sc;
+          for (int64_t e = 0; e < D; ++e) {
+            g.dq[((b * Hq + h) * Nq + i) * D + e] += ds * k[((b * Hkv + hk) * Nk + j) * D + e];
+            g.dk[((b * Hkv + hk) * Nk + j) * D + e] += ds * qi[e];
+          }
+        }
+      }
+    }
+  return g;
+}
+
+double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  REQUIRE(got.size() == want.size());
+  for (size_t e = 0; e < got.size(); ++e) {
+    num = std::max(num, std::abs(got[e] - want[e]));
+    den = std::max(den, std::abs(want[e]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace
+
+TEST_CASE("sparse: strided s=l=3 at N=10 is the hand-written layout", "[attention][sparse]") {
+  AttentionOptions o;
+  o.causal = true;
+  o.pattern = make(Pattern::strided, [](SparsePattern& p) { p.stride = 3; p.local = 3; });
+  // row p: the window p-2..p, and every j with (p - j) divisible by 3
+  const std::vector<std::string> want = {
+      "1000000000",  // 0
+      "1100000000",  // 1
+      "1110000000",  // 2
+      "1111000000",  // 3: 0 by stride
+      "0111100000",  // 4: 1 by stride
+      "0011110000",  // 5: 2 by stride
+      "1001111000",  // 6: 0, 3 by stride
+      "0100111100",  // 7: 1, 4
+      "0010011110",  // 8: 2, 5
+      "1001001111",  // 9: 0, 3, 6
+  };
+  CHECK(mask_rows({1, 1, 1, 10, 10}, o) == want);
+  // Without causal the same pattern is symmetric: |p - j| < 3 or 3 | (p - j).
+  o.causal = false;
+  const auto sym = mask_rows({1, 1, 1, 10, 10}, o);
+  CHECK(sym[0] == "1111001001");
+  CHECK(sym[4] == "0111111100");
+  // Decode: the last 3 queries over 10 keys see rows 7..9 of the same layout.
+  o.causal = true;
+  const auto tail = mask_rows({1, 1, 1, 3, 10}, o);
+  CHECK(tail == std::vector<std::string>(want.begin() + 7, want.end()));
+}
+
+TEST_CASE("sparse: global, block_sparse and window layouts by hand", "[attention][sparse]") {
+  AttentionOptions o;
+  o.pattern = make(Pattern::global, [](SparsePattern& p) { p.global = 2; });
+  CHECK(mask_rows({1, 1, 1, 6, 6}, o) ==
+        std::vector<std::string>{"111111", "111111", "111000", "110100", "110010", "110001"});
+  o.causal = true;  // a global token sees only the past: row 1 sees 0 and 1, never later keys
+  CHECK(mask_rows({1, 1, 1, 6, 6}, o) ==
+        std::vector<std::string>{"100000", "110000", "111000", "110100", "110010", "110001"});
+  o.causal = false;
+  o.pattern = make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 2; });  // local_global
+  CHECK(mask_rows({1, 1, 1, 8, 8}, o) == std::vector<std::string>{"11111111", "11111111", "11111100", "11111100",
+                                                                  "11111111", "11111111", "11001111", "11001111"});
+  o.pattern = make(Pattern::window, [](SparsePattern& p) { p.local = 2; });
+  CHECK(mask_rows({1, 1, 1, 4, 4}, o) == std::vector<std::string>{"1100", "1110", "0111", "0011"});
+}
+
+TEST_CASE("sparse: a layout file is read, checked, and can empty rows", "[attention][sparse]") {
+  const std::string path = "sparse_layout_test.txt";
+  {
+    std::ofstream f(path);
+    f << "# query blocks x key blocks\n10\n01\n";
+  }
+  AttentionOptions o;
+  o.pattern = make(Pattern::block_sparse, [&](SparsePattern& p) {
+    p.block_size = 2;
+    p.layout = path;
+  });
+  CHECK(mask_rows({1, 1, 1, 4, 4}, o) == std::vector<std::string>{"1100", "1100", "0011", "0011"});
+  // causal: rows 2 and 3 see keys 2..3 only up to themselves; with a table 01/00 row block 1 is empty
+  {
+    std::ofstream f(path);
+    f << "1 0\n0 0\n";
+  }
+  o.pattern = make(Pattern::block_sparse, [&](SparsePattern& p) {
+    p.block_size = 2;
+    p.layout = path;
+  });
+  CHECK(count_fully_masked_rows({2, 3, 3, 4, 4}, o) == 2 * 3 * 2);
+  Tensor q = randn({2, 3, 4, 4}, 1), k = randn({2, 3, 4, 4}, 2), v = randn({2, 3, 4, 4}, 3);
+  const Tensor out = attention(q, k, v, o);  // zero policy: rows 2, 3 are zero, never NaN
+  const auto ov = out.to_vector();
+  for (size_t e = 0; e < ov.size(); ++e) {
+    REQUIRE(std::isfinite(ov[e]));
+    if ((e / 4) % 4 >= 2) CHECK(ov[e] == 0.0);
+  }
+  o.fully_masked = FullyMasked::error;
+  CHECK_THROWS_WITH(attention(q, k, v, o), Catch::Contains("query row 2 of batch 0, head 0"));
+  {
+    std::ofstream f(path);
+    f << "10\n0x\n";
+  }
+  SparsePattern bad;
+  bad.kind = Pattern::block_sparse;
+  bad.layout = path;
+  CHECK_THROWS_WITH(load_layout(bad), Catch::Contains("line 2"));
+  // A table smaller than the call
+  {
+    std::ofstream f(path);
+    f << "11\n11\n";
+  }
+  o.fully_masked = FullyMasked::zero;
+  o.pattern = make(Pattern::block_sparse, [&](SparsePattern& p) {
+    p.block_size = 1;
+    p.layout = path;
+  });
+  CHECK_THROWS_WITH(attention(q, k, v, o), Catch::Contains("needs 4x4"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("sparse: visibility_mask, kept pairs and the layout agree with the documented predicate",
+          "[attention][sparse]") {
+  for (const Case& c : patterns_at_300())
+    for (int causal = 0; causal < 2; ++causal)
+      for (int64_t nq : {int64_t(300), int64_t(37)}) {
+        INFO(c.name << " causal " << causal << " Nq " << nq);
+        AttentionOptions o;
+        o.causal = causal;
+        o.pattern = c.pattern;
+        const AttentionShape s{1, 2, 1, nq, 300};
+        const Tensor m = visibility_mask(s, o);
+        int64_t kept = 0, mismatch = 0;
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < nq; ++i)
+            for (int64_t j = 0; j < 300; ++j) {
+              const int64_t p = 300 - nq + i;
+              const bool want = (!causal || j <= p) && doc_allows(*c.pattern, 300, causal, p, j);
+              kept += want;
+              mismatch += m.data<bool>()[(h * nq + i) * 300 + j] != want;
+            }
+        CHECK(mismatch == 0);
+        const PatternStats st = pattern_stats(s, o);
+        CHECK(st.kept_pairs == kept);
+        CHECK(st.visited_tiles <= st.total_tiles);
+        CHECK(st.total_tiles == ((nq + 63) / 64) * 5);
+      }
+  // The window skips tiles; a wide window has full tiles (no per-element mask there).
+  AttentionOptions o;
+  o.causal = true;
+  o.pattern = make(Pattern::window, [](SparsePattern& p) { p.local = 200; });
+  const PatternStats st = pattern_stats({1, 1, 1, 640, 640}, o);
+  CHECK(st.total_tiles == 100);
+  CHECK(st.full_tiles > 0);
+  // visited: per query tile r (0..9), key tiles from the one holding r*64 - 199 to r
+  int64_t want = 0;
+  for (int64_t r = 0; r < 10; ++r) want += r - std::max<int64_t>(0, r * 64 - 199) / 64 + 1;
+  CHECK(st.visited_tiles == want);
+}
+
+TEST_CASE("sparse: fused and reference kernels match the float64 brute force, forward and backward",
+          "[attention][sparse][slow]") {
+  const int64_t B = 2, Nq = 300, Nk = 300, D = 8;
+  for (const Case& c : patterns_at_300())
+    for (int causal = 0; causal < 2; ++causal)
+      for (int gqa = 0; gqa < 2; ++gqa)
+        for (int padding = 0; padding < 2; ++padding)
+          for (int drop = 0; drop < 2; ++drop) {
+            const int64_t Hq = 2, Hkv = gqa ? 1 : 2;
+            AttentionOptions o;
+            o.causal = causal;
+            o.pattern = c.pattern;
+            std::vector<int> pad;
+            if (padding) {  // batch 0: the last 40 keys padded; batch 1: the first 70 (left padding)
+              pad.assign(size_t(B * Nk), 1);
+              for (int64_t j = 0; j < Nk; ++j) {
+                if (j >= Nk - 40) pad[j] = 0;
+                if (j < 70) pad[Nk + j] = 0;
+              }
+              Tensor kp = Tensor::empty({B, Nk}, DType::boolean);
+              for (int64_t e = 0; e < B * Nk; ++e) kp.data<bool>()[e] = pad[e];
+              o.key_padding = kp;
+            }
+            if (drop) {
+              o.dropout_p = 0.2;
+              o.dropout_seed = 17;
+              o.dropout_offset = 4;
+            }
+            // Large logits (q scaled by 4) so the stable softmax's max subtraction matters.
+            const Tensor q0 = randn({B, Hq, Nq, D}, 100, 0, 0.0, 4.0), k0 = randn({B, Hkv, Nk, D}, 101),
+                         v0 = randn({B, Hkv, Nk, D}, 102), g = randn({B, Hq, Nq, D}, 103);
+            const Grads want = brute(q0.to_vector(), k0.to_vector(), v0.to_vector(), g.to_vector(), B, Hq, Hkv, Nq,
+                                     Nk, D, *c.pattern, causal, pad, o);
+            for (Kernel kern : {Kernel::fused, Kernel::reference}) {
+              INFO(c.name << (causal ? " causal" : "") << (gqa ? " GQA" : " MHA") << (padding ? " padding" : "")
+                          << (drop ? " dropout" : "") << (kern == Kernel::fused ? " fused" : " reference"));
+              o.kernel = kern;
+              Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+                     v = v0.clone().set_requires_grad(true);
+              const Tensor out = attention(q, k, v, o);
+              autograd::backward(out, g);
+              CHECK(rel_err(out.to_vector(), want.out) <= 1e-5);
+              CHECK(rel_err(q.grad().to_vector(), want.dq) <= 1e-5);
+              CHECK(rel_err(k.grad().to_vector(), want.dk) <= 1e-5);
+              CHECK(rel_err(v.grad().to_vector(), want.dv) <= 1e-5);
+            }
+          }
+}
+
+TEST_CASE("sparse: decode rows (Nq = 1 over a growing cache) equal the full forward's rows", "[attention][sparse]") {
+  for (const Case& c : patterns_at_300()) {
+    INFO(c.name);
+    AttentionOptions o;
+    o.causal = true;
+    o.pattern = c.pattern;
+    if (c.pattern->kind == Pattern::strided && c.pattern->stride == 0) continue;  // auto stride follows Nk
+    const int64_t N = 200, D = 8;
+    const Tensor q = randn({1, 2, N, D}, 7), k = randn({1, 2, N, D}, 8), v = randn({1, 2, N, D}, 9);
+    const auto full = attention(q, k, v, o).to_vector();
+    for (int64_t t : {int64_t(0), int64_t(63), int64_t(64), int64_t(150), N - 1}) {
+      const Tensor y = attention(q.narrow(2, t, 1), k.narrow(2, 0, t + 1), v.narrow(2, 0, t + 1), o);
+      const auto yv = y.to_vector();
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t e = 0; e < D; ++e) CHECK(yv[h * D + e] == Approx(full[(h * N + t) * D + e]).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("sparse: bigbird's random blocks are a function of (seed, block) only", "[attention][sparse]") {
+  SparsePattern p;
+  p.kind = Pattern::bigbird;
+  p.block_size = 4;
+  p.random_blocks = 3;
+  p.seed = 42;
+  const PatternPredicate a(p, 64, true), b(p, 400, true);
+  for (int64_t qb = 0; qb < 16; ++qb)
+    for (int64_t k = 0; k < 3; ++k) {
+      CHECK(a.random_block(qb, k) == b.random_block(qb, k));  // causal: independent of Nk (decode)
+      CHECK(a.random_block(qb, k) <= qb);                     // and drawn from the past
+    }
+  p.seed = 43;
+  const PatternPredicate c(p, 64, true);
+  int differ = 0;
+  for (int64_t qb = 4; qb < 16; ++qb) differ += c.random_block(qb, 0) != a.random_block(qb, 0);
+  CHECK(differ > 3);
+}
+
+namespace {
+
+Config sparse_config(const std::string& pattern, const std::vector<std::string>& sets = {}) {
+  std::string text = "[model]\nfamily = \"llama\"\nn_layer = 1\nn_head = 4\nn_kv_head = 2\nn_embd = 32\nblock_size = 32\n"
+                     "vocab_size = 40\n[data]\nrandom_tokens = true\n";
+  std::vector<std::string> all = {"model.attention_pattern=" + pattern};
+  for (const auto& x : sets) all.push_back(x);
+  return parse_config_text(text, "sparse.toml", all);
+}
+
+}  // namespace
+
+TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones name the key", "[attention][sparse][config]") {
+  const auto cfg = [](const std::string& pattern, const std::vector<std::string>& sets = {}) {
+    return train::model_config(sparse_config(pattern, sets).resolved(), 40);
+  };
+  CHECK(cfg("full").pattern.kind == Pattern::full);
+  const nn::ModelConfig st = cfg("strided");
+  CHECK(st.pattern.kind == Pattern::strided);
+  CHECK(st.pattern.stride == 6);  // ceil(sqrt(32)), fixed at the model so decode keeps it
+  CHECK(cfg("bigbird").pattern.block_size == 8);  // clamp(32 / 4, 1, 64)
+  const nn::ModelConfig gl = cfg("global", {"model.pattern_global_tokens=0, 9,17", "model.pattern_local=4"});
+  CHECK(gl.pattern.global_tokens == std::vector<int64_t>{0, 9, 17});
+  CHECK(gl.pattern.local == 4);
+  CHECK(cfg("block_sparse", {"model.pattern_layout=fixed"}).pattern.layout == "fixed");
+  using Catch::Contains;
+  CHECK_THROWS_WITH(sparse_config("linear"), Contains("model.attention_pattern = linear:"));
+  CHECK_THROWS_WITH(sparse_config("dilated"), Contains("model.attention_pattern"));
+  CHECK_THROWS_WITH(sparse_config("window", {"model.pattern_stride=4"}), Contains("model.pattern_stride"));
+  CHECK_THROWS_WITH(sparse_config("strided", {"model.pattern_global_tokens=3"}), Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,40"}), Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,x"}), Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("bigbird", {"model.pattern_block_size=-1"}), Contains("model.pattern_block_size"));
+  CHECK_THROWS_WITH(sparse_config("block_sparse", {"model.pattern_layout=/nonexistent/layout.txt"}),
+                    Contains("model.pattern_layout"));
+  // A checkpoint's model without the keys (an old one) is full attention; the keys round-trip.
+  const Config back = parse_config_text(to_toml(sparse_config("bigbird", {"model.pattern_seed=7"}).resolved()), "rt");
+  CHECK(back.model.attention_pattern == "bigbird");
+  CHECK(back.model.pattern_seed == 7);
+  const auto d = train::model_difference(cfg("full"), cfg("window"));
+  REQUIRE(d);
+  CHECK(d->key == "model.attention_pattern");
+  CHECK(d->a == "\"full\"");
+  // each parameter is named by its own key (checkpoint saving and --resume ask model_difference)
+  const std::pair<const char*, std::vector<std::string>> keyed[] = {
+      {"model.pattern_stride", {"model.pattern_stride=4"}},        {"model.pattern_local", {"model.pattern_local=3"}},
+      {"model.pattern_global", {"model.pattern_global=2"}},        {"model.pattern_global_tokens", {"model.pattern_global_tokens=1,2"}},
+      {"model.pattern_random_blocks", {"model.pattern_random_blocks=1"}}, {"model.pattern_block_size", {"model.pattern_block_size=4"}},
+      {"model.pattern_seed", {"model.pattern_seed=9"}}};
+  for (const auto& [key, sets] : keyed) {
+    INFO(key);
+    const char* pattern = std::string(key) == "model.pattern_stride"  ? "strided"
+                          : std::string(key) == "model.pattern_local" ? "window"
+                                                                       : "bigbird";
+    const auto diff = train::model_difference(cfg(pattern, sets), cfg(pattern));
+    REQUIRE(diff);
+    CHECK(diff->key == key);
+  }
+}
+
+TEST_CASE("sparse: a model passes its pattern to every attention call, KV-cache decode included",
+          "[attention][sparse]") {
+  for (const char* pattern : {"window", "strided", "global", "bigbird", "block_sparse"}) {
+    INFO(pattern);
+    const nn::ModelConfig mc = train::model_config(sparse_config(pattern).resolved(), 40);
+    nn::DecoderModel model(mc);
+    model.init_weights(3);
+    model.eval();
+    nn::ModelConfig full_cfg = mc;
+    full_cfg.pattern = SparsePattern{};
+    nn::DecoderModel full(full_cfg);
+    full.init_weights(3);
+    full.eval();
+    std::vector<int64_t> ids(32);
+    for (int64_t t = 0; t < 32; ++t) ids[t] = (t * 7 + 3) % 40;
+    const Tensor x = from_vector_i64(ids, {1, 32});
+    autograd::NoGradGuard ng;
+    nn::ForwardArgs a;
+    a.ids = x;
+    const Tensor y = model.forward(a), yf = full.forward(a);
+    CHECK(max_abs_diff(y, yf) > 1e-4);  // the pattern changed the computation
+    // and every check that applies passes; the others are named as not applicable
+    const auto checks = analysis::run_model_checks(model, {});
+    for (const auto& c : checks) {
+      INFO(c.name << " " << c.value << " / " << c.threshold << " " << c.detail);
+      CHECK(c.pass);
+    }
+    const auto na = analysis::not_applicable_checks(mc);
+    const bool anchored = std::string(pattern) != "window" && std::string(pattern) != "strided";
+    CHECK(na.size() == (anchored ? 3u : 0u));
+    for (const auto& [name, why] : na)
+      for (const auto& c : checks) CHECK(c.name != name);
+    bool has_decode = false, has_future = false;
+    for (const auto& c : checks) {
+      has_decode = has_decode || c.name == "kv_decode";
+      has_future = has_future || c.name == "future_token_perturbation";
+      if (c.name == "future_token_perturbation") CHECK(c.value == 0.0);  // exactly zero under causal
+    }
+    CHECK(has_decode);
+    CHECK(has_future);
+  }
+}
+
+TEST_CASE("sparse: a tiny model per pattern trains (the loss falls)", "[attention][sparse][slow]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("qkv_test_sparse_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += (i % 3 ? "abcabcabd " : "the cat sat ");
+  std::ofstream(dir / "corpus.txt") << text;
+  for (const char* pattern : {"window", "strided", "global", "bigbird", "block_sparse"}) {
+    INFO(pattern);
+    Config c;
+    c.model.family = "gpt2";
+    c.model.n_layer = 1;
+    c.model.n_head = 2;
+    c.model.n_embd = 16;
+    c.model.block_size = 32;
+    c.model.attention_pattern = pattern;
+    c.data.path = (dir / "corpus.txt").string();
+    c.data.tokenizer = "char";
+    c.data.separator = "none";
+    c.train.batch_size = 4;
+    c.train.max_steps = 40;
+    c.train.lr = 1e-2;
+    c.train.eval_interval = 40;
+    c.train.eval_batches = 1;
+    c.train.log_interval = 1;
+    c.train.out_dir = (dir / pattern).string();
+    const auto s = train::run_training(c.resolved(), {.progress = false});
+    std::ifstream in(c.train.out_dir + "/metrics.jsonl");
+    std::string first;
+    std::getline(in, first);
+    const double l0 = nlohmann::json::parse(first)["loss"].get<double>();
+    CHECK(s.loss < l0 - 0.5);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse probes", "[attention][sparse][leakcheck]") {
+  nn::ModelConfig u;
+  u.n_layer = 1;
+  u.n_embd = 16;
+  u.n_head = 2;
+  u.n_kv_head = 2;
+  u.block_size = 12;
+  u.vocab_size = 29;
+  u.ffn_hidden = 32;
+  nn::DecoderModel user(u);
+  user.init_weights(1);
+  auto models = analysis::self_test_models(user);
+  REQUIRE(models.size() == 4);
+  REQUIRE(models[2].name == "probe-strided");
+  REQUIRE(models[3].name == "probe-global");
+  auto find = [](const std::vector<analysis::LeakCheck>& v, const std::string& n) {
+    for (const auto& c : v)
+      if (c.name == n) return c;
+    FAIL("no check " << n);
+    return analysis::LeakCheck{};
+  };
+  const analysis::LeakCheckOptions o;
+  for (int m : {2, 3}) {  // clean
+    for (const auto& c : analysis::run_model_checks(*models[m].model, o)) {
+      INFO(models[m].name << " " << c.name << " " << c.value << " " << c.detail);
+      CHECK(c.pass);
+    }
+  }
+  {
+    const analysis::PlantedFault f(*models[2].model, analysis::Fault::strided_offset_off_by_one);
+    const auto checks = analysis::run_model_checks(*models[2].model, o);
+    const auto c = find(checks, "reference_attention");
+    INFO(c.detail);
+    CHECK_FALSE(c.pass);
+    CHECK(c.value > 10 * c.threshold);
+    CHECK_FALSE(find(checks, "mask.kernels_vs_naive").pass);
+  }
+  {
+    const analysis::PlantedFault f(*models[3].model, analysis::Fault::global_reads_future);
+    const auto checks = analysis::run_model_checks(*models[3].model, o);
+    const auto c = find(checks, "future_token_perturbation");
+    INFO(c.detail);
+    CHECK_FALSE(c.pass);
+    CHECK(c.value > 1e-4);
+  }
+  // A sparse fault planted on a model without the pattern changes nothing.
+  {
+    const analysis::PlantedFault f(*models[1].model, analysis::Fault::global_reads_future);
+    for (const auto& c : analysis::run_model_checks(*models[1].model, o)) CHECK(c.pass);
+  }
+}
+
+TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the reference path there)", "[attention][sparse][cuda]") {
+  if (!test::cuda_device_present()) return;
+  for (const Case& c : patterns_at_300())
+    for (int causal = 0; causal < 2; ++causal) {
+      INFO(c.name << " causal " << causal);
+      AttentionOptions o;
+      o.causal = causal;
+      o.pattern = c.pattern;
+      Tensor q = randn({1, 2, 300, 8}, 5, 0, 0.0, 3.0), k = randn({1, 1, 300, 8}, 6), v = randn({1, 1, 300, 8}, 7);
+      const Tensor g = randn({1, 2, 300, 8}, 8);
+      std::vector<std::vector<double>> res[2];
+      for (int dev = 0; dev < 2; ++dev) {
+        const Device d = dev ? Device::cuda : Device::cpu;
+        Tensor qq = q.to(d).set_requires_grad(true), kk = k.to(d).set_requires_grad(true), vv = v.to(d).set_requires_grad(true);
+        const Tensor out = attention(qq, kk, vv, o);
+        autograd::backward(out, g.to(d));
+        res[dev] = {out.to(Device::cpu).to_vector(), qq.grad().to(Device::cpu).to_vector(),
+                    kk.grad().to(Device::cpu).to_vector(), vv.grad().to(Device::cpu).to_vector()};
+      }
+      for (int t = 0; t < 4; ++t) CHECK(rel_err(res[1][t], res[0][t]) <= 1e-5);
+    }
+}
+
+TEST_CASE("sparse: full tiles cut by key_lengths or an elementwise mask are still masked (fused = reference)",
+          "[attention][sparse]") {
+  // window l=200 and block_sparse bs=64 have full 64x64 tiles; key_lengths ends inside one, and
+  // segment ids split them, so the fused kernel must not take the no-mask path there.
+  for (auto pat : {make(Pattern::window, [](SparsePattern& p) { p.local = 200; }),
+                   make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })}) {
+    REQUIRE(pattern_stats({1, 1, 1, 300, 300}, [&] {
+              AttentionOptions o;
+              o.pattern = pat;
+              return o;
+            }()).full_tiles > 0);
+    for (int variant = 0; variant < 2; ++variant) {
+      INFO(pat->describe() << " variant " << variant);
+      AttentionOptions o;
+      o.causal = true;
+      o.pattern = pat;
+      if (variant == 0) {
+        o.key_lengths = {300, 230};
+      } else {
+        Tensor seg = Tensor::empty({2, 300}, DType::i64);
+        for (int64_t e = 0; e < 600; ++e) seg.data<int64_t>()[e] = (e % 300) < 100 + 37 * (e / 300) ? 0 : 1;
+        o.segment_ids = seg;
+      }
+      const Tensor q0 = randn({2, 2, 300, 4}, 31, 0, 0.0, 1.0, DType::f64), k0 = randn({2, 2, 300, 4}, 32, 0, 0.0, 1.0, DType::f64),
+                   v0 = randn({2, 2, 300, 4}, 33, 0, 0.0, 1.0, DType::f64), g = randn({2, 2, 300, 4}, 34, 0, 0.0, 1.0, DType::f64);
+      std::vector<std::vector<double>> res[2];
+      for (int kern = 0; kern < 2; ++kern) {
+        o.kernel = kern ? Kernel::reference : Kernel::fused;
+        Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+               v = v0.clone().set_requires_grad(true);
+        const Tensor out = attention(q, k, v, o);
+        autograd::backward(out, g);
+        res[kern] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+      }
+      for (int t = 0; t < 4; ++t) CHECK(rel_err(res[0][t], res[1][t]) <= 1e-12);
+    }
+  }
+}
