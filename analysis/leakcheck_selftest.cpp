@@ -134,7 +134,7 @@ class FaultyAttention : public nn::AttentionOps {
   Tensor linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const attn::LinearAttentionOptions& o) const override {
     attn::LinearAttentionOptions w = o;
-    w.fault_chunk_future = f_ == Fault::linear_chunk_future;
+    if (f_ == Fault::linear_chunk_future) w.chunk_key_hi = w.chunk;  // every key of the chunk
     return attn::linear_attention(q, k, v, w);
   }
   attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -158,13 +158,13 @@ void features_backward(const T* xt, const T* F, T* dF, int64_t n, const LinearPr
       if (!valid[i]) std::fill_n(dx + i * dxs, D, T(0));
 }
 
-// A [cl, cl] (ld c) for chunk [c0, c0 + cl) masked to the causal lower triangle (j <= i, or every j
-// under the fault) within one segment run (st[i] == st[j]).
+// A [cl, cl] (ld c) for chunk [c0, c0 + cl) masked to the in-chunk rule j - i < hi (hi = 1: the
+// causal lower triangle) within one segment run (st[i] == st[j]).
 template <class T>
-void causal_mask(T* A, int64_t cl, int64_t ld, int64_t c0, const int64_t* st, bool fault) {
+void causal_mask(T* A, int64_t cl, int64_t ld, int64_t c0, const int64_t* st, int64_t hi) {
   for (int64_t i = 0; i < cl; ++i)
     for (int64_t j = 0; j < cl; ++j)
-      if ((j > i && !fault) || st[c0 + i] != st[c0 + j]) A[i * ld + j] = T(0);
+      if (j - i >= hi || st[c0 + i] != st[c0 + j]) A[i * ld + j] = T(0);
 }
 
 // dst[i] = src[i] for the rows i of [0, cl) where keep(i), else 0 (rows of width w).
@@ -323,7 +323,7 @@ void run_forward(const Io<T>& io, const LinearProblem& p, const LinearAttentionO
         // A = Φ_C·Ψ_Cᵀ (masked); num = A·V_C + Φ_C·S⁻; den = rowsum A + Φ_C·z⁻ + ε, the prefix
         // terms only for rows whose segment run began before the chunk
         tile::gemm(false, true, cl, cl, m, T(1), ph, m, ps, m, T(0), A.data(), c);
-        causal_mask(A.data(), cl, c, c0, st, o.fault_chunk_future);
+        causal_mask(A.data(), cl, c, c0, st, o.chunk_key_hi);
         tile::gemm(false, false, cl, Dv, cl, T(1), A.data(), c, vc, io.v_sn, T(0), oc, Dv);
         tile::gemm(false, false, cl, Dv, m, T(1), ph, m, S.data(), Dv, T(0), pre.data(), Dv);
         for (int64_t i = 0; i < cl; ++i) {
@@ -410,8 +410,8 @@ void run_backward(const Io<T>& io, const LinearProblem& p, const LinearAttention
           tile::gemm(false, true, cl, cl, Dv, T(1), dnum.data() + c0 * Dv, Dv, vc, io.v_sn, T(0), dA.data(), c);
           for (int64_t i = 0; i < cl; ++i)
             for (int64_t j = 0; j < cl; ++j) dA[i * c + j] += dden[c0 + i];
-          causal_mask(A.data(), cl, c, c0, st, o.fault_chunk_future);
-          causal_mask(dA.data(), cl, c, c0, st, o.fault_chunk_future);
+          causal_mask(A.data(), cl, c, c0, st, o.chunk_key_hi);
+          causal_mask(dA.data(), cl, c, c0, st, o.chunk_key_hi);
         };
         // Forward sweep: dΦ_C = [prefix rows] (dnum_C·S⁻ᵀ + dden_C·z⁻ᵀ) + dA·Ψ_C
         std::fill(S.begin(), S.end(), T(0));
@@ -528,7 +528,7 @@ cuda_linear::Geometry geometry(const LinearProblem& p, const LinearAttentionOpti
   g.eps = o.eps;
   g.feature = static_cast<int>(o.feature);
   g.causal = o.causal;
-  g.fault = o.fault_chunk_future;
+  g.chunk_key_hi = o.chunk_key_hi;
   g.dtype = p.dtype;
   return g;
 }

@@ -82,9 +82,11 @@ struct LinearAttentionOptions {
                         // seg[b, j] == seg[b, i]; each segment must be one contiguous run (packed
                         // documents), so the prefix state simply restarts where a run begins
   Tensor projection;    // favor: W [m, D] (favor_projection), a constant; unused otherwise
-  // leakcheck's self-test only: a deliberately wrong causal form in which every query also reads
-  // the later keys of its own chunk (A_ij kept for j > i). Never set by the library.
-  bool fault_chunk_future = false;
+  // The in-chunk rule of the causal form, as a value (like attention's MaskRules): within a chunk,
+  // key j is visible to query i iff j - i < chunk_key_hi. 1 is causal (j <= i), what the library
+  // always uses; tests and leakcheck's self-test set a larger one on purpose (later keys of the
+  // chunk leak in) to prove that their detectors notice.
+  int64_t chunk_key_hi = 1;
 };
 
 // Number of features m that `o` gives for head size D (D for elu1/relu, rows of W for favor).

@@ -279,7 +279,16 @@ bool File::has(const std::string& name) const {
     // would read from another file (neither is anything qkv writes).
     H5L_info_t li{};
     if (H5Lget_info(file_.get(), prefix.c_str(), &li, H5P_DEFAULT) < 0) fail("cannot read the link ", prefix, " (corrupt file?)");
-    if (li.type == H5L_TYPE_HARD) continue;
+    if (li.type == H5L_TYPE_HARD) {
+      // A dataset has no members: "/a/b" under a dataset "/a" is absent (HDF5 would call the
+      // lookup of "/a/b" an error, which is not a damaged file).
+      if (pos != std::string::npos) {
+        Id o(H5Oopen(file_.get(), prefix.c_str(), H5P_DEFAULT));
+        if (!o.valid()) fail("cannot open ", prefix, " (corrupt file?)");
+        if (H5Iget_type(o.get()) != H5I_GROUP) return false;
+      }
+      continue;
+    }
     std::string target(li.type == H5L_TYPE_SOFT || li.type == H5L_TYPE_EXTERNAL ? li.u.val_size + 1 : 0, '\0');
     if (!target.empty() && H5Lget_val(file_.get(), prefix.c_str(), target.data(), target.size(), H5P_DEFAULT) < 0) target.clear();
     if (li.type == H5L_TYPE_SOFT)

@@ -573,13 +573,17 @@ TEST_CASE("leakcheck: a linear model passes every applicable check; the softmax 
     CHECK(find_check(checks, "future_token_perturbation")->value == 0.0);  // exactly: no future key is read
     CHECK(find_check(checks, "greedy_generation")->value == 0.0);
     CHECK(find_check(checks, "reference_attention")->value < 1e-5);  // vs the naive float64 linear loop
+    // mask.* for linear attention, and the permutation checks (the model has positions)
     const auto na = analysis::not_applicable_checks(*m);
-    REQUIRE(na.size() == 1);
+    REQUIRE(na.size() == 2);
     CHECK(na[0].first == "mask.*");
-    for (const auto& [name, why] : na) CHECK(why.find("not applicable") != std::string::npos);
+    CHECK(na[0].second.find("not applicable") != std::string::npos);
+    CHECK(na[1].first == "permutation_equivariance");
   }
-  // A softmax model has none.
-  CHECK(analysis::not_applicable_checks(*train::build_model(Config{}, 65)).empty());
+  // A softmax model has no mask.* entry (only the permutation checks, as it has positions).
+  const auto softmax_na = analysis::not_applicable_checks(*train::build_model(Config{}, 65));
+  REQUIRE(softmax_na.size() == 1);
+  CHECK(softmax_na[0].first == "permutation_equivariance");
 }
 
 TEST_CASE("leakcheck: a causal chunk that reads its own later keys is caught", "[attention][linear][leakcheck]") {
@@ -643,12 +647,12 @@ TEST_CASE("linear attention on the GPU equals the CPU kernel, forward and backwa
       }
   // The planted fault reaches the GPU kernel too (it reads the chunk's later keys).
   Case c = make_case({1, 2, 1, 8, 8, 4}, LinearFeature::elu1, true, 4, false, 77, DType::f64);
-  c.o.fault_chunk_future = true;
+  c.o.chunk_key_hi = c.o.chunk;  // a wrong in-chunk rule: every key of the chunk
   const std::vector<double> want = attn::linear_attention(c.q, c.k, c.v, c.o).to_vector();
   test::check_close(attn::linear_attention(c.q.to(Device::cuda), c.k.to(Device::cuda), c.v.to(Device::cuda), c.o)
                         .to(Device::cpu),
                     want, 1e-10, 1e-12);
-  c.o.fault_chunk_future = false;
+  c.o.chunk_key_hi = 1;
   CHECK(rel(attn::linear_attention(c.q, c.k, c.v, c.o), from_vector(want, c.q.shape(), DType::f64)) > 1e-3);
 }
 

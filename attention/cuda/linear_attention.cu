@@ -78,11 +78,12 @@ __global__ void features_backward_kernel(const T* x, const T* F, const T* dF, in
 
 struct Dims {
   int64_t Hq, Hkv, G, Nq, Nk, Dv, m, c;
-  bool causal, fault;
+  bool causal;
+  int64_t hi;  // in-chunk rule: j - i < hi (LinearAttentionOptions::chunk_key_hi)
 };
 
-__device__ __forceinline__ bool visible(const int64_t* st, int64_t c0, int64_t i, int64_t j, bool fault) {
-  return (j <= i || fault) && st[c0 + i] == st[c0 + j];
+__device__ __forceinline__ bool visible(const int64_t* st, int64_t c0, int64_t i, int64_t j, int64_t hi) {
+  return j - i < hi && st[c0 + i] == st[c0 + j];
 }
 
 // S, z after the chunk [c0, c0 + cl): += its keys, or restarted at a run begun inside it.
@@ -141,7 +142,7 @@ __global__ void forward_kernel(const T* Phi, const T* Psi, const T* V, const int
     for (int64_t idx = threadIdx.x; idx < cl * cl; idx += blockDim.x) {
       const int64_t i = idx / cl, j = idx % cl;
       T a = 0;
-      if (visible(st, c0, i, j, d.fault))
+      if (visible(st, c0, i, j, d.hi))
         for (int64_t r = 0; r < m; ++r) a += phi[(c0 + i) * m + r] * psi[(c0 + j) * m + r];
       A[i * c + j] = a;
     }
@@ -189,7 +190,7 @@ __device__ void chunk_mats(const T* phi, const T* psi, const T* v, const T* dnum
   for (int64_t idx = threadIdx.x; idx < cl * cl; idx += blockDim.x) {
     const int64_t i = idx / cl, j = idx % cl;
     T a = 0, da = 0;
-    if (visible(st, c0, i, j, d.fault)) {
+    if (visible(st, c0, i, j, d.hi)) {
       for (int64_t r = 0; r < m; ++r) a += phi[(c0 + i) * m + r] * psi[(c0 + j) * m + r];
       for (int64_t e = 0; e < Dv; ++e) da += dnum[(c0 + i) * Dv + e] * v[(c0 + j) * Dv + e];
       da += dden[c0 + i];
@@ -328,7 +329,7 @@ int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThread
 
 Dims dims_of(const Geometry& g) {
   return {g.Hq, g.Hkv, g.G, g.Nq, g.Nk, g.Dv, g.m, std::max<int64_t>(1, std::min(g.chunk, std::max<int64_t>(g.Nk, 1))),
-          g.causal, g.fault};
+          g.causal, g.chunk_key_hi};
 }
 
 struct Inputs {

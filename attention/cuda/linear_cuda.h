@@ -16,7 +16,8 @@ struct Geometry {
   int64_t B = 0, Hq = 0, Hkv = 0, G = 1, Nq = 0, Nk = 0, D = 0, Dv = 0, m = 0, chunk = 1;
   double rs = 1, eps = 1e-6;  // √scale, ε
   int feature = 0;            // LinearFeature as int
-  bool causal = false, fault = false;
+  bool causal = false;
+  int64_t chunk_key_hi = 1;   // in-chunk rule: key j visible to query i iff j - i < chunk_key_hi
   DType dtype = DType::f32;
 };
 
