@@ -172,14 +172,17 @@ LengthResult measure_length(const nn::DecoderModel& model, int64_t N, const std:
     reset_peak_bytes();
     {
       nn::ModelCache cache = model.make_cache(1, N + o.decode_tokens);
-      r.kv_cache_bytes = allocator_stats().bytes_in_use - before;
+      // Linear attention's state (S, z) lives in host vectors, not the tensor allocator.
+      int64_t linear_state = 0;
+      for (const auto& st : cache.linear) linear_state += st.state_bytes();
+      r.kv_cache_bytes = allocator_stats().bytes_in_use - before + linear_state;
       std::vector<int32_t> ctx = text_prompt(val, N);
       // The prefill twice (the cache emptied in between), keeping the faster: the first call
       // also pays for first-touch pages and thread start-up.
       Tensor logits;
       auto t0 = Clock::now();
       for (int rep = 0; rep < 2; ++rep) {
-        for (auto& l : cache.layers) l.clear();
+        cache.clear();  // KV layers and linear states alike (a linear state kept would run on past the length)
         nn::ForwardArgs a;
         a.ids = ids_tensor(ctx, 0, ctx.size());
         a.cache = &cache;

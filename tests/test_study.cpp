@@ -147,3 +147,30 @@ TEST_CASE("study: every pattern variant, bare or with its parameter, gives a con
     CHECK(msg.find('\n') == std::string::npos);
   }
 }
+
+TEST_CASE("study: a linear variant measures every length from an emptied state", "[study]") {
+  // Each length prefills twice and decodes; a linear state not cleared between the prefills ran
+  // on past block_size ("position 64 is outside model.block_size") at the second length.
+  const std::string dir = (std::filesystem::temp_directory_path() / "qkv_test_study_linear").string();
+  std::filesystem::remove_all(dir);
+  analysis::StudyOptions o;
+  o.dir = dir;
+  o.lengths = {8, 16, 24};  // 2 × 24 + 4 > block_size 32: a state carried over would overflow
+  o.budget_tokens = 8 * 32 * 2;
+  o.decode_tokens = 4;
+  o.eval_tokens = 64;
+  o.run_checks = false;
+  const std::vector<std::string> sets = {"data.path=" + src("data/corpus/tinyshakespeare.txt")};
+  const analysis::StudyResult r = analysis::run_study(src("configs/tiny.toml"), sets, analysis::parse_variants("linear"), o);
+  REQUIRE(r.variants.size() == 1);
+  const auto& v = r.variants[0];
+  REQUIRE(v.lengths.size() == 3);
+  for (const auto& l : v.lengths) {
+    INFO(l.length);
+    CHECK(l.measured);
+    CHECK(std::isfinite(l.decode_ms_per_token));
+    // The state: S [8, 8] + z [8] per kv head (2), float64, per layer (2); the same at every length.
+    CHECK(l.kv_cache_bytes == 2 * 2 * 8 * (8 * 8 + 8));
+  }
+  std::filesystem::remove_all(dir);
+}
