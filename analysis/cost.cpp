@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "attention/attention.h"
+#include "attention/patterns.h"
 #include "tensor/error.h"
 #include "train/model_factory.h"
 #include "train/session.h"
@@ -39,12 +41,61 @@ int64_t window_pairs(int64_t n, int64_t w) {
   return w * (w + 1) / 2 + (n - w) * w;
 }
 
+// The options the model's softmax attention call carries (nn/transformer.cpp: causal, model.window,
+// the resolved pattern), so the counts below are the attention module's own.
+attn::AttentionOptions model_attention_options(const nn::ModelConfig& c) {
+  attn::AttentionOptions o;
+  o.causal = true;
+  o.window = c.window;
+  if (c.pattern.sparse()) o.pattern = std::make_shared<const attn::SparsePattern>(c.pattern);
+  return o;
+}
+
+// Visible pairs of one (batch row, head) slice for nq queries ending at key nk - 1 (bottom-right).
+int64_t module_pairs(const nn::ModelConfig& c, int64_t nq, int64_t nk) {
+  return attn::pattern_stats({1, 1, 1, nq, nk}, model_attention_options(c)).kept_pairs;
+}
+
+// Linear attention's chunked training form computes, per chunk of c keys, the masked c × c
+// quadratic form: Σ over the chunks of n tokens of len(len + 1)/2 pairs.
+int64_t chunk_pairs(int64_t n, int64_t c) {
+  c = std::max<int64_t>(c, 1);
+  const int64_t full = n / c, rest = n % c;
+  return full * (c * (c + 1) / 2) + rest * (rest + 1) / 2;
+}
+
 }  // namespace
 
+int64_t linear_feature_count(const nn::ModelConfig& c) {
+  return c.linear_feature == attn::LinearFeature::favor ? c.linear_features : c.head_dim();
+}
+
 const std::vector<PatternCost>& pattern_costs() {
-  // Rows for the patterns in this build. A pattern added to attention/ adds its row here (with its
-  // `matches` on the model setting that selects it), pointing kept_pairs at the module's own count.
+  // Rows for the patterns in this build, most specific first. The sparse rows count with
+  // attn::pattern_stats on the model's own attention options (the resolved pattern of
+  // train::model_config, ANDed with causal and model.window), so the cost is the module's count;
+  // full and window keep their closed forms (the test checks they agree with the module too).
+  auto sparse_row = [](attn::Pattern kind, std::string description) {
+    return PatternCost{
+        attn::pattern_name(kind), std::move(description),
+        [](const nn::ModelConfig& c, int64_t i) { return module_pairs(c, 1, i + 1); },
+        [](const nn::ModelConfig& c, int64_t n) { return module_pairs(c, n, n); },
+        [kind](const nn::ModelConfig& c) {
+          return c.attention_pattern == nn::AttentionPattern::full && c.pattern.kind == kind;
+        }};
+  };
   static const std::vector<PatternCost> table = {
+      {"linear",
+       "no weights: chunked training form (c x c causal pairs per chunk of model.linear_chunk keys) + a state "
+       "S [m, Dv], z [m] per kv head; decode reads the state, not the keys",
+       [](const nn::ModelConfig&, int64_t) { return int64_t{0}; },
+       [](const nn::ModelConfig& c, int64_t n) { return chunk_pairs(n, c.linear_chunk); },
+       [](const nn::ModelConfig& c) { return c.attention_pattern == nn::AttentionPattern::linear; }},
+      sparse_row(attn::Pattern::strided, "strided: a local band + every s-th key (model.pattern_stride, _local)"),
+      sparse_row(attn::Pattern::global, "global: global positions read and are read by all + a local band"),
+      sparse_row(attn::Pattern::bigbird, "bigbird: local, global and random key blocks (model.pattern_block_size)"),
+      sparse_row(attn::Pattern::block_sparse, "block_sparse: the visible block pairs of model.pattern_layout"),
+      sparse_row(attn::Pattern::window, "window pattern: the l most recent keys (model.pattern_local)"),
       {"window", "query i reads keys max(0, i - w + 1) .. i (model.window = w)",
        [](const nn::ModelConfig& c, int64_t i) { return std::min(i + 1, c.window); },
        [](const nn::ModelConfig& c, int64_t n) { return window_pairs(n, c.window); },
@@ -155,9 +206,29 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   r.kept_pairs_train = pairs_T;
   r.kept_pairs_context = pairs_N;
   r.full_pairs_context = r.context * (r.context + 1) / 2;
-  const FlopSplit lt = scaled(layer_forward(static_cast<double>(pairs_T) / T), 3.0);
-  const FlopSplit lp = layer_forward(static_cast<double>(pairs_N) / N);
-  const FlopSplit ld = layer_forward(static_cast<double>(pat.keys_at(m, r.context - 1)));
+  FlopSplit lt = scaled(layer_forward(static_cast<double>(pairs_T) / T), 3.0);
+  FlopSplit lp = layer_forward(static_cast<double>(pairs_N) / N);
+  FlopSplit ld = layer_forward(static_cast<double>(pat.keys_at(m, r.context - 1)));
+  const bool linear = m.attention_pattern == nn::AttentionPattern::linear;
+  int64_t state_bytes_layer = 0;  // linear: S [m, Dv] + z [m] per kv head of one sequence (float64)
+  if (linear) {
+    // Per token, with m features, Dv = hd (linear_attention.h): the query side (Φ·z and ΦᵀS, or
+    // the chunk's A = ΦΨᵀ and A·v) per query head, the state update Ψvᵀ, Ψ per kv head.
+    const double mf = static_cast<double>(linear_feature_count(m)), Dv = static_cast<double>(hd);
+    const double Hq = static_cast<double>(m.n_head), Hkv = static_cast<double>(m.n_kv_head);
+    const double update = 2.0 * Hkv * mf * (Dv + 1);
+    auto linear_layer = [&](double chunk_keys_per_query) {
+      FlopSplit f = layer_forward(0);
+      f.qk = 2.0 * Hq * mf * (1 + chunk_keys_per_query);               // Φ·z⁻ + A_ij
+      f.av = 2.0 * Hq * (mf * Dv + Dv * chunk_keys_per_query) + update;  // ΦᵀS⁻ + A·v + state update
+      return f;
+    };
+    // Training: the chunked form over T tokens; prefill and decode: the recurrence (LinearState).
+    lt = scaled(linear_layer(static_cast<double>(pairs_T) / T), 3.0);
+    lp = linear_layer(0);
+    ld = linear_layer(0);
+    state_bytes_layer = static_cast<int64_t>(sizeof(double)) * m.n_kv_head * (linear_feature_count(m) * hd + linear_feature_count(m));
+  }
   FlopSplit top;  // final norm and LM head, forward
   top.norm = 2.0 * static_cast<double>(norm_params);
   top.head = 2.0 * dC * dV;
@@ -179,8 +250,10 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
     lc.activation_bytes_recompute = 4 * C * BT;
     lc.attn_weights_naive_bytes = 4 * r.batch * m.n_head * r.train_tokens * r.train_tokens;
     lc.attn_fused_kept_bytes = 4 * (BT * qd + r.batch * m.n_head * r.train_tokens);
-    lc.kv_cache_bytes_per_token_f32 = 4 * 2 * kvd;
-    lc.kv_cache_bytes_per_token_bf16 = 2 * 2 * kvd;
+    lc.kv_cache_bytes_per_token_f32 = linear ? 0 : 4 * 2 * kvd;
+    lc.kv_cache_bytes_per_token_bf16 = linear ? 0 : 2 * 2 * kvd;
+    lc.decode_state_bytes = state_bytes_layer;
+    r.decode_state_bytes += state_bytes_layer;
     lc.kept_pairs_train = pairs_T;
     lc.kept_pairs_context = pairs_N;
     r.train += lc.train;
@@ -199,10 +272,12 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   r.decode += top;
   r.train_flops_per_step = r.train.total() * B * T;
   r.prefill_flops = r.prefill.total() * N;
-  r.kv_cache_bytes_per_token_mha_f32 = L * 4 * 2 * qd;
-  r.kv_cache_bytes_per_token_mha_bf16 = L * 2 * 2 * qd;
-  r.kv_cache_bytes_per_sequence_f32 = r.kv_cache_bytes_per_token_f32 * r.context;
-  r.kv_cache_bytes_per_sequence_bf16 = r.kv_cache_bytes_per_token_bf16 * r.context;
+  r.kv_cache_bytes_per_token_mha_f32 = linear ? 0 : L * 4 * 2 * qd;
+  r.kv_cache_bytes_per_token_mha_bf16 = linear ? 0 : L * 2 * 2 * qd;
+  // Linear attention decodes from its state (float64 accumulators, whatever the dtype): the
+  // per-sequence figure is the state, the same at every length.
+  r.kv_cache_bytes_per_sequence_f32 = linear ? r.decode_state_bytes : r.kv_cache_bytes_per_token_f32 * r.context;
+  r.kv_cache_bytes_per_sequence_bf16 = linear ? r.decode_state_bytes : r.kv_cache_bytes_per_token_bf16 * r.context;
 
   // ---- the peak of a training step ----
   // Walk the step as the engine runs it: the forward ends holding every kept activation, the
@@ -266,7 +341,8 @@ nlohmann::json cost_json(const CostReport& r) {
                       {"activation_bytes", {{"no_recompute", l.activation_bytes}, {"recompute", l.activation_bytes_recompute}}},
                       {"attention_weights_bytes", {{"naive", l.attn_weights_naive_bytes}, {"fused", l.attn_fused_kept_bytes}}},
                       {"kv_cache_bytes_per_token", {{"f32", l.kv_cache_bytes_per_token_f32}, {"bf16", l.kv_cache_bytes_per_token_bf16}}},
-                      {"kept_pairs", {{"train", l.kept_pairs_train}, {"context", l.kept_pairs_context}}}});
+                      {"kept_pairs", {{"train", l.kept_pairs_train}, {"context", l.kept_pairs_context}}},
+                      {"decode_state_bytes", l.decode_state_bytes}});
   return {{"params", r.params},
           {"embedding_params", r.embedding_params},
           {"non_embedding_params", r.non_embedding_params},
@@ -286,6 +362,7 @@ nlohmann::json cost_json(const CostReport& r) {
           {"kept_pairs", {{"train", r.kept_pairs_train}, {"context", r.kept_pairs_context}, {"full_context", r.full_pairs_context}}},
           {"activation_bytes", {{"no_recompute", r.activation_bytes}, {"recompute", r.activation_bytes_recompute}}},
           {"attention_weights_bytes", {{"naive", r.attn_weights_naive_bytes}, {"fused", r.attn_fused_kept_bytes}}},
+          {"decode_state_bytes", r.decode_state_bytes},
           {"recompute", r.recompute},
           {"peak_step_bytes", r.peak_step_bytes},
           {"layers", layers}};
@@ -354,6 +431,7 @@ std::string cost_table(const CostReport& r) {
   mem("KV cache per token if MHA (Hkv = Hq), bf16", r.kv_cache_bytes_per_token_mha_bf16);
   mem("KV cache per sequence of N tokens, f32", r.kv_cache_bytes_per_sequence_f32);
   mem("KV cache per sequence of N tokens, bf16", r.kv_cache_bytes_per_sequence_bf16);
+  if (r.decode_state_bytes > 0) mem("linear decode state per sequence (S, z; float64, any N)", r.decode_state_bytes);
   std::snprintf(line, sizeof line, "\nattention pattern %s: kept pairs P(T=%lld) = %lld, P(N=%lld) = %lld of %lld causal (%.1f%%)\n",
                 r.pattern.c_str(), (long long)r.train_tokens, (long long)r.kept_pairs_train, (long long)r.context,
                 (long long)r.kept_pairs_context, (long long)r.full_pairs_context,

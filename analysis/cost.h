@@ -52,10 +52,20 @@ struct PatternCost {
   // Whether this row describes `cfg`'s attention.
   std::function<bool(const nn::ModelConfig&)> matches;
 };
+// model.attention_pattern = linear: the kept pairs are those of the chunked training form (each
+// chunk of c = model.linear_chunk keys computes its c × c causal quadratic form; no N × N weights);
+// the model's FLOPs then count, per token and layer with m features (linear_feature_count) and
+// Dv = hd: qk = 2·Hq·m·(1 + chunk keys per query) (Φ·z and A = ΦΨᵀ), av = 2·Hq·(m·Dv + Dv·chunk
+// keys per query) + 2·Hkv·m·(Dv + 1) (ΦᵀS, A·v and the state update Ψvᵀ and Ψ). Prefill and decode run
+// the recurrence (LinearState: chunk keys 0), so decode costs the same at every context. Instead of
+// a KV cache it decodes from S [m, Dv] and z [m] per kv head, float64: decode_state_bytes; the KV
+// bytes per token are then 0 and the per-sequence figures are the state.
 // Every pattern the cost model knows, most specific first ("full" last: it matches anything).
 const std::vector<PatternCost>& pattern_costs();
 // The row for `cfg`'s attention.
 const PatternCost& pattern_cost(const nn::ModelConfig& cfg);
+// linear attention's feature count m (favor: model.linear_features; elu1, relu: the head size).
+int64_t linear_feature_count(const nn::ModelConfig& cfg);
 
 // ---- the report ----
 // FLOPs of one token, by part. `norm` holds the norms' gains and biases (2 per parameter).
@@ -76,6 +86,7 @@ struct LayerCost {
   int64_t attn_fused_kept_bytes = 0;       // what the fused kernel keeps: O [B,T,Hq·hd] + lse [B,Hq,T]
   int64_t kv_cache_bytes_per_token_f32 = 0, kv_cache_bytes_per_token_bf16 = 0;  // this layer's K and V
   int64_t kept_pairs_train = 0, kept_pairs_context = 0;  // P(T), P(N) per (batch row, head)
+  int64_t decode_state_bytes = 0;  // linear: S and z of this layer for one sequence (else 0)
 };
 
 struct CostOptions {
@@ -96,6 +107,7 @@ struct CostReport {
   int64_t kv_cache_bytes_per_token_mha_f32 = 0, kv_cache_bytes_per_token_mha_bf16 = 0;  // as if Hkv = Hq
   int64_t kv_cache_bytes_per_sequence_f32 = 0, kv_cache_bytes_per_sequence_bf16 = 0;    // · N
   int64_t kept_pairs_train = 0, kept_pairs_context = 0, full_pairs_context = 0;  // P(T), P(N), N(N+1)/2
+  int64_t decode_state_bytes = 0;  // linear: the recurrent state of one sequence, all layers (else 0)
   int64_t activation_bytes = 0, activation_bytes_recompute = 0;  // whole step, kept for backward
   int64_t attn_weights_naive_bytes = 0, attn_fused_kept_bytes = 0;  // whole model, one step
   // Tensor bytes in use at the peak of a training step (params, AdamW moments, gradients,
@@ -114,7 +126,7 @@ CostReport estimate_cost(const Config& cfg, const CostOptions& o = {});
 // flops_per_token {train, prefill, decode}, flops_split {train, prefill, decode: {projections, qk,
 // av, mlp, head, norm}}, train_flops_per_step, prefill_flops, pattern, kept_pairs {train, context,
 // full_context}, activation_bytes {no_recompute, recompute}, attention_weights_bytes {naive,
-// fused}, peak_step_bytes, batch, train_tokens, context, layers: [...]}.
+// fused}, decode_state_bytes, peak_step_bytes, batch, train_tokens, context, layers: [...]}.
 nlohmann::json cost_json(const CostReport& r);
 // The human-readable tables.
 std::string cost_table(const CostReport& r);

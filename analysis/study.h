@@ -6,11 +6,15 @@
 // (analysis::run_model_checks) and three edge inputs with documented results.
 //
 // Variants: "name[:param]", mapped to config overrides by one table (variant_rules()):
-//   full            model.window = 0 (and nothing else)
-//   window:W        model.window = W
-//   strided:S, global:G, block_sparse:B, bigbird, linear   model.attention_pattern and its
-//                   model.pattern_* / model.linear_* keys (a build without them refuses the variant
-//                   with the config's one-line error, before anything trains)
+//   full            model.window = 0, model.attention_pattern = full
+//   window:W        model.window = W, model.attention_pattern = full
+//   strided[:S]     model.attention_pattern = strided, model.pattern_stride = S
+//   global[:G]      model.attention_pattern = global, model.pattern_global = G (the first G positions)
+//   bigbird[:B]     model.attention_pattern = bigbird, model.pattern_block_size = B
+//   block_sparse[:B] model.attention_pattern = block_sparse, model.pattern_block_size = B
+//   linear          model.attention_pattern = linear
+//   (every pattern variant sets model.window = 0; a parameter left out keeps the key's default;
+//   other model.pattern_* / model.linear_* keys come through --set)
 //
 // Work directory (the report directory): DIR/variants/<name>/run is the variant's train.out_dir;
 // DIR/variants/<name>/result.json its finished result, keyed by the resolved config, the budget

@@ -6,6 +6,8 @@
 #include <filesystem>
 
 #include "analysis/cost.h"
+#include "attention/attention.h"
+#include "attention/patterns.h"
 #include "tensor/allocator.h"
 #include "train/bench.h"
 #include "train/model_factory.h"
@@ -96,6 +98,83 @@ TEST_CASE("cost: kept pairs of the attention patterns", "[cost]") {
   // A window wider than the context changes nothing.
   cfg = parse_config(src("configs/tiny.toml"), {"model.vocab_size=65", "model.window=1000"});
   CHECK(analysis::estimate_cost(cfg, o).kept_pairs_context == 100 * 101 / 2);
+}
+
+TEST_CASE("cost: kept pairs of every sparse pattern equal the attention module's pattern_stats", "[cost]") {
+  // Each pattern as the model resolves it (train::model_config), counted by attn::pattern_stats on
+  // the same shape under the options a layer passes (causal, model.window, the pattern).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"full", {}},
+      {"window", {"model.window=8"}},
+      {"window", {"model.attention_pattern=window", "model.pattern_local=5"}},
+      {"strided", {"model.attention_pattern=strided"}},
+      {"strided", {"model.attention_pattern=strided", "model.pattern_stride=4"}},
+      {"global", {"model.attention_pattern=global", "model.pattern_global=3"}},
+      {"bigbird", {"model.attention_pattern=bigbird", "model.pattern_block_size=8"}},
+      {"bigbird", {"model.attention_pattern=bigbird"}},
+      {"block_sparse", {"model.attention_pattern=block_sparse", "model.pattern_block_size=8"}},
+      {"block_sparse", {"model.attention_pattern=block_sparse", "model.pattern_layout=fixed"}},
+      {"strided", {"model.attention_pattern=strided", "model.window=6"}},  // ANDed with the window
+  };
+  for (const auto& [name, sets_in] : cases) {
+    std::vector<std::string> sets = sets_in;
+    sets.push_back("model.vocab_size=65");
+    const Config cfg = parse_config(src("configs/tiny.toml"), sets);
+    analysis::CostOptions o;
+    o.context = 100;  // beyond block_size 32: the pattern's absolute positions keep going
+    const analysis::CostReport r = analysis::estimate_cost(cfg, o);
+    const nn::ModelConfig m = train::model_config(cfg.resolved(), 65);
+    attn::AttentionOptions ao;
+    ao.causal = true;
+    ao.window = m.window;
+    if (m.pattern.sparse()) ao.pattern = std::make_shared<const attn::SparsePattern>(m.pattern);
+    INFO(name << " " << sets_in.size());
+    CHECK(r.pattern == name);
+    CHECK(r.kept_pairs_train == attn::pattern_stats({1, 1, 1, 32, 32}, ao).kept_pairs);
+    CHECK(r.kept_pairs_context == attn::pattern_stats({1, 1, 1, 100, 100}, ao).kept_pairs);
+    // Batch and heads multiply the module's count; the cost is per (row, head).
+    CHECK(attn::pattern_stats({2, 4, 2, 32, 32}, ao).kept_pairs == 8 * r.kept_pairs_train);
+    // Decode at N = 100: the keys the module lets query 99 read (a 1-row call at offset 99).
+    const int64_t keys = attn::pattern_stats({1, 1, 1, 1, 100}, ao).kept_pairs;
+    CHECK(r.decode.qk == Approx(2.0 * 2 * 32 * static_cast<double>(keys)));
+    CHECK(r.kept_pairs_context <= r.full_pairs_context);
+    if (name != "full") CHECK(r.kept_pairs_context < r.full_pairs_context);
+  }
+}
+
+TEST_CASE("cost: linear attention's chunked pairs, FLOPs and decode state (= make_cache's bytes)", "[cost]") {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"model.linear_chunk=8"},
+        std::vector<std::string>{"model.linear_feature=favor", "model.linear_features=16"}}) {
+    std::vector<std::string> sets = {"model.vocab_size=65", "model.attention_pattern=linear"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    const Config cfg = parse_config(src("configs/tiny.toml"), sets);
+    analysis::CostOptions o;
+    o.context = 100;
+    const analysis::CostReport r = analysis::estimate_cost(cfg, o);
+    INFO(extra.size());
+    CHECK(r.pattern == "linear");
+    // tiny: L=2, C=32, Hq=4, Hkv=2, hd=8; m = 8 (elu1) or 16 (favor).
+    const bool favor = extra.size() == 2, chunk8 = extra.size() == 1;
+    const double mf = favor ? 16 : 8;
+    // Chunk 64 > T = 32: one 32 x 32 causal block; chunk 8: four 8 x 8 blocks (4 · 36).
+    CHECK(r.kept_pairs_train == (chunk8 ? 4 * 36 : 32 * 33 / 2));
+    // Decode, per layer: qk = 2·Hq·m, av = 2·Hq·m·Dv + 2·Hkv·m·(Dv + 1); the same at any context.
+    CHECK(r.layers[0].decode.qk == Approx(2 * 4 * mf));
+    CHECK(r.layers[0].decode.av == Approx(2 * 4 * mf * 8 + 2 * 2 * mf * 9));
+    analysis::CostOptions far = o;
+    far.context = 5000;
+    CHECK(analysis::estimate_cost(cfg, far).decode.total() == Approx(r.decode.total()));
+    // No KV cache: the state, S [m, 8] + z [m] per kv head in float64, per layer.
+    CHECK(r.kv_cache_bytes_per_token_f32 == 0);
+    CHECK(r.decode_state_bytes == static_cast<int64_t>(2 * 8 * 2 * (mf * 8 + mf)));
+    CHECK(r.kv_cache_bytes_per_sequence_f32 == r.decode_state_bytes);
+    const auto model = train::build_model(cfg.resolved(), 65);
+    for (int64_t batch : {1, 3}) {
+      const nn::ModelCache cache = model->make_cache(batch, o.context);
+      CHECK(cache.bytes() == batch * r.decode_state_bytes);
+    }
+  }
 }
 
 TEST_CASE("cost: training FLOPs equal qkv bench's count (plus the diagonal it leaves out)", "[cost]") {

@@ -17,8 +17,8 @@ TEST_CASE("study: variant specs map through the table", "[study]") {
   const auto v = analysis::parse_variants("full, window:64,window:8");
   REQUIRE(v.size() == 3);
   CHECK(v[0].name == "full");
-  CHECK(v[0].overrides == std::vector<std::string>{"model.window=0"});
-  CHECK(v[1].overrides == std::vector<std::string>{"model.window=64"});
+  CHECK(v[0].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=full"});
+  CHECK(v[1].overrides == std::vector<std::string>{"model.attention_pattern=full", "model.window=64"});
   const auto s = analysis::parse_variants("strided:16,linear");
   CHECK(s[0].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=strided", "model.pattern_stride=16"});
   CHECK(s[1].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=linear"});
@@ -110,13 +110,67 @@ TEST_CASE("study: a tiny study of full vs window:8, its report, and resume", "[s
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("study: a pattern variant this build lacks fails before training, naming the key", "[study]") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "qkv_test_study_bad").string();
+TEST_CASE("study: every pattern variant, bare or with its parameter, gives a config that validates", "[study]") {
+  // The variant table's keys are train/config.h's: parse + validate (which resolves the pattern as
+  // model_factory does) accepts each, and the key each parameter sets really lands in the config.
+  const auto variants = analysis::parse_variants(
+      "full,window:16,strided,strided:8,global,global:3,bigbird,bigbird:8,block_sparse,block_sparse:8,linear");
+  REQUIRE(variants.size() == 11);
+  std::vector<Config> cfgs;
+  for (const auto& v : variants) {
+    INFO(v.name);
+    Config c;
+    REQUIRE_NOTHROW(c = parse_config(src("configs/tiny.toml"), v.overrides));
+    REQUIRE_NOTHROW(validate(c, "variant " + v.name));
+    cfgs.push_back(c);
+  }
+  CHECK(cfgs[0].model.attention_pattern == "full");
+  CHECK(cfgs[1].model.window == 16);
+  CHECK(cfgs[2].model.attention_pattern == "strided");
+  CHECK(cfgs[2].model.pattern_stride == 0);  // auto
+  CHECK(cfgs[3].model.pattern_stride == 8);
+  CHECK(cfgs[5].model.attention_pattern == "global");
+  CHECK(cfgs[5].model.pattern_global == 3);
+  CHECK(cfgs[7].model.attention_pattern == "bigbird");
+  CHECK(cfgs[7].model.pattern_block_size == 8);
+  CHECK(cfgs[9].model.attention_pattern == "block_sparse");
+  CHECK(cfgs[9].model.pattern_block_size == 8);
+  CHECK(cfgs[10].model.attention_pattern == "linear");
+  CHECK(cfgs[10].model.window == 0);
+  // An unknown variant still fails, in one line, before any training.
+  try {
+    analysis::parse_variants("full,performer");
+    FAIL("no error");
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("unknown variant 'performer'") != std::string::npos);
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("study: a linear variant measures every length from an emptied state", "[study]") {
+  // Each length prefills twice and decodes; a linear state not cleared between the prefills ran
+  // on past block_size ("position 64 is outside model.block_size") at the second length.
+  const std::string dir = (std::filesystem::temp_directory_path() / "qkv_test_study_linear").string();
   std::filesystem::remove_all(dir);
   analysis::StudyOptions o;
   o.dir = dir;
-  const auto variants = analysis::parse_variants("full,strided:4");
-  CHECK_THROWS_WITH(analysis::run_study(src("configs/tiny.toml"), {}, variants, o),
-                    Catch::Contains("model.attention_pattern"));
-  CHECK_FALSE(std::filesystem::exists(dir));  // nothing written
+  o.lengths = {8, 16, 24};  // 2 × 24 + 4 > block_size 32: a state carried over would overflow
+  o.budget_tokens = 8 * 32 * 2;
+  o.decode_tokens = 4;
+  o.eval_tokens = 64;
+  o.run_checks = false;
+  const std::vector<std::string> sets = {"data.path=" + src("data/corpus/tinyshakespeare.txt")};
+  const analysis::StudyResult r = analysis::run_study(src("configs/tiny.toml"), sets, analysis::parse_variants("linear"), o);
+  REQUIRE(r.variants.size() == 1);
+  const auto& v = r.variants[0];
+  REQUIRE(v.lengths.size() == 3);
+  for (const auto& l : v.lengths) {
+    INFO(l.length);
+    CHECK(l.measured);
+    CHECK(std::isfinite(l.decode_ms_per_token));
+    // The state: S [8, 8] + z [8] per kv head (2), float64, per layer (2); the same at every length.
+    CHECK(l.kv_cache_bytes == 2 * 2 * 8 * (8 * 8 + 8));
+  }
+  std::filesystem::remove_all(dir);
 }
