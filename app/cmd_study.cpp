@@ -20,7 +20,7 @@ void add_study_command(CLI::App& root, int& exit_code) {
   static bool json = false, no_checks = false;
   cmd->add_option("--config", config, "base config file (.toml)")->required();
   cmd->add_option("--set", sets, "override a base config key (repeatable)");
-  cmd->add_option("--variants", variants, "comma-separated variants: full, window:W, strided:S, global:G, block_sparse:B, bigbird, linear")
+  cmd->add_option("--variants", variants, "comma-separated variants: full, window:W, strided[:S], global[:G], bigbird[:B], block_sparse[:B], linear (a parameter in brackets is optional)")
       ->required();
   cmd->add_option("--lengths", lengths, "comma-separated inference lengths")->capture_default_str();
   cmd->add_option("--budget-tokens", budget, "training tokens per variant (default: the config's max_steps)");
