@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "analysis/html.h"
 #include "analysis/png.h"
 #include "tensor/error.h"
 #include "train/atomic_file.h"
@@ -228,22 +229,6 @@ Image render_heads_grid(const HeadsReport& r) {
     }
   return img;
 }
-
-namespace {
-
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '&') o += "&amp;";
-    else if (ch == '"') o += "&quot;";
-    else o += ch;
-  }
-  return o;
-}
-
-}  // namespace
 
 void write_heads_report(const std::string& dir, const HeadsReport& r, const std::string& subject) {
   std::error_code ec;

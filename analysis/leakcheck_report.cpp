@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "train/atomic_file.h"
+#include "analysis/html.h"
 #include "analysis/attention_map.h"
 #include "analysis/leakcheck.h"
 #include "analysis/png.h"
@@ -37,19 +38,6 @@ std::string caught_list(const std::vector<CaughtBy>& v, size_t max_items) {
   return s.empty() ? "-" : s;
 }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "analysis/html.h"
 #include "analysis/cost.h"
 #include "analysis/leakcheck.h"
 #include "autograd/functions.h"
@@ -575,18 +576,6 @@ std::string study_table(const StudyResult& r) {
 
 namespace {
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '&') o += "&amp;";
-    else if (ch == '"') o += "&quot;";
-    else o += ch;
-  }
-  return o;
-}
-
 struct Series {
   std::string name;
   std::vector<std::pair<double, double>> points;
@@ -606,7 +595,7 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"" << W / 2 << "\" y=\"16\" text-anchor=\"middle\" "
-    << "font-size=\"13\">" << esc(title) << "</text>\n";
+    << "font-size=\"13\">" << html_escape(title) << "</text>\n";
   if (!std::isfinite(x0)) {
     o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text></svg>\n";
     return o.str();
@@ -625,8 +614,8 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
       << fmt(log_x ? "%.0f" : "%.3g", log_x ? std::exp2(xv) : xv) << "</text>\n";
     o << "<text x=\"" << l - 4 << "\" y=\"" << yy + 4 << "\" text-anchor=\"end\">" << fmt("%.3g", yv) << "</text>\n";
   }
-  o << "<text x=\"" << l + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << esc(xlabel) << "</text>\n";
-  o << "<text transform=\"translate(14," << t + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << esc(ylabel)
+  o << "<text x=\"" << l + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << html_escape(xlabel) << "</text>\n";
+  o << "<text transform=\"translate(14," << t + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(ylabel)
     << "</text>\n";
   static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
   for (size_t i = 0; i < series.size(); ++i) {
@@ -639,7 +628,7 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
     }
     o << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.5\" points=\"" << pts << "\"/>\n";
     o << "<text x=\"" << l + pw + 10 << "\" y=\"" << t + 12 + 14 * static_cast<double>(i) << "\" fill=\"" << c << "\">"
-      << esc(series[i].name) << "</text>\n";
+      << html_escape(series[i].name) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();
@@ -649,10 +638,10 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
 
 void write_study_report(const StudyResult& r) {
   std::ostringstream h;
-  h << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>qkv study: " << esc(r.base)
+  h << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>qkv study: " << html_escape(r.base)
     << "</title>\n<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td.l{text-align:left}.fail{color:#c00}</style>"
-       "</head><body>\n<h1>Attention study of " << esc(r.base) << "</h1>\n";
+       "</head><body>\n<h1>Attention study of " << html_escape(r.base) << "</h1>\n";
   h << "<p>Each variant trained with the same data, seed, schedule and token budget ("
     << (r.options.budget_tokens > 0 ? std::to_string(r.options.budget_tokens) + " tokens" : std::string("the config's max_steps"))
     << "). Validation loss is the trainer's last evaluation; wall time and tokens/s are the trainer's (evaluation "
@@ -666,7 +655,7 @@ void write_study_report(const StudyResult& r) {
     for (const auto& e : v.edges) ep += e.pass;
     std::string ov;
     for (const auto& s : v.overrides) ov += (ov.empty() ? "" : " ") + s;
-    h << "<tr><td class=\"l\">" << esc(v.name) << "</td><td class=\"l\">" << esc(ov) << "</td><td>" << fmt("%.4f", v.val_loss)
+    h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(ov) << "</td><td>" << fmt("%.4f", v.val_loss)
       << "</td><td>" << fmt("%+.4f", v.val_loss_gap) << "</td><td>" << fmt("%.0f", v.tokens_per_s) << "</td><td>"
       << fmt("%.1f", v.wall_s) << "</td><td>" << mib(v.peak_rss_bytes) << "</td><td>" << v.steps << "</td><td>" << v.params
       << "</td><td" << (cp < static_cast<int>(v.checks.size()) ? " class=\"fail\"" : "") << ">" << cp << "/"
@@ -698,17 +687,17 @@ void write_study_report(const StudyResult& r) {
        "<th>memory MiB</th><th>KV cache MiB</th><th>val loss at length</th><th>note</th></tr>\n";
   for (const auto& v : r.variants)
     for (const auto& l : v.lengths)
-      h << "<tr><td class=\"l\">" << esc(v.name) << "</td><td>" << l.length << "</td><td>" << fmt("%.2f", l.prefill_ms)
+      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td>" << l.length << "</td><td>" << fmt("%.2f", l.prefill_ms)
         << "</td><td>" << fmt("%.3f", l.decode_ms_per_token) << "</td><td>" << (l.measured ? mib(l.memory_bytes) : "-")
         << "</td><td>" << (l.measured ? mib(l.kv_cache_bytes) : "-") << "</td><td>" << fmt("%.4f", l.val_loss)
-        << "</td><td class=\"l\">" << esc(l.skipped + (l.skipped.empty() || l.val_skipped.empty() ? "" : "; ") + l.val_skipped)
+        << "</td><td class=\"l\">" << html_escape(l.skipped + (l.skipped.empty() || l.val_skipped.empty() ? "" : "; ") + l.val_skipped)
         << "</td></tr>\n";
   h << "</table>\n<h2>Train-vs-inference consistency (leakcheck model checks)</h2>\n<table><tr><th>check</th>";
-  for (const auto& v : r.variants) h << "<th>" << esc(v.name) << "</th>";
+  for (const auto& v : r.variants) h << "<th>" << html_escape(v.name) << "</th>";
   h << "</tr>\n";
   if (!r.variants.empty())
     for (size_t c = 0; c < r.variants.front().checks.size(); ++c) {
-      h << "<tr><td class=\"l\">" << esc(r.variants.front().checks[c].name) << "</td>";
+      h << "<tr><td class=\"l\">" << html_escape(r.variants.front().checks[c].name) << "</td>";
       for (const auto& v : r.variants) {
         if (c >= v.checks.size()) {
           h << "<td>-</td>";
@@ -724,8 +713,8 @@ void write_study_report(const StudyResult& r) {
        "<th></th></tr>\n";
   for (const auto& v : r.variants)
     for (const auto& e : v.edges)
-      h << "<tr><td class=\"l\">" << esc(v.name) << "</td><td class=\"l\">" << esc(e.name) << "</td><td class=\"l\">"
-        << esc(e.expected) << "</td><td class=\"l\">" << esc(e.got) << "</td><td" << (e.pass ? "" : " class=\"fail\"")
+      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(e.name) << "</td><td class=\"l\">"
+        << html_escape(e.expected) << "</td><td class=\"l\">" << html_escape(e.got) << "</td><td" << (e.pass ? "" : " class=\"fail\"")
         << ">" << (e.pass ? "pass" : "FAIL") << "</td></tr>\n";
   h << "</table>\n</body></html>\n";
   train::write_file_atomic(r.options.dir + "/index.html", h.str());

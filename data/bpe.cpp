@@ -36,7 +36,8 @@ ByteClass classify(unsigned char c) {
   return ByteClass::other;
 }
 
-// Length of an English contraction suffix starting at t[i] == '\'' ('s 't 'm 'd 're 've 'll), or 0.
+}  // namespace
+
 size_t contraction_at(std::string_view t, size_t i) {
   if (i + 1 < t.size()) {
     const char c = t[i + 1];
@@ -48,8 +49,6 @@ size_t contraction_at(std::string_view t, size_t i) {
   }
   return 0;
 }
-
-}  // namespace
 
 std::vector<std::string_view> bpe_pre_split(std::string_view t) {
   std::vector<std::string_view> out;

@@ -103,18 +103,6 @@ Cls classify(uint32_t cp) {
   return Cls::other;
 }
 
-// Length of a contraction ('s 't 're 've 'm 'll 'd) starting at t[i] == '\'', or 0.
-size_t contraction_at(std::string_view t, size_t i) {
-  if (i + 1 < t.size()) {
-    const char c = t[i + 1];
-    if (c == 's' || c == 't' || c == 'm' || c == 'd') return 2;
-  }
-  if (i + 2 < t.size()) {
-    const std::string_view two = t.substr(i + 1, 2);
-    if (two == "re" || two == "ve" || two == "ll") return 3;
-  }
-  return 0;
-}
 
 }  // namespace
 

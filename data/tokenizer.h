@@ -111,6 +111,9 @@ class BpeTokenizer final : public Tokenizer {
 // final space to the word it precedes. Chunks longer than 64 bytes are cut (at UTF-8 character
 // starts when possible) so encoding stays linear on pathological input.
 std::vector<std::string_view> bpe_pre_split(std::string_view text);
+// Length of an English contraction suffix starting at t[i] == '\'' ('s 't 'm 'd 're 've 'll), or 0:
+// the contractions both pre-splitters (bpe_pre_split, GPT-2's in byte_level_bpe.cpp) keep whole.
+size_t contraction_at(std::string_view t, size_t i);
 
 struct TokenizerOptions {
   int32_t bpe_vocab_size = 512;
