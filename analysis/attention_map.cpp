@@ -30,13 +30,15 @@ std::string token_label(const Tokenizer* tok, int32_t id, size_t max_chars) {
   return out.empty() ? std::string("?") : out;
 }
 
-AttentionMaps compute_attention_maps(const nn::DecoderModel& model, const std::vector<int32_t>& ids, const Tokenizer* tok) {
+AttentionMaps compute_attention_maps(const nn::DecoderModel& model, const std::vector<int32_t>& ids,
+                                     const Tokenizer* tok) {
   const nn::ModelConfig& c = model.config();
   const int64_t T = static_cast<int64_t>(ids.size());
-  QKV_CHECK(T >= 1 && T <= c.block_size, "[attention-map] the text is ", T, " tokens; need 1 to block_size = ",
-            c.block_size);
+  QKV_CHECK(T >= 1 && T <= c.block_size, "[attention-map] the text is ", T,
+            " tokens; need 1 to block_size = ", c.block_size);
   for (int32_t id : ids)
-    QKV_CHECK(id >= 0 && id < c.vocab_size, "[attention-map] token ", id, " is outside the vocabulary of ", c.vocab_size);
+    QKV_CHECK(id >= 0 && id < c.vocab_size, "[attention-map] token ", id, " is outside the vocabulary of ",
+              c.vocab_size);
   std::unique_ptr<nn::DecoderModel> copy;
   const nn::DecoderModel* m = &model;
   if (model.is_training()) {
@@ -81,7 +83,9 @@ Rgb weight_colour(double w) {
   const double x = std::sqrt(std::clamp(std::isfinite(w) ? w : 1.0, 0.0, 1.0)) * 4.0;
   const int i = std::min(3, static_cast<int>(x));
   const double f = x - i;
-  auto mix = [&](int ch) { return static_cast<uint8_t>(std::lround(stops[i][ch] + f * (stops[i + 1][ch] - stops[i][ch]))); };
+  auto mix = [&](int ch) {
+    return static_cast<uint8_t>(std::lround(stops[i][ch] + f * (stops[i + 1][ch] - stops[i][ch])));
+  };
   return {mix(0), mix(1), mix(2)};
 }
 
@@ -109,14 +113,17 @@ Image render_attention_map(const AttentionMaps& m, int64_t layer, int64_t head, 
   size_t longest = 1;
   for (const auto& l : m.labels) longest = std::max(longest, l.size());
   const int pad = 10, title_h = 2 * Image::kGlyphH + 12;
-  const int ls = cell >= 2 * Image::kGlyphH + 2 ? 2 : 1;  // label scale: large cells get large labels
+  const int ls = cell >= 2 * Image::kGlyphH + 2 ? 2 : 1;                    // label scale: large cells get large labels
   const int label_w = static_cast<int>(longest) * Image::kGlyphW * ls + 6;  // row labels, left
   const int label_h = static_cast<int>(longest) * Image::kGlyphH * ls + 6;  // column labels, stacked
   const int grid = static_cast<int>(T) * cell, bar_w = 16;
   const int x0 = pad + label_w, y0 = pad + title_h + label_h;
-  Image img(std::max(x0 + grid + pad + bar_w + 5 * Image::kGlyphW + pad, 2 * pad + 44 * Image::kGlyphW), y0 + grid + pad);
-  img.draw_text(pad, pad, "layer " + std::to_string(layer) + " head " + std::to_string(head) + "  (" + std::to_string(T) +
-                              " tokens)", kInk);
+  Image img(std::max(x0 + grid + pad + bar_w + 5 * Image::kGlyphW + pad, 2 * pad + 44 * Image::kGlyphW),
+            y0 + grid + pad);
+  img.draw_text(
+      pad, pad,
+      "layer " + std::to_string(layer) + " head " + std::to_string(head) + "  (" + std::to_string(T) + " tokens)",
+      kInk);
   img.draw_text(pad, pad + Image::kGlyphH + 4, "rows: queries  columns: keys  grey: masked", {90, 90, 90});
   // Labels centred in their cells: queries to the left (right-aligned), keys above (bottom-aligned).
   for (int64_t t = 0; t < T; ++t) {
@@ -131,7 +138,8 @@ Image render_attention_map(const AttentionMaps& m, int64_t layer, int64_t head, 
   if (layout) *layout = {x0, y0, cell};
   // Colour bar: 1 at the top, 0 at the bottom.
   const int bx = x0 + grid + pad;
-  for (int y = 0; y < grid; ++y) img.fill_rect(bx, y0 + y, bar_w, 1, weight_colour(1.0 - static_cast<double>(y) / std::max(grid - 1, 1)));
+  for (int y = 0; y < grid; ++y)
+    img.fill_rect(bx, y0 + y, bar_w, 1, weight_colour(1.0 - static_cast<double>(y) / std::max(grid - 1, 1)));
   img.draw_text(bx + bar_w + 3, y0, "1", kInk);
   img.draw_text(bx + bar_w + 3, y0 + grid - Image::kGlyphH, "0", kInk);
   return img;

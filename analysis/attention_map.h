@@ -18,7 +18,7 @@ namespace qkv::analysis {
 struct AttentionMaps {
   std::vector<std::string> labels;  // one printable label per token
   int64_t n_layer = 0, n_head = 0, tokens = 0, window = 0;
-  std::vector<Tensor> weights;      // per layer: float32 [n_head, tokens, tokens], row = query
+  std::vector<Tensor> weights;  // per layer: float32 [n_head, tokens, tokens], row = query
   bool visible(int64_t i, int64_t j) const { return j <= i && (window <= 0 || i - j < window); }
 };
 

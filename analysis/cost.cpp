@@ -76,13 +76,12 @@ const std::vector<PatternCost>& pattern_costs() {
   // train::model_config, ANDed with causal and model.window), so the cost is the module's count;
   // full and window keep their closed forms (the test checks they agree with the module too).
   auto sparse_row = [](attn::Pattern kind, std::string description) {
-    return PatternCost{
-        attn::pattern_name(kind), std::move(description),
-        [](const nn::ModelConfig& c, int64_t i) { return module_pairs(c, 1, i + 1); },
-        [](const nn::ModelConfig& c, int64_t n) { return module_pairs(c, n, n); },
-        [kind](const nn::ModelConfig& c) {
-          return c.attention_pattern == nn::AttentionPattern::full && c.pattern.kind == kind;
-        }};
+    return PatternCost{attn::pattern_name(kind), std::move(description),
+                       [](const nn::ModelConfig& c, int64_t i) { return module_pairs(c, 1, i + 1); },
+                       [](const nn::ModelConfig& c, int64_t n) { return module_pairs(c, n, n); },
+                       [kind](const nn::ModelConfig& c) {
+                         return c.attention_pattern == nn::AttentionPattern::full && c.pattern.kind == kind;
+                       }};
   };
   static const std::vector<PatternCost> table = {
       {"linear",
@@ -100,10 +99,8 @@ const std::vector<PatternCost>& pattern_costs() {
        [](const nn::ModelConfig& c, int64_t i) { return std::min(i + 1, c.window); },
        [](const nn::ModelConfig& c, int64_t n) { return window_pairs(n, c.window); },
        [](const nn::ModelConfig& c) { return c.window > 0; }},
-      {"full", "causal: query i reads keys 0 .. i",
-       [](const nn::ModelConfig&, int64_t i) { return i + 1; },
-       [](const nn::ModelConfig&, int64_t n) { return n * (n + 1) / 2; },
-       [](const nn::ModelConfig&) { return true; }},
+      {"full", "causal: query i reads keys 0 .. i", [](const nn::ModelConfig&, int64_t i) { return i + 1; },
+       [](const nn::ModelConfig&, int64_t n) { return n * (n + 1) / 2; }, [](const nn::ModelConfig&) { return true; }},
   };
   return table;
 }
@@ -129,8 +126,8 @@ namespace {
 //   MLP: GELU/ReLU keep the pre-activation and the activation (2F); SwiGLU keeps gate and up (2F),
 //     silu(gate) and the product (2F).
 struct BlockFloats {
-  double per_token = 0;       // floats per token, independent of the context
-  double per_pair_head = 0;   // floats per kept (query, key) pair and query head (reference kernel)
+  double per_token = 0;      // floats per token, independent of the context
+  double per_pair_head = 0;  // floats per kept (query, key) pair and query head (reference kernel)
 };
 
 BlockFloats block_activation_floats(const nn::ModelConfig& c) {
@@ -219,7 +216,7 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
     const double update = 2.0 * Hkv * mf * (Dv + 1);
     auto linear_layer = [&](double chunk_keys_per_query) {
       FlopSplit f = layer_forward(0);
-      f.qk = 2.0 * Hq * mf * (1 + chunk_keys_per_query);               // Φ·z⁻ + A_ij
+      f.qk = 2.0 * Hq * mf * (1 + chunk_keys_per_query);                 // Φ·z⁻ + A_ij
       f.av = 2.0 * Hq * (mf * Dv + Dv * chunk_keys_per_query) + update;  // ΦᵀS⁻ + A·v + state update
       return f;
     };
@@ -227,7 +224,8 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
     lt = scaled(linear_layer(static_cast<double>(pairs_T) / T), 3.0);
     lp = linear_layer(0);
     ld = linear_layer(0);
-    state_bytes_layer = static_cast<int64_t>(sizeof(double)) * m.n_kv_head * (linear_feature_count(m) * hd + linear_feature_count(m));
+    state_bytes_layer =
+        static_cast<int64_t>(sizeof(double)) * m.n_kv_head * (linear_feature_count(m) * hd + linear_feature_count(m));
   }
   FlopSplit top;  // final norm and LM head, forward
   top.norm = 2.0 * static_cast<double>(norm_params);
@@ -245,8 +243,8 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
     lc.train = lt;
     lc.prefill = lp;
     lc.decode = ld;
-    lc.activation_bytes = static_cast<int64_t>(4 * (bf.per_token * static_cast<double>(BT) +
-                                                    bf.per_pair_head * B * static_cast<double>(m.n_head * pairs_T)));
+    lc.activation_bytes = static_cast<int64_t>(
+        4 * (bf.per_token * static_cast<double>(BT) + bf.per_pair_head * B * static_cast<double>(m.n_head * pairs_T)));
     lc.activation_bytes_recompute = 4 * C * BT;
     lc.attn_weights_naive_bytes = 4 * r.batch * m.n_head * r.train_tokens * r.train_tokens;
     lc.attn_fused_kept_bytes = 4 * (BT * qd + r.batch * m.n_head * r.train_tokens);
@@ -296,7 +294,7 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   int64_t remaining = 0;
   for (int64_t a : act) remaining += a;
   const int64_t base = P4 + 2 * P4 + batch_bytes;  // params + moments
-  int64_t peak = base + remaining + top_act;        // end of forward
+  int64_t peak = base + remaining + top_act;       // end of forward
   // LM head backward: dlogits overwrite the logits in place; dx [BT, C] and dW [V, C] are new.
   int64_t grads = 4 * (C * V + 2 * norm_params);
   peak = std::max(peak, base + remaining + top_act + grads + 4 * BT * C);
@@ -322,8 +320,13 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
 namespace {
 
 nlohmann::json split_json(const FlopSplit& f) {
-  return {{"projections", f.projections}, {"qk", f.qk}, {"av", f.av}, {"mlp", f.mlp},
-          {"head", f.head},               {"norm", f.norm}, {"total", f.total()}};
+  return {{"projections", f.projections},
+          {"qk", f.qk},
+          {"av", f.av},
+          {"mlp", f.mlp},
+          {"head", f.head},
+          {"norm", f.norm},
+          {"total", f.total()}};
 }
 
 }  // namespace
@@ -331,41 +334,49 @@ nlohmann::json split_json(const FlopSplit& f) {
 nlohmann::json cost_json(const CostReport& r) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : r.layers)
-    layers.push_back({{"index", l.index},
-                      {"params", l.params},
-                      {"attention_params", l.attention_params},
-                      {"mlp_params", l.mlp_params},
-                      {"norm_params", l.norm_params},
-                      {"flops_per_token", {{"train", split_json(l.train)}, {"prefill", split_json(l.prefill)},
-                                           {"decode", split_json(l.decode)}}},
-                      {"activation_bytes", {{"no_recompute", l.activation_bytes}, {"recompute", l.activation_bytes_recompute}}},
-                      {"attention_weights_bytes", {{"naive", l.attn_weights_naive_bytes}, {"fused", l.attn_fused_kept_bytes}}},
-                      {"kv_cache_bytes_per_token", {{"f32", l.kv_cache_bytes_per_token_f32}, {"bf16", l.kv_cache_bytes_per_token_bf16}}},
-                      {"kept_pairs", {{"train", l.kept_pairs_train}, {"context", l.kept_pairs_context}}},
-                      {"decode_state_bytes", l.decode_state_bytes}});
-  return {{"params", r.params},
-          {"embedding_params", r.embedding_params},
-          {"non_embedding_params", r.non_embedding_params},
-          {"pattern", r.pattern},
-          {"batch", r.batch},
-          {"train_tokens", r.train_tokens},
-          {"context", r.context},
-          {"flops_per_token", {{"train", r.train.total()}, {"prefill", r.prefill.total()}, {"decode", r.decode.total()}}},
-          {"flops_split", {{"train", split_json(r.train)}, {"prefill", split_json(r.prefill)}, {"decode", split_json(r.decode)}}},
-          {"train_flops_per_step", r.train_flops_per_step},
-          {"prefill_flops", r.prefill_flops},
-          {"kv_cache_bytes_per_token", {{"f32", r.kv_cache_bytes_per_token_f32}, {"bf16", r.kv_cache_bytes_per_token_bf16}}},
-          {"kv_cache_bytes_per_token_mha",
-           {{"f32", r.kv_cache_bytes_per_token_mha_f32}, {"bf16", r.kv_cache_bytes_per_token_mha_bf16}}},
-          {"kv_cache_bytes_per_sequence",
-           {{"f32", r.kv_cache_bytes_per_sequence_f32}, {"bf16", r.kv_cache_bytes_per_sequence_bf16}, {"context", r.context}}},
-          {"kept_pairs", {{"train", r.kept_pairs_train}, {"context", r.kept_pairs_context}, {"full_context", r.full_pairs_context}}},
-          {"activation_bytes", {{"no_recompute", r.activation_bytes}, {"recompute", r.activation_bytes_recompute}}},
-          {"attention_weights_bytes", {{"naive", r.attn_weights_naive_bytes}, {"fused", r.attn_fused_kept_bytes}}},
-          {"decode_state_bytes", r.decode_state_bytes},
-          {"recompute", r.recompute},
-          {"peak_step_bytes", r.peak_step_bytes},
-          {"layers", layers}};
+    layers.push_back(
+        {{"index", l.index},
+         {"params", l.params},
+         {"attention_params", l.attention_params},
+         {"mlp_params", l.mlp_params},
+         {"norm_params", l.norm_params},
+         {"flops_per_token",
+          {{"train", split_json(l.train)}, {"prefill", split_json(l.prefill)}, {"decode", split_json(l.decode)}}},
+         {"activation_bytes", {{"no_recompute", l.activation_bytes}, {"recompute", l.activation_bytes_recompute}}},
+         {"attention_weights_bytes", {{"naive", l.attn_weights_naive_bytes}, {"fused", l.attn_fused_kept_bytes}}},
+         {"kv_cache_bytes_per_token",
+          {{"f32", l.kv_cache_bytes_per_token_f32}, {"bf16", l.kv_cache_bytes_per_token_bf16}}},
+         {"kept_pairs", {{"train", l.kept_pairs_train}, {"context", l.kept_pairs_context}}},
+         {"decode_state_bytes", l.decode_state_bytes}});
+  return {
+      {"params", r.params},
+      {"embedding_params", r.embedding_params},
+      {"non_embedding_params", r.non_embedding_params},
+      {"pattern", r.pattern},
+      {"batch", r.batch},
+      {"train_tokens", r.train_tokens},
+      {"context", r.context},
+      {"flops_per_token", {{"train", r.train.total()}, {"prefill", r.prefill.total()}, {"decode", r.decode.total()}}},
+      {"flops_split",
+       {{"train", split_json(r.train)}, {"prefill", split_json(r.prefill)}, {"decode", split_json(r.decode)}}},
+      {"train_flops_per_step", r.train_flops_per_step},
+      {"prefill_flops", r.prefill_flops},
+      {"kv_cache_bytes_per_token",
+       {{"f32", r.kv_cache_bytes_per_token_f32}, {"bf16", r.kv_cache_bytes_per_token_bf16}}},
+      {"kv_cache_bytes_per_token_mha",
+       {{"f32", r.kv_cache_bytes_per_token_mha_f32}, {"bf16", r.kv_cache_bytes_per_token_mha_bf16}}},
+      {"kv_cache_bytes_per_sequence",
+       {{"f32", r.kv_cache_bytes_per_sequence_f32},
+        {"bf16", r.kv_cache_bytes_per_sequence_bf16},
+        {"context", r.context}}},
+      {"kept_pairs",
+       {{"train", r.kept_pairs_train}, {"context", r.kept_pairs_context}, {"full_context", r.full_pairs_context}}},
+      {"activation_bytes", {{"no_recompute", r.activation_bytes}, {"recompute", r.activation_bytes_recompute}}},
+      {"attention_weights_bytes", {{"naive", r.attn_weights_naive_bytes}, {"fused", r.attn_fused_kept_bytes}}},
+      {"decode_state_bytes", r.decode_state_bytes},
+      {"recompute", r.recompute},
+      {"peak_step_bytes", r.peak_step_bytes},
+      {"layers", layers}};
 }
 
 namespace {
@@ -391,21 +402,24 @@ std::string cost_table(const CostReport& r) {
   std::ostringstream o;
   const auto& m = r.model;
   char line[512];
-  std::snprintf(line, sizeof line,
-                "model: %s, L=%lld C=%lld Hq=%lld Hkv=%lld hd=%lld F=%lld V=%lld, attention %s; B=%lld T=%lld, context N=%lld\n",
-                nn::family_name(m.family), (long long)m.n_layer, (long long)m.n_embd, (long long)m.n_head,
-                (long long)m.n_kv_head, (long long)m.head_dim(), (long long)m.ffn_hidden, (long long)m.vocab_size,
-                r.pattern.c_str(), (long long)r.batch, (long long)r.train_tokens, (long long)r.context);
+  std::snprintf(
+      line, sizeof line,
+      "model: %s, L=%lld C=%lld Hq=%lld Hkv=%lld hd=%lld F=%lld V=%lld, attention %s; B=%lld T=%lld, context N=%lld\n",
+      nn::family_name(m.family), (long long)m.n_layer, (long long)m.n_embd, (long long)m.n_head, (long long)m.n_kv_head,
+      (long long)m.head_dim(), (long long)m.ffn_hidden, (long long)m.vocab_size, r.pattern.c_str(), (long long)r.batch,
+      (long long)r.train_tokens, (long long)r.context);
   o << line;
   std::snprintf(line, sizeof line, "params: %lld total = %lld embedding + %lld non-embedding%s\n", (long long)r.params,
                 (long long)r.embedding_params, (long long)r.non_embedding_params,
                 m.tie_embeddings ? " (tied head counted once)" : "");
   o << line;
-  o << "\nFLOPs per token      projections          QK^T            AV           MLP          head          norm         total\n";
+  o << "\nFLOPs per token      projections          QK^T            AV           MLP          head          norm       "
+       "  total\n";
   auto row = [&](const char* name, const FlopSplit& f) {
-    std::snprintf(line, sizeof line, "%-18s %13s %13s %13s %13s %13s %13s %13s\n", name, human(f.projections, "").c_str(),
-                  human(f.qk, "").c_str(), human(f.av, "").c_str(), human(f.mlp, "").c_str(), human(f.head, "").c_str(),
-                  human(f.norm, "").c_str(), human(f.total(), "").c_str());
+    std::snprintf(line, sizeof line, "%-18s %13s %13s %13s %13s %13s %13s %13s\n", name,
+                  human(f.projections, "").c_str(), human(f.qk, "").c_str(), human(f.av, "").c_str(),
+                  human(f.mlp, "").c_str(), human(f.head, "").c_str(), human(f.norm, "").c_str(),
+                  human(f.total(), "").c_str());
     o << line;
   };
   row("train (fwd+bwd)", r.train);
@@ -432,10 +446,12 @@ std::string cost_table(const CostReport& r) {
   mem("KV cache per sequence of N tokens, f32", r.kv_cache_bytes_per_sequence_f32);
   mem("KV cache per sequence of N tokens, bf16", r.kv_cache_bytes_per_sequence_bf16);
   if (r.decode_state_bytes > 0) mem("linear decode state per sequence (S, z; float64, any N)", r.decode_state_bytes);
-  std::snprintf(line, sizeof line, "\nattention pattern %s: kept pairs P(T=%lld) = %lld, P(N=%lld) = %lld of %lld causal (%.1f%%)\n",
+  std::snprintf(line, sizeof line,
+                "\nattention pattern %s: kept pairs P(T=%lld) = %lld, P(N=%lld) = %lld of %lld causal (%.1f%%)\n",
                 r.pattern.c_str(), (long long)r.train_tokens, (long long)r.kept_pairs_train, (long long)r.context,
                 (long long)r.kept_pairs_context, (long long)r.full_pairs_context,
-                100.0 * static_cast<double>(r.kept_pairs_context) / static_cast<double>(std::max<int64_t>(r.full_pairs_context, 1)));
+                100.0 * static_cast<double>(r.kept_pairs_context) /
+                    static_cast<double>(std::max<int64_t>(r.full_pairs_context, 1)));
   o << line;
   o << "\nper layer   params   train FLOP/tok  decode FLOP/tok  activations   KV/token f32\n";
   for (const auto& l : r.layers) {

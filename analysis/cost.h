@@ -77,15 +77,15 @@ struct FlopSplit {
 
 struct LayerCost {
   int64_t index = 0;
-  int64_t params = 0;                 // the block's parameters (norms, attention, MLP)
+  int64_t params = 0;  // the block's parameters (norms, attention, MLP)
   int64_t attention_params = 0, mlp_params = 0, norm_params = 0;
-  FlopSplit train, prefill, decode;   // per token (train: per token of a T-token row)
-  int64_t activation_bytes = 0;       // kept for backward over one step (B·T tokens), no recompute
+  FlopSplit train, prefill, decode;        // per token (train: per token of a T-token row)
+  int64_t activation_bytes = 0;            // kept for backward over one step (B·T tokens), no recompute
   int64_t activation_bytes_recompute = 0;  // with train.recompute: the block's input only
   int64_t attn_weights_naive_bytes = 0;    // B·Hq·T·T float32 probabilities a naive kernel keeps
   int64_t attn_fused_kept_bytes = 0;       // what the fused kernel keeps: O [B,T,Hq·hd] + lse [B,Hq,T]
   int64_t kv_cache_bytes_per_token_f32 = 0, kv_cache_bytes_per_token_bf16 = 0;  // this layer's K and V
-  int64_t kept_pairs_train = 0, kept_pairs_context = 0;  // P(T), P(N) per (batch row, head)
+  int64_t kept_pairs_train = 0, kept_pairs_context = 0;                         // P(T), P(N) per (batch row, head)
   int64_t decode_state_bytes = 0;  // linear: S and z of this layer for one sequence (else 0)
 };
 
@@ -95,20 +95,20 @@ struct CostOptions {
 };
 
 struct CostReport {
-  nn::ModelConfig model;     // resolved
-  std::string pattern;       // the pattern row's name
-  int64_t batch = 0, train_tokens = 0, context = 0;  // B, T, N
-  bool recompute = false;    // the config's train.recompute
+  nn::ModelConfig model;                                               // resolved
+  std::string pattern;                                                 // the pattern row's name
+  int64_t batch = 0, train_tokens = 0, context = 0;                    // B, T, N
+  bool recompute = false;                                              // the config's train.recompute
   int64_t params = 0, embedding_params = 0, non_embedding_params = 0;  // tied embeddings once
-  FlopSplit train, prefill, decode;  // per token, whole model
-  double train_flops_per_step = 0;   // train.total() · B · T
-  double prefill_flops = 0;          // prefill.total() · N (the whole prompt)
-  int64_t kv_cache_bytes_per_token_f32 = 0, kv_cache_bytes_per_token_bf16 = 0;  // all layers, the config's Hkv
+  FlopSplit train, prefill, decode;                                    // per token, whole model
+  double train_flops_per_step = 0;                                     // train.total() · B · T
+  double prefill_flops = 0;                                            // prefill.total() · N (the whole prompt)
+  int64_t kv_cache_bytes_per_token_f32 = 0, kv_cache_bytes_per_token_bf16 = 0;          // all layers, the config's Hkv
   int64_t kv_cache_bytes_per_token_mha_f32 = 0, kv_cache_bytes_per_token_mha_bf16 = 0;  // as if Hkv = Hq
   int64_t kv_cache_bytes_per_sequence_f32 = 0, kv_cache_bytes_per_sequence_bf16 = 0;    // · N
-  int64_t kept_pairs_train = 0, kept_pairs_context = 0, full_pairs_context = 0;  // P(T), P(N), N(N+1)/2
+  int64_t kept_pairs_train = 0, kept_pairs_context = 0, full_pairs_context = 0;         // P(T), P(N), N(N+1)/2
   int64_t decode_state_bytes = 0;  // linear: the recurrent state of one sequence, all layers (else 0)
-  int64_t activation_bytes = 0, activation_bytes_recompute = 0;  // whole step, kept for backward
+  int64_t activation_bytes = 0, activation_bytes_recompute = 0;     // whole step, kept for backward
   int64_t attn_weights_naive_bytes = 0, attn_fused_kept_bytes = 0;  // whole model, one step
   // Tensor bytes in use at the peak of a training step (params, AdamW moments, gradients,
   // activations, logits and the transients of backward), with the config's recompute setting.

@@ -23,8 +23,9 @@ std::vector<bool> separator_ids(const Tokenizer& tok, const std::string& chars) 
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     std::string text;
     tok.append_token(id, text);
-    out[static_cast<size_t>(id)] =
-        !text.empty() && std::all_of(text.begin(), text.end(), [&](char ch) { return chars.find(ch) != std::string::npos; });
+    out[static_cast<size_t>(id)] = !text.empty() && std::all_of(text.begin(), text.end(), [&](char ch) {
+      return chars.find(ch) != std::string::npos;
+    });
   }
   return out;
 }
@@ -245,20 +246,20 @@ void write_heads_report(const std::string& dir, const HeadsReport& r, const std:
        "the previous token, the first token, separator tokens, keys within "
     << r.options.local_span
     << " positions (local); mean attended distance; entropy (nats) and entropy / ln(i+1).</p>\n";
-  h << "<p>Label: the largest of diagonal / previous_token / first_token / separator if &ge; " << r.options.peak_threshold
-    << "; else <i>local</i> if local &ge; " << r.options.local_threshold << "; else <i>broad</i> if entropy/max &ge; "
-    << r.options.broad_threshold << "; else <i>mixed</i>.</p>\n";
+  h << "<p>Label: the largest of diagonal / previous_token / first_token / separator if &ge; "
+    << r.options.peak_threshold << "; else <i>local</i> if local &ge; " << r.options.local_threshold
+    << "; else <i>broad</i> if entropy/max &ge; " << r.options.broad_threshold << "; else <i>mixed</i>.</p>\n";
   h << "<p><img src=\"heads.png\" alt=\"mean attention of every head\"></p>\n<table>\n<tr><th>layer</th><th>head</th>"
        "<th>label</th><th>score</th><th>diagonal</th><th>previous</th><th>first</th><th>separator</th><th>local</th>"
        "<th>distance</th><th>entropy</th><th>entropy/max</th></tr>\n";
   char buf[512];
   for (const auto& s : r.heads) {
-    std::snprintf(buf, sizeof buf,
-                  "<tr><td>%lld</td><td>%lld</td><td class=\"l\">%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
-                  "<td>%.3f</td><td>%.3f</td><td>%.2f</td><td>%.3f</td><td>%.3f</td></tr>\n",
-                  static_cast<long long>(s.layer), static_cast<long long>(s.head), s.label.c_str(), s.label_score,
-                  s.diagonal, s.previous_token, s.first_token, s.separator, s.local, s.mean_distance, s.entropy,
-                  s.entropy_norm);
+    std::snprintf(
+        buf, sizeof buf,
+        "<tr><td>%lld</td><td>%lld</td><td class=\"l\">%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
+        "<td>%.3f</td><td>%.3f</td><td>%.2f</td><td>%.3f</td><td>%.3f</td></tr>\n",
+        static_cast<long long>(s.layer), static_cast<long long>(s.head), s.label.c_str(), s.label_score, s.diagonal,
+        s.previous_token, s.first_token, s.separator, s.local, s.mean_distance, s.entropy, s.entropy_norm);
     h << buf;
   }
   h << "</table>\n</body></html>\n";

@@ -49,11 +49,11 @@ struct HeadScores {
 };
 
 struct HeadsReport {
-  std::vector<HeadScores> heads;   // layer-major
+  std::vector<HeadScores> heads;     // layer-major
   int64_t windows = 0, queries = 0;  // windows run, queries averaged per head
   HeadsOptions options;
-  std::string separators;          // the separator characters, as given
-  AttentionMaps mean_maps;         // per layer [n_head, T, T]: the weights averaged over windows of the first window's length
+  std::string separators;   // the separator characters, as given
+  AttentionMaps mean_maps;  // per layer [n_head, T, T]: the weights averaged over windows of the first window's length
 };
 
 // The default separator characters: newline, space, tab and ASCII punctuation.

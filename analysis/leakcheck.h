@@ -61,14 +61,14 @@ struct LeakCheck {
   std::string name;
   double value = 0, threshold = 0;
   bool pass = false;
-  std::string detail;                 // how it was measured, and where the worst case is
-  std::vector<double> per_position;   // kv_decode / chunked_prefill: max |Δlogit| at each position
+  std::string detail;                // how it was measured, and where the worst case is
+  std::vector<double> per_position;  // kv_decode / chunked_prefill: max |Δlogit| at each position
 };
 
 struct LeakCheckOptions {
-  uint64_t seed = 0x1eac4ec4;         // probe tokens
-  int64_t max_probe_len = 64;         // probe length L = min(block_size, this)
-  int64_t greedy_tokens = 0;          // generated tokens compared; 0 = min(block_size, 64)
+  uint64_t seed = 0x1eac4ec4;  // probe tokens
+  int64_t max_probe_len = 64;  // probe length L = min(block_size, this)
+  int64_t greedy_tokens = 0;   // generated tokens compared; 0 = min(block_size, 64)
   std::vector<int64_t> chunk_sizes = {2, 3, 7};
   int ngram_n = 32;
   double max_ngram_share = 0.05;
@@ -131,17 +131,17 @@ std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model);
 // RoPE or the options; the library and the model have no fault switch.
 enum class Fault {
   none,
-  causal_reversed,       // causal keeps j >= pos_i instead of j <= pos_i (reads the future)
-  softmax_over_queries,  // softmax along the query axis instead of the key axis
-  ignore_key_padding,    // key_padding / key_lengths ignored
-  mask_after_softmax,    // weights multiplied by the mask after softmax instead of -inf before
-  top_left_causal,       // causal without the Nk - Nq offset (query i at position i)
-  window_off_by_one,     // window keeps pos_i - w <= j (one key too many)
-  gqa_modulo,            // query head h reads kv head h % Hkv instead of h / (Hq / Hkv)
-  scale_d_model,         // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
-  rope_cache_relative,   // RoPE applied by position within the cache chunk, not absolute position
-  dropout_in_eval,       // attention dropout left on in eval mode
-  linear_chunk_future,   // linear attention's causal chunk also reads its own later keys
+  causal_reversed,            // causal keeps j >= pos_i instead of j <= pos_i (reads the future)
+  softmax_over_queries,       // softmax along the query axis instead of the key axis
+  ignore_key_padding,         // key_padding / key_lengths ignored
+  mask_after_softmax,         // weights multiplied by the mask after softmax instead of -inf before
+  top_left_causal,            // causal without the Nk - Nq offset (query i at position i)
+  window_off_by_one,          // window keeps pos_i - w <= j (one key too many)
+  gqa_modulo,                 // query head h reads kv head h % Hkv instead of h / (Hq / Hkv)
+  scale_d_model,              // scale by 1/sqrt(d_model) instead of 1/sqrt(head dim)
+  rope_cache_relative,        // RoPE applied by position within the cache chunk, not absolute position
+  dropout_in_eval,            // attention dropout left on in eval mode
+  linear_chunk_future,        // linear attention's causal chunk also reads its own later keys
   strided_offset_off_by_one,  // strided pattern keeps (pos_i - j + 1) mod s == 0 instead of (pos_i - j) mod s == 0
   global_reads_future,        // a global query position sees every key, ignoring the causal mask
 };
@@ -189,7 +189,7 @@ const char* fault_condition(Fault f);
 
 // ---- output ----
 struct LeakCheckReport {
-  std::string subject;                 // what was checked ("checkpoint X", "config Y (fresh init)")
+  std::string subject;  // what was checked ("checkpoint X", "config Y (fresh init)")
   std::vector<LeakCheck> checks;
   std::vector<std::pair<std::string, std::string>> skipped;  // name, reason
   int passed() const;

@@ -129,11 +129,11 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
       per[t] = max_delta(leak::forward(*m, a), full.narrow(1, t, 1));
     }
     const auto it = std::max_element(per.begin(), per.end());
-    LeakCheck k = leak::make_check("kv_decode", *it, threshold,
-                                   "max |Δlogit|, parallel forward vs one token at a time with the KV cache, " +
-                                       std::to_string(B) + "x" + std::to_string(L) + " tokens (max |logit| " +
-                                       fmt(scale) + ", worst at position " + std::to_string(it - per.begin()) +
-                                       "); " + bound);
+    LeakCheck k =
+        leak::make_check("kv_decode", *it, threshold,
+                         "max |Δlogit|, parallel forward vs one token at a time with the KV cache, " +
+                             std::to_string(B) + "x" + std::to_string(L) + " tokens (max |logit| " + fmt(scale) +
+                             ", worst at position " + std::to_string(it - per.begin()) + "); " + bound);
     k.per_position = per;
     out.push_back(k);
   }
@@ -157,9 +157,10 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
       sizes += (sizes.empty() ? "" : ", ") + std::to_string(cs);
     }
     const auto it = std::max_element(per.begin(), per.end());
-    LeakCheck k = leak::make_check("chunked_prefill", *it, threshold,
-                                   "max |Δlogit|, parallel forward vs prefill in chunks of " + sizes +
-                                       " tokens (worst at position " + std::to_string(it - per.begin()) + "); " + bound);
+    LeakCheck k =
+        leak::make_check("chunked_prefill", *it, threshold,
+                         "max |Δlogit|, parallel forward vs prefill in chunks of " + sizes +
+                             " tokens (worst at position " + std::to_string(it - per.begin()) + "); " + bound);
     k.per_position = per;
     out.push_back(k);
   }
@@ -198,8 +199,7 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
       const double gap = std::abs(last.select(0, with_cache[first]).item() - last.select(0, without[first]).item());
       const double tie = tol * max_abs(last);
       if (gap <= tie) {
-        detail += " after a tie within rounding (logit gap " + fmt(gap) + " <= " + fmt(tie) +
-                  "), so it is not counted";
+        detail += " after a tie within rounding (logit gap " + fmt(gap) + " <= " + fmt(tie) + "), so it is not counted";
         differ = 0;
       } else {
         detail += " (logit gap " + fmt(gap) + " > rounding " + fmt(tie) + ")";
@@ -216,7 +216,8 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
   const int64_t L = leak::probe_len(c, o), V = c.vocab_size, B = 3;
   const auto rows = leak::probe_rows(c, o, B, L, 4), targets = leak::probe_rows(c, o, B, L, 5),
              pads = leak::probe_rows(c, o, B, L, 6);
-  const std::vector<int64_t> len{L, std::max<int64_t>(1, L - std::max<int64_t>(1, L / 4)), std::max<int64_t>(1, L / 2 - 1)};
+  const std::vector<int64_t> len{L, std::max<int64_t>(1, L - std::max<int64_t>(1, L / 4)),
+                                 std::max<int64_t>(1, L / 2 - 1)};
 
   // Each sequence alone, and its summed cross-entropy against arbitrary targets.
   std::vector<Tensor> alone;
@@ -227,7 +228,8 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
     alone.push_back(leak::forward(*m, leak::ids_tensor(seq)));
     alone_scale = std::max(alone_scale, max_abs(alone.back()));
     const std::vector<int64_t> tg(targets[b].begin(), targets[b].begin() + len[b]);
-    const CrossEntropyResult ce = cross_entropy(alone.back().reshape({len[b], V}), from_vector_i64(tg, {len[b]}).to(alone.back().device()));
+    const CrossEntropyResult ce =
+        cross_entropy(alone.back().reshape({len[b], V}), from_vector_i64(tg, {len[b]}).to(alone.back().device()));
     loss_sum += ce.loss.item() * static_cast<double>(ce.count);
     loss_count += ce.count;
   }
@@ -236,7 +238,8 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
   double worst = 0, worst_loss = 0;
   std::string worst_side = "right", nonfinite;
   for (const bool left : {false, true}) {
-    std::vector<int64_t> ids(static_cast<size_t>(B * L)), pos(static_cast<size_t>(B * L)), tgt(static_cast<size_t>(B * L), -100);
+    std::vector<int64_t> ids(static_cast<size_t>(B * L)), pos(static_cast<size_t>(B * L)),
+        tgt(static_cast<size_t>(B * L), -100);
     std::vector<uint8_t> valid(static_cast<size_t>(B * L), 0);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t off = left ? L - len[b] : 0;  // where the sequence starts in its row
@@ -259,7 +262,8 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
     if (!std::isfinite(max_abs(lg))) nonfinite = left ? "left" : "right";
     for (int64_t b = 0; b < B; ++b) {
       const int64_t off = left ? L - len[b] : 0;
-      const double d = leak::ratio(max_delta(lg.select(0, b).narrow(0, off, len[b]), alone[b].select(0, 0)), alone_scale);
+      const double d =
+          leak::ratio(max_delta(lg.select(0, b).narrow(0, off, len[b]), alone[b].select(0, 0)), alone_scale);
       if (d > worst) {
         worst = d;
         worst_side = left ? "left" : "right";
@@ -269,8 +273,10 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
     worst_loss = std::max(worst_loss, leak::ratio(std::abs(ce.loss.item() - loss_ref), std::abs(loss_ref)));
   }
   std::string detail = "3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) + ", " +
-                       std::to_string(len[2]) + ") alone vs in right- and left-padded batches with positions and "
-                       "key_padding; max|Δlogit| / max|logit| (worst: " + worst_side + " padding)";
+                       std::to_string(len[2]) +
+                       ") alone vs in right- and left-padded batches with positions and "
+                       "key_padding; max|Δlogit| / max|logit| (worst: " +
+                       worst_side + " padding)";
   if (!nonfinite.empty()) {
     worst = INFINITY;
     detail += "; non-finite logits in the " + nonfinite + "-padded batch";
@@ -281,7 +287,8 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
   out.push_back(leak::make_check("padding_invariance", worst, tol, detail + bound));
   out.push_back(leak::make_check("padding_target_loss", worst_loss, tol,
                                  "|Δloss| / loss: padded batch with ignore_index at pads vs the sequences alone "
-                                 "(token-weighted mean " + fmt(loss_ref) + ")" + bound));
+                                 "(token-weighted mean " +
+                                     fmt(loss_ref) + ")" + bound));
   return out;
 }
 
@@ -323,8 +330,9 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
   }
   for (const auto& [p, q] : pairs) worst = std::max(worst, leak::ratio(max_delta(p, q), scale));
   return leak::make_check("packing_invariance", worst, leak::rounding_tolerance(c, L),
-                          std::to_string(n_docs) + " documents packed into 2 rows with segment_ids and per-document "
-                          "positions vs each alone; max|Δlogit| / max|logit|; threshold: " +
+                          std::to_string(n_docs) +
+                              " documents packed into 2 rows with segment_ids and per-document "
+                              "positions vs each alone; max|Δlogit| / max|logit|; threshold: " +
                               leak::rounding_tolerance_note(c, L));
 }
 

@@ -44,7 +44,9 @@ Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
   return from_vector_i64(flat, {R, T});
 }
-Tensor ids_tensor(const std::vector<int64_t>& row) { return from_vector_i64(row, {1, static_cast<int64_t>(row.size())}); }
+Tensor ids_tensor(const std::vector<int64_t>& row) {
+  return from_vector_i64(row, {1, static_cast<int64_t>(row.size())});
+}
 
 EvalModel::EvalModel(const nn::DecoderModel& m) : ptr_(&m) {
   if (m.is_training()) {
@@ -143,7 +145,8 @@ bool naive_visible(const NaiveSpec& s, int64_t b, int64_t i, int64_t j) {
   if (s.window > 0 && j <= p - s.window) return false;
   if (s.pattern && !s.pattern->allows(p, j)) return false;
   if (!s.key_valid.empty() && !s.key_valid[static_cast<size_t>(b * s.Nk + j)]) return false;
-  if (!s.segment.empty() && s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
+  if (!s.segment.empty() &&
+      s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
     return false;
   return true;
 }
@@ -170,7 +173,8 @@ int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const 
           const double* kj = &k[static_cast<size_t>(((b * s.Hkv + kh) * s.Nk + j) * s.D)];
           double dot = 0;
           for (int64_t d = 0; d < s.D; ++d) dot += qi[d] * kj[d];
-          logit[j] = dot * scale - (s.alibi.empty() ? 0.0 : s.alibi[static_cast<size_t>(h)] * static_cast<double>(p - j));
+          logit[j] =
+              dot * scale - (s.alibi.empty() ? 0.0 : s.alibi[static_cast<size_t>(h)] * static_cast<double>(p - j));
           mx = std::max(mx, logit[j]);
         }
         if (mx == -INFINITY) {  // no visible key: zero weights, zero output (attention.h)
@@ -212,7 +216,8 @@ void naive_rope(std::vector<double>& x, int64_t B, int64_t H, int64_t N, int64_t
 std::vector<double> naive_alibi_slopes(int64_t H) {
   auto pow2_slopes = [](int64_t n) {
     std::vector<double> s;
-    for (int64_t h = 0; h < n; ++h) s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
+    for (int64_t h = 0; h < n; ++h)
+      s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
     return s;
   };
   int64_t P = 1;
@@ -229,7 +234,7 @@ std::vector<double> naive_alibi_slopes(int64_t H) {
 std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg) {
   auto out = std::make_unique<nn::DecoderModel>(cfg);
   out->set_attention_ops(model.attention_ops());  // the same attention (a planted fault included)
-  out->to(model.device());  // the copy runs where the model runs
+  out->to(model.device());                        // the copy runs where the model runs
   std::map<std::string, Tensor> src;
   for (const auto& p : model.named_parameters()) src[p.name] = p.tensor;
   autograd::NoGradGuard no_grad;

@@ -60,7 +60,7 @@ LeakCheck make_check(std::string name, double value, double threshold, std::stri
 // below it (1e-7 relative on the tiny models); a leak moves outputs by orders of magnitude more.
 double rounding_tolerance(const nn::ModelConfig& c, int64_t probe_len);
 std::string rounding_tolerance_note(const nn::ModelConfig& c, int64_t probe_len);  // the formula, filled in
-std::string fmt(double v);  // "%.3g"
+std::string fmt(double v);                                                         // "%.3g"
 
 // ---- naive float64 attention, the textbook loop: masked softmax(s·QKᵀ + ALiBi)·V ----
 // Row-major arrays: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv], out [B, Hq, Nq, Dv],
@@ -68,11 +68,11 @@ std::string fmt(double v);  // "%.3g"
 struct NaiveSpec {
   int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, D = 1, Dv = 1;
   bool causal = true;
-  int64_t window = 0;                 // > 0: key j visible iff p - window < j <= p
-  std::vector<uint8_t> key_valid;     // optional [B, Nk]
-  std::vector<int64_t> segment;       // optional [B, Nk]: query at p sees only keys of segment[b, p]
-  std::vector<double> alibi;          // optional slopes per query head: adds -m_h (p - j)
-  double scale = 0;                   // 0 -> 1 / sqrt(D)
+  int64_t window = 0;              // > 0: key j visible iff p - window < j <= p
+  std::vector<uint8_t> key_valid;  // optional [B, Nk]
+  std::vector<int64_t> segment;    // optional [B, Nk]: query at p sees only keys of segment[b, p]
+  std::vector<double> alibi;       // optional slopes per query head: adds -m_h (p - j)
+  double scale = 0;                // 0 -> 1 / sqrt(D)
   // optional sparse pattern (attention.h's definitions, the library's predicate): key j visible
   // only if pattern->allows(p, j)
   std::shared_ptr<const attn::PatternPredicate> pattern;

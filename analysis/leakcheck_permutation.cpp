@@ -127,11 +127,11 @@ std::vector<LeakCheck> check_permutation_equivariance(const nn::DecoderModel& mo
       const double rel = leak::ratio(max_delta(rows_of(perm[i], 0, 0), want), max_abs(want));
       if (rel > worst) worst = rel, worst_i = i;
     }
-    out.push_back(leak::make_check(
-        "permutation_equivariance", worst, tol,
-        "causal mask lifted: max over logits and " + std::to_string(base.size() - 1) +
-            " layers of max|h(pi x) - pi h(x)| / max|h| for a seeded shuffle of the " + std::to_string(L) +
-            "-token probe (worst at " + where(worst_i) + "); " + leak::rounding_tolerance_note(c, L)));
+    out.push_back(leak::make_check("permutation_equivariance", worst, tol,
+                                   "causal mask lifted: max over logits and " + std::to_string(base.size() - 1) +
+                                       " layers of max|h(pi x) - pi h(x)| / max|h| for a seeded shuffle of the " +
+                                       std::to_string(L) + "-token probe (worst at " + where(worst_i) + "); " +
+                                       leak::rounding_tolerance_note(c, L)));
   }
   {  // as the model runs (causal): the first block at t >= s blind to the order of tokens [0, s)
     const leak::EvalModel m(model);
@@ -152,7 +152,8 @@ std::vector<LeakCheck> check_permutation_equivariance(const nn::DecoderModel& mo
     for (size_t i = 0; i < outs.size(); ++i)
       for (size_t r = 0; r < cuts.size(); ++r) {
         const Tensor want = rows_of(outs[i], 0, cuts[r]);
-        const double rel = leak::ratio(max_delta(rows_of(outs[i], static_cast<int64_t>(r) + 1, cuts[r]), want), max_abs(want));
+        const double rel =
+            leak::ratio(max_delta(rows_of(outs[i], static_cast<int64_t>(r) + 1, cuts[r]), want), max_abs(want));
         const bool checked = i == 1 || (i == 0 && c.n_layer == 1);
         const std::string here = where(i) + ", prefix " + std::to_string(cuts[r]);
         if (checked && rel > first) first = rel, at = here;
@@ -165,11 +166,10 @@ std::vector<LeakCheck> check_permutation_equivariance(const nn::DecoderModel& mo
                          "and cannot tell order; set model.position to learn it"
                        : "finding: deeper blocks do tell order (max relative change " + fmt(deeper) + " at " +
                              deeper_at + "): the causal mask alone leaks position into a model with none";
-    out.push_back(leak::make_check(
-        "permutation_equivariance.causal_prefix", first, tol,
-        finding + "; checked: block 0" + (c.n_layer == 1 ? " and logits" : "") +
-            " at positions t >= s unchanged when tokens [0, s) are shuffled, s in {" + cut_list + "} (worst at " + at +
-            "); " + leak::rounding_tolerance_note(c, L)));
+    out.push_back(leak::make_check("permutation_equivariance.causal_prefix", first, tol,
+                                   finding + "; checked: block 0" + (c.n_layer == 1 ? " and logits" : "") +
+                                       " at positions t >= s unchanged when tokens [0, s) are shuffled, s in {" +
+                                       cut_list + "} (worst at " + at + "); " + leak::rounding_tolerance_note(c, L)));
   }
   return out;
 }

@@ -121,24 +121,29 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
         }
     const Tensor ref_t = f32_tensor(ref_out, {B, Hq, mc.nq, D});
     const double scale = max_abs(ref_t);
-    kernel_err = std::max({kernel_err, leak::ratio(max_delta(r.out, ref_t), scale),
-                           leak::ratio(max_delta(fused, ref_t), scale)});
+    kernel_err = std::max(
+        {kernel_err, leak::ratio(max_delta(r.out, ref_t), scale), leak::ratio(max_delta(fused, ref_t), scale)});
   }
-  const std::string shapes = "B=2, Hq=" + std::to_string(Hq) + ", Hkv=" + std::to_string(Hkv) + ", D=" + std::to_string(D);
+  const std::string shapes =
+      "B=2, Hq=" + std::to_string(Hq) + ", Hkv=" + std::to_string(Hkv) + ", D=" + std::to_string(D);
   std::vector<LeakCheck> out;
   out.push_back(leak::make_check("mask.masked_weights_zero", masked_max, 0,
                                  "max |weight| over masked cells (causal, window, padding; " + shapes + ")"));
-  out.push_back(leak::make_check("mask.rows_sum_to_one", rowsum_err, 1e-6,
-                                 "max |Σ_j weight - 1| over rows with a visible key"));
+  out.push_back(
+      leak::make_check("mask.rows_sum_to_one", rowsum_err, 1e-6, "max |Σ_j weight - 1| over rows with a visible key"));
   out.push_back(leak::make_check("mask.fully_masked_rows", empty_err, 0,
-                                 std::to_string(expected_empty) + " rows emptied by left padding: |miscount| (weights "
-                                 "and counter) + max |weight or output| in them (both kernels)"));
+                                 std::to_string(expected_empty) +
+                                     " rows emptied by left padding: |miscount| (weights "
+                                     "and counter) + max |weight or output| in them (both kernels)"));
   out.push_back(leak::make_check("mask.bottom_right_causal", static_cast<double>(br_mismatch), 0,
-                                 "cells of " + std::to_string(br_cells) + " with Nq=5 < Nk=12 whose visibility differs "
-                                 "from query i at position Nk-Nq+i"));
+                                 "cells of " + std::to_string(br_cells) +
+                                     " with Nq=5 < Nk=12 whose visibility differs "
+                                     "from query i at position Nk-Nq+i"));
   out.push_back(leak::make_check("mask.window_boundary", static_cast<double>(win_mismatch), 0,
-                                 "cells of " + std::to_string(win_cells) + " whose visibility differs from "
-                                 "p-" + std::to_string(w) + " < j <= p (window " + std::to_string(w) + ")"));
+                                 "cells of " + std::to_string(win_cells) +
+                                     " whose visibility differs from "
+                                     "p-" +
+                                     std::to_string(w) + " < j <= p (window " + std::to_string(w) + ")"));
   out.push_back(leak::make_check("mask.kernels_vs_naive", kernel_err, 1e-5,
                                  "max|Δout| / max|out|, reference and fused kernels vs naive float64 on the four cases "
                                  "(GQA head h reads kv head h/(Hq/Hkv))"));
@@ -156,7 +161,7 @@ struct RealAttention {
   nn::ForwardArgs args;  // the probe's positions, segments and key padding (on the host)
   std::vector<nn::AttentionCapture> caps;
   leak::NaiveSpec spec;
-  std::string what;      // the masks and positions, for the detail
+  std::string what;  // the masks and positions, for the detail
 };
 
 RealAttention capture_real_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
@@ -253,7 +258,8 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
   }
   return leak::make_check("reference_attention", worst, 1e-4,
                           "every layer's attention output on its real q/k/v (3 rows: plain, left-padded, packed) vs "
-                          "naive float64 (" + r.what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
+                          "naive float64 (" +
+                              r.what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
 }
 
 namespace leak {
@@ -298,7 +304,8 @@ void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std
           den += w;
           for (int64_t d = 0; d < s.Dv; ++d) num[d] += w * v[kr * static_cast<size_t>(s.Dv) + static_cast<size_t>(d)];
         }
-        for (int64_t d = 0; d < s.Dv; ++d) out[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Dv + d)] = num[d] / den;
+        for (int64_t d = 0; d < s.Dv; ++d)
+          out[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Dv + d)] = num[d] / den;
       }
 }
 
@@ -426,7 +433,8 @@ void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, 
       }
 }
 
-LeakCheck reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o, const AttentionFn& fn) {
+LeakCheck reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o,
+                                       const AttentionFn& fn) {
   const EvalModel m(model);
   const nn::ModelConfig& c = m->config();
   const RealAttention r = capture_real_attention(*m, o);
@@ -524,8 +532,11 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
   }
   return make_check("reference_attention_backward", worst, 1e-4,
                     "every layer's attention backward on its real q/k/v (the 3 probe rows) with a seeded N(0,1) dO: "
-                    "dq, dk, dv" + std::string(rope ? " through RoPE" : "") + " vs the naive float64 vjp (" + r.what +
-                        (linear ? "; linear_attention()" : packed ? "; attention() and attention_packed" : "; attention()") +
+                    "dq, dk, dv" +
+                        std::string(rope ? " through RoPE" : "") + " vs the naive float64 vjp (" + r.what +
+                        (linear   ? "; linear_attention()"
+                         : packed ? "; attention() and attention_packed"
+                                  : "; attention()") +
                         "); max|Δ| / max|ref|, worst " + worst_at);
 }
 
@@ -544,7 +555,9 @@ LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o
   nn::ModelConfig with = c, without = c;
   with.dropout = c.dropout > 0 ? c.dropout : 0.1;
   // linear attention has no weights to drop: its copy keeps attn_dropout = 0 (residual dropout only)
-  with.attn_dropout = c.attention_pattern == nn::AttentionPattern::linear ? 0 : c.attn_dropout > 0 ? c.attn_dropout : 0.1;
+  with.attn_dropout = c.attention_pattern == nn::AttentionPattern::linear ? 0
+                      : c.attn_dropout > 0                                ? c.attn_dropout
+                                                                          : 0.1;
   without.dropout = without.attn_dropout = 0;
   const auto drop = copy_model(model, with), none = copy_model(model, without);
   const int64_t L = leak::probe_len(c, o);

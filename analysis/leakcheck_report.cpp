@@ -38,13 +38,15 @@ std::string caught_list(const std::vector<CaughtBy>& v, size_t max_items) {
   return s.empty() ? "-" : s;
 }
 
-
 }  // namespace
 
 nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st) {
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : r.checks) {
-    nlohmann::json j = {{"name", c.name}, {"value", number(c.value)}, {"threshold", c.threshold}, {"pass", c.pass},
+    nlohmann::json j = {{"name", c.name},
+                        {"value", number(c.value)},
+                        {"threshold", c.threshold},
+                        {"pass", c.pass},
                         {"detail", c.detail}};
     if (!c.per_position.empty()) {
       nlohmann::json per = nlohmann::json::array();
@@ -68,7 +70,9 @@ nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st
     };
     nlohmann::json faults = nlohmann::json::array(), models = nlohmann::json::array();
     for (const auto& f : st->faults)
-      faults.push_back({{"fault", fault_name(f.fault)}, {"detected", f.detected}, {"needs", f.exposed_by},
+      faults.push_back({{"fault", fault_name(f.fault)},
+                        {"detected", f.detected},
+                        {"needs", f.exposed_by},
                         {"caught_by", caught(f.caught_by)}});
     for (const auto& [name, desc] : st->models) models.push_back({{"name", name}, {"description", desc}});
     out["self_test"] = {{"planted", st->planted()},
@@ -109,13 +113,14 @@ std::string self_test_table(const SelfTestResult& st) {
   }
   s += "clean models: " + std::to_string(st.false_alarms.size()) + " false alarm(s)";
   if (!st.false_alarms.empty()) s += ": " + caught_list(st.false_alarms, 20);
-  s += "\nself-test: " + std::to_string(st.detected()) + "/" + std::to_string(st.planted()) + " planted faults detected, " +
-       (st.pass() ? "PASS" : "FAIL") + "\n";
+  s += "\nself-test: " + std::to_string(st.detected()) + "/" + std::to_string(st.planted()) +
+       " planted faults detected, " + (st.pass() ? "PASS" : "FAIL") + "\n";
   return s;
 }
 
 void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, const SelfTestResult* st,
-                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok) {
+                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids,
+                            const Tokenizer* tok) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   QKV_CHECK(!ec, "[leakcheck] cannot create report directory ", dir, ": ", ec.message());
@@ -139,20 +144,24 @@ void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, co
          sci(c.threshold) + "</td><td class=\"" + (c.pass ? "ok\">ok" : "fail\">FAIL") + "</td><td class=\"detail\">" +
          html_escape(c.detail) + "</td></tr>\n";
   h += "</table>\n";
-  for (const auto& [name, why] : r.skipped) h += "<p>skipped: " + html_escape(name) + " (" + html_escape(why) + ")</p>\n";
+  for (const auto& [name, why] : r.skipped)
+    h += "<p>skipped: " + html_escape(name) + " (" + html_escape(why) + ")</p>\n";
   if (st) {
     h += "<h2>Self-test: planted faults</h2>\n<p><b>" + std::to_string(st->detected()) + "/" +
          std::to_string(st->planted()) + " detected, " + std::to_string(st->false_alarms.size()) +
          " false alarm(s) on the clean models: " + (st->pass() ? "PASS" : "FAIL") + "</b></p>\n<ul>\n";
-    for (const auto& [name, desc] : st->models) h += "<li><b>" + html_escape(name) + "</b>: " + html_escape(desc) + "</li>\n";
-    h += "</ul>\n<table><tr><th>planted fault</th><th>detected</th><th>caught by (check@model)</th><th>needs</th></tr>\n";
+    for (const auto& [name, desc] : st->models)
+      h += "<li><b>" + html_escape(name) + "</b>: " + html_escape(desc) + "</li>\n";
+    h += "</ul>\n<table><tr><th>planted fault</th><th>detected</th><th>caught by "
+         "(check@model)</th><th>needs</th></tr>\n";
     for (const auto& f : st->faults)
       h += std::string("<tr><td>") + fault_name(f.fault) + "</td><td class=\"" +
            (f.detected ? "ok\">yes" : "fail\">NO") + "</td><td class=\"detail\">" +
            html_escape(caught_list(f.caught_by, 100)) + "</td><td class=\"detail\">" + html_escape(f.exposed_by) +
            "</td></tr>\n";
     h += "</table>\n";
-    if (!st->false_alarms.empty()) h += "<p class=\"fail\">false alarms: " + html_escape(caught_list(st->false_alarms, 100)) + "</p>\n";
+    if (!st->false_alarms.empty())
+      h += "<p class=\"fail\">false alarms: " + html_escape(caught_list(st->false_alarms, 100)) + "</p>\n";
   }
   h += "<h2>Attention</h2>\n<p>Weights of the reference kernel on the probe text (" + std::to_string(maps.tokens) +
        " tokens); rows are queries, columns keys, grey cells masked.</p>\n";

@@ -43,12 +43,17 @@ attn::MaskRules wrong_rules(Fault f, attn::MaskRules r, const attn::AttentionSha
         r.lo = 0;
       }
       break;
-    case Fault::top_left_causal: r.q_offset = 0; break;     // query i at position i
-    case Fault::window_off_by_one: r.lo -= 1; break;        // pos - w <= j: one key too many
-    case Fault::gqa_modulo:                                 // query head h reads kv head h % Hkv
+    case Fault::top_left_causal:
+      r.q_offset = 0;
+      break;  // query i at position i
+    case Fault::window_off_by_one:
+      r.lo -= 1;
+      break;                 // pos - w <= j: one key too many
+    case Fault::gqa_modulo:  // query head h reads kv head h % Hkv
       for (size_t h = 0; h < r.kv_head.size(); ++h) r.kv_head[h] = static_cast<int64_t>(h) % s.kv_heads;
       break;
-    default: break;
+    default:
+      break;
   }
   return r;
 }
@@ -148,13 +153,15 @@ class FaultyAttention : public nn::AttentionOps {
   AttentionOptions wrong(AttentionOptions o, const attn::AttentionShape& s) const {
     const attn::Pattern kind = o.pattern ? o.pattern->kind : attn::Pattern::full;
     const bool strided = f_ == Fault::strided_offset_off_by_one && kind == attn::Pattern::strided;
-    const bool global = f_ == Fault::global_reads_future && (kind == attn::Pattern::global || kind == attn::Pattern::bigbird);
+    const bool global =
+        f_ == Fault::global_reads_future && (kind == attn::Pattern::global || kind == attn::Pattern::bigbird);
     if (strided || global) {  // the pattern's mask rebuilt wrongly as an allow_mask [1, 1, Nq, Nk]
       const attn::SparsePattern& sp = *o.pattern;
       const attn::PatternPredicate pred(sp, s.nk, /*causal=*/true);
       auto is_global = [&](int64_t p) {
-        return sp.global_tokens.empty() ? p < sp.global
-                                        : std::find(sp.global_tokens.begin(), sp.global_tokens.end(), p) != sp.global_tokens.end();
+        return sp.global_tokens.empty()
+                   ? p < sp.global
+                   : std::find(sp.global_tokens.begin(), sp.global_tokens.end(), p) != sp.global_tokens.end();
       };
       Tensor allow = Tensor::empty({1, 1, s.nq, s.nk}, DType::boolean);
       for (int64_t i = 0; i < s.nq; ++i)
@@ -172,7 +179,8 @@ class FaultyAttention : public nn::AttentionOps {
       o.key_padding = Tensor();
       o.key_lengths.clear();
     }
-    if (wrong_rules_fault(f_)) o.rules = std::make_shared<const attn::MaskRules>(wrong_rules(f_, attn::mask_rules(s, o), s));
+    if (wrong_rules_fault(f_))
+      o.rules = std::make_shared<const attn::MaskRules>(wrong_rules(f_, attn::mask_rules(s, o), s));
     return o;
   }
 
@@ -183,20 +191,34 @@ class FaultyAttention : public nn::AttentionOps {
 
 const char* fault_name(Fault f) {
   switch (f) {
-    case Fault::none: return "none";
-    case Fault::causal_reversed: return "causal_reversed";
-    case Fault::softmax_over_queries: return "softmax_over_queries";
-    case Fault::ignore_key_padding: return "ignore_key_padding";
-    case Fault::mask_after_softmax: return "mask_after_softmax";
-    case Fault::top_left_causal: return "top_left_causal";
-    case Fault::window_off_by_one: return "window_off_by_one";
-    case Fault::gqa_modulo: return "gqa_modulo";
-    case Fault::scale_d_model: return "scale_d_model";
-    case Fault::rope_cache_relative: return "rope_cache_relative";
-    case Fault::dropout_in_eval: return "dropout_in_eval";
-    case Fault::linear_chunk_future: return "linear_chunk_future";
-    case Fault::strided_offset_off_by_one: return "strided_offset_off_by_one";
-    case Fault::global_reads_future: return "global_reads_future";
+    case Fault::none:
+      return "none";
+    case Fault::causal_reversed:
+      return "causal_reversed";
+    case Fault::softmax_over_queries:
+      return "softmax_over_queries";
+    case Fault::ignore_key_padding:
+      return "ignore_key_padding";
+    case Fault::mask_after_softmax:
+      return "mask_after_softmax";
+    case Fault::top_left_causal:
+      return "top_left_causal";
+    case Fault::window_off_by_one:
+      return "window_off_by_one";
+    case Fault::gqa_modulo:
+      return "gqa_modulo";
+    case Fault::scale_d_model:
+      return "scale_d_model";
+    case Fault::rope_cache_relative:
+      return "rope_cache_relative";
+    case Fault::dropout_in_eval:
+      return "dropout_in_eval";
+    case Fault::linear_chunk_future:
+      return "linear_chunk_future";
+    case Fault::strided_offset_off_by_one:
+      return "strided_offset_off_by_one";
+    case Fault::global_reads_future:
+      return "global_reads_future";
   }
   return "?";
 }
@@ -213,34 +235,49 @@ PlantedFault::~PlantedFault() { model_.set_attention_ops(prev_); }
 
 std::vector<Fault> planted_faults() {
   using F = Fault;
-  return {F::causal_reversed,   F::softmax_over_queries, F::ignore_key_padding, F::mask_after_softmax,
-          F::top_left_causal,   F::window_off_by_one,    F::gqa_modulo,         F::scale_d_model,
-          F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future,
-          F::strided_offset_off_by_one, F::global_reads_future};
+  return {F::causal_reversed,     F::softmax_over_queries, F::ignore_key_padding,  F::mask_after_softmax,
+          F::top_left_causal,     F::window_off_by_one,    F::gqa_modulo,          F::scale_d_model,
+          F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future, F::strided_offset_off_by_one,
+          F::global_reads_future};
 }
 
 const char* fault_condition(Fault f) {
   switch (f) {
-    case Fault::causal_reversed: return "any causal model";
-    case Fault::softmax_over_queries: return "any model";
-    case Fault::ignore_key_padding: return "key padding (left-padded rows)";
-    case Fault::mask_after_softmax: return "any row with a masked key";
-    case Fault::top_left_causal: return "Nq < Nk (KV-cache decode, chunked prefill)";
-    case Fault::window_off_by_one: return "a sliding window (model.window > 0)";
-    case Fault::gqa_modulo: return "GQA with Hkv > 1 and Hq / Hkv > 1";
-    case Fault::scale_d_model: return "n_head > 1 (d_head != d_model)";
-    case Fault::rope_cache_relative: return "RoPE and a KV cache";
-    case Fault::dropout_in_eval: return "attention dropout > 0 (set on a copy)";
-    case Fault::linear_chunk_future: return "linear attention with chunks > 1 (the probe-linear model)";
-    case Fault::strided_offset_off_by_one: return "model.attention_pattern = strided";
-    case Fault::global_reads_future: return "model.attention_pattern = global or bigbird under a causal model";
-    case Fault::none: break;
+    case Fault::causal_reversed:
+      return "any causal model";
+    case Fault::softmax_over_queries:
+      return "any model";
+    case Fault::ignore_key_padding:
+      return "key padding (left-padded rows)";
+    case Fault::mask_after_softmax:
+      return "any row with a masked key";
+    case Fault::top_left_causal:
+      return "Nq < Nk (KV-cache decode, chunked prefill)";
+    case Fault::window_off_by_one:
+      return "a sliding window (model.window > 0)";
+    case Fault::gqa_modulo:
+      return "GQA with Hkv > 1 and Hq / Hkv > 1";
+    case Fault::scale_d_model:
+      return "n_head > 1 (d_head != d_model)";
+    case Fault::rope_cache_relative:
+      return "RoPE and a KV cache";
+    case Fault::dropout_in_eval:
+      return "attention dropout > 0 (set on a copy)";
+    case Fault::linear_chunk_future:
+      return "linear attention with chunks > 1 (the probe-linear model)";
+    case Fault::strided_offset_off_by_one:
+      return "model.attention_pattern = strided";
+    case Fault::global_reads_future:
+      return "model.attention_pattern = global or bigbird under a causal model";
+    case Fault::none:
+      break;
   }
   return "";
 }
 
 int SelfTestResult::detected() const {
-  return static_cast<int>(std::count_if(faults.begin(), faults.end(), [](const FaultOutcome& f) { return f.detected; }));
+  return static_cast<int>(
+      std::count_if(faults.begin(), faults.end(), [](const FaultOutcome& f) { return f.detected; }));
 }
 
 std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model) {
@@ -274,8 +311,9 @@ std::vector<SelfTestModel> self_test_models(const nn::DecoderModel& user_model) 
   p.init_std = 0.2;
   SelfTestModel probe;
   probe.name = "probe-llama";
-  probe.description = "llama, 2 layers, RoPE, GQA 4:2, window 6, C 32, block 16, init std 0.2 "
-                      "(built to expose every planted fault)";
+  probe.description =
+      "llama, 2 layers, RoPE, GQA 4:2, window 6, C 32, block 16, init std 0.2 "
+      "(built to expose every planted fault)";
   probe.model = std::make_unique<nn::DecoderModel>(p);
   probe.model->init_weights(0x5e1f7e57);
   probe.model->eval();
@@ -342,8 +380,9 @@ SelfTestResult run_self_test(const nn::DecoderModel& user_model, const LeakCheck
           out.push_back({c.name, m.name, c.value, c.threshold});
           ++failed;
         }
-      if (progress) progress(std::string("self-test ") + label + " on " + m.name + ": " + std::to_string(failed) +
-                             " of " + std::to_string(checks.size()) + " checks failed");
+      if (progress)
+        progress(std::string("self-test ") + label + " on " + m.name + ": " + std::to_string(failed) + " of " +
+                 std::to_string(checks.size()) + " checks failed");
     }
     return out;
   };

@@ -18,9 +18,9 @@ namespace {
 
 // 64 seeded bits for counter `i` of stream `stream`.
 uint64_t draw(uint64_t seed, uint64_t stream, uint64_t i) {
-  const Philox4 r = philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32),
-                                  static_cast<uint32_t>(stream), 0x9c3a, static_cast<uint32_t>(seed),
-                                  static_cast<uint32_t>(seed >> 32));
+  const Philox4 r =
+      philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), static_cast<uint32_t>(stream), 0x9c3a,
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
 }
 int64_t draw_below(uint64_t seed, uint64_t stream, uint64_t i, int64_t n) {
@@ -73,7 +73,9 @@ Batch gradcheck_batch(BatchMode mode, Padding padding, int64_t rows, int64_t tok
     bool* kp = b.key_padding.data<bool>();
     for (int64_t r = 0; r < B; ++r) {
       // row 0 full, row 1 two tokens, the others anywhere in [2, T]
-      const int64_t len = std::min(T, r == 0 ? T : r == 1 ? 2 : 2 + draw_below(seed, 3, r, std::max<int64_t>(T - 1, 1)));
+      const int64_t len = std::min(T, r == 0   ? T
+                                      : r == 1 ? 2
+                                               : 2 + draw_below(seed, 3, r, std::max<int64_t>(T - 1, 1)));
       const int64_t first = padding == Padding::left ? T - len : 0;
       for (int64_t t = 0; t < T; ++t) {
         const size_t e = static_cast<size_t>(r * T + t);
@@ -122,9 +124,8 @@ std::string attention_kernel_description(const nn::ModelConfig& cfg) {
 ModelGradcheckReport run_model_gradcheck(const nn::DecoderModel& model, const Batch& batch, const nn::RngContext& rng,
                                          const ModelGradcheckOptions& opt,
                                          const std::function<void(const std::string&)>& progress) {
-  QKV_CHECK(opt.directions >= 0 && opt.elements >= 0 && opt.directions + opt.elements > 0,
-            "[gradcheck] --directions (", opt.directions, ") and --elements (", opt.elements,
-            ") must be >= 0 and not both 0");
+  QKV_CHECK(opt.directions >= 0 && opt.elements >= 0 && opt.directions + opt.elements > 0, "[gradcheck] --directions (",
+            opt.directions, ") and --elements (", opt.elements, ") must be >= 0 and not both 0");
   QKV_CHECK(opt.eps > 0 && std::isfinite(opt.eps), "[gradcheck] --eps must be a finite number > 0, got ", opt.eps);
   QKV_CHECK(model.device() == Device::cpu, "[gradcheck] the model must be on the CPU");
   const std::vector<nn::NamedParameter> params = model.named_parameters();
@@ -138,7 +139,8 @@ ModelGradcheckReport run_model_gradcheck(const nn::DecoderModel& model, const Ba
     } catch (const std::regex_error&) {
       throw Error(cat("[gradcheck] --only '", opt.only, "' is not a valid regular expression"));
     }
-    QKV_CHECK(std::any_of(params.begin(), params.end(), [&](const nn::NamedParameter& p) { return std::regex_search(p.name, only); }),
+    QKV_CHECK(std::any_of(params.begin(), params.end(),
+                          [&](const nn::NamedParameter& p) { return std::regex_search(p.name, only); }),
               "[gradcheck] --only '", opt.only, "' matches no parameter tensor of the model");
   }
 
@@ -263,8 +265,9 @@ ModelGradcheckReport run_model_gradcheck(const nn::DecoderModel& model, const Ba
       pc.pass = pc.pass && at.c.pass;
       pc.elements.push_back({e, analytic, at.numeric, at.step});
     }
-    if (progress) progress(cat(p.name, ": ", pc.elements.size(), " elements, max rel err ", pc.max_rel_err,
-                               pc.pass ? "" : "  FAIL"));
+    if (progress)
+      progress(
+          cat(p.name, ": ", pc.elements.size(), " elements, max rel err ", pc.max_rel_err, pc.pass ? "" : "  FAIL"));
     rep.params.push_back(std::move(pc));
   }
 

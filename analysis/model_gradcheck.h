@@ -47,14 +47,14 @@ struct ModelGradcheckOptions {
   int elements = 4;      // E per parameter tensor (fewer when the tensor is smaller)
   uint64_t seed = 1234;  // batch, dropout masks, directions and element sample
   double eps = 1e-5, rtol = 1e-5, atol = 1e-8;
-  int retries = 2;       // a failing comparison is repeated at eps/10, then eps/100
-  std::string only;      // if set, a regular expression: element checks only on tensors whose name matches
+  int retries = 2;   // a failing comparison is repeated at eps/10, then eps/100
+  std::string only;  // if set, a regular expression: element checks only on tensors whose name matches
 };
 
 struct ElementCheck {
   int64_t index = 0;  // flat, row-major
   double analytic = 0, numeric = 0;
-  double step = 0;    // the ε of the attempt kept
+  double step = 0;  // the ε of the attempt kept
 };
 
 // One parameter tensor's element checks.
@@ -73,9 +73,9 @@ struct DirectionCheck {
 };
 
 struct ModelGradcheckReport {
-  double loss = 0, loss_again = 0;  // L(θ) and its second evaluation
-  bool deterministic = false;       // loss == loss_again, bitwise
-  std::string attention_kernel;     // what ran attention, in words
+  double loss = 0, loss_again = 0;           // L(θ) and its second evaluation
+  bool deterministic = false;                // loss == loss_again, bitwise
+  std::string attention_kernel;              // what ran attention, in words
   std::vector<std::string> attention_nodes;  // attention nodes of the recorded graph, e.g.
                                              // PackedAttentionBackward (none inside recomputed blocks)
   std::vector<DirectionCheck> directions;
@@ -123,10 +123,10 @@ constexpr int64_t kMaxRows = 2, kMaxTokens = 16;
 constexpr int64_t kStandInVocab = 64;
 
 struct ConfigGradcheck {
-  nn::ModelConfig model;     // as built (float64 parameters)
+  nn::ModelConfig model;  // as built (float64 parameters)
   bool vocab_stand_in = false;
   int64_t parameters = 0, parameter_tensors = 0;
-  Batch batch;               // rows x tokens, the config's batching
+  Batch batch;  // rows x tokens, the config's batching
   std::string attention_kernel;
   ModelGradcheckReport report;
 };

@@ -38,9 +38,7 @@ void plot_metrics(const std::string& metrics_path, const std::string& out_svg) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      fail(metrics_path, ":", lineno, ": not a JSON line");
-    }
+    } catch (const std::exception&) { fail(metrics_path, ":", lineno, ": not a JSON line"); }
     if (!j.contains("step")) continue;
     const double step = j["step"].get<double>();
     if (j.contains("loss") && j["loss"].is_number()) {
@@ -83,8 +81,7 @@ void plot_metrics(const std::string& metrics_path, const std::string& out_svg) {
     const double xv = x0 + (x1 - x0) * i / 5, yv = y0 + (y1 - y0) * i / 5;
     svg << "<text x='" << px(xv) << "' y='" << H - Bm + 18 << "' text-anchor='middle'>" << fmt(xv) << "</text>\n";
     svg << "<text x='" << L - 6 << "' y='" << py(yv) + 4 << "' text-anchor='end'>" << fmt(yv) << "</text>\n";
-    svg << "<line x1='" << L << "' y1='" << py(yv) << "' x2='" << W - R << "' y2='" << py(yv)
-        << "' stroke='#ddd'/>\n";
+    svg << "<line x1='" << L << "' y1='" << py(yv) << "' x2='" << W - R << "' y2='" << py(yv) << "' stroke='#ddd'/>\n";
   }
   svg << "<text x='" << W / 2 << "' y='" << H - 12 << "' text-anchor='middle'>step</text>\n";
   auto polyline = [&](const Series& s, const char* color) {

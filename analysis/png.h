@@ -28,7 +28,7 @@ class Image {
   // One character under the other, for column labels.
   void draw_text_vertical(int x, int y, std::string_view text, Rgb c, int scale = 1);
   static int text_width(std::string_view text, int scale = 1) { return static_cast<int>(text.size()) * 6 * scale; }
-  static constexpr int kGlyphW = 6, kGlyphH = 8;  // cell size at scale 1
+  static constexpr int kGlyphW = 6, kGlyphH = 8;               // cell size at scale 1
   const std::vector<uint8_t>& pixels() const { return rgb_; }  // row-major RGB
 
  private:

@@ -52,7 +52,8 @@ const std::vector<VariantRule>& variant_rules() {
        one({"model.window=0", "model.attention_pattern=strided"}, "model.pattern_stride")},
       {"global", "G", false, "the first G tokens (default 1) are global, plus the local band",
        one({"model.window=0", "model.attention_pattern=global"}, "model.pattern_global")},
-      {"bigbird", "B", false, "BigBird: local, global and random blocks of B tokens (default clamp(block_size/4, 1, 64))",
+      {"bigbird", "B", false,
+       "BigBird: local, global and random blocks of B tokens (default clamp(block_size/4, 1, 64))",
        one({"model.window=0", "model.attention_pattern=bigbird"}, "model.pattern_block_size")},
       {"block_sparse", "B", false, "block-sparse local_global layout with blocks of B tokens",
        one({"model.window=0", "model.attention_pattern=block_sparse"}, "model.pattern_block_size")},
@@ -136,7 +137,8 @@ std::vector<CurvePoint> read_curve(const std::string& metrics) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("step")) continue;
     const int64_t step = j["step"].get<int64_t>();
-    if (j.contains("ms_per_step") && j["ms_per_step"].is_number()) wall += (step - prev_step) * j["ms_per_step"].get<double>() / 1000.0;
+    if (j.contains("ms_per_step") && j["ms_per_step"].is_number())
+      wall += (step - prev_step) * j["ms_per_step"].get<double>() / 1000.0;
     prev_step = step;
     if (j.contains("val_loss") && j["val_loss"].is_number()) out.push_back({step, wall, j["val_loss"].get<double>()});
   }
@@ -155,7 +157,8 @@ std::vector<int32_t> text_prompt(const std::vector<int32_t>& val, int64_t n) {
 }
 
 Tensor ids_tensor(const std::vector<int32_t>& ids, size_t from, size_t to) {
-  std::vector<int64_t> v(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.begin() + static_cast<std::ptrdiff_t>(to));
+  std::vector<int64_t> v(ids.begin() + static_cast<std::ptrdiff_t>(from),
+                         ids.begin() + static_cast<std::ptrdiff_t>(to));
   return from_vector_i64(v, {1, static_cast<int64_t>(v.size())});
 }
 
@@ -214,7 +217,8 @@ LengthResult measure_length(const nn::DecoderModel& model, int64_t N, const std:
   if (positions_bounded(c) && N > c.block_size) {
     r.val_skipped = "positions stop at block_size " + std::to_string(c.block_size);
   } else if (static_cast<int64_t>(val.size()) < N + 1) {
-    r.val_skipped = "the validation split has " + std::to_string(val.size()) + " tokens, fewer than " + std::to_string(N + 1);
+    r.val_skipped =
+        "the validation split has " + std::to_string(val.size()) + " tokens, fewer than " + std::to_string(N + 1);
   } else {
     const int64_t avail = static_cast<int64_t>(val.size()) - (N + 1);
     const int64_t windows = std::clamp<int64_t>(o.eval_tokens / N, 1, 16);
@@ -225,7 +229,8 @@ LengthResult measure_length(const nn::DecoderModel& model, int64_t N, const std:
       nn::ForwardArgs a;
       a.ids = ids_tensor(val, static_cast<size_t>(start), static_cast<size_t>(start + N));
       const Tensor logits = model.forward(a).reshape({N, c.vocab_size});
-      const Tensor targets = ids_tensor(val, static_cast<size_t>(start + 1), static_cast<size_t>(start + N + 1)).reshape({N});
+      const Tensor targets =
+          ids_tensor(val, static_cast<size_t>(start + 1), static_cast<size_t>(start + N + 1)).reshape({N});
       sum += ag::cross_entropy(logits, targets).item() * static_cast<double>(N);
       count += N;
     }
@@ -285,9 +290,7 @@ std::vector<EdgeResult> edge_inputs(const nn::DecoderModel& model, const std::ve
       e.got = std::string(finite ? "finite logits" : "NON-FINITE logits") + ", masked row output " +
               (zero ? "zero" : "NOT zero");
       e.pass = finite && zero;
-    } catch (const Error& err) {
-      e.got = std::string("error: ") + err.what();
-    }
+    } catch (const Error& err) { e.got = std::string("error: ") + err.what(); }
     out.push_back(e);
   }
   {
@@ -301,9 +304,7 @@ std::vector<EdgeResult> edge_inputs(const nn::DecoderModel& model, const std::ve
           std::all_of(toks.begin(), toks.end(), [&](int32_t t) { return t >= 0 && t < c.vocab_size; });
       e.got = std::to_string(toks.size()) + " tokens" + (in_vocab ? "" : " (outside the vocabulary)");
       e.pass = toks.size() == 4 && in_vocab;
-    } catch (const Error& err) {
-      e.got = std::string("error: ") + err.what();
-    }
+    } catch (const Error& err) { e.got = std::string("error: ") + err.what(); }
     out.push_back(e);
   }
   return out;
@@ -322,7 +323,8 @@ std::string result_key(const Config& cfg, const StudyOptions& o) {
 nlohmann::json variant_json(const VariantResult& v) {
   nlohmann::json curve = nlohmann::json::array(), lengths = nlohmann::json::array(), checks = nlohmann::json::array(),
                  edges = nlohmann::json::array();
-  for (const auto& p : v.curve) curve.push_back({{"step", p.step}, {"wall_s", p.wall_s}, {"val_loss", num(p.val_loss)}});
+  for (const auto& p : v.curve)
+    curve.push_back({{"step", p.step}, {"wall_s", p.wall_s}, {"val_loss", num(p.val_loss)}});
   for (const auto& l : v.lengths)
     lengths.push_back({{"length", l.length},
                        {"measured", l.measured},
@@ -378,7 +380,8 @@ VariantResult variant_from_json(const nlohmann::json& j) {
   v.train_tokens = j.at("train_tokens").get<int64_t>();
   v.params = j.at("params").get<int64_t>();
   v.block_size = j.value("block_size", int64_t{0});
-  for (const auto& p : j.at("curve")) v.curve.push_back({p.at("step").get<int64_t>(), p.at("wall_s").get<double>(), num_from(p.at("val_loss"))});
+  for (const auto& p : j.at("curve"))
+    v.curve.push_back({p.at("step").get<int64_t>(), p.at("wall_s").get<double>(), num_from(p.at("val_loss"))});
   for (const auto& l : j.at("lengths")) {
     LengthResult r;
     r.length = l.at("length").get<int64_t>();
@@ -393,10 +396,11 @@ VariantResult variant_from_json(const nlohmann::json& j) {
     v.lengths.push_back(r);
   }
   for (const auto& c : j.at("checks"))
-    v.checks.push_back({c.at("name").get<std::string>(), num_from(c.at("value")), num_from(c.at("threshold")), c.at("pass").get<bool>()});
+    v.checks.push_back({c.at("name").get<std::string>(), num_from(c.at("value")), num_from(c.at("threshold")),
+                        c.at("pass").get<bool>()});
   for (const auto& e : j.at("edges"))
-    v.edges.push_back({e.at("name").get<std::string>(), e.at("expected").get<std::string>(), e.at("got").get<std::string>(),
-                       e.at("pass").get<bool>()});
+    v.edges.push_back({e.at("name").get<std::string>(), e.at("expected").get<std::string>(),
+                       e.at("got").get<std::string>(), e.at("pass").get<bool>()});
   return v;
 }
 
@@ -422,7 +426,8 @@ StudyResult run_study(const std::string& base_path, const std::vector<std::strin
     cfg.train.out_dir = vdir + "/run";
     cfg.train.checkpoint_interval = 0;
     if (o.budget_tokens > 0) {
-      const int64_t per_step = cfg.train.batch_size * cfg.train.grad_accum * cfg.train.resolved_seq_len(cfg.model.block_size);
+      const int64_t per_step =
+          cfg.train.batch_size * cfg.train.grad_accum * cfg.train.resolved_seq_len(cfg.model.block_size);
       cfg.train.max_steps = std::max<int64_t>(1, (o.budget_tokens + per_step - 1) / per_step);
       cfg.train.warmup_steps = std::min(cfg.train.warmup_steps, cfg.train.max_steps / 10);
       cfg.train.eval_interval = std::max<int64_t>(1, std::min(cfg.train.eval_interval, cfg.train.max_steps / 4));
@@ -476,7 +481,8 @@ StudyResult run_study(const std::string& base_path, const std::vector<std::strin
     v.tokens_per_s = s.tokens_per_s;
     v.wall_s = s.seconds;
     v.steps = s.step;
-    v.train_tokens = s.step * cfg.train.batch_size * cfg.train.grad_accum * cfg.train.resolved_seq_len(cfg.model.block_size);
+    v.train_tokens =
+        s.step * cfg.train.batch_size * cfg.train.grad_accum * cfg.train.resolved_seq_len(cfg.model.block_size);
     v.curve = read_curve(cfg.train.out_dir + "/metrics.jsonl");
     v.val_loss = s.val_loss;
 
@@ -507,8 +513,9 @@ StudyResult run_study(const std::string& base_path, const std::vector<std::strin
     v.edges = edge_inputs(*model, val);
     train::write_file_atomic(result_path, nlohmann::json{{"key", key}, {"result", variant_json(v)}}.dump(1) + "\n");
     char line[256];
-    std::snprintf(line, sizeof line, "study: %s: val loss %.4f, %.0f tok/s, %.1f s, peak RSS %.0f MB", spec.name.c_str(),
-                  v.val_loss, v.tokens_per_s, v.wall_s, static_cast<double>(v.peak_rss_bytes) / 1048576.0);
+    std::snprintf(line, sizeof line, "study: %s: val loss %.4f, %.0f tok/s, %.1f s, peak RSS %.0f MB",
+                  spec.name.c_str(), v.val_loss, v.tokens_per_s, v.wall_s,
+                  static_cast<double>(v.peak_rss_bytes) / 1048576.0);
     progress(line);
     result.variants.push_back(v);
   }
@@ -546,17 +553,18 @@ std::string mib(int64_t b) { return fmt("%.1f", static_cast<double>(b) / 1048576
 std::string study_table(const StudyResult& r) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "%-16s %9s %8s %10s %8s %10s %7s %7s %6s\n", "variant", "val loss", "gap", "tokens/s",
-                "wall s", "peak RSS", "steps", "checks", "edges");
+  std::snprintf(line, sizeof line, "%-16s %9s %8s %10s %8s %10s %7s %7s %6s\n", "variant", "val loss", "gap",
+                "tokens/s", "wall s", "peak RSS", "steps", "checks", "edges");
   o << line;
   for (const auto& v : r.variants) {
     int cp = 0, ep = 0;
     for (const auto& c : v.checks) cp += c.pass;
     for (const auto& e : v.edges) ep += e.pass;
     std::snprintf(line, sizeof line, "%-16s %9s %8s %10s %8s %8s M %7lld %3d/%-3zu %2d/%zu%s\n", v.name.c_str(),
-                  fmt("%.4f", v.val_loss).c_str(), fmt("%+.4f", v.val_loss_gap).c_str(), fmt("%.0f", v.tokens_per_s).c_str(),
-                  fmt("%.1f", v.wall_s).c_str(), mib(v.peak_rss_bytes).c_str(), static_cast<long long>(v.steps), cp,
-                  v.checks.size(), ep, v.edges.size(), v.resumed ? " (earlier run)" : "");
+                  fmt("%.4f", v.val_loss).c_str(), fmt("%+.4f", v.val_loss_gap).c_str(),
+                  fmt("%.0f", v.tokens_per_s).c_str(), fmt("%.1f", v.wall_s).c_str(), mib(v.peak_rss_bytes).c_str(),
+                  static_cast<long long>(v.steps), cp, v.checks.size(), ep, v.edges.size(),
+                  v.resumed ? " (earlier run)" : "");
     o << line;
   }
   o << "\nlength  variant          prefill ms  decode ms/tok  memory MiB  KV MiB  val loss\n";
@@ -614,10 +622,12 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
       << fmt(log_x ? "%.0f" : "%.3g", log_x ? std::exp2(xv) : xv) << "</text>\n";
     o << "<text x=\"" << l - 4 << "\" y=\"" << yy + 4 << "\" text-anchor=\"end\">" << fmt("%.3g", yv) << "</text>\n";
   }
-  o << "<text x=\"" << l + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << html_escape(xlabel) << "</text>\n";
-  o << "<text transform=\"translate(14," << t + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(ylabel)
+  o << "<text x=\"" << l + pw / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">" << html_escape(xlabel)
     << "</text>\n";
-  static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+  o << "<text transform=\"translate(14," << t + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << html_escape(ylabel) << "</text>\n";
+  static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                  "#9467bd", "#8c564b", "#e377c2", "#17becf"};
   for (size_t i = 0; i < series.size(); ++i) {
     const char* c = colours[i % 8];
     std::string pts;
@@ -641,13 +651,16 @@ void write_study_report(const StudyResult& r) {
   h << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>qkv study: " << html_escape(r.base)
     << "</title>\n<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td.l{text-align:left}.fail{color:#c00}</style>"
-       "</head><body>\n<h1>Attention study of " << html_escape(r.base) << "</h1>\n";
+       "</head><body>\n<h1>Attention study of "
+    << html_escape(r.base) << "</h1>\n";
   h << "<p>Each variant trained with the same data, seed, schedule and token budget ("
-    << (r.options.budget_tokens > 0 ? std::to_string(r.options.budget_tokens) + " tokens" : std::string("the config's max_steps"))
+    << (r.options.budget_tokens > 0 ? std::to_string(r.options.budget_tokens) + " tokens"
+                                    : std::string("the config's max_steps"))
     << "). Validation loss is the trainer's last evaluation; wall time and tokens/s are the trainer's (evaluation "
        "excluded from the curve's time axis); peak RSS is the process's resident high-water mark during the variant"
        " (reset before it where the kernel allows).</p>\n";
-  h << "<table><tr><th>variant</th><th>overrides</th><th>val loss</th><th>gap to full</th><th>tokens/s</th><th>wall s</th>"
+  h << "<table><tr><th>variant</th><th>overrides</th><th>val loss</th><th>gap to full</th><th>tokens/s</th><th>wall "
+       "s</th>"
        "<th>peak RSS MiB</th><th>steps</th><th>params</th><th>checks passed</th><th>edges passed</th></tr>\n";
   for (const auto& v : r.variants) {
     int cp = 0, ep = 0;
@@ -655,12 +668,13 @@ void write_study_report(const StudyResult& r) {
     for (const auto& e : v.edges) ep += e.pass;
     std::string ov;
     for (const auto& s : v.overrides) ov += (ov.empty() ? "" : " ") + s;
-    h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(ov) << "</td><td>" << fmt("%.4f", v.val_loss)
-      << "</td><td>" << fmt("%+.4f", v.val_loss_gap) << "</td><td>" << fmt("%.0f", v.tokens_per_s) << "</td><td>"
-      << fmt("%.1f", v.wall_s) << "</td><td>" << mib(v.peak_rss_bytes) << "</td><td>" << v.steps << "</td><td>" << v.params
-      << "</td><td" << (cp < static_cast<int>(v.checks.size()) ? " class=\"fail\"" : "") << ">" << cp << "/"
-      << v.checks.size() << "</td><td" << (ep < static_cast<int>(v.edges.size()) ? " class=\"fail\"" : "") << ">" << ep
-      << "/" << v.edges.size() << "</td></tr>\n";
+    h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(ov) << "</td><td>"
+      << fmt("%.4f", v.val_loss) << "</td><td>" << fmt("%+.4f", v.val_loss_gap) << "</td><td>"
+      << fmt("%.0f", v.tokens_per_s) << "</td><td>" << fmt("%.1f", v.wall_s) << "</td><td>" << mib(v.peak_rss_bytes)
+      << "</td><td>" << v.steps << "</td><td>" << v.params << "</td><td"
+      << (cp < static_cast<int>(v.checks.size()) ? " class=\"fail\"" : "") << ">" << cp << "/" << v.checks.size()
+      << "</td><td" << (ep < static_cast<int>(v.edges.size()) ? " class=\"fail\"" : "") << ">" << ep << "/"
+      << v.edges.size() << "</td></tr>\n";
   }
   h << "</table>\n";
   std::vector<Series> loss, prefill, decode, memory, len_loss;
@@ -683,14 +697,16 @@ void write_study_report(const StudyResult& r) {
     << svg_chart("decode latency per token vs length", "context tokens (log2)", "ms / token", decode, true)
     << svg_chart("inference memory vs length", "tokens (log2)", "MiB (cache + activations)", memory, true)
     << svg_chart("validation loss vs evaluation length", "tokens (log2)", "val loss", len_loss, true) << "</div>\n";
-  h << "<h2>Inference and length</h2>\n<table><tr><th>variant</th><th>length</th><th>prefill ms</th><th>decode ms/token</th>"
+  h << "<h2>Inference and length</h2>\n<table><tr><th>variant</th><th>length</th><th>prefill ms</th><th>decode "
+       "ms/token</th>"
        "<th>memory MiB</th><th>KV cache MiB</th><th>val loss at length</th><th>note</th></tr>\n";
   for (const auto& v : r.variants)
     for (const auto& l : v.lengths)
-      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td>" << l.length << "</td><td>" << fmt("%.2f", l.prefill_ms)
-        << "</td><td>" << fmt("%.3f", l.decode_ms_per_token) << "</td><td>" << (l.measured ? mib(l.memory_bytes) : "-")
-        << "</td><td>" << (l.measured ? mib(l.kv_cache_bytes) : "-") << "</td><td>" << fmt("%.4f", l.val_loss)
-        << "</td><td class=\"l\">" << html_escape(l.skipped + (l.skipped.empty() || l.val_skipped.empty() ? "" : "; ") + l.val_skipped)
+      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td>" << l.length << "</td><td>"
+        << fmt("%.2f", l.prefill_ms) << "</td><td>" << fmt("%.3f", l.decode_ms_per_token) << "</td><td>"
+        << (l.measured ? mib(l.memory_bytes) : "-") << "</td><td>" << (l.measured ? mib(l.kv_cache_bytes) : "-")
+        << "</td><td>" << fmt("%.4f", l.val_loss) << "</td><td class=\"l\">"
+        << html_escape(l.skipped + (l.skipped.empty() || l.val_skipped.empty() ? "" : "; ") + l.val_skipped)
         << "</td></tr>\n";
   h << "</table>\n<h2>Train-vs-inference consistency (leakcheck model checks)</h2>\n<table><tr><th>check</th>";
   for (const auto& v : r.variants) h << "<th>" << html_escape(v.name) << "</th>";
@@ -713,9 +729,9 @@ void write_study_report(const StudyResult& r) {
        "<th></th></tr>\n";
   for (const auto& v : r.variants)
     for (const auto& e : v.edges)
-      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(e.name) << "</td><td class=\"l\">"
-        << html_escape(e.expected) << "</td><td class=\"l\">" << html_escape(e.got) << "</td><td" << (e.pass ? "" : " class=\"fail\"")
-        << ">" << (e.pass ? "pass" : "FAIL") << "</td></tr>\n";
+      h << "<tr><td class=\"l\">" << html_escape(v.name) << "</td><td class=\"l\">" << html_escape(e.name)
+        << "</td><td class=\"l\">" << html_escape(e.expected) << "</td><td class=\"l\">" << html_escape(e.got)
+        << "</td><td" << (e.pass ? "" : " class=\"fail\"") << ">" << (e.pass ? "pass" : "FAIL") << "</td></tr>\n";
   h << "</table>\n</body></html>\n";
   train::write_file_atomic(r.options.dir + "/index.html", h.str());
 }

@@ -43,7 +43,7 @@ namespace qkv::analysis {
 
 struct VariantRule {
   std::string name;
-  std::string param;        // what ":param" means ("" = takes none)
+  std::string param;  // what ":param" means ("" = takes none)
   bool param_required = false;
   std::string description;
   std::function<std::vector<std::string>(const std::string& param)> overrides;
@@ -61,10 +61,10 @@ std::vector<VariantSpec> parse_variants(const std::string& list);
 struct StudyOptions {
   std::string dir = "runs/study";
   std::vector<int64_t> lengths = {256, 1024, 4096};
-  int64_t budget_tokens = 0;   // training tokens per variant; 0 = the base config's max_steps
-  int64_t decode_tokens = 16;  // decoded tokens timed per length
-  int64_t eval_tokens = 8192;  // validation tokens scored per length (at least one window)
-  bool run_checks = true;      // leakcheck's model checks
+  int64_t budget_tokens = 0;                         // training tokens per variant; 0 = the base config's max_steps
+  int64_t decode_tokens = 16;                        // decoded tokens timed per length
+  int64_t eval_tokens = 8192;                        // validation tokens scored per length (at least one window)
+  bool run_checks = true;                            // leakcheck's model checks
   std::function<void(const std::string&)> progress;  // one line per stage (stderr in the CLI)
 };
 

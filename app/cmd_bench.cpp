@@ -38,7 +38,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
   cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
   static int64_t p_stride = 0, p_local = 0, p_global = 1, p_random = 2, p_bs = 64, p_hkv = 0;
-  cmd->add_option("--pattern", pattern, "attention: full|window|strided|global|bigbird|block_sparse|linear (linear: N 1K..64K, kv heads 8)")
+  cmd->add_option("--pattern", pattern,
+                  "attention: full|window|strided|global|bigbird|block_sparse|linear (linear: N 1K..64K, kv heads 8)")
       ->capture_default_str();
   cmd->add_option("--pattern-stride", p_stride, "attention: strided s (0 = ceil(sqrt(N)))");
   cmd->add_option("--pattern-local", p_local, "attention: local width l (0 = the pattern's default)");
@@ -49,9 +50,11 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--hkv", p_hkv, "attention: kv heads (default: 8 and 2)");
   static std::string kernel = "both";
   cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
-  cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")->capture_default_str();
+  cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")
+      ->capture_default_str();
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
-  cmd->add_option("--peak-tflops", peak_tflops, "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
+  cmd->add_option("--peak-tflops", peak_tflops,
+                  "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code] {
     nlohmann::json results = nlohmann::json::array();
@@ -64,16 +67,25 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (threads > 0) cfg.train.threads = threads;
       if (what == "step") {
         const auto r = train::bench_step(cfg, steps, 3, profile);
-        std::fprintf(out, "%s: %.2f ms/step  %.0f tok/s  %.2f GFLOP/s  peak RSS %.0f MB  (%d threads, %lld params, loss %.4f)\n",
-                     config.c_str(), r.ms_per_step, r.tokens_per_s, r.gflops, r.peak_rss_bytes / 1048576.0, r.threads,
-                     static_cast<long long>(r.params), r.final_loss);
+        std::fprintf(
+            out, "%s: %.2f ms/step  %.0f tok/s  %.2f GFLOP/s  peak RSS %.0f MB  (%d threads, %lld params, loss %.4f)\n",
+            config.c_str(), r.ms_per_step, r.tokens_per_s, r.gflops, r.peak_rss_bytes / 1048576.0, r.threads,
+            static_cast<long long>(r.params), r.final_loss);
         std::fprintf(out, "  cpu %.2f ms/step, tensor peak %.0f MB, %.2f OS allocations/step\n", r.cpu_ms_per_step,
                      r.allocator_peak_bytes / 1048576.0, r.os_allocations_per_step);
-        nlohmann::json j = {{"name", "step"},        {"config", config},         {"ms_per_step", r.ms_per_step},
-                            {"tokens_per_s", r.tokens_per_s}, {"gflops", r.gflops}, {"flops_per_step", r.flops_per_step},
-                            {"peak_rss_bytes", r.peak_rss_bytes}, {"threads", r.threads}, {"params", r.params},
-                            {"step_ms", r.step_ms},   {"final_loss", r.final_loss},
-                            {"cpu_ms_per_step", r.cpu_ms_per_step}, {"os_allocations_per_step", r.os_allocations_per_step},
+        nlohmann::json j = {{"name", "step"},
+                            {"config", config},
+                            {"ms_per_step", r.ms_per_step},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"gflops", r.gflops},
+                            {"flops_per_step", r.flops_per_step},
+                            {"peak_rss_bytes", r.peak_rss_bytes},
+                            {"threads", r.threads},
+                            {"params", r.params},
+                            {"step_ms", r.step_ms},
+                            {"final_loss", r.final_loss},
+                            {"cpu_ms_per_step", r.cpu_ms_per_step},
+                            {"os_allocations_per_step", r.os_allocations_per_step},
                             {"allocator_peak_bytes", r.allocator_peak_bytes}};
         if (cfg.train.device == "cuda") {
           // MFU: model FLOP/s over the card's dense bf16 peak, for float32 and bf16 runs alike.
@@ -95,7 +107,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
           std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.ms > b.second.ms; });
           std::fprintf(out, "%-36s %10s %8s\n", "region / backward node", "ms/step", "calls");
           for (auto& [name, e] : rows) {
-            std::fprintf(out, "%-36s %10.3f %8lld\n", name.c_str(), e.ms, static_cast<long long>(e.calls / std::max(steps, 1)));
+            std::fprintf(out, "%-36s %10.3f %8lld\n", name.c_str(), e.ms,
+                         static_cast<long long>(e.calls / std::max(steps, 1)));
             prof.push_back({{"name", name}, {"ms", e.ms}, {"calls", e.calls}});
           }
           j["profile"] = prof;
@@ -103,8 +116,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         results.push_back(j);
       } else {
         for (const auto& g : train::bench_gemm(cfg)) {
-          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s\n", g.name.c_str(), static_cast<long long>(g.m),
-                       static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops);
+          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s\n", g.name.c_str(),
+                       static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops);
           results.push_back({{"name", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflops", g.gflops}});
         }
       }
@@ -123,8 +136,10 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                 "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
       if (kernel == "fused") o.kernels = {attn::Kernel::fused};
       if (kernel == "reference") o.kernels = {attn::Kernel::reference};
-      QKV_CHECK(o.linear || attn::parse_pattern(pattern, &o.pattern.kind), "[bench] --pattern must be full, window, "
-                "strided, global, bigbird, block_sparse or linear, got '", pattern, "'");
+      QKV_CHECK(o.linear || attn::parse_pattern(pattern, &o.pattern.kind),
+                "[bench] --pattern must be full, window, "
+                "strided, global, bigbird, block_sparse or linear, got '",
+                pattern, "'");
       o.pattern.stride = p_stride;
       o.pattern.local = p_local;
       o.pattern.global = p_global;
@@ -132,9 +147,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       o.pattern.block_size = p_bs;
       try {
         o.pattern.validate();
-      } catch (const Error& e) {
-        fail("[bench] --pattern-*: ", e.what());
-      }
+      } catch (const Error& e) { fail("[bench] --pattern-*: ", e.what()); }
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
       if (!config.empty() && cfg.train.device == "cuda") {
@@ -149,32 +162,54 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         o.reference_max_n = 1024;
       }
       for (const auto& r : attn::bench_attention(o)) {
-        std::fprintf(out, "%-9s N=%-5lld hkv=%-2lld D=%-3lld %10.2f ms (fwd %.2f)  %6.2f / %6.2f TFLOP/s fwd/bwd  peak %8.2f MB\n",
-                     r.kernel.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.hkv),
-                     static_cast<long long>(r.head_dim), r.ms, r.forward_ms, r.forward_tflops, r.backward_tflops,
-                     r.peak_bytes / 1048576.0);
+        std::fprintf(
+            out,
+            "%-9s N=%-5lld hkv=%-2lld D=%-3lld %10.2f ms (fwd %.2f)  %6.2f / %6.2f TFLOP/s fwd/bwd  peak %8.2f MB\n",
+            r.kernel.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.hkv),
+            static_cast<long long>(r.head_dim), r.ms, r.forward_ms, r.forward_tflops, r.backward_tflops,
+            r.peak_bytes / 1048576.0);
         if (o.pattern.sparse())
-          std::fprintf(out, "          %s: kept %lld pairs, %lld of %lld tiles visited, %.2f ns/kept pair, %.1f GFLOP/s on kept\n",
-                       r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
-                       static_cast<long long>(r.total_tiles), r.ns_per_kept_pair, r.kept_gflops);
-        results.push_back({{"name", "attention"}, {"kernel", r.kernel}, {"n", r.n}, {"hkv", r.hkv},
-                           {"head_dim", r.head_dim}, {"ms", r.ms}, {"forward_ms", r.forward_ms},
-                           {"forward_tflops", r.forward_tflops}, {"backward_tflops", r.backward_tflops},
-                           {"peak_bytes", r.peak_bytes}, {"pattern", r.pattern}, {"kept_pairs", r.kept_pairs},
-                           {"visited_tiles", r.visited_tiles}, {"total_tiles", r.total_tiles},
-                           {"kept_gflops", r.kept_gflops}, {"ns_per_kept_pair", r.ns_per_kept_pair}});
+          std::fprintf(
+              out,
+              "          %s: kept %lld pairs, %lld of %lld tiles visited, %.2f ns/kept pair, %.1f GFLOP/s on kept\n",
+              r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
+              static_cast<long long>(r.total_tiles), r.ns_per_kept_pair, r.kept_gflops);
+        results.push_back({{"name", "attention"},
+                           {"kernel", r.kernel},
+                           {"n", r.n},
+                           {"hkv", r.hkv},
+                           {"head_dim", r.head_dim},
+                           {"ms", r.ms},
+                           {"forward_ms", r.forward_ms},
+                           {"forward_tflops", r.forward_tflops},
+                           {"backward_tflops", r.backward_tflops},
+                           {"peak_bytes", r.peak_bytes},
+                           {"pattern", r.pattern},
+                           {"kept_pairs", r.kept_pairs},
+                           {"visited_tiles", r.visited_tiles},
+                           {"total_tiles", r.total_tiles},
+                           {"kept_gflops", r.kept_gflops},
+                           {"ns_per_kept_pair", r.ns_per_kept_pair}});
       }
     } else if (what == "decode") {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");
       Config cfg = parse_config(config, sets);
       if (threads > 0) cfg.train.threads = threads;
       const auto r = train::bench_decode(cfg, tokens);
-      std::fprintf(out, "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%d threads, %lld tokens of context, %lld params)\n",
+      std::fprintf(out,
+                   "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%d threads, %lld tokens of "
+                   "context, %lld params)\n",
                    config.c_str(), r.tokens_per_s, r.ms_per_token, r.peak_rss_bytes / 1048576.0, r.threads,
                    static_cast<long long>(r.context_tokens), static_cast<long long>(r.params));
-      results.push_back({{"name", "decode"}, {"config", config}, {"tokens_per_s", r.tokens_per_s},
-                         {"ms_per_token", r.ms_per_token}, {"tokens", r.tokens}, {"context_tokens", r.context_tokens},
-                         {"peak_rss_bytes", r.peak_rss_bytes}, {"threads", r.threads}, {"params", r.params}});
+      results.push_back({{"name", "decode"},
+                         {"config", config},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"ms_per_token", r.ms_per_token},
+                         {"tokens", r.tokens},
+                         {"context_tokens", r.context_tokens},
+                         {"peak_rss_bytes", r.peak_rss_bytes},
+                         {"threads", r.threads},
+                         {"params", r.params}});
     } else {
       fail("[bench] --what must be step, attention, gemm or decode, got '", what, "'");
     }

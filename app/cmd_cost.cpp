@@ -17,7 +17,8 @@ void add_cost_command(CLI::App& root, int& exit_code) {
   static bool json = false;
   cmd->add_option("--config", config, "config file (.toml)")->required();
   cmd->add_option("--set", sets, "override a config key (repeatable)");
-  cmd->add_option("--context", context, "inference context N for prefill, decode and the KV cache (default block_size)");
+  cmd->add_option("--context", context,
+                  "inference context N for prefill, decode and the KV cache (default block_size)");
   cmd->add_option("--vocab", vocab, "vocabulary when model.vocab_size is 0 (default: the tokenizer's, from data.path)");
   cmd->add_flag("--json", json, "print the figures as one JSON line");
   cmd->callback([&exit_code] {

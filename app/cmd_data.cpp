@@ -25,7 +25,8 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
   kind->excludes(from);
   from->excludes(kind);
   cmd->add_option("--out", out, "output .h5")->required();
-  cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")->capture_default_str();
+  cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")
+      ->capture_default_str();
   cmd->add_option("--bpe-vocab-size", bpe_vocab, "BPE vocabulary size")->capture_default_str();
   cmd->add_option("--val-fraction", val_fraction, "share of documents (or tokens) held out")->capture_default_str();
   cmd->add_option("--seed", seed, "which documents go to validation")->capture_default_str();
@@ -39,15 +40,18 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
     o.split_seed = static_cast<uint64_t>(seed);
     QKV_CHECK(!tokenizer_from.empty() || kind->count() > 0, "prepare: give --tokenizer or --tokenizer-from");
     if (!tokenizer_from.empty()) {
-      o.given = train::is_hf_directory(tokenizer_from) ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
-                                                      : std::shared_ptr<const Tokenizer>(train::read_checkpoint_meta(tokenizer_from).tokenizer);
+      o.given = train::is_hf_directory(tokenizer_from)
+                    ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
+                    : std::shared_ptr<const Tokenizer>(train::read_checkpoint_meta(tokenizer_from).tokenizer);
       o.tokenizer = o.given->kind();
     }
     const Dataset ds = prepare_dataset(input, out, o);
-    std::fprintf(json ? stderr : stdout, "%s: %s tokenizer (vocab %d), train %lld tokens in %lld documents, val %lld tokens in %lld documents\n",
-                 out.c_str(), ds.tokenizer->kind(), ds.tokenizer->vocab_size(), static_cast<long long>(ds.train->size()),
-                 static_cast<long long>(ds.train->n_docs()), static_cast<long long>(ds.val->size()),
-                 static_cast<long long>(ds.val->n_docs()));
+    std::fprintf(
+        json ? stderr : stdout,
+        "%s: %s tokenizer (vocab %d), train %lld tokens in %lld documents, val %lld tokens in %lld documents\n",
+        out.c_str(), ds.tokenizer->kind(), ds.tokenizer->vocab_size(), static_cast<long long>(ds.train->size()),
+        static_cast<long long>(ds.train->n_docs()), static_cast<long long>(ds.val->size()),
+        static_cast<long long>(ds.val->n_docs()));
     if (json)
       print_json({{"out", out},
                   {"tokenizer", ds.tokenizer->kind()},

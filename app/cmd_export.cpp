@@ -10,7 +10,8 @@
 namespace qkv::app {
 
 void add_export_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("export", "write a checkpoint as a Hugging Face model directory (safetensors + config.json)");
+  auto* cmd =
+      root.add_subcommand("export", "write a checkpoint as a Hugging Face model directory (safetensors + config.json)");
   static std::string checkpoint, out, dtype = "f32";
   static bool json = false;
   cmd->add_option("--checkpoint", checkpoint, "checkpoint file (.h5)")->required();

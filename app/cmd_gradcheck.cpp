@@ -51,14 +51,18 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
     train::apply_thread_setting(threads);
   }
   if (cfg.train.device != "cpu" || cfg.train.dtype != "float32")
-    std::fprintf(stderr, "gradcheck: train.device = %s and train.dtype = %s do not apply: the check runs on the CPU in float64\n",
-                 cfg.train.device.c_str(), cfg.train.dtype.c_str());
+    std::fprintf(
+        stderr,
+        "gradcheck: train.device = %s and train.dtype = %s do not apply: the check runs on the CPU in float64\n",
+        cfg.train.device.c_str(), cfg.train.dtype.c_str());
   const analysis::ConfigGradcheck run = analysis::run_config_gradcheck(cfg, opt);
   const nn::ModelConfig& mc = run.model;
   const analysis::ModelGradcheckReport& rep = run.report;
   const int64_t rows = run.batch.x.size(0), tokens = run.batch.x.size(1);
   std::FILE* table = table_stream(json);
-  std::fprintf(table, "gradcheck: %s: %s, n_layer %lld, n_embd %lld, vocab %lld%s, %lld parameters in float64; batch %lld x %lld (%s); attention: %s\n",
+  std::fprintf(table,
+               "gradcheck: %s: %s, n_layer %lld, n_embd %lld, vocab %lld%s, %lld parameters in float64; batch %lld x "
+               "%lld (%s); attention: %s\n",
                config.c_str(), nn::family_name(mc.family), static_cast<long long>(mc.n_layer),
                static_cast<long long>(mc.n_embd), static_cast<long long>(mc.vocab_size),
                run.vocab_stand_in ? " (model.vocab_size = 0: a stand-in for the tokenizer's)" : "",
@@ -73,8 +77,13 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
     const double d = std::fabs(rep.loss - rep.loss_again);
     const double rel = rep.loss != 0 ? d / std::fabs(rep.loss) : d;
     print_row(table, "model", "deterministic loss (evaluated twice)", d, rel, rep.deterministic);
-    checks.push_back({{"op", "model"}, {"case", "deterministic loss"}, {"kind", "determinism"}, {"max_abs_err", d},
-                      {"max_rel_err", rel}, {"pass", rep.deterministic}, {"loss", rep.loss},
+    checks.push_back({{"op", "model"},
+                      {"case", "deterministic loss"},
+                      {"kind", "determinism"},
+                      {"max_abs_err", d},
+                      {"max_rel_err", rel},
+                      {"pass", rep.deterministic},
+                      {"loss", rep.loss},
                       {"loss_again", rep.loss_again}});
     count(rep.deterministic);
   }
@@ -82,29 +91,42 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
     const auto& d = rep.directions[k];
     const std::string name = "direction " + std::to_string(k) + " (all parameters)";
     print_row(table, "model", name, d.abs_err, d.rel_err, d.pass);
-    checks.push_back({{"op", "model"}, {"case", name}, {"kind", "direction"}, {"max_abs_err", d.abs_err},
-                      {"max_rel_err", d.rel_err}, {"pass", d.pass}, {"analytic", d.analytic}, {"numeric", d.numeric},
+    checks.push_back({{"op", "model"},
+                      {"case", name},
+                      {"kind", "direction"},
+                      {"max_abs_err", d.abs_err},
+                      {"max_rel_err", d.rel_err},
+                      {"pass", d.pass},
+                      {"analytic", d.analytic},
+                      {"numeric", d.numeric},
                       {"eps", d.step}});
     count(d.pass);
   }
   for (const auto& p : rep.params) {
-    nlohmann::json jc = {{"op", "model"},          {"case", p.name},
-                         {"kind", "parameter"},    {"max_abs_err", p.max_abs_err},
-                         {"max_rel_err", p.max_rel_err}, {"pass", p.pass},
-                         {"shape", p.shape},       {"elements", p.elements.size()}};
+    nlohmann::json jc = {{"op", "model"},
+                         {"case", p.name},
+                         {"kind", "parameter"},
+                         {"max_abs_err", p.max_abs_err},
+                         {"max_rel_err", p.max_rel_err},
+                         {"pass", p.pass},
+                         {"shape", p.shape},
+                         {"elements", p.elements.size()}};
     std::string note;
     if (p.worst >= 0) {
       const auto& w = p.elements[static_cast<size_t>(p.worst)];
-      jc["worst"] = {{"index", unravel(w.index, p.shape)}, {"analytic", w.analytic}, {"numeric", w.numeric},
-                     {"eps", w.step}};
-      if (!p.pass) note = cat("worst ", unravel(w.index, p.shape).dump(), ": analytic ", w.analytic, ", numeric ", w.numeric);
+      jc["worst"] = {
+          {"index", unravel(w.index, p.shape)}, {"analytic", w.analytic}, {"numeric", w.numeric}, {"eps", w.step}};
+      if (!p.pass)
+        note = cat("worst ", unravel(w.index, p.shape).dump(), ": analytic ", w.analytic, ", numeric ", w.numeric);
     }
     print_row(table, "model", p.name, p.max_abs_err, p.max_rel_err, p.pass, note);
     checks.push_back(jc);
     count(p.pass);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(table, "%d passed, %d failed (loss %.6f; %lld loss evaluations; eps %g, %lld comparisons retried at eps/10, eps/100; pass when |analytic - numeric| <= %g + %g |numeric|; %.1f s)\n",
+  std::fprintf(table,
+               "%d passed, %d failed (loss %.6f; %lld loss evaluations; eps %g, %lld comparisons retried at eps/10, "
+               "eps/100; pass when |analytic - numeric| <= %g + %g |numeric|; %.1f s)\n",
                passed, failed, rep.loss, static_cast<long long>(rep.evaluations), opt.eps,
                static_cast<long long>(rep.retried), opt.atol, opt.rtol, seconds);
   if (json) {
@@ -127,8 +149,11 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
                 {"device", "cpu"},
                 {"attention_kernel", run.attention_kernel},
                 {"attention_nodes", rep.attention_nodes},
-                {"batch", {{"rows", rows}, {"tokens", tokens}, {"batching", batch_mode_name(cfg.data.batching)},
-                           {"targets", run.batch.n_targets}}},
+                {"batch",
+                 {{"rows", rows},
+                  {"tokens", tokens},
+                  {"batching", batch_mode_name(cfg.data.batching)},
+                  {"targets", run.batch.n_targets}}},
                 {"loss", rep.loss},
                 {"deterministic", rep.deterministic},
                 {"directions", opt.directions},
@@ -147,20 +172,26 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
 }  // namespace
 
 void add_gradcheck_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("gradcheck", "check backward against finite differences (float64): every registered "
-                                               "differentiable op, or with --config a whole model");
+  auto* cmd = root.add_subcommand("gradcheck",
+                                  "check backward against finite differences (float64): every registered "
+                                  "differentiable op, or with --config a whole model");
   static std::string only, config;
   static std::vector<std::string> sets;
   static bool json = false;
   static double eps = 1e-6, atol = 1e-5, rtol = 1e-3;
-  static int directions = analysis::ModelGradcheckOptions{}.directions, elements = analysis::ModelGradcheckOptions{}.elements;
+  static int directions = analysis::ModelGradcheckOptions{}.directions,
+             elements = analysis::ModelGradcheckOptions{}.elements;
   static int64_t seed = static_cast<int64_t>(analysis::ModelGradcheckOptions{}.seed);
-  cmd->add_option("--only", only, "run only ops whose name (or 'op case') matches this regular expression; with "
-                                  "--config, only parameter tensors whose name matches");
+  cmd->add_option("--only", only,
+                  "run only ops whose name (or 'op case') matches this regular expression; with "
+                  "--config, only parameter tensors whose name matches");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
-  auto* eps_opt = cmd->add_option("--eps", eps, "finite-difference step (--config: default 1e-5)")->capture_default_str();
-  auto* atol_opt = cmd->add_option("--atol", atol, "absolute tolerance (--config: default 1e-9)")->capture_default_str();
-  auto* rtol_opt = cmd->add_option("--rtol", rtol, "relative tolerance (--config: default 1e-5)")->capture_default_str();
+  auto* eps_opt =
+      cmd->add_option("--eps", eps, "finite-difference step (--config: default 1e-5)")->capture_default_str();
+  auto* atol_opt =
+      cmd->add_option("--atol", atol, "absolute tolerance (--config: default 1e-9)")->capture_default_str();
+  auto* rtol_opt =
+      cmd->add_option("--rtol", rtol, "relative tolerance (--config: default 1e-5)")->capture_default_str();
   cmd->add_option("--config", config, "check the whole model of this config file (float64, seeded batch)");
   cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
   auto* dir_opt = cmd->add_option("--directions", directions, "--config: random directions over all parameters")
@@ -208,8 +239,11 @@ void add_gradcheck_command(CLI::App& root, int& exit_code) {
       const auto r = autograd::run_gradcheck(c, opt);
       r.pass ? ++passed : ++failed;
       print_row(table, r.op, r.name, r.max_abs_err, r.max_rel_err, r.pass, r.error);
-      nlohmann::json jc = {{"op", r.op}, {"case", r.name}, {"max_abs_err", r.max_abs_err},
-                           {"max_rel_err", r.max_rel_err}, {"pass", r.pass}};
+      nlohmann::json jc = {{"op", r.op},
+                           {"case", r.name},
+                           {"max_abs_err", r.max_abs_err},
+                           {"max_rel_err", r.max_rel_err},
+                           {"pass", r.pass}};
       if (!r.error.empty()) jc["error"] = r.error;
       checks.push_back(jc);
     }

@@ -25,7 +25,8 @@ void add_heads_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--data", data, "a text file to sample windows from")->required();
   cmd->add_option("--windows", windows, "windows of text to average over")->capture_default_str();
   cmd->add_option("--length", length, "tokens per window (default block_size)");
-  cmd->add_option("--separators", separators, "characters whose tokens count as separators (default: newline, space, tab, ASCII punctuation)");
+  cmd->add_option("--separators", separators,
+                  "characters whose tokens count as separators (default: newline, space, tab, ASCII punctuation)");
   cmd->add_option("--local-span", local_span, "keys within this distance count as local")->capture_default_str();
   cmd->add_option("--peak-threshold", peak, "score a single kind of key needs for its label")->capture_default_str();
   cmd->add_option("--local-threshold", local, "local mass for the label 'local'")->capture_default_str();
@@ -36,8 +37,7 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     QKV_CHECK(windows >= 1, "[heads] --windows must be >= 1, got ", windows);
     QKV_CHECK(length >= 0, "[heads] --length must be >= 2, got ", length);
     QKV_CHECK(local_span >= 1, "[heads] --local-span must be >= 1, got ", local_span);
-    for (double t : {peak, local, broad})
-      QKV_CHECK(t > 0 && t <= 1, "[heads] thresholds must be in (0, 1], got ", t);
+    for (double t : {peak, local, broad}) QKV_CHECK(t > 0 && t <= 1, "[heads] thresholds must be in (0, 1], got ", t);
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);
@@ -57,9 +57,9 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     o.local_threshold = local;
     o.broad_threshold = broad;
     const std::string seps = separators.empty() ? analysis::default_separators() : separators;
-    analysis::HeadsReport r = analysis::analyze_heads(*model, analysis::sample_windows(ids, len, windows),
-                                                      analysis::separator_ids(*meta.tokenizer, seps), o,
-                                                      meta.tokenizer.get());
+    analysis::HeadsReport r =
+        analysis::analyze_heads(*model, analysis::sample_windows(ids, len, windows),
+                                analysis::separator_ids(*meta.tokenizer, seps), o, meta.tokenizer.get());
     r.separators = seps;
     std::fputs(analysis::heads_table(r).c_str(), json ? stderr : stdout);
     if (!report.empty()) {

@@ -64,8 +64,8 @@ void add_inspect_command(CLI::App& root, int& exit_code) {
     for (const auto& t : tensors) width = std::max(width, t.name.size());
     std::printf("%-*s  %-16s %12s\n", static_cast<int>(width), "name", "shape", "numel");
     for (size_t i = 0; i < tensors.size(); ++i)
-      std::printf("%-*s  %-16s %12lld\n", static_cast<int>(width), tensors[i].name.c_str(), shape_str(tensors[i].shape).c_str(),
-                  static_cast<long long>(jt[i]["numel"].get<int64_t>()));
+      std::printf("%-*s  %-16s %12lld\n", static_cast<int>(width), tensors[i].name.c_str(),
+                  shape_str(tensors[i].shape).c_str(), static_cast<long long>(jt[i]["numel"].get<int64_t>()));
     std::printf("\nconfig (resolved):\n%s", toml.c_str());
     if (!toml.empty() && toml.back() != '\n') std::printf("\n");
     exit_code = 0;

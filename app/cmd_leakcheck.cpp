@@ -41,8 +41,9 @@ std::vector<int32_t> report_probe(const nn::DecoderModel& model, const train::Ru
 }  // namespace
 
 void add_leakcheck_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("leakcheck", "check a model for future-token leaks, train/inference mismatches, "
-                                               "mask and attention errors, dropout in eval, and train/val overlap");
+  auto* cmd = root.add_subcommand("leakcheck",
+                                  "check a model for future-token leaks, train/inference mismatches, "
+                                  "mask and attention errors, dropout in eval, and train/val overlap");
   static std::string ckpt, config, report_dir, device = "cpu";
   static std::vector<std::string> sets;
   static bool json = false, self_test = false;
@@ -104,7 +105,8 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     report.checks = analysis::run_model_checks(*model, opts);
     for (auto& na : analysis::not_applicable_checks(*model)) report.skipped.push_back(std::move(na));
     if (data && !cfg.data.random_tokens) {
-      for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts)) report.checks.push_back(std::move(c));
+      for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts))
+        report.checks.push_back(std::move(c));
     } else {
       const std::string why = data ? "data.random_tokens: no corpus" : "dataset not loadable: " + data_error;
       report.skipped.emplace_back("data.val_ngram_share", why);
@@ -114,7 +116,8 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
 
     std::optional<analysis::SelfTestResult> st;
     if (self_test) {
-      st = analysis::run_self_test(*model, opts, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+      st = analysis::run_self_test(*model, opts,
+                                   [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
       std::fputs(analysis::self_test_table(*st).c_str(), out);
     }
     if (!report_dir.empty()) {

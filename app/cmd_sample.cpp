@@ -61,7 +61,8 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--prompt", prompt, "text to continue (default: the config's sample.prompt, else a newline)");
   cmd->add_option("--max-new-tokens", max_new, "tokens to generate, >= 0 (default sample.max_new_tokens)");
-  cmd->add_option("--temperature", temperature, "softmax temperature, finite >= 0; 0 = greedy (default sample.temperature)");
+  cmd->add_option("--temperature", temperature,
+                  "softmax temperature, finite >= 0; 0 = greedy (default sample.temperature)");
   cmd->add_option("--top-k", top_k, "keep the k most likely tokens, >= 0; 0 = off");
   cmd->add_option("--top-p", top_p, "nucleus sampling mass in (0, 1]; 1 = off");
   cmd->add_option("--seed", seed, "sampling seed, >= 0");
@@ -111,7 +112,9 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     // generation (prefill included).
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json)
-      print_json({{"prompt", text}, {"text", all}, {"tokens", tokens},
+      print_json({{"prompt", text},
+                  {"text", all},
+                  {"tokens", tokens},
                   {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
                   {"peak_rss_bytes", train::peak_rss_bytes()}});
     exit_code = 0;
@@ -131,8 +134,8 @@ void add_eval_command(CLI::App& root, int& exit_code) {
     LoadedModel m = load_for_inference(ckpt, device);
     const std::vector<int32_t> tokens = load_eval_tokens(data_path, *m.meta.tokenizer);
     for (size_t i = 0; i < tokens.size(); ++i)
-      QKV_CHECK(tokens[i] >= 0 && tokens[i] < m.model->config().vocab_size, data_path, ": token ", tokens[i],
-                " at ", i, " is outside the model's vocabulary of ", m.model->config().vocab_size);
+      QKV_CHECK(tokens[i] >= 0 && tokens[i] < m.model->config().vocab_size, data_path, ": token ", tokens[i], " at ", i,
+                " is outside the model's vocabulary of ", m.model->config().vocab_size);
     const train::LossSum s = train::evaluate_windows(*m.model, tokens, data_path);
     const double loss = s.mean();
     std::fprintf(json ? stderr : stdout, "loss %.4f  perplexity %.3f  tokens %lld\n", loss, std::exp(loss),

@@ -13,21 +13,25 @@
 namespace qkv::app {
 
 void add_study_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("study", "train one config per attention variant and compare quality, speed and memory");
+  auto* cmd =
+      root.add_subcommand("study", "train one config per attention variant and compare quality, speed and memory");
   static std::string config, variants, lengths = "256,1024,4096", report = "runs/study";
   static std::vector<std::string> sets;
   static int64_t budget = 0, decode_tokens = 16, eval_tokens = 8192;
   static bool json = false, no_checks = false;
   cmd->add_option("--config", config, "base config file (.toml)")->required();
   cmd->add_option("--set", sets, "override a base config key (repeatable)");
-  cmd->add_option("--variants", variants, "comma-separated variants: full, window:W, strided[:S], global[:G], bigbird[:B], block_sparse[:B], linear (a parameter in brackets is optional)")
+  cmd->add_option("--variants", variants,
+                  "comma-separated variants: full, window:W, strided[:S], global[:G], bigbird[:B], block_sparse[:B], "
+                  "linear (a parameter in brackets is optional)")
       ->required();
   cmd->add_option("--lengths", lengths, "comma-separated inference lengths")->capture_default_str();
   cmd->add_option("--budget-tokens", budget, "training tokens per variant (default: the config's max_steps)");
   cmd->add_option("--decode-tokens", decode_tokens, "decoded tokens timed per length")->capture_default_str();
   cmd->add_option("--eval-tokens", eval_tokens, "validation tokens scored per length")->capture_default_str();
   cmd->add_flag("--no-checks", no_checks, "skip leakcheck's model checks");
-  cmd->add_option("--report", report, "work and report directory (index.html, variants/<name>/)")->capture_default_str();
+  cmd->add_option("--report", report, "work and report directory (index.html, variants/<name>/)")
+      ->capture_default_str();
   cmd->add_flag("--json", json, "print {variants: [...]} as one JSON line");
   cmd->callback([&exit_code] {
     analysis::StudyOptions o;
@@ -41,9 +45,7 @@ void add_study_command(CLI::App& root, int& exit_code) {
       long long n = 0;
       try {
         n = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
+      } catch (const std::exception&) { used = 0; }
       QKV_CHECK(used == item.size() && n >= 1, "--lengths: '", item, "' is not a positive integer");
       o.lengths.push_back(n);
     }

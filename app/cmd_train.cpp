@@ -38,7 +38,8 @@ void train_once(const TrainArgs& a, bool root) {
     std::fprintf(a.json ? stderr : stdout, "nothing to do: checkpoint is at step %lld >= train.max_steps %lld\n",
                  static_cast<long long>(s.step), static_cast<long long>(cfg.train.max_steps));
   else
-    std::fprintf(a.json ? stderr : stdout, "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
+    std::fprintf(a.json ? stderr : stdout,
+                 "step %lld  loss %.4f  val_loss %.4f  best_val_loss %.4f  %.1f s  %.0f tok/s  checkpoint %s\n",
                  static_cast<long long>(s.step), s.loss, s.val_loss, s.best_val_loss, s.seconds, s.tokens_per_s,
                  s.checkpoint.c_str());
   if (a.json)
@@ -60,7 +61,8 @@ void add_train_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--config", args.config, "config file (TOML)")->required();
   cmd->add_option("--set", args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
   cmd->add_option("--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
-  cmd->add_option("--init-from", args.init_from, "start a new run from a checkpoint's weights (or a Hugging Face model directory's)");
+  cmd->add_option("--init-from", args.init_from,
+                  "start a new run from a checkpoint's weights (or a Hugging Face model directory's)");
   cmd->add_flag("--plot", args.plot, "write OUT_DIR/loss.svg at the end");
   cmd->add_flag("--quiet", args.quiet, "no progress lines on stderr");
   cmd->add_flag("--json", args.json, "print the final metrics as one JSON line");

@@ -98,9 +98,7 @@ int main(int argc, char** argv) {
     if (rc == 0) return 0;  // --help
     if (json) qkv::app::print_error_json(e.what(), 2);
     return 2;
-  } catch (const qkv::Error& e) {
-    return report_error(json, "", e.what());
-  } catch (const std::exception& e) {
+  } catch (const qkv::Error& e) { return report_error(json, "", e.what()); } catch (const std::exception& e) {
     return report_error(json, "error: ", e.what());
   }
   // Output that never reached its destination (a full disk behind a redirect) is an error too.

@@ -8,4 +8,4 @@ namespace qkv::app {
 // not registered cases: `qkv gradcheck --config FILE` checks the model of any config
 // (analysis/model_gradcheck.h; tests/test_model_gradcheck.cpp).
 const autograd::GradcheckRegistry& full_gradcheck_registry();
-}
+}  // namespace qkv::app

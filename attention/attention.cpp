@@ -56,8 +56,8 @@ struct Kernels {
                        bool token_major) const {
 #ifdef QKV_WITH_CUDA
     if (backend != Backend::cpu) {
-      FusedForward f = backend == Backend::cuda_mma ? cuda_mma::forward(q, k, v, *device)
-                                                    : cuda_fused::forward(q, k, v, *device);
+      FusedForward f =
+          backend == Backend::cuda_mma ? cuda_mma::forward(q, k, v, *device) : cuda_fused::forward(q, k, v, *device);
       if (o.fully_masked == FullyMasked::error) {  // needs the lse on the host
         const std::vector<double> lse = f.lse.to_vector();
         for (size_t r = 0; r < lse.size(); ++r)
@@ -240,7 +240,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
 Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads, const AttentionOptions& opts) {
   if (autograd::autocast_bf16() && qkv.defined() && qkv.dtype() == DType::f32) {
     autograd::AutocastGuard inside(false);  // as in attention()
-    return ag::round_grad_bf16(attention_packed_on(ag::round_bf16(qkv), q_heads, kv_heads, opts, /*bf16_operands=*/true));
+    return ag::round_grad_bf16(
+        attention_packed_on(ag::round_bf16(qkv), q_heads, kv_heads, opts, /*bf16_operands=*/true));
   }
   return attention_packed_on(qkv, q_heads, kv_heads, opts, /*bf16_operands=*/false);
 }

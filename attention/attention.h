@@ -93,22 +93,22 @@ struct MaskRules {
 };
 
 struct AttentionOptions {
-  double scale = 0;                   // 0 -> 1/sqrt(D)
-  bool causal = false;                // bottom-right aligned: query i at absolute position Nk - Nq + i
-  int64_t window = 0;                 // w > 0: key j visible iff pos_i - w < j <= pos_i
-  Tensor key_padding;                 // optional bool [B, Nk], true = valid key
-  std::vector<int64_t> key_lengths;   // optional: keys [0, len_b) valid in batch row b
-  Tensor allow_mask;                  // optional bool broadcastable to [B, Hq, Nq, Nk], true = may attend
-  Tensor bias;                        // optional additive float, broadcastable to [B, Hq, Nq, Nk]; a
-                                      // constant for the fused kernel (no gradient); the reference
-                                      // kernel differentiates it when it requires grad
-  std::vector<float> alibi_slopes;    // optional, one per query head: adds -slope·(pos_i - j) on the fly
-  Tensor segment_ids;                 // optional int [B, Nk]: attend only within the same segment
-  double dropout_p = 0;               // training only: the caller passes 0 in eval
+  double scale = 0;                  // 0 -> 1/sqrt(D)
+  bool causal = false;               // bottom-right aligned: query i at absolute position Nk - Nq + i
+  int64_t window = 0;                // w > 0: key j visible iff pos_i - w < j <= pos_i
+  Tensor key_padding;                // optional bool [B, Nk], true = valid key
+  std::vector<int64_t> key_lengths;  // optional: keys [0, len_b) valid in batch row b
+  Tensor allow_mask;                 // optional bool broadcastable to [B, Hq, Nq, Nk], true = may attend
+  Tensor bias;                       // optional additive float, broadcastable to [B, Hq, Nq, Nk]; a
+                                     // constant for the fused kernel (no gradient); the reference
+                                     // kernel differentiates it when it requires grad
+  std::vector<float> alibi_slopes;   // optional, one per query head: adds -slope·(pos_i - j) on the fly
+  Tensor segment_ids;                // optional int [B, Nk]: attend only within the same segment
+  double dropout_p = 0;              // training only: the caller passes 0 in eval
   uint64_t dropout_seed = 0, dropout_offset = 0;
   FullyMasked fully_masked = FullyMasked::zero;
   Kernel kernel = Kernel::fused;
-  bool check_invariants = false;      // attention/invariants.cpp (debug mode); throws on failure
+  bool check_invariants = false;  // attention/invariants.cpp (debug mode); throws on failure
   // Optional explicit rules replacing mask_rules(shape, *this) (tests, leakcheck's self-test). The
   // CPU kernels follow any rules; the CUDA kernels derive the standard ones themselves, so a call
   // with explicit rules takes the reference path there.

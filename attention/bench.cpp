@@ -76,7 +76,9 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             std::sort(ms.begin(), ms.end());
             std::sort(fms.begin(), fms.end());
             AttentionBenchResult res;
-            res.kernel = std::string(linear ? "linear" : kernel == Kernel::fused ? "fused" : "reference") +
+            res.kernel = std::string(linear                    ? "linear"
+                                     : kernel == Kernel::fused ? "fused"
+                                                               : "reference") +
                          (opt.bf16_autocast ? "/bf16" : "");
             res.n = n;
             res.hkv = hkv;
@@ -89,7 +91,8 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             res.kept_pairs = st.kept_pairs;
             res.visited_tiles = linear ? 0 : st.visited_tiles;
             res.total_tiles = linear ? 0 : st.total_tiles;
-            res.kept_gflops = 14.0 * static_cast<double>(D) * static_cast<double>(st.kept_pairs) / (res.ms * 1e-3) * 1e-9;
+            res.kept_gflops =
+                14.0 * static_cast<double>(D) * static_cast<double>(st.kept_pairs) / (res.ms * 1e-3) * 1e-9;
             res.ns_per_kept_pair = res.ms * 1e6 / std::max<double>(1.0, static_cast<double>(st.kept_pairs));
             double fwd_flops = 2.0 * static_cast<double>(B * H) * static_cast<double>(n) * static_cast<double>(n) *
                                static_cast<double>(D) * (opt.causal ? 1.0 : 2.0);

@@ -16,15 +16,15 @@ struct AttentionBenchOptions {
   std::vector<int64_t> ns = {256, 1024, 4096};
   std::vector<int64_t> hkvs = {8, 2};
   std::vector<Kernel> kernels = {Kernel::reference, Kernel::fused};
-  int threads = 2;                  // OpenMP threads for the measurement (restored afterwards)
+  int threads = 2;  // OpenMP threads for the measurement (restored afterwards)
   int64_t batch = 1, heads = 8;
   std::vector<int64_t> head_dims = {64};
-  Device device = Device::cpu;       // cuda: the tensors live on the GPU, timings synchronise
+  Device device = Device::cpu;  // cuda: the tensors live on the GPU, timings synchronise
   bool causal = true;
-  int64_t reference_max_n = 4096;   // skip the O(N²)-memory reference above this N
-  int repeats = 0;                  // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
-  bool bf16_autocast = false;       // run under bf16 autocast (on the GPU: the tensor-core kernels)
-  SparsePattern pattern;            // ANDed with the causal mask (full: none)
+  int64_t reference_max_n = 4096;  // skip the O(N²)-memory reference above this N
+  int repeats = 0;                 // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
+  bool bf16_autocast = false;      // run under bf16 autocast (on the GPU: the tensor-core kernels)
+  SparsePattern pattern;           // ANDed with the causal mask (full: none)
   // linear: attention/linear_attention.h instead (causal as above, kernel "linear", feature
   // linear_feature, chunk linear_chunk; `kernels` and `pattern` are then ignored).
   bool linear = false;
@@ -35,10 +35,10 @@ struct AttentionBenchOptions {
 struct AttentionBenchResult {
   std::string kernel;  // "reference" | "fused", with "/bf16" under bf16 autocast
   int64_t n = 0, hkv = 0, head_dim = 0;
-  double ms = 0;            // median forward + backward
-  double forward_ms = 0;    // median forward alone
+  double ms = 0;                                   // median forward + backward
+  double forward_ms = 0;                           // median forward alone
   double forward_tflops = 0, backward_tflops = 0;  // causal work: fwd 2·B·H·N²·D, bwd 2.5x that
-  int64_t peak_bytes = 0;   // allocator peak during one step, above what was in use before it
+  int64_t peak_bytes = 0;                          // allocator peak during one step, above what was in use before it
   // The pattern's figures (pattern_stats): visible pairs over the whole problem, the fused kernel's
   // visited / total 64×64 tiles, and the rate on kept pairs: 14·D FLOPs per kept pair (forward
   // QKᵀ and PV: 4·D; backward, five products: 10·D) over the fwd+bwd time. Linear attention

@@ -15,8 +15,8 @@ constexpr int64_t kBlockK = kTileK;
 inline int worth_threads(double flops, int64_t tasks, int max_threads) {
   constexpr double kFlopsPerThread = 4e6;  // ~50 µs of tile GEMMs
   const double by_work = std::max(1.0, flops / kFlopsPerThread);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(max_threads), tasks,
-                                                                   static_cast<int64_t>(by_work)})));
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>({static_cast<int64_t>(max_threads), tasks, static_cast<int64_t>(by_work)})));
 }
 
 struct FusedForward {

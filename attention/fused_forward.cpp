@@ -61,7 +61,8 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
   // clipped to the structural range.
   const BlockLayout* layout = plan.has_pattern() ? &plan.layout() : nullptr;
   const int64_t qt = i0 / kBlockQ;
-  const int64_t n_tiles = layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_lo + kBlockK - 1) / kBlockK;
+  const int64_t n_tiles =
+      layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_lo + kBlockK - 1) / kBlockK;
   for (int64_t t = 0; t < n_tiles; ++t) {
     int64_t j0, bk;
     bool full;
@@ -118,10 +119,17 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
 template <class T>
 int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                     const Problem& p, const MaskPlan& plan, const DropoutDraw& drop) {
-  const FwdArgs<T> a{q.data<T>(),  k.data<T>(),  v.data<T>(),  q.stride(0), q.stride(1), q.stride(2),
-                     k.stride(0),  k.stride(1),  k.stride(2),  v.stride(0), v.stride(1), v.stride(2),
-                     out.data<T>(), lse.data<T>(), out.stride(0), out.stride(1), out.stride(2),
-                     p.Hq,          p.Nq,          p.D,          p.Dv,          static_cast<T>(p.scale)};
+  const FwdArgs<T> a{q.data<T>(),   k.data<T>(),
+                     v.data<T>(),   q.stride(0),
+                     q.stride(1),   q.stride(2),
+                     k.stride(0),   k.stride(1),
+                     k.stride(2),   v.stride(0),
+                     v.stride(1),   v.stride(2),
+                     out.data<T>(), lse.data<T>(),
+                     out.stride(0), out.stride(1),
+                     out.stride(2), p.Hq,
+                     p.Nq,          p.D,
+                     p.Dv,          static_cast<T>(p.scale)};
   const int64_t nblk = (p.Nq + kBlockQ - 1) / kBlockQ;
   const int64_t tasks = p.B * p.Hq * nblk;
   const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
@@ -141,8 +149,7 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     if (fm >= 0) {
       const int64_t idx = bh * p.Nq + fm;
       int64_t cur = first_masked.load();
-      while (idx < cur && !first_masked.compare_exchange_weak(cur, idx)) {
-      }
+      while (idx < cur && !first_masked.compare_exchange_weak(cur, idx)) {}
     }
   }
   return first_masked.load();

@@ -59,8 +59,8 @@ std::vector<Tensor> qkv_inputs(const Dims& d, uint64_t seed) {
 }  // namespace
 
 void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
-  const char* masks[] = {"no mask", "bool mask",      "causal", "key padding", "window",
-                         "bias",    "causal+padding", "fully masked rows"};
+  const char* masks[] = {"no mask", "bool mask", "causal",         "key padding",
+                         "window",  "bias",      "causal+padding", "fully masked rows"};
   struct Heads {
     const char* name;
     int64_t Hq, Hkv;
@@ -80,9 +80,9 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
             o.dropout_seed = 7;
             o.dropout_offset = 3;
           }
-          const std::string name = cat("fused ", mask, " ", h.name, nq == nk ? " Nq=Nk" : " Nq<Nk",
-                                       drop ? " dropout 0.3" : "", " [2,", h.Hq, ",", nq, ",3] k [2,", h.Hkv, ",", nk,
-                                       ",3]");
+          const std::string name =
+              cat("fused ", mask, " ", h.name, nq == nk ? " Nq=Nk" : " Nq<Nk", drop ? " dropout 0.3" : "", " [2,", h.Hq,
+                  ",", nq, ",3] k [2,", h.Hkv, ",", nk, ",3]");
           const uint64_t s = seed;
           seed += 3;
           r.add({"attention", name, [=] { return qkv_inputs(d, s); },
@@ -105,10 +105,21 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
       patterns.push_back({name, p});
     };
     add("window", Pattern::window, [](SparsePattern& p) { p.local = 3; });
-    add("strided", Pattern::strided, [](SparsePattern& p) { p.stride = 3; p.local = 2; });
+    add("strided", Pattern::strided, [](SparsePattern& p) {
+      p.stride = 3;
+      p.local = 2;
+    });
     add("global", Pattern::global, [](SparsePattern& p) { p.global_tokens = {0, 4}; });
-    add("bigbird", Pattern::bigbird, [](SparsePattern& p) { p.block_size = 2; p.local = 2; p.random_blocks = 1; p.seed = 3; });
-    add("block_sparse", Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 2; p.layout = "fixed"; });
+    add("bigbird", Pattern::bigbird, [](SparsePattern& p) {
+      p.block_size = 2;
+      p.local = 2;
+      p.random_blocks = 1;
+      p.seed = 3;
+    });
+    add("block_sparse", Pattern::block_sparse, [](SparsePattern& p) {
+      p.block_size = 2;
+      p.layout = "fixed";
+    });
     const Heads sparse_heads[] = {{"MHA", 2, 2}, {"GQA", 4, 2}};
     uint64_t sseed = 8000;
     for (const Named& n : patterns)
@@ -181,16 +192,24 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
           o.dropout_offset = 5;
         }
         const int64_t heads = hq + 2 * hkv;
-        r.add({"attention_packed", cat("causal Hq=", hq, " Hkv=", hkv, drop ? " dropout 0.3" : "", " qkv [2,4,", heads, ",3]"),
-               [=] { return std::vector<Tensor>{randn({2, 4, heads, 3}, 7400 + 10 * hq + drop, 0, 0.0, 1.0, DType::f64)}; },
+        r.add({"attention_packed",
+               cat("causal Hq=", hq, " Hkv=", hkv, drop ? " dropout 0.3" : "", " qkv [2,4,", heads, ",3]"),
+               [=] {
+                 return std::vector<Tensor>{randn({2, 4, heads, 3}, 7400 + 10 * hq + drop, 0, 0.0, 1.0, DType::f64)};
+               },
                [=](const std::vector<Tensor>& x) { return attention_packed(x[0], hq, hkv, o); }});
       }
   }
   // RoPE: by start position and by per-row positions (left padding).
-  r.add({"rope", "[2,3,4,6] start 5 theta 100", [] { return std::vector<Tensor>{randn({2, 3, 4, 6}, 7300, 0, 0.0, 1.0, DType::f64)}; },
+  r.add({"rope", "[2,3,4,6] start 5 theta 100",
+         [] {
+           return std::vector<Tensor>{randn({2, 3, 4, 6}, 7300, 0, 0.0, 1.0, DType::f64)};
+         },
          [](const std::vector<Tensor>& x) { return apply_rope(x[0], 5, 100.0); }});
   r.add({"rope", "[2,2,3,4] positions [2,3] through a transposed view",
-         [] { return std::vector<Tensor>{randn({2, 3, 2, 4}, 7301, 0, 0.0, 1.0, DType::f64)}; },
+         [] {
+           return std::vector<Tensor>{randn({2, 3, 2, 4}, 7301, 0, 0.0, 1.0, DType::f64)};
+         },
          [](const std::vector<Tensor>& x) {
            const Tensor pos = from_vector_i64({0, 1, 2, 0, 0, 1}, {2, 3});
            return apply_rope(ag::transpose(x[0], 1, 2), pos, 10000.0);

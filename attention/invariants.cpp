@@ -107,8 +107,9 @@ void check_fused_invariants(const Tensor& q, const Tensor& k, const Tensor& v, c
 }
 
 void check_reference_invariants(const AttentionWeights& r, const Problem& p, const MaskPlan& plan) {
-  QKV_CHECK(r.weights.shape() == (Shape{p.B, p.Hq, p.Nq, p.Nk}), "[attention] invariant violated (reference): weights are ",
-            shape_str(r.weights.shape()), ", expected ", shape_str({p.B, p.Hq, p.Nq, p.Nk}));
+  QKV_CHECK(r.weights.shape() == (Shape{p.B, p.Hq, p.Nq, p.Nk}),
+            "[attention] invariant violated (reference): weights are ", shape_str(r.weights.shape()), ", expected ",
+            shape_str({p.B, p.Hq, p.Nq, p.Nk}));
   const std::vector<double> a = r.weights.to_vector();
   const double tol = sum_tolerance(p.dtype);
   for (int64_t b = 0; b < p.B; ++b)
@@ -125,7 +126,8 @@ void check_reference_invariants(const AttentionWeights& r, const Problem& p, con
           total += row[j];
         }
         const double want = any_visible ? 1.0 : 0.0;
-        if (std::fabs(total - want) > tol) violated("reference", b, h, i, cat("weights sum to ", total, ", not ", want));
+        if (std::fabs(total - want) > tol)
+          violated("reference", b, h, i, cat("weights sum to ", total, ", not ", want));
       }
   QKV_CHECK(all_finite(r.out), "[attention] invariant violated (reference): output has non-finite values");
 }

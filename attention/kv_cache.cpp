@@ -4,8 +4,8 @@
 
 namespace qkv::attn {
 
-KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t v_head_dim,
-                 DType dtype, Device device)
+KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t v_head_dim, DType dtype,
+                 Device device)
     : capacity_(capacity) {
   if (v_head_dim < 0) v_head_dim = head_dim;
   QKV_CHECK(batch > 0 && kv_heads > 0 && capacity >= 0 && head_dim > 0 && v_head_dim > 0,

@@ -24,9 +24,12 @@ namespace qkv::attn {
 
 const char* linear_feature_name(LinearFeature f) {
   switch (f) {
-    case LinearFeature::elu1: return "elu1";
-    case LinearFeature::relu: return "relu";
-    case LinearFeature::favor: return "favor";
+    case LinearFeature::elu1:
+      return "elu1";
+    case LinearFeature::relu:
+      return "relu";
+    case LinearFeature::favor:
+      return "favor";
   }
   return "?";
 }
@@ -72,8 +75,8 @@ LinearProblem check_linear(const Tensor& q, const Tensor& k, const Tensor& v, co
   p.Hkv = k.size(1), p.Nk = k.size(2), p.Dv = v.size(3);
   QKV_CHECK(k.size(0) == p.B && v.size(0) == p.B && k.size(3) == p.D && v.size(1) == p.Hkv && v.size(2) == p.Nk,
             "[linear_attention] shapes disagree: q ", shp(q), ", k ", shp(k), ", v ", shp(v));
-  QKV_CHECK(p.Hkv > 0 && p.Hq % p.Hkv == 0, "[linear_attention] query heads ", p.Hq,
-            " must be a multiple of kv heads ", p.Hkv);
+  QKV_CHECK(p.Hkv > 0 && p.Hq % p.Hkv == 0, "[linear_attention] query heads ", p.Hq, " must be a multiple of kv heads ",
+            p.Hkv);
   p.G = p.Hq / p.Hkv;
   QKV_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && (q.dtype() == DType::f32 || q.dtype() == DType::f64),
             "[linear_attention] q, k, v must share dtype float32 or float64");
@@ -87,8 +90,7 @@ LinearProblem check_linear(const Tensor& q, const Tensor& k, const Tensor& v, co
   if (o.segment_ids.defined()) {
     QKV_CHECK(o.causal, "[linear_attention] segment_ids need causal linear attention");
     QKV_CHECK(is_integral(o.segment_ids.dtype()) && o.segment_ids.shape() == (Shape{p.B, p.Nk}),
-              "[linear_attention] segment_ids must be int [B, Nk] = [", p.B, ", ", p.Nk, "], got ",
-              shp(o.segment_ids));
+              "[linear_attention] segment_ids must be int [B, Nk] = [", p.B, ", ", p.Nk, "], got ", shp(o.segment_ids));
   }
   if (o.key_padding.defined())
     QKV_CHECK(o.key_padding.dtype() == DType::boolean && o.key_padding.shape() == (Shape{p.B, p.Nk}),
@@ -132,8 +134,8 @@ void features(const T* x, int64_t xs, int64_t n, const LinearProblem& p, LinearF
 // dx[i] (at stride dxs) = rs·vjp_φ(xt[i], dF[i]) (0 where valid[i] == 0). F are φ's outputs; dF is
 // overwritten (scratch).
 template <class T>
-void features_backward(const T* xt, const T* F, T* dF, int64_t n, const LinearProblem& p, LinearFeature f,
-                       const T* W, const uint8_t* valid, T* dx, int64_t dxs) {
+void features_backward(const T* xt, const T* F, T* dF, int64_t n, const LinearProblem& p, LinearFeature f, const T* W,
+                       const uint8_t* valid, T* dx, int64_t dxs) {
   const int64_t D = p.D, m = p.m;
   const T rs = static_cast<T>(p.rs);
   if (f == LinearFeature::favor) {
@@ -171,10 +173,8 @@ void causal_mask(T* A, int64_t cl, int64_t ld, int64_t c0, const int64_t* st, in
 template <class T, class F>
 void masked_rows(const T* src, T* dst, int64_t cl, int64_t w, const F& keep) {
   for (int64_t i = 0; i < cl; ++i) {
-    if (keep(i))
-      std::copy_n(src + i * w, w, dst + i * w);
-    else
-      std::fill_n(dst + i * w, w, T(0));
+    if (keep(i)) std::copy_n(src + i * w, w, dst + i * w);
+    else std::fill_n(dst + i * w, w, T(0));
   }
 }
 
@@ -182,17 +182,29 @@ template <class T>
 struct Io {
   const T *q, *k, *v;
   int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
-  const T* W;              // favor: [m, D] in T
-  const uint8_t* valid;    // [B, Nk] or nullptr
-  const int64_t* start;    // [B, Nk]: first position of the segment run holding each position (0s without segments)
+  const T* W;            // favor: [m, D] in T
+  const uint8_t* valid;  // [B, Nk] or nullptr
+  const int64_t* start;  // [B, Nk]: first position of the segment run holding each position (0s without segments)
 };
 
 template <class T>
 Io<T> make_io(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W, const std::vector<uint8_t>& valid,
               const std::vector<int64_t>& start) {
-  return {q.data<T>(),  k.data<T>(),  v.data<T>(),  q.stride(0), q.stride(1), q.stride(2), k.stride(0),
-          k.stride(1),  k.stride(2),  v.stride(0),  v.stride(1), v.stride(2), W.defined() ? W.data<T>() : nullptr,
-          valid.empty() ? nullptr : valid.data(), start.data()};
+  return {q.data<T>(),
+          k.data<T>(),
+          v.data<T>(),
+          q.stride(0),
+          q.stride(1),
+          q.stride(2),
+          k.stride(0),
+          k.stride(1),
+          k.stride(2),
+          v.stride(0),
+          v.stride(1),
+          v.stride(2),
+          W.defined() ? W.data<T>() : nullptr,
+          valid.empty() ? nullptr : valid.data(),
+          start.data()};
 }
 
 std::vector<uint8_t> valid_bytes(const LinearAttentionOptions& o) {
@@ -239,8 +251,8 @@ int64_t chunk_of(const LinearAttentionOptions& o, int64_t Nk) {
 // The prefix state after chunk [c0, c0 + cl): S += Ψ_Cᵀ·V_C (z likewise) when no segment run starts
 // inside the chunk, else S = the sum over the keys from the last run start on.
 template <class T>
-void advance_state(T* S, T* z, const T* psi, const T* vh, int64_t v_sn, int64_t c0, int64_t cl, int64_t m,
-                   int64_t Dv, const int64_t* st) {
+void advance_state(T* S, T* z, const T* psi, const T* vh, int64_t v_sn, int64_t c0, int64_t cl, int64_t m, int64_t Dv,
+                   const int64_t* st) {
   int64_t from = c0;
   const int64_t last_start = st[c0 + cl - 1];  // the run open at the chunk's end began at last_start
   if (last_start >= c0) {
@@ -346,12 +358,13 @@ void run_forward(const Io<T>& io, const LinearProblem& p, const LinearAttentionO
 // ---- Backward ----
 
 template <class T>
-void run_backward(const Io<T>& io, const LinearProblem& p, const LinearAttentionOptions& o, const T* dout,
-                  const T* out, const T* den, T* dq, T* dk, T* dv) {
+void run_backward(const Io<T>& io, const LinearProblem& p, const LinearAttentionOptions& o, const T* dout, const T* out,
+                  const T* den, T* dq, T* dk, T* dv) {
   const int64_t tasks = p.B * p.Hkv, D = p.D, Dv = p.Dv, m = p.m, Nq = p.Nq, Nk = p.Nk;
   const int64_t c = chunk_of(o, Nk);
   const int nthreads = threads_for(p, tasks);
-  const int64_t per = Nk * (D + 2 * m) + Nq * (D + 2 * m + Dv + 1) + m * Dv + m + 2 * c * c + c * std::max(m, Dv) + c * Dv;
+  const int64_t per =
+      Nk * (D + 2 * m) + Nq * (D + 2 * m + Dv + 1) + m * Dv + m + 2 * c * c + c * std::max(m, Dv) + c * Dv;
   Tensor scratch = Tensor::empty({nthreads, per}, p.dtype);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
@@ -494,8 +507,7 @@ LinearForward cpu_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   if (p.B * p.Hq * p.Nq == 0) return f;
   if (p.dtype == DType::f32)
     run_forward<float>(make_io<float>(q, k, v, W, valid, start), p, o, f.out.data<float>(), f.den.data<float>());
-  else
-    run_forward<double>(make_io<double>(q, k, v, W, valid, start), p, o, f.out.data<double>(), f.den.data<double>());
+  else run_forward<double>(make_io<double>(q, k, v, W, valid, start), p, o, f.out.data<double>(), f.den.data<double>());
   return f;
 }
 
@@ -553,7 +565,10 @@ struct LinearAttentionBackward : autograd::Node {
 #endif
     return cpu_backward(dout, q, k, v, out, den, p, o);
   }
-  void release() override { q = k = v = out = den = Tensor(); o = LinearAttentionOptions(); }
+  void release() override {
+    q = k = v = out = den = Tensor();
+    o = LinearAttentionOptions();
+  }
 };
 
 }  // namespace
@@ -614,9 +629,7 @@ void LinearState::clear() {
   length_ = 0;
 }
 
-int64_t LinearState::state_bytes() const {
-  return static_cast<int64_t>((S_.size() + z_.size()) * sizeof(double));
-}
+int64_t LinearState::state_bytes() const { return static_cast<int64_t>((S_.size() + z_.size()) * sizeof(double)); }
 
 Tensor LinearState::step(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& key_padding) {
   QKV_CHECK(q_in.defined() && k_in.defined() && v_in.defined() && q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
@@ -705,9 +718,9 @@ void register_linear_attention_gradchecks(autograd::GradcheckRegistry& r) {
         for (int64_t e = 0; e < 2 * nk; ++e) kp.data<bool>()[e] = e != nk + 1;
         o.key_padding = kp;
         if (segments) o.segment_ids = from_vector_i64({0, 0, 0, 1, 1, 0, 0, 0, 1, 1}, {2, nk});
-        const std::string name = cat("linear ", linear_feature_name(f), causal ? " causal" : " non-causal", " chunk ",
-                                     chunk, segments ? " segments" : "", " GQA key padding q [2,4,", nq, ",3] k [2,2,",
-                                     nk, ",3]");
+        const std::string name =
+            cat("linear ", linear_feature_name(f), causal ? " causal" : " non-causal", " chunk ", chunk,
+                segments ? " segments" : "", " GQA key padding q [2,4,", nq, ",3] k [2,2,", nk, ",3]");
         const uint64_t s = seed;
         seed += 3;
         r.add({"linear_attention", name,

@@ -74,14 +74,14 @@ LinearFeature parse_linear_feature(const std::string& name, const std::string& k
 struct LinearAttentionOptions {
   LinearFeature feature = LinearFeature::elu1;
   bool causal = false;
-  int64_t chunk = 64;   // c: keys per chunk of the causal form (any c ≥ 1 gives the same values)
-  double scale = 0;     // 0 -> 1/sqrt(D); √scale multiplies q and k before φ
-  double eps = 1e-6;    // ε of the normaliser
-  Tensor key_padding;   // optional bool [B, Nk], true = valid key
-  Tensor segment_ids;   // optional int [B, Nk], causal only: key j visible to query i only when
-                        // seg[b, j] == seg[b, i]; each segment must be one contiguous run (packed
-                        // documents), so the prefix state simply restarts where a run begins
-  Tensor projection;    // favor: W [m, D] (favor_projection), a constant; unused otherwise
+  int64_t chunk = 64;  // c: keys per chunk of the causal form (any c ≥ 1 gives the same values)
+  double scale = 0;    // 0 -> 1/sqrt(D); √scale multiplies q and k before φ
+  double eps = 1e-6;   // ε of the normaliser
+  Tensor key_padding;  // optional bool [B, Nk], true = valid key
+  Tensor segment_ids;  // optional int [B, Nk], causal only: key j visible to query i only when
+                       // seg[b, j] == seg[b, i]; each segment must be one contiguous run (packed
+                       // documents), so the prefix state simply restarts where a run begins
+  Tensor projection;   // favor: W [m, D] (favor_projection), a constant; unused otherwise
   // The in-chunk rule of the causal form, as a value (like attention's MaskRules): within a chunk,
   // key j is visible to query i iff j - i < chunk_key_hi. 1 is causal (j <= i), what the library
   // always uses; tests and leakcheck's self-test set a larger one on purpose (later keys of the

@@ -41,13 +41,14 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
   QKV_CHECK(q.dim() == 4, "[attention] q must be [B,Hq,Nq,D], got ", shape_str(q.shape()));
   QKV_CHECK(k.dim() == 4, "[attention] k must be [B,Hkv,Nk,D], got ", shape_str(k.shape()));
   QKV_CHECK(v.dim() == 4, "[attention] v must be [B,Hkv,Nk,Dv], got ", shape_str(v.shape()));
-  const std::string shapes = cat(" (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
-                                 shape_str(v.shape()), ")");
+  const std::string shapes =
+      cat(" (q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()), ")");
   QKV_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && (q.dtype() == DType::f32 || q.dtype() == DType::f64),
             "[attention] q, k, v must share dtype float32 or float64, got ", dtype_name(q.dtype()), ", ",
             dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
-  QKV_CHECK(k.device() == q.device() && v.device() == q.device(), "[attention] q, k and v must be on one device, got q on ",
-            device_name(q.device()), ", k on ", device_name(k.device()), ", v on ", device_name(v.device()));
+  QKV_CHECK(k.device() == q.device() && v.device() == q.device(),
+            "[attention] q, k and v must be on one device, got q on ", device_name(q.device()), ", k on ",
+            device_name(k.device()), ", v on ", device_name(v.device()));
   Problem p;
   p.B = q.size(0);
   p.Hq = q.size(1);
@@ -78,14 +79,13 @@ void fail_fully_masked(const Problem& p, int64_t flat_row) {
 }
 
 MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bias_dtype)
-    : B(s.batch), Hq(s.q_heads), Hkv(s.kv_heads), G(s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1), Nq(s.nq),
-      Nk(s.nk) {
+    : B(s.batch), Hq(s.q_heads), Hkv(s.kv_heads), G(s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1), Nq(s.nq), Nk(s.nk) {
   // The predicate runs on the host: masks given on a device are read from host copies.
   auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
   rules_ = o.rules ? *o.rules : mask_rules(s, o);
   if (o.rules) {  // the derived rules are right by construction; explicit ones are checked
-    QKV_CHECK(static_cast<int64_t>(rules_.kv_head.size()) == Hq, "[attention] mask rules map ",
-              rules_.kv_head.size(), " query heads, but q has Hq=", Hq);
+    QKV_CHECK(static_cast<int64_t>(rules_.kv_head.size()) == Hq, "[attention] mask rules map ", rules_.kv_head.size(),
+              " query heads, but q has Hq=", Hq);
     for (size_t h = 0; h < rules_.kv_head.size(); ++h)
       QKV_CHECK(rules_.kv_head[h] >= 0 && rules_.kv_head[h] < Hkv, "[attention] mask rules send query head ", h,
                 " to kv head ", rules_.kv_head[h], ", outside [0, Hkv=", Hkv, ")");
@@ -95,14 +95,15 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     QKV_CHECK(static_cast<int64_t>(o.key_lengths.size()) == B, "[attention] key_lengths has ", o.key_lengths.size(),
               " entries for batch ", B);
     for (size_t b = 0; b < o.key_lengths.size(); ++b)
-      QKV_CHECK(o.key_lengths[b] >= 0 && o.key_lengths[b] <= Nk, "[attention] key_lengths[", b, "] = ",
-                o.key_lengths[b], " is outside [0, Nk=", Nk, "]");
+      QKV_CHECK(o.key_lengths[b] >= 0 && o.key_lengths[b] <= Nk, "[attention] key_lengths[", b,
+                "] = ", o.key_lengths[b], " is outside [0, Nk=", Nk, "]");
     key_len_store_ = o.key_lengths;
     key_len_ = key_len_store_.data();
   }
   if (o.key_padding.defined()) {
     const Tensor kp = host(o.key_padding);
-    QKV_CHECK(kp.dtype() == DType::boolean, "[attention] key_padding must be bool [B,Nk], got ", dtype_name(kp.dtype()));
+    QKV_CHECK(kp.dtype() == DType::boolean, "[attention] key_padding must be bool [B,Nk], got ",
+              dtype_name(kp.dtype()));
     QKV_CHECK(kp.dim() == 2 && kp.size(0) == B && kp.size(1) == Nk, "[attention] key_padding is ",
               shape_str(kp.shape()), " but [B,Nk] = ", shape_str({B, Nk}));
     keep_.push_back(kp);
@@ -141,8 +142,8 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
     bias_ = bt.raw_data();
   }
   if (!o.alibi_slopes.empty()) {
-    QKV_CHECK(static_cast<int64_t>(o.alibi_slopes.size()) == Hq, "[attention] alibi_slopes has ",
-              o.alibi_slopes.size(), " entries for Hq=", Hq, " query heads");
+    QKV_CHECK(static_cast<int64_t>(o.alibi_slopes.size()) == Hq, "[attention] alibi_slopes has ", o.alibi_slopes.size(),
+              " entries for Hq=", Hq, " query heads");
     alibi_ = o.alibi_slopes;
   }
   elementwise_ = key_pad_ || seg_ || allow_;
@@ -164,7 +165,7 @@ MaskRules mask_rules(const AttentionShape& s, const AttentionOptions& o) {
   r.has_hi = o.causal || o.window > 0;  // a sliding window is causal
   r.hi = 1;                             // j <= pos
   r.has_lo = o.window > 0;
-  r.lo = 1 - o.window;                  // j > pos - w
+  r.lo = 1 - o.window;  // j > pos - w
   const int64_t G = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1;
   r.kv_head.resize(static_cast<size_t>(std::max<int64_t>(s.q_heads, 0)));
   for (int64_t h = 0; h < s.q_heads; ++h) r.kv_head[h] = h / std::max<int64_t>(G, 1);
@@ -246,7 +247,8 @@ PatternStats pattern_stats(const AttentionShape& s, const AttentionOptions& opts
         for (int64_t e = L.row_ptr[qt]; e < L.row_ptr[qt + 1]; ++e) {
           const int64_t kt = L.row_tiles[e];
           for (int64_t i = qt * L.tq; i < std::min(s.nq, (qt + 1) * L.tq); ++i)
-            for (int64_t j = kt * L.tk; j < std::min(s.nk, (kt + 1) * L.tk); ++j) st.kept_pairs += plan.visible(b, h, i, j);
+            for (int64_t j = kt * L.tk; j < std::min(s.nk, (kt + 1) * L.tk); ++j)
+              st.kept_pairs += plan.visible(b, h, i, j);
         }
   return st;
 }

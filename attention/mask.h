@@ -65,7 +65,10 @@ class MaskPlan {
   void query_range(int64_t b, int64_t j0, int64_t j1, int64_t* i_lo, int64_t* i_hi) const {
     *i_lo = 0;
     *i_hi = Nq;
-    if (key_len_ && j0 >= key_len_[b]) { *i_hi = 0; return; }
+    if (key_len_ && j0 >= key_len_[b]) {
+      *i_hi = 0;
+      return;
+    }
     // j0 < pos + hi  <=>  pos >= j0 - hi + 1
     if (rules_.has_hi) *i_lo = std::max<int64_t>(0, j0 - rules_.hi + 1 - rules_.q_offset);
     if (rules_.has_lo)  // pos + lo < j1  <=>  pos < j1 - lo
@@ -124,8 +127,7 @@ class MaskPlan {
   // and keys j0 + c (c < nc): masked entries become -inf. `full` skips the mask when the caller
   // already knows the block is all visible.
   template <class T>
-  void apply(int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, int64_t nc, T* s, int64_t lds,
-             bool full) const;
+  void apply(int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, int64_t nc, T* s, int64_t lds, bool full) const;
 
   // Counts rows with no visible key (bias not consulted).
   int64_t count_fully_masked() const;
@@ -187,7 +189,8 @@ void MaskPlan::apply(int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, i
 class DropoutDraw {
  public:
   DropoutDraw(const AttentionOptions& o, int64_t Hq)
-      : on_(o.dropout_p > 0), Hq_(Hq),
+      : on_(o.dropout_p > 0),
+        Hq_(Hq),
         k0_(static_cast<uint32_t>(o.dropout_seed)),
         k1_(static_cast<uint32_t>(o.dropout_seed >> 32) ^ static_cast<uint32_t>(o.dropout_offset >> 32)),
         c3_(static_cast<uint32_t>(o.dropout_offset)),

@@ -19,8 +19,9 @@ namespace {
 constexpr struct {
   const char* name;
   Pattern kind;
-} kPatternNames[] = {{"full", Pattern::full},       {"window", Pattern::window},   {"strided", Pattern::strided},
-                     {"global", Pattern::global},   {"bigbird", Pattern::bigbird}, {"block_sparse", Pattern::block_sparse}};
+} kPatternNames[] = {{"full", Pattern::full},       {"window", Pattern::window},
+                     {"strided", Pattern::strided}, {"global", Pattern::global},
+                     {"bigbird", Pattern::bigbird}, {"block_sparse", Pattern::block_sparse}};
 
 bool is_generator(const std::string& layout) { return layout == "local_global" || layout == "fixed"; }
 
@@ -58,17 +59,20 @@ void SparsePattern::validate() const {
   QKV_CHECK(random_blocks >= 0, "[attention] pattern random blocks must be >= 0, got ", random_blocks);
   QKV_CHECK(block_size > 0, "[attention] pattern block size must be > 0, got ", block_size);
   if (kind == Pattern::block_sparse && !is_generator(layout))
-    QKV_CHECK(layout_rows > 0 && layout_cols > 0 &&
-                  static_cast<int64_t>(layout_table.size()) == layout_rows * layout_cols,
-              "[attention] block_sparse layout \"", layout, "\" is neither local_global, fixed nor a loaded file");
+    QKV_CHECK(
+        layout_rows > 0 && layout_cols > 0 && static_cast<int64_t>(layout_table.size()) == layout_rows * layout_cols,
+        "[attention] block_sparse layout \"", layout, "\" is neither local_global, fixed nor a loaded file");
 }
 
 std::string SparsePattern::describe() const {
   std::ostringstream s;
   s << pattern_name(kind);
   switch (kind) {
-    case Pattern::full: break;
-    case Pattern::window: s << " l=" << (local ? std::to_string(local) : std::to_string(block_size)); break;
+    case Pattern::full:
+      break;
+    case Pattern::window:
+      s << " l=" << (local ? std::to_string(local) : std::to_string(block_size));
+      break;
     case Pattern::strided:
       s << " s=" << (stride ? std::to_string(stride) : "sqrt(N)") << " l=" << (local ? std::to_string(local) : "s");
       break;
@@ -79,7 +83,9 @@ std::string SparsePattern::describe() const {
       else s << " globals=" << global_tokens.size();
       if (kind == Pattern::bigbird) s << " r=" << random_blocks << " bs=" << block_size << " seed=" << seed;
       break;
-    case Pattern::block_sparse: s << " bs=" << block_size << " layout=" << layout; break;
+    case Pattern::block_sparse:
+      s << " bs=" << block_size << " layout=" << layout;
+      break;
   }
   return s.str();
 }
@@ -121,13 +127,18 @@ PatternPredicate::PatternPredicate(const SparsePattern& p, int64_t nk, bool caus
   bs_ = p.block_size;
   nkb_ = std::max<int64_t>(1, (nk + bs_ - 1) / bs_);
   switch (kind_) {
-    case Pattern::full: break;
-    case Pattern::window: l_ = p.local ? p.local : bs_; break;
+    case Pattern::full:
+      break;
+    case Pattern::window:
+      l_ = p.local ? p.local : bs_;
+      break;
     case Pattern::strided:
       s_ = p.stride ? p.stride : ceil_sqrt(nk);
       l_ = p.local ? p.local : s_;
       break;
-    case Pattern::global: l_ = p.local ? p.local : 1; break;
+    case Pattern::global:
+      l_ = p.local ? p.local : 1;
+      break;
     case Pattern::bigbird:
       l_ = p.local ? p.local : bs_;
       r_ = p.random_blocks;
@@ -159,9 +170,9 @@ bool PatternPredicate::is_global(int64_t x) const {
 }
 
 int64_t PatternPredicate::random_block(int64_t qb, int64_t k) const {
-  const Philox4 r = philox4x32_10(static_cast<uint32_t>(qb), static_cast<uint32_t>(k), 0x5ba25e00u,
-                                  static_cast<uint32_t>(qb >> 32), static_cast<uint32_t>(seed_),
-                                  static_cast<uint32_t>(seed_ >> 32));
+  const Philox4 r =
+      philox4x32_10(static_cast<uint32_t>(qb), static_cast<uint32_t>(k), 0x5ba25e00u, static_cast<uint32_t>(qb >> 32),
+                    static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32));
   const uint64_t m = causal_ ? static_cast<uint64_t>(std::max<int64_t>(qb, 0)) + 1 : static_cast<uint64_t>(nkb_);
   const uint64_t x = (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
   return static_cast<int64_t>(x % m);
@@ -177,10 +188,14 @@ bool PatternPredicate::block_allowed(int64_t qb, int64_t kb) const {
 bool PatternPredicate::allows(int64_t p, int64_t j) const {
   const int64_t d = p - j;
   switch (kind_) {
-    case Pattern::full: return true;
-    case Pattern::window: return std::abs(d) < l_;
-    case Pattern::strided: return std::abs(d) < l_ || d % s_ == 0;
-    case Pattern::global: return std::abs(d) < l_ || is_global(p) || is_global(j);
+    case Pattern::full:
+      return true;
+    case Pattern::window:
+      return std::abs(d) < l_;
+    case Pattern::strided:
+      return std::abs(d) < l_ || d % s_ == 0;
+    case Pattern::global:
+      return std::abs(d) < l_ || is_global(p) || is_global(j);
     case Pattern::bigbird: {
       if (std::abs(d) < l_ || is_global(p) || is_global(j)) return true;
       const int64_t qb = floor_div(p, bs_), kb = floor_div(j, bs_);
@@ -188,7 +203,8 @@ bool PatternPredicate::allows(int64_t p, int64_t j) const {
         if (random_block(qb, k) == kb) return true;
       return false;
     }
-    case Pattern::block_sparse: return block_allowed(floor_div(p, bs_), floor_div(j, bs_));
+    case Pattern::block_sparse:
+      return block_allowed(floor_div(p, bs_), floor_div(j, bs_));
   }
   return false;
 }
@@ -199,8 +215,12 @@ void PatternPredicate::keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t
   };
   if (a >= e) return;
   switch (kind_) {
-    case Pattern::full: range(a, e); return;
-    case Pattern::window: range(p - l_ + 1, p + l_); return;
+    case Pattern::full:
+      range(a, e);
+      return;
+    case Pattern::window:
+      range(p - l_ + 1, p + l_);
+      return;
     case Pattern::strided: {
       range(p - l_ + 1, p + l_);
       const int64_t first = a + (((p - a) % s_) + s_) % s_;  // smallest j >= a with (p - j) % s == 0

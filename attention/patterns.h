@@ -33,13 +33,13 @@ bool parse_pattern(std::string_view name, Pattern* out);
 
 struct SparsePattern {
   Pattern kind = Pattern::full;
-  int64_t stride = 0;         // strided: s; 0 = ⌈√Nk⌉
-  int64_t local = 0;          // l; 0 = the pattern's default (attention.h)
-  int64_t global = 1;         // global, bigbird: the first g positions are global (unless a list is given)
+  int64_t stride = 0;                  // strided: s; 0 = ⌈√Nk⌉
+  int64_t local = 0;                   // l; 0 = the pattern's default (attention.h)
+  int64_t global = 1;                  // global, bigbird: the first g positions are global (unless a list is given)
   std::vector<int64_t> global_tokens;  // global, bigbird: explicit global positions (replaces `global`)
-  int64_t random_blocks = 2;  // bigbird: r random key blocks per query block
-  int64_t block_size = 64;    // bigbird, block_sparse: bs positions per pattern block
-  uint64_t seed = 0;          // bigbird's random blocks
+  int64_t random_blocks = 2;           // bigbird: r random key blocks per query block
+  int64_t block_size = 64;             // bigbird, block_sparse: bs positions per pattern block
+  uint64_t seed = 0;                   // bigbird's random blocks
   // block_sparse: "local_global" (default) or "fixed" names a generator; anything else is a file
   // read by load_layout into layout_rows × layout_cols below.
   std::string layout = "local_global";

@@ -15,7 +15,7 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
 void check_reference_invariants(const AttentionWeights& r, const Problem& p, const MaskPlan& plan);
 // Fused: recomputes each row's weights P_ij = exp(S_ij − lse_i) with the full predicate (not the
 // kernel's tile intervals) and checks rows sum to 1 (0 when fully masked) and O = (P∘Z)·V.
-void check_fused_invariants(const Tensor& q, const Tensor& k, const Tensor& v, const FusedForward& f,
-                            const Problem& p, const MaskPlan& plan, const DropoutDraw& drop);
+void check_fused_invariants(const Tensor& q, const Tensor& k, const Tensor& v, const FusedForward& f, const Problem& p,
+                            const MaskPlan& plan, const DropoutDraw& drop);
 
 }  // namespace qkv::attn

@@ -65,12 +65,13 @@ void check_x(const Tensor& x, double theta) {
 Tensor apply_rope(const Tensor& x, const Tensor& positions, double theta) {
   check_x(x, theta);
   const int64_t B = x.size(0), N = x.size(2);
-  QKV_CHECK(positions.defined() && is_integral(positions.dtype()), "[rope] positions must be an int tensor [N] or [B,N]");
+  QKV_CHECK(positions.defined() && is_integral(positions.dtype()),
+            "[rope] positions must be an int tensor [N] or [B,N]");
   const bool per_row = positions.dim() == 2;
-  QKV_CHECK((positions.dim() == 1 && positions.size(0) == N) ||
-                (per_row && positions.size(0) == B && positions.size(1) == N),
-            "[rope] positions are ", shape_str(positions.shape()), " but x ", shape_str(x.shape()), " needs [N] = [", N,
-            "] or [B,N] = ", shape_str({B, N}));
+  QKV_CHECK(
+      (positions.dim() == 1 && positions.size(0) == N) || (per_row && positions.size(0) == B && positions.size(1) == N),
+      "[rope] positions are ", shape_str(positions.shape()), " but x ", shape_str(x.shape()), " needs [N] = [", N,
+      "] or [B,N] = ", shape_str({B, N}));
   const std::vector<double> pv = positions.to_vector();
   std::vector<int64_t> pos(pv.begin(), pv.end());
   return rope_impl(x, std::move(pos), per_row, theta);

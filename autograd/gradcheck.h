@@ -12,9 +12,9 @@
 namespace qkv::autograd {
 
 struct GradcheckCase {
-  std::string op;    // the primitive's name, e.g. "matmul"
-  std::string name;  // the case, e.g. "batched broadcast [2,3,4]x[4,5]"
-  std::function<std::vector<Tensor>()> make_inputs;   // float64 values for differentiable inputs
+  std::string op;                                    // the primitive's name, e.g. "matmul"
+  std::string name;                                  // the case, e.g. "batched broadcast [2,3,4]x[4,5]"
+  std::function<std::vector<Tensor>()> make_inputs;  // float64 values for differentiable inputs
   std::function<Tensor(const std::vector<Tensor>&)> fn;
   std::vector<bool> wrt = {};  // which inputs to differentiate; empty = every float64 input
 };

@@ -9,8 +9,8 @@
 namespace qkv::autograd {
 
 struct OptimParam {
-  std::string name;  // unique; the checkpoint key /optimizer/<name>/...
-  Tensor param;      // float32, contiguous, all on one device; its .grad() is read at step()
+  std::string name;   // unique; the checkpoint key /optimizer/<name>/...
+  Tensor param;       // float32, contiguous, all on one device; its .grad() is read at step()
   bool decay = true;  // convention: 2-D and higher weights decay; biases, norm gains do not
 };
 

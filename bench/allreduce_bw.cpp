@@ -27,17 +27,19 @@ int main(int argc, char** argv) {
   for (int r = -2; r < reps; ++r) {
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    for (size_t b = 0; b + 1 < bounds.size(); ++b) comm.allreduce_sum(buf.data() + bounds[b], bounds[b + 1] - bounds[b]);
+    for (size_t b = 0; b + 1 < bounds.size(); ++b)
+      comm.allreduce_sum(buf.data() + bounds[b], bounds[b + 1] - bounds[b]);
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (r >= 0) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   if (comm.is_root() && !ms.empty()) {
     const double med = ms[ms.size() / 2], bytes = 4.0 * static_cast<double>(n), w = comm.world();
-    std::printf("{\"ranks\":%d,\"parameters\":%lld,\"buckets\":%zu,\"bytes\":%.0f,\"ms_median\":%.3f,\"ms_min\":%.3f,"
-                "\"bus_GBps\":%.3f}\n",
-                comm.world(), static_cast<long long>(n), bounds.size() - 1, bytes, med, ms.front(),
-                2.0 * (w - 1) / w * bytes / (med * 1e-3) / 1e9);
+    std::printf(
+        "{\"ranks\":%d,\"parameters\":%lld,\"buckets\":%zu,\"bytes\":%.0f,\"ms_median\":%.3f,\"ms_min\":%.3f,"
+        "\"bus_GBps\":%.3f}\n",
+        comm.world(), static_cast<long long>(n), bounds.size() - 1, bytes, med, ms.front(),
+        2.0 * (w - 1) / w * bytes / (med * 1e-3) / 1e9);
   }
   dist::finalize();
   return 0;

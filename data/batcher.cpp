@@ -19,8 +19,8 @@ constexpr uint32_t kOrderStream = 0x6f726472u;   // "ordr"
 
 // 64 random bits for counter (a, b) under `seed`; b (a row or list index) stays below 2^32.
 uint64_t draw64(uint64_t seed, uint64_t a, uint64_t b, uint32_t stream) {
-  const Philox4 r = philox4x32_10(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32), static_cast<uint32_t>(b), stream,
-                                  static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const Philox4 r = philox4x32_10(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32), static_cast<uint32_t>(b),
+                                  stream, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
 }
 
@@ -38,7 +38,8 @@ namespace {
 template <class E, size_t N>
 std::string spelled_out(const std::array<Choice<E>, N>& choices) {
   std::string out;
-  for (size_t i = 0; i < N; ++i) out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(choices[i].name);
+  for (size_t i = 0; i < N; ++i)
+    out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(choices[i].name);
   return out;
 }
 }  // namespace
@@ -55,9 +56,7 @@ Padding parse_padding(std::string_view name) {
   fail("[batcher] unknown padding '", name, "' (expected ", spelled_out(kPaddingSides), ")");
 }
 
-std::array<int64_t, 5> BatcherState::to_array() const {
-  return {static_cast<int64_t>(seed), step, epoch, doc, token};
-}
+std::array<int64_t, 5> BatcherState::to_array() const { return {static_cast<int64_t>(seed), step, epoch, doc, token}; }
 
 BatcherState BatcherState::from_array(std::span<const int64_t> a) {
   QKV_CHECK(a.size() == 5, "[batcher] a saved batcher state has 5 integers, got ", a.size());
@@ -70,7 +69,8 @@ BatcherState BatcherState::from_array(std::span<const int64_t> a) {
   return s;
 }
 
-Batcher::Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts) : split_(std::move(split)), opts_(opts) {
+Batcher::Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts)
+    : split_(std::move(split)), opts_(opts) {
   QKV_CHECK(split_ != nullptr, "[batcher] no token split given");
   const TokenSplit& s = *split_;
   const int64_t t = opts_.block_size;
@@ -80,20 +80,22 @@ Batcher::Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& 
             " is outside world ", opts_.world);
   state_.seed = opts_.seed;
   if (opts_.mode == BatchMode::random_windows || opts_.mode == BatchMode::packed_docs) {
-    QKV_CHECK(s.size() >= t + 1, "[batcher] ", s.name, " has ", s.size(), " tokens; block_size ", t,
-              " needs at least ", t + 1);
+    QKV_CHECK(s.size() >= t + 1, "[batcher] ", s.name, " has ", s.size(), " tokens; block_size ", t, " needs at least ",
+              t + 1);
   }
   if (opts_.mode == BatchMode::random_windows) return;
   const int64_t min_len = opts_.mode == BatchMode::padded_docs ? 2 : 1;
   for (int64_t d = 0; d < s.n_docs(); ++d)
     if (s.doc_offsets[d + 1] - s.doc_offsets[d] >= min_len) eligible_.push_back(d);
-  QKV_CHECK(!eligible_.empty(), "[batcher] ", s.name, " has ", s.n_docs(), " documents and none with at least ", min_len,
-            " tokens (", s.size(), " tokens in all)");
+  QKV_CHECK(!eligible_.empty(), "[batcher] ", s.name, " has ", s.n_docs(), " documents and none with at least ",
+            min_len, " tokens (", s.size(), " tokens in all)");
 }
 
 void Batcher::restore(const BatcherState& s) {
-  QKV_CHECK(s.seed == opts_.seed, "[batcher] saved data state has seed ", s.seed, " but this run's seed is ", opts_.seed);
-  QKV_CHECK(s.step >= 0 && s.epoch >= 0 && s.doc >= 0 && s.token >= 0, "[batcher] saved data state has negative counters");
+  QKV_CHECK(s.seed == opts_.seed, "[batcher] saved data state has seed ", s.seed, " but this run's seed is ",
+            opts_.seed);
+  QKV_CHECK(s.step >= 0 && s.epoch >= 0 && s.doc >= 0 && s.token >= 0,
+            "[batcher] saved data state has negative counters");
   if (opts_.mode != BatchMode::random_windows) {
     QKV_CHECK(s.doc <= static_cast<int64_t>(eligible_.size()), "[batcher] saved data state points at document ", s.doc,
               " of an epoch of ", eligible_.size(), " documents (", split_->name, " changed?)");
@@ -126,9 +128,15 @@ int64_t Batcher::current_doc(BatcherState& s) {
 Batch Batcher::next() {
   Batch b;
   switch (opts_.mode) {
-    case BatchMode::random_windows: b = next_random_windows(); break;
-    case BatchMode::padded_docs: b = next_padded_docs(); break;
-    case BatchMode::packed_docs: b = next_packed_docs(); break;
+    case BatchMode::random_windows:
+      b = next_random_windows();
+      break;
+    case BatchMode::padded_docs:
+      b = next_padded_docs();
+      break;
+    case BatchMode::packed_docs:
+      b = next_packed_docs();
+      break;
   }
   ++state_.step;
   return b;
@@ -143,7 +151,8 @@ Batch Batcher::next_random_windows() {
   const int32_t* tok = split_->tokens.data();
   for (int64_t i = 0; i < rows; ++i) {
     const auto g = static_cast<uint64_t>(opts_.rank * rows + i);
-    const auto o = static_cast<int64_t>(draw64(opts_.seed, static_cast<uint64_t>(state_.step), g, kWindowStream) % n_offsets);
+    const auto o =
+        static_cast<int64_t>(draw64(opts_.seed, static_cast<uint64_t>(state_.step), g, kWindowStream) % n_offsets);
     for (int64_t k = 0; k < t; ++k) {
       x[i * t + k] = tok[o + k];
       y[i * t + k] = tok[o + k + 1];

@@ -70,11 +70,11 @@ struct BatcherOptions {
 };
 
 struct Batch {
-  Tensor x;            // int64 [B, T]
-  Tensor y;            // int64 [B, T], kIgnoreIndex where no loss is taken
-  Tensor key_padding;  // bool [B, T], padded_docs only: true = real token
-  Tensor positions;    // int64 [B, T], padded_docs / packed_docs only
-  Tensor segment_ids;  // int32 [B, T], packed_docs only
+  Tensor x;               // int64 [B, T]
+  Tensor y;               // int64 [B, T], kIgnoreIndex where no loss is taken
+  Tensor key_padding;     // bool [B, T], padded_docs only: true = real token
+  Tensor positions;       // int64 [B, T], padded_docs / packed_docs only
+  Tensor segment_ids;     // int32 [B, T], packed_docs only
   int64_t n_targets = 0;  // entries of y that count
 };
 

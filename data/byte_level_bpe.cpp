@@ -103,7 +103,6 @@ Cls classify(uint32_t cp) {
   return Cls::other;
 }
 
-
 }  // namespace
 
 uint32_t byte_to_codepoint(uint8_t b) { return table().to_cp[b]; }
@@ -190,24 +189,24 @@ namespace {
 
 using nlohmann::json;
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 std::string q(std::string_view s) { return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json parse_json(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
-  } catch (const json::exception& e) {
-    fail(what, ": not valid JSON: ", e.what());
-  }
+  } catch (const json::exception& e) { fail(what, ": not valid JSON: ", e.what()); }
 }
 
 constexpr int kSerializedVersion = 1;  // tokenizer.cpp's kFormatVersion for every kind
 
 }  // namespace
 
-Gpt2BpeTokenizer::Gpt2BpeTokenizer(std::vector<std::string> vocab, std::vector<std::pair<std::string, std::string>> merges,
-                                   std::vector<int32_t> added)
+Gpt2BpeTokenizer::Gpt2BpeTokenizer(std::vector<std::string> vocab,
+                                   std::vector<std::pair<std::string, std::string>> merges, std::vector<int32_t> added)
     : vocab_(std::move(vocab)), merges_(std::move(merges)), added_(std::move(added)) {
   const char* who = "[gpt2_bpe tokenizer]";
   std::sort(added_.begin(), added_.end());
@@ -239,8 +238,10 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(std::vector<std::string> vocab, std::vector<s
   for (size_t r = 0; r < merges_.size(); ++r) {
     const auto& [a, b] = merges_[r];
     const int32_t ia = token_id(a), ib = token_id(b), ic = token_id(a + b);
-    QKV_CHECK(ia >= 0 && ib >= 0, who, " merge ", r, " (", q(a), " ", q(b), ") has a part that is not in the vocabulary");
-    QKV_CHECK(ic >= 0, who, " merge ", r, " (", q(a), " ", q(b), ") makes ", q(a + b), ", which is not in the vocabulary");
+    QKV_CHECK(ia >= 0 && ib >= 0, who, " merge ", r, " (", q(a), " ", q(b),
+              ") has a part that is not in the vocabulary");
+    QKV_CHECK(ic >= 0, who, " merge ", r, " (", q(a), " ", q(b), ") makes ", q(a + b),
+              ", which is not in the vocabulary");
     // A repeated pair keeps its first (lowest) rank, as HF's loader does.
     merge_.emplace(pair_key(ia, ib), Merge{static_cast<int32_t>(r), ic});
   }
@@ -334,7 +335,8 @@ void Gpt2BpeTokenizer::append_token(int32_t id, std::string& out) const {
 std::string Gpt2BpeTokenizer::serialize() const {
   json merges = json::array();
   for (const auto& [a, b] : merges_) merges.push_back(a + " " + b);
-  return json{{"kind", kKind}, {"version", kSerializedVersion}, {"vocab", vocab_}, {"merges", merges}, {"added", added_}}
+  return json{
+      {"kind", kKind}, {"version", kSerializedVersion}, {"vocab", vocab_}, {"merges", merges}, {"added", added_}}
       .dump(-1, ' ', false, json::error_handler_t::strict);
 }
 
@@ -416,8 +418,8 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
         !(obj[key].is_boolean() && !obj[key].get<bool>()))
       fail(what, ": ", where, key, " = ", obj[key].dump(), " is not supported (GPT-2's byte-level BPE has none)");
   };
-  for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
-                        "byte_fallback"})
+  for (const char* k :
+       {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback"})
     refuse_set(m, k, "model.");
   refuse_set(j, "normalizer", "");
   const json pre = j.value("pre_tokenizer", json());
@@ -446,8 +448,8 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
       for (const char* k : {"single_word", "lstrip", "rstrip"})
         QKV_CHECK(!a.value(k, false), what, ": added token ", q(content), " has ", k, " = true (not supported)");
       if (id < vocab.size()) {
-        QKV_CHECK(vocab[id] == content, what, ": added token ", q(content), " has id ", id, ", which the vocab gives to ",
-                  q(vocab[id]));
+        QKV_CHECK(vocab[id] == content, what, ": added token ", q(content), " has id ", id,
+                  ", which the vocab gives to ", q(vocab[id]));
       } else {
         QKV_CHECK(id == vocab.size(), what, ": added token ", q(content), " has id ", id, ", leaving a gap after ",
                   vocab.size() - 1);

@@ -54,7 +54,8 @@ class Gpt2BpeTokenizer final : public Tokenizer {
                    std::vector<int32_t> added);
   // From HF files. vocab.json + merges.txt: added tokens are the vocabulary entries that are not a
   // byte token and no merge makes (GPT-2's <|endoftext|>). tokenizer.json: its "added_tokens".
-  static std::unique_ptr<Gpt2BpeTokenizer> from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt);
+  static std::unique_ptr<Gpt2BpeTokenizer> from_vocab_merges(const std::string& vocab_json,
+                                                             const std::string& merges_txt);
   static std::unique_ptr<Gpt2BpeTokenizer> from_tokenizer_json(const std::string& tokenizer_json);
   // Rebuilds from serialize()'s JSON object.
   static std::unique_ptr<Gpt2BpeTokenizer> from_serialized(const std::string& json);
@@ -80,13 +81,13 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::vector<std::string> vocab_;
   std::vector<std::pair<std::string, std::string>> merges_;
   std::vector<int32_t> added_;
-  std::vector<std::string> bytes_;                    // per id: the bytes it decodes to
-  std::unordered_map<std::string, int32_t> index_;    // text -> id
-  std::array<int32_t, 256> byte_id_{};                // byte -> its token id
+  std::vector<std::string> bytes_;                  // per id: the bytes it decodes to
+  std::unordered_map<std::string, int32_t> index_;  // text -> id
+  std::array<int32_t, 256> byte_id_{};              // byte -> its token id
   struct Merge {
     int32_t rank, id;
   };
-  std::unordered_map<uint64_t, Merge> merge_;         // (left id, right id) -> rank, result id
+  std::unordered_map<uint64_t, Merge> merge_;  // (left id, right id) -> rank, result id
 };
 
 }  // namespace qkv

@@ -27,7 +27,8 @@ constexpr int64_t kFormatVersion = 1;
 constexpr uint32_t kSplitStream = 0x73706c74u;  // "splt": keeps these draws apart from other Philox uses
 
 bool only_whitespace(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; });
 }
 
 // Calls fn(line_begin, line_end_without_newline, next_line_begin) for every line of `text`.
@@ -47,7 +48,7 @@ void for_each_line(std::string_view text, Fn&& fn) {
 // read only once: it is read whole into memory and never reopened (sniffing its first bytes and
 // then reopening it lost them; reopening a FIFO whose writer is gone hangs).
 bool is_stream(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
@@ -55,7 +56,9 @@ bool is_stream(const std::string& path) {
 std::string read_stream(const std::string& path) {
   std::string bytes = read_text_file(path);
   if (h5::has_hdf5_signature(bytes))
-    fail("[data] ", path, " is a pipe or FIFO carrying an HDF5 file; HDF5 files must be read from a regular file (save it to disk first)");
+    fail("[data] ", path,
+         " is a pipe or FIFO carrying an HDF5 file; HDF5 files must be read from a regular file (save it to disk "
+         "first)");
   return bytes;
 }
 
@@ -76,9 +79,12 @@ DocSeparator parse_separator(std::string_view name) {
 
 const char* separator_name(DocSeparator sep) {
   switch (sep) {
-    case DocSeparator::blank_line: return "blank_line";
-    case DocSeparator::percent_line: return "percent_line";
-    case DocSeparator::none: return "none";
+    case DocSeparator::blank_line:
+      return "blank_line";
+    case DocSeparator::percent_line:
+      return "percent_line";
+    case DocSeparator::none:
+      return "none";
   }
   return "?";
 }
@@ -180,7 +186,8 @@ Dataset prepare_text(std::string_view text, const std::string& name, const Prepa
     std::vector<std::pair<uint64_t, int64_t>> rank(docs.size());
     const auto k0 = static_cast<uint32_t>(opts.split_seed), k1 = static_cast<uint32_t>(opts.split_seed >> 32);
     for (int64_t d = 0; d < n_docs; ++d) {
-      const Philox4 r = philox4x32_10(static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32), 0, kSplitStream, k0, k1);
+      const Philox4 r =
+          philox4x32_10(static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32), 0, kSplitStream, k0, k1);
       rank[d] = {(static_cast<uint64_t>(r.v[0]) << 32) | r.v[1], d};
     }
     std::sort(rank.begin(), rank.end());
@@ -266,15 +273,18 @@ void read_split(const h5::File& f, const std::string& group, int32_t vocab, Toke
   s.tokens = f.read<int32_t>(group + "/tokens", &shape);
   if (shape.size() != 1) f.fail("dataset ", group, "/tokens has shape ", shape_str(shape), ", expected 1-d");
   s.doc_offsets = f.read<int64_t>(group + "/doc_offsets", &shape);
-  if (shape.size() != 1 || shape[0] < 1) f.fail("dataset ", group, "/doc_offsets has shape ", shape_str(shape), ", expected [docs+1]");
+  if (shape.size() != 1 || shape[0] < 1)
+    f.fail("dataset ", group, "/doc_offsets has shape ", shape_str(shape), ", expected [docs+1]");
   const auto& off = s.doc_offsets;
   if (off.front() != 0 || off.back() != s.size())
-    f.fail(group, "/doc_offsets runs from ", off.front(), " to ", off.back(), " but ", group, "/tokens has ", s.size(), " tokens");
+    f.fail(group, "/doc_offsets runs from ", off.front(), " to ", off.back(), " but ", group, "/tokens has ", s.size(),
+           " tokens");
   for (size_t i = 1; i < off.size(); ++i)
     if (off[i] < off[i - 1]) f.fail(group, "/doc_offsets decreases at entry ", i);
   for (size_t i = 0; i < s.tokens.size(); ++i)
     if (s.tokens[i] < 0 || s.tokens[i] >= vocab)
-      f.fail("token ", s.tokens[i], " at position ", i, " of ", group, "/tokens is outside the vocabulary [0, ", vocab, ")");
+      f.fail("token ", s.tokens[i], " at position ", i, " of ", group, "/tokens is outside the vocabulary [0, ", vocab,
+             ")");
 }
 
 }  // namespace
@@ -285,7 +295,8 @@ Dataset load_dataset(const std::string& h5_path) {
   const std::string format = f.attr_string("/", "format");
   if (format != kFormat) f.fail("not a qkv dataset (format is '", format, "', expected '", kFormat, "')");
   const int64_t version = f.attr_int("/", "format_version");
-  if (version != kFormatVersion) f.fail("dataset format_version ", version, " is not supported (this build reads ", kFormatVersion, ")");
+  if (version != kFormatVersion)
+    f.fail("dataset format_version ", version, " is not supported (this build reads ", kFormatVersion, ")");
   Dataset ds;
   ds.path = h5_path;
   ds.source = f.attr_string("/", "source");
@@ -295,7 +306,8 @@ Dataset load_dataset(const std::string& h5_path) {
   ds.duplicates_dropped = f.has_attr("/", "duplicates_dropped") ? f.attr_int("/", "duplicates_dropped") : 0;
   ds.tokenizer = load_tokenizer(f, "/tokenizer");
   const std::string kind = f.attr_string("/", "tokenizer");
-  if (kind != ds.tokenizer->kind()) f.fail("root attribute tokenizer='", kind, "' but /tokenizer holds a ", ds.tokenizer->kind(), " tokenizer");
+  if (kind != ds.tokenizer->kind())
+    f.fail("root attribute tokenizer='", kind, "' but /tokenizer holds a ", ds.tokenizer->kind(), " tokenizer");
   const int64_t vocab = f.attr_int("/", "vocab_size");
   if (vocab != ds.tokenizer->vocab_size())
     f.fail("root attribute vocab_size=", vocab, " but the tokenizer has ", ds.tokenizer->vocab_size(), " tokens");
@@ -308,7 +320,8 @@ Dataset load_dataset(const std::string& h5_path) {
   return ds;
 }
 
-std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer, const std::string& cache_dir) {
+std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer,
+                               const std::string& cache_dir) {
   const fs::path text(text_path);
   const std::string name = text.filename().string() + "." + tokenizer + ".h5";
   if (!cache_dir.empty()) return (fs::path(cache_dir) / name).string();
@@ -363,7 +376,8 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
   if (h5::is_hdf5(path)) {
     Dataset ds = load_dataset(path);
     if (!opts.tokenizer.empty() && opts.tokenizer != ds.tokenizer->kind())
-      fail("[data] ", path, " was prepared with the ", ds.tokenizer->kind(), " tokenizer, but data.tokenizer is ", opts.tokenizer);
+      fail("[data] ", path, " was prepared with the ", ds.tokenizer->kind(), " tokenizer, but data.tokenizer is ",
+           opts.tokenizer);
     return ds;
   }
   PrepareOptions o = opts;
@@ -387,8 +401,9 @@ std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& 
   if (!is_stream(path) && h5::is_hdf5(path)) {
     const Dataset ds = load_dataset(path);
     if (ds.tokenizer->serialize() != tok.serialize())
-      fail("[data] ", path, " was tokenized with a different ", ds.tokenizer->kind(), " tokenizer (", ds.tokenizer->vocab_size(),
-           " tokens) than the model's ", tok.kind(), " tokenizer (", tok.vocab_size(), " tokens)");
+      fail("[data] ", path, " was tokenized with a different ", ds.tokenizer->kind(), " tokenizer (",
+           ds.tokenizer->vocab_size(), " tokens) than the model's ", tok.kind(), " tokenizer (", tok.vocab_size(),
+           " tokens)");
     std::vector<int32_t> out = ds.train->tokens;
     out.insert(out.end(), ds.val->tokens.begin(), ds.val->tokens.end());
     return out;
@@ -397,9 +412,7 @@ std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& 
   QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
   try {
     return tok.encode(text);
-  } catch (const Error& e) {
-    fail("[data] ", path, ": ", e.what());
-  }
+  } catch (const Error& e) { fail("[data] ", path, ": ", e.what()); }
 }
 
 }  // namespace qkv

@@ -49,7 +49,7 @@ std::vector<std::string_view> split_documents(std::string_view text, DocSeparato
 std::string document_text(std::string_view body, DocSeparator sep, bool keep_separator);
 
 struct TokenSplit {
-  std::string name;                  // "PATH:train", for messages
+  std::string name;  // "PATH:train", for messages
   std::vector<int32_t> tokens;
   std::vector<int64_t> doc_offsets;  // n_docs()+1 entries from 0 to tokens.size()
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
@@ -60,11 +60,11 @@ struct TokenSplit {
 };
 
 struct Dataset {
-  std::string path;    // the .h5 file
+  std::string path;         // the .h5 file
   std::string source;       // the text file it was prepared from (file name only)
   std::string source_path;  // ... its absolute path, and its size in bytes
   int64_t source_bytes = 0;
-  std::string split;        // how train/val were split: "documents" or "tokens"
+  std::string split;               // how train/val were split: "documents" or "tokens"
   int64_t duplicates_dropped = 0;  // documents removed by PrepareOptions::dedupe
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<const TokenSplit> train, val;
@@ -76,10 +76,10 @@ struct PrepareOptions {
   int32_t bpe_vocab_size = 512;
   DocSeparator separator = DocSeparator::none;
   bool keep_separator = true;
-  bool dedupe = true;              // drop documents whose text repeats an earlier one (fortune
-                                   // files repeat some), so no val document is also in train
-  double val_fraction = 0.1;       // in [0, 1)
-  uint64_t split_seed = 1337;      // which documents go to val
+  bool dedupe = true;          // drop documents whose text repeats an earlier one (fortune
+                               // files repeat some), so no val document is also in train
+  double val_fraction = 0.1;   // in [0, 1)
+  uint64_t split_seed = 1337;  // which documents go to val
   // When set, text is tokenized with this tokenizer instead of one built from the corpus (a
   // gpt2_bpe tokenizer from `qkv import`: `qkv prepare --tokenizer-from`); `tokenizer` is ignored.
   std::shared_ptr<const Tokenizer> given;
@@ -103,7 +103,8 @@ Dataset load_dataset(const std::string& h5_path);
 // A prepared .h5 must hold an `opts.tokenizer` tokenizer unless opts.tokenizer is empty.
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir = "");
 // Where load_or_prepare caches a text file's preparation.
-std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer, const std::string& cache_dir);
+std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer,
+                               const std::string& cache_dir);
 
 // All tokens of a file for `qkv eval` (no split): a text file is encoded whole with `tok`; a
 // prepared .h5 gives its train tokens then its val tokens and must have been made with the same

@@ -32,7 +32,7 @@ namespace {
 constexpr char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
 
 bool is_regular(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 }  // namespace
@@ -110,14 +110,30 @@ Id& Id::operator=(Id&& o) noexcept {
 void Id::reset() {
   if (id_ < 0) return;
   switch (H5Iget_type(id_)) {
-    case H5I_FILE: H5Fclose(id_); break;
-    case H5I_GROUP: H5Gclose(id_); break;
-    case H5I_DATASET: H5Dclose(id_); break;
-    case H5I_DATASPACE: H5Sclose(id_); break;
-    case H5I_DATATYPE: H5Tclose(id_); break;
-    case H5I_ATTR: H5Aclose(id_); break;
-    case H5I_GENPROP_LST: H5Pclose(id_); break;
-    default: H5Idec_ref(id_); break;
+    case H5I_FILE:
+      H5Fclose(id_);
+      break;
+    case H5I_GROUP:
+      H5Gclose(id_);
+      break;
+    case H5I_DATASET:
+      H5Dclose(id_);
+      break;
+    case H5I_DATASPACE:
+      H5Sclose(id_);
+      break;
+    case H5I_DATATYPE:
+      H5Tclose(id_);
+      break;
+    case H5I_ATTR:
+      H5Aclose(id_);
+      break;
+    case H5I_GENPROP_LST:
+      H5Pclose(id_);
+      break;
+    default:
+      H5Idec_ref(id_);
+      break;
   }
   id_ = -1;
 }
@@ -195,14 +211,15 @@ std::vector<hsize_t> chunk_dims(const Shape& shape, size_t elem_size) {
   return chunk;
 }
 
-std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const std::string& what,
-                              const File& f) {
-  if (H5Tget_class(stored_type) != H5T_STRING) f.fail(what, " has type ", describe_type(stored_type), ", expected string");
+std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const std::string& what, const File& f) {
+  if (H5Tget_class(stored_type) != H5T_STRING)
+    f.fail(what, " has type ", describe_type(stored_type), ", expected string");
   std::string out;
   if (H5Tis_variable_str(stored_type) > 0) {
     Id mem = utf8_string_type();
     char* buf = nullptr;
-    const herr_t rc = is_attr ? H5Aread(obj, mem.get(), &buf) : H5Dread(obj, mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &buf);
+    const herr_t rc =
+        is_attr ? H5Aread(obj, mem.get(), &buf) : H5Dread(obj, mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &buf);
     if (rc < 0) f.fail("cannot read ", what, " (corrupt or truncated file)");
     if (buf) {
       out = buf;
@@ -212,7 +229,8 @@ std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const 
     const size_t size = H5Tget_size(stored_type);
     Id mem(H5Tcopy(stored_type));
     std::vector<char> buf(size + 1, '\0');
-    const herr_t rc = is_attr ? H5Aread(obj, mem.get(), buf.data()) : H5Dread(obj, mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
+    const herr_t rc = is_attr ? H5Aread(obj, mem.get(), buf.data())
+                              : H5Dread(obj, mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
     if (rc < 0) f.fail("cannot read ", what, " (corrupt or truncated file)");
     out.assign(buf.data(), strnlen(buf.data(), size));
   }
@@ -231,7 +249,8 @@ File File::create(const std::string& path, bool exclusive) {
   f.status_ = std::make_shared<WriteStatus>();
   Id fapl = file_access_plist();
   const DriverInfo info{f.status_.get()};
-  if (H5Pset_driver(fapl.get(), guarded_driver(), &info) < 0) ::qkv::fail("[h5] ", path, ": cannot set up the HDF5 file driver");
+  if (H5Pset_driver(fapl.get(), guarded_driver(), &info) < 0)
+    ::qkv::fail("[h5] ", path, ": cannot set up the HDF5 file driver");
   Id fcpl(H5Pcreate(H5P_FILE_CREATE));
   H5Pset_obj_track_times(fcpl.get(), 0);
   f.file_ = Id(H5Fcreate(path.c_str(), exclusive ? H5F_ACC_EXCL : H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
@@ -253,7 +272,8 @@ File File::open(const std::string& path, bool writable) {
   if (!fs::exists(path, ec)) ::qkv::fail("[h5] ", path, ": file not found");
   if (fs::is_directory(path, ec)) ::qkv::fail("[h5] ", path, ": is a directory, not an HDF5 file");
   // A pipe or FIFO is never opened: HDF5 needs to seek, and a second open of a FIFO would hang.
-  if (!is_regular(path)) ::qkv::fail("[h5] ", path, ": not a regular file (a pipe, FIFO or device?); HDF5 files must be stored on disk");
+  if (!is_regular(path))
+    ::qkv::fail("[h5] ", path, ": not a regular file (a pipe, FIFO or device?); HDF5 files must be stored on disk");
   if (!is_hdf5(path)) ::qkv::fail("[h5] ", path, ": not an HDF5 file");
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
@@ -278,7 +298,8 @@ bool File::has(const std::string& name) const {
     // Only hard links: a soft link would alias another object of this file, an external link
     // would read from another file (neither is anything qkv writes).
     H5L_info_t li{};
-    if (H5Lget_info(file_.get(), prefix.c_str(), &li, H5P_DEFAULT) < 0) fail("cannot read the link ", prefix, " (corrupt file?)");
+    if (H5Lget_info(file_.get(), prefix.c_str(), &li, H5P_DEFAULT) < 0)
+      fail("cannot read the link ", prefix, " (corrupt file?)");
     if (li.type == H5L_TYPE_HARD) {
       // A dataset has no members: "/a/b" under a dataset "/a" is absent (HDF5 would call the
       // lookup of "/a/b" an error, which is not a damaged file).
@@ -290,14 +311,16 @@ bool File::has(const std::string& name) const {
       continue;
     }
     std::string target(li.type == H5L_TYPE_SOFT || li.type == H5L_TYPE_EXTERNAL ? li.u.val_size + 1 : 0, '\0');
-    if (!target.empty() && H5Lget_val(file_.get(), prefix.c_str(), target.data(), target.size(), H5P_DEFAULT) < 0) target.clear();
+    if (!target.empty() && H5Lget_val(file_.get(), prefix.c_str(), target.data(), target.size(), H5P_DEFAULT) < 0)
+      target.clear();
     if (li.type == H5L_TYPE_SOFT)
       fail(prefix, " is a soft link to ", target.c_str(), ", not an object stored under that name (refused)");
     const char *ext_file = nullptr, *ext_obj = nullptr;
     if (li.type == H5L_TYPE_EXTERNAL && !target.empty() &&
         H5Lunpack_elink_val(target.data(), target.size(), nullptr, &ext_file, &ext_obj) >= 0 && ext_file && ext_obj)
       fail(prefix, " is an external link to ", ext_file, ":", ext_obj, ", not an object stored in this file (refused)");
-    fail(prefix, " is a link of another kind (", static_cast<int>(li.type), "), not an object stored in this file (refused)");
+    fail(prefix, " is a link of another kind (", static_cast<int>(li.type),
+         "), not an object stored in this file (refused)");
   }
   // The final link may dangle (e.g. into a truncated region); make sure it resolves.
   return H5Oexists_by_name(file_.get(), full.c_str(), H5P_DEFAULT) > 0;
@@ -364,7 +387,8 @@ void File::write_raw(const std::string& name, hid_t mem_type, const void* data, 
   }
   if (full.rfind('/') > 0) create_group(full.substr(0, full.rfind('/')));  // without timestamps
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  Id space(shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  Id space(shape.empty() ? H5Screate(H5S_SCALAR)
+                         : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
   if (numel > 0 && !shape.empty()) {
     const std::vector<hsize_t> chunk = chunk_dims(shape, elem_size);
@@ -389,11 +413,21 @@ void File::write_raw(const std::string& name, hid_t mem_type, const void* data, 
   if (!ok) fail("cannot write dataset ", full);
 }
 
-void File::write(const std::string& name, const float* data, const Shape& shape) { write_raw(name, H5T_NATIVE_FLOAT, data, shape, 4); }
-void File::write(const std::string& name, const double* data, const Shape& shape) { write_raw(name, H5T_NATIVE_DOUBLE, data, shape, 8); }
-void File::write(const std::string& name, const int32_t* data, const Shape& shape) { write_raw(name, H5T_NATIVE_INT32, data, shape, 4); }
-void File::write(const std::string& name, const int64_t* data, const Shape& shape) { write_raw(name, H5T_NATIVE_INT64, data, shape, 8); }
-void File::write(const std::string& name, const uint8_t* data, const Shape& shape) { write_raw(name, H5T_NATIVE_UINT8, data, shape, 1); }
+void File::write(const std::string& name, const float* data, const Shape& shape) {
+  write_raw(name, H5T_NATIVE_FLOAT, data, shape, 4);
+}
+void File::write(const std::string& name, const double* data, const Shape& shape) {
+  write_raw(name, H5T_NATIVE_DOUBLE, data, shape, 8);
+}
+void File::write(const std::string& name, const int32_t* data, const Shape& shape) {
+  write_raw(name, H5T_NATIVE_INT32, data, shape, 4);
+}
+void File::write(const std::string& name, const int64_t* data, const Shape& shape) {
+  write_raw(name, H5T_NATIVE_INT64, data, shape, 8);
+}
+void File::write(const std::string& name, const uint8_t* data, const Shape& shape) {
+  write_raw(name, H5T_NATIVE_UINT8, data, shape, 1);
+}
 
 DatasetInfo File::info(const std::string& name) const {
   Id ds = open_dataset(name);
@@ -417,18 +451,40 @@ void File::read_raw(const std::string& name, const char* want_type, hid_t mem_ty
 }
 
 namespace {
-template <class T> struct TypeOf;
-template <> struct TypeOf<float> { static constexpr const char* name = "float32"; static hid_t mem() { return H5T_NATIVE_FLOAT; } };
-template <> struct TypeOf<double> { static constexpr const char* name = "float64"; static hid_t mem() { return H5T_NATIVE_DOUBLE; } };
-template <> struct TypeOf<int32_t> { static constexpr const char* name = "int32"; static hid_t mem() { return H5T_NATIVE_INT32; } };
-template <> struct TypeOf<int64_t> { static constexpr const char* name = "int64"; static hid_t mem() { return H5T_NATIVE_INT64; } };
-template <> struct TypeOf<uint8_t> { static constexpr const char* name = "uint8"; static hid_t mem() { return H5T_NATIVE_UINT8; } };
+template <class T>
+struct TypeOf;
+template <>
+struct TypeOf<float> {
+  static constexpr const char* name = "float32";
+  static hid_t mem() { return H5T_NATIVE_FLOAT; }
+};
+template <>
+struct TypeOf<double> {
+  static constexpr const char* name = "float64";
+  static hid_t mem() { return H5T_NATIVE_DOUBLE; }
+};
+template <>
+struct TypeOf<int32_t> {
+  static constexpr const char* name = "int32";
+  static hid_t mem() { return H5T_NATIVE_INT32; }
+};
+template <>
+struct TypeOf<int64_t> {
+  static constexpr const char* name = "int64";
+  static hid_t mem() { return H5T_NATIVE_INT64; }
+};
+template <>
+struct TypeOf<uint8_t> {
+  static constexpr const char* name = "uint8";
+  static hid_t mem() { return H5T_NATIVE_UINT8; }
+};
 }  // namespace
 
 template <class T>
 std::vector<T> File::read(const std::string& name, Shape* shape) const {
   const DatasetInfo di = info(name);
-  if (di.type != TypeOf<T>::name) fail("dataset ", normalize(name), " has type ", di.type, ", expected ", TypeOf<T>::name);
+  if (di.type != TypeOf<T>::name)
+    fail("dataset ", normalize(name), " has type ", di.type, ", expected ", TypeOf<T>::name);
   std::vector<T> out(static_cast<size_t>(di.numel()));
   if (!out.empty()) read_raw(name, TypeOf<T>::name, TypeOf<T>::mem(), out.data());
   if (shape) *shape = di.shape;
@@ -439,12 +495,13 @@ template <class T>
 std::vector<T> File::read_shaped(const std::string& name, const Shape& expected) const {
   Shape got;
   std::vector<T> out = read<T>(name, &got);
-  if (got != expected) fail("dataset ", normalize(name), " has shape ", shape_str(got), ", expected ", shape_str(expected));
+  if (got != expected)
+    fail("dataset ", normalize(name), " has shape ", shape_str(got), ", expected ", shape_str(expected));
   return out;
 }
 
-#define QKV_H5_INSTANTIATE(T)                                                   \
-  template std::vector<T> File::read<T>(const std::string&, Shape*) const;      \
+#define QKV_H5_INSTANTIATE(T)                                              \
+  template std::vector<T> File::read<T>(const std::string&, Shape*) const; \
   template std::vector<T> File::read_shaped<T>(const std::string&, const Shape&) const;
 QKV_H5_INSTANTIATE(float)
 QKV_H5_INSTANTIATE(double)
@@ -456,11 +513,20 @@ QKV_H5_INSTANTIATE(uint8_t)
 void File::write_tensor(const std::string& name, const Tensor& t) {
   Tensor c = t.device() == Device::cpu ? t.contiguous() : t.to(Device::cpu).contiguous();
   switch (c.dtype()) {
-    case DType::f32: write(name, c.data<float>(), c.shape()); break;
-    case DType::f64: write(name, c.data<double>(), c.shape()); break;
-    case DType::i32: write(name, c.data<int32_t>(), c.shape()); break;
-    case DType::i64: write(name, c.data<int64_t>(), c.shape()); break;
-    default: fail("cannot store a ", dtype_name(c.dtype()), " tensor as dataset ", normalize(name));
+    case DType::f32:
+      write(name, c.data<float>(), c.shape());
+      break;
+    case DType::f64:
+      write(name, c.data<double>(), c.shape());
+      break;
+    case DType::i32:
+      write(name, c.data<int32_t>(), c.shape());
+      break;
+    case DType::i64:
+      write(name, c.data<int64_t>(), c.shape());
+      break;
+    default:
+      fail("cannot store a ", dtype_name(c.dtype()), " tensor as dataset ", normalize(name));
   }
 }
 
@@ -517,7 +583,8 @@ std::string File::read_string(const std::string& name) const {
 namespace {
 // Replaces attribute `name` on `o` with a new scalar of `type`.
 Id fresh_attr(const File& f, hid_t o, const std::string& obj, const std::string& name, hid_t type) {
-  if (H5Aexists(o, name.c_str()) > 0 && H5Adelete(o, name.c_str()) < 0) f.fail("cannot replace attribute ", name, " of ", obj);
+  if (H5Aexists(o, name.c_str()) > 0 && H5Adelete(o, name.c_str()) < 0)
+    f.fail("cannot replace attribute ", name, " of ", obj);
   Id space(H5Screate(H5S_SCALAR));
   Id a(H5Acreate2(o, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   if (!a.valid()) f.fail("cannot create attribute ", name, " on ", obj);
@@ -579,7 +646,8 @@ int64_t File::attr_int(const std::string& obj, const std::string& name) const {
   Id a = open_attr(*this, obj, name);
   Id type(H5Aget_type(a.get()));
   if (H5Tget_class(type.get()) != H5T_INTEGER)
-    fail("attribute '", name, "' of ", normalize(obj), " has type ", describe_type(type.get()), ", expected an integer");
+    fail("attribute '", name, "' of ", normalize(obj), " has type ", describe_type(type.get()),
+         ", expected an integer");
   int64_t v = 0;
   if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) fail("cannot read attribute '", name, "' of ", normalize(obj));
   return v;

@@ -113,7 +113,7 @@ class File {
   // has() checks every component of the path; a component that is a soft or external link is
   // an error naming it (objects must be stored in this file, reached by hard links only).
   bool has(const std::string& name) const;
-  void create_group(const std::string& name);       // with missing parents; no-op if present
+  void create_group(const std::string& name);                         // with missing parents; no-op if present
   std::vector<std::string> children(const std::string& group) const;  // sorted names
 
   // Row-major contiguous host arrays; parent groups are created as needed.

@@ -47,7 +47,7 @@ H5FD_t* drv_open(const char* name, unsigned flags, hid_t fapl, haddr_t) {
   if (flags & H5F_ACC_CREAT) o |= O_CREAT;
   if (flags & H5F_ACC_EXCL) o |= O_EXCL;
   const int fd = ::open(name, o | O_CLOEXEC, 0666);
-  struct stat st{};
+  struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0) {
     if (status) status->open_err = errno;
     if (fd >= 0) ::close(fd);

@@ -16,9 +16,9 @@ namespace qkv {
 
 struct LeakageReport {
   int n = 32;
-  int64_t val_ngrams = 0;       // n-token windows in val documents
-  int64_t shared_ngrams = 0;    // ... that also occur in train
-  double ngram_share = 0.0;     // shared / val_ngrams (0 when val has no window)
+  int64_t val_ngrams = 0;     // n-token windows in val documents
+  int64_t shared_ngrams = 0;  // ... that also occur in train
+  double ngram_share = 0.0;   // shared / val_ngrams (0 when val has no window)
   int64_t val_docs = 0;
   int64_t duplicated_docs = 0;  // val documents equal to some train document
 };

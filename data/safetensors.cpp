@@ -27,17 +27,15 @@ struct DTypeName {
   int size;
 };
 constexpr DTypeName kDTypes[] = {
-    {DType::BOOL, "BOOL", 1}, {DType::U8, "U8", 1},   {DType::I8, "I8", 1},     {DType::F8_E5M2, "F8_E5M2", 1},
+    {DType::BOOL, "BOOL", 1},       {DType::U8, "U8", 1},   {DType::I8, "I8", 1},   {DType::F8_E5M2, "F8_E5M2", 1},
     {DType::F8_E4M3, "F8_E4M3", 1}, {DType::I16, "I16", 2}, {DType::U16, "U16", 2}, {DType::F16, "F16", 2},
-    {DType::BF16, "BF16", 2}, {DType::I32, "I32", 4}, {DType::U32, "U32", 4}, {DType::F32, "F32", 4},
-    {DType::F64, "F64", 8},   {DType::I64, "I64", 8}, {DType::U64, "U64", 8},
+    {DType::BF16, "BF16", 2},       {DType::I32, "I32", 4}, {DType::U32, "U32", 4}, {DType::F32, "F32", 4},
+    {DType::F64, "F64", 8},         {DType::I64, "I64", 8}, {DType::U64, "U64", 8},
 };
 
 // A name as it appears in a one-line message: JSON-quoted, so a newline or control byte in an
 // untrusted name cannot break the line.
-std::string q(std::string_view s) {
-  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string q(std::string_view s) { return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // bfloat16 <-> float32: the upper half of the float32 bits (rounded to nearest even on the way in).
 // Written here rather than taken from tensor/dtype.h so this file builds alone with any compiler
@@ -154,8 +152,8 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
   QKV_CHECK(n > 0, file, ": safetensors header length is 0");
   QKV_CHECK(n <= kMaxHeaderBytes, file, ": safetensors header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
             " bytes");
-  QKV_CHECK(n <= file_size - 8, file, ": safetensors header length ", n, " runs past the end of the file (",
-            file_size, " bytes)");
+  QKV_CHECK(n <= file_size - 8, file, ": safetensors header length ", n, " runs past the end of the file (", file_size,
+            " bytes)");
   QKV_CHECK(head.size() >= 8 + n, file, ": safetensors header is truncated (", head.size() - 8, " of ", n,
             " bytes read)");
   const std::string_view text = head.substr(8, n);
@@ -174,8 +172,7 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
       if (v.is_null()) continue;
       QKV_CHECK(v.is_object(), file, ": safetensors __metadata__ is not an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        QKV_CHECK(m.value().is_string(), file, ": safetensors __metadata__ value of ", q(m.key()),
-                  " is not a string");
+        QKV_CHECK(m.value().is_string(), file, ": safetensors __metadata__ value of ", q(m.key()), " is not a string");
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -186,8 +183,10 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
     for (auto f = v.begin(); f != v.end(); ++f)
       QKV_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", where, " has the unknown field ",
                 q(f.key()));
-    QKV_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), where,
-              " lacks ", !v.contains("dtype") ? "dtype" : !v.contains("shape") ? "shape" : "data_offsets");
+    QKV_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), where, " lacks ",
+              !v.contains("dtype")   ? "dtype"
+              : !v.contains("shape") ? "shape"
+                                     : "data_offsets");
     TensorInfo t;
     t.name = name;
     const json& dt = v["dtype"];
@@ -211,8 +210,8 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
                   as_count(off[1], std::numeric_limits<uint64_t>::max(), t.end),
               where, ": data_offsets ", off.dump(), " is not a pair of non-negative integers");
     QKV_CHECK(t.begin <= t.end, where, ": data_offsets [", t.begin, ", ", t.end, "] end before they begin");
-    QKV_CHECK(t.end <= buffer_size, where, ": data_offsets [", t.begin, ", ", t.end,
-              "] run past the end of the data (", buffer_size, " bytes)");
+    QKV_CHECK(t.end <= buffer_size, where, ": data_offsets [", t.begin, ", ", t.end, "] run past the end of the data (",
+              buffer_size, " bytes)");
     QKV_CHECK(t.end - t.begin == bytes, where, ": data_offsets [", t.begin, ", ", t.end, "] hold ", t.end - t.begin,
               " bytes but ", dtype_name(t.dtype), " shape ", shape.dump(), " needs ", bytes);
     h.tensors.push_back(std::move(t));
@@ -230,14 +229,15 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
   for (size_t i : order) {
     const TensorInfo& t = h.tensors[i];
     QKV_CHECK(t.begin >= cursor, file, ": safetensors tensor ", q(t.name), " (bytes [", t.begin, ", ", t.end,
-              ")) overlaps tensor ", q(prev ? prev->name : ""), " (bytes [", prev ? prev->begin : 0, ", ", cursor, "))");
+              ")) overlaps tensor ", q(prev ? prev->name : ""), " (bytes [", prev ? prev->begin : 0, ", ", cursor,
+              "))");
     QKV_CHECK(t.begin == cursor, file, ": safetensors data has a gap: bytes [", cursor, ", ", t.begin,
               ") belong to no tensor");
     cursor = t.end;
     prev = &t;
   }
-  QKV_CHECK(cursor == buffer_size, file, ": safetensors data has ", buffer_size - cursor, " bytes after the last tensor",
-            " (bytes [", cursor, ", ", buffer_size, ") belong to no tensor)");
+  QKV_CHECK(cursor == buffer_size, file, ": safetensors data has ", buffer_size - cursor,
+            " bytes after the last tensor", " (bytes [", cursor, ", ", buffer_size, ") belong to no tensor)");
   return h;
 }
 
@@ -273,7 +273,8 @@ std::string Reader::read_bytes(const TensorInfo& t) {
 
 std::vector<float> Reader::read_f32(const TensorInfo& t) {
   QKV_CHECK(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16 || t.dtype == DType::F64, path_,
-            ": safetensors tensor ", q(t.name), " has dtype ", dtype_name(t.dtype), " (expected F32, F16, BF16 or F64)");
+            ": safetensors tensor ", q(t.name), " has dtype ", dtype_name(t.dtype),
+            " (expected F32, F16, BF16 or F64)");
   const std::string b = read_bytes(t);
   const size_t n = static_cast<size_t>(t.numel());
   std::vector<float> out(n);
@@ -305,8 +306,7 @@ std::string encode_f32(const float* values, int64_t n, DType dtype) {
     out.assign(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * 4);
     return out;
   }
-  QKV_CHECK(dtype == DType::BF16, "safetensors: cannot encode float32 values as ", dtype_name(dtype),
-            " (F32 or BF16)");
+  QKV_CHECK(dtype == DType::BF16, "safetensors: cannot encode float32 values as ", dtype_name(dtype), " (F32 or BF16)");
   out.resize(static_cast<size_t>(n) * 2);
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t u = float_to_bf16_bits(values[i]);
@@ -335,7 +335,8 @@ std::string serialize(const std::vector<WriteTensor>& tensors, const std::map<st
     }
     QKV_CHECK(bytes == t->data.size(), "safetensors: tensor ", q(t->name), " has ", t->data.size(),
               " bytes of data but its shape needs ", bytes);
-    header[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t->name] = {
+        {"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();

@@ -49,7 +49,7 @@ struct TensorInfo {
 struct Header {
   std::vector<TensorInfo> tensors;  // in header (key) order
   std::map<std::string, std::string> metadata;
-  uint64_t buffer_offset = 0;       // 8 + N: where the byte buffer starts in the file
+  uint64_t buffer_offset = 0;  // 8 + N: where the byte buffer starts in the file
   const TensorInfo* find(std::string_view name) const;
 };
 

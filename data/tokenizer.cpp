@@ -232,13 +232,15 @@ std::string CharTokenizer::serialize() const {
 
 // ---- factories and storage ----
 
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, std::string_view corpus, const TokenizerOptions& opts) {
+std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, std::string_view corpus,
+                                          const TokenizerOptions& opts) {
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
   if (kind == "char") return CharTokenizer::train(corpus);
   if (kind == "bpe") return BpeTokenizer::train(corpus, opts.bpe_vocab_size);
   if (kind == Gpt2BpeTokenizer::kKind)
-    fail("[tokenizer] a gpt2_bpe tokenizer is read from Hugging Face files (qkv import), not learned from a corpus: "
-         "tokenize the text with `qkv prepare --tokenizer-from CKPT` and set data.path to the prepared .h5");
+    fail(
+        "[tokenizer] a gpt2_bpe tokenizer is read from Hugging Face files (qkv import), not learned from a corpus: "
+        "tokenize the text with `qkv prepare --tokenizer-from CKPT` and set data.path to the prepared .h5");
   fail("[tokenizer] unknown tokenizer '", kind, "' (expected byte, char or bpe)");
 }
 
@@ -246,20 +248,21 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("[tokenizer] stored tokenizer is not valid JSON: ", e.what());
-  }
-  QKV_CHECK(j.is_object() && j.contains("kind") && j["kind"].is_string(), "[tokenizer] stored tokenizer has no \"kind\"");
+  } catch (const json::exception& e) { fail("[tokenizer] stored tokenizer is not valid JSON: ", e.what()); }
+  QKV_CHECK(j.is_object() && j.contains("kind") && j["kind"].is_string(),
+            "[tokenizer] stored tokenizer has no \"kind\"");
   const std::string kind = j["kind"];
   QKV_CHECK(j.value("version", 0) == kFormatVersion, "[tokenizer] stored ", kind, " tokenizer has version ",
             j.value("version", 0), ", this build reads version ", kFormatVersion);
   try {
     if (kind == "byte") return std::make_unique<ByteTokenizer>();
     if (kind == "char") {
-      QKV_CHECK(j.contains("vocab") && j["vocab"].is_array(), "[tokenizer] stored char tokenizer has no \"vocab\" array");
+      QKV_CHECK(j.contains("vocab") && j["vocab"].is_array(),
+                "[tokenizer] stored char tokenizer has no \"vocab\" array");
       std::vector<std::string> vocab;
       for (const json& e : j["vocab"]) {
-        if (e.is_number_unsigned() && e.get<unsigned>() < 256) vocab.emplace_back(1, static_cast<char>(e.get<unsigned>()));
+        if (e.is_number_unsigned() && e.get<unsigned>() < 256)
+          vocab.emplace_back(1, static_cast<char>(e.get<unsigned>()));
         else if (e.is_string()) vocab.push_back(e.get<std::string>());
         else fail("[tokenizer] stored char vocabulary entry ", vocab.size(), " is neither a string nor a byte value");
       }
@@ -267,7 +270,8 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
     }
     if (kind == Gpt2BpeTokenizer::kKind) return Gpt2BpeTokenizer::from_serialized(text);
     if (kind == "bpe") {
-      QKV_CHECK(j.contains("merges") && j["merges"].is_array(), "[tokenizer] stored bpe tokenizer has no \"merges\" array");
+      QKV_CHECK(j.contains("merges") && j["merges"].is_array(),
+                "[tokenizer] stored bpe tokenizer has no \"merges\" array");
       const std::string pre = j.value("pre_split", std::string());
       QKV_CHECK(pre == BpeTokenizer::kPreSplit, "[tokenizer] stored bpe tokenizer uses pre-split rule '", pre,
                 "', this build has '", BpeTokenizer::kPreSplit, "'");
@@ -279,9 +283,7 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
       }
       return std::make_unique<BpeTokenizer>(std::move(merges));
     }
-  } catch (const json::exception& e) {
-    fail("[tokenizer] stored ", kind, " tokenizer is malformed: ", e.what());
-  }
+  } catch (const json::exception& e) { fail("[tokenizer] stored ", kind, " tokenizer is malformed: ", e.what()); }
   fail("[tokenizer] unknown stored tokenizer kind '", kind, "'");
 }
 
@@ -298,9 +300,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const h5::File& f, const std::string& 
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = tokenizer_from_json(f.read_string(group + "/json"));
-  } catch (const Error& e) {
-    f.fail(group, "/json: ", e.what());
-  }
+  } catch (const Error& e) { f.fail(group, "/json: ", e.what()); }
   if (kind != tok->kind()) f.fail(group, " says kind '", kind, "' but holds a ", tok->kind(), " tokenizer");
   if (vocab != tok->vocab_size())
     f.fail(group, " says vocab_size ", vocab, " but its tokenizer has ", tok->vocab_size(), " tokens");

@@ -70,8 +70,8 @@ class CharTokenizer final : public Tokenizer {
 
  private:
   std::vector<std::string> vocab_;
-  int32_t ascii_[128];                            // fast path: id of each ASCII byte or -1
-  std::unordered_map<uint64_t, int32_t> index_;   // every character, packed as unit_key()
+  int32_t ascii_[128];                           // fast path: id of each ASCII byte or -1
+  std::unordered_map<uint64_t, int32_t> index_;  // every character, packed as unit_key()
 };
 
 class BpeTokenizer final : public Tokenizer {

@@ -26,7 +26,9 @@ namespace qkv::dist {
 
 std::pair<int64_t, int64_t> shard_range(int64_t total, int rank, int world) {
   QKV_CHECK(world >= 1 && rank >= 0 && rank < world, "[zero] rank ", rank, " of ", world);
-  auto cut = [&](int r) { return r == 0 ? 0 : r == world ? total : std::min(total, (total * r / world + 15) / 16 * 16); };
+  auto cut = [&](int r) {
+    return r == 0 ? 0 : r == world ? total : std::min(total, (total * r / world + 15) / 16 * 16);
+  };
   return {cut(rank), cut(rank + 1)};
 }
 
@@ -117,7 +119,8 @@ DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, D
   if (distributed() && device != Device::cpu) {
     QKV_CHECK(opts.gradient_comm != nullptr, "[data_parallel] parameters on ", device_name(device),
               " need a device communicator (NCCL) for the gradient all-reduce");
-    QKV_CHECK(opts.zero == 0, "train.zero = 1 is built for CPU parameters only; use train.zero = 0 with train.device = \"",
+    QKV_CHECK(opts.zero == 0,
+              "train.zero = 1 is built for CPU parameters only; use train.zero = 0 with train.device = \"",
               device_name(device), "\"");
   }
   if (distributed()) {
@@ -258,8 +261,10 @@ std::string DataParallel::describe() const {
                 "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s)%s",
                 comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
                 static_cast<long long>(bucket_count()), grad_comm_.backend(),
-                sharded_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")").c_str()
-                       : "");
+                sharded_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_,
+                               ", ", hi_, ")")
+                               .c_str()
+                         : "");
   return buf;
 }
 
@@ -312,7 +317,9 @@ double micro_batch_weight(Communicator& comm, int64_t n_targets) {
                     : 1.0;
 }
 
-uint64_t rank_dropout_seed(uint64_t seed, int rank) { return seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank)); }
+uint64_t rank_dropout_seed(uint64_t seed, int rank) {
+  return seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank));
+}
 
 uint64_t DataParallel::parameter_hash() const {
   uint64_t h = 0xcbf29ce484222325ull;

@@ -57,7 +57,7 @@ using autograd::OptimParam;
 constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
 
 struct DataParallelOptions {
-  int64_t zero = 0;                          // 0: replicated optimizer; 1: moments sharded
+  int64_t zero = 0;                            // 0: replicated optimizer; 1: moments sharded
   int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
   // For parameters on a GPU: the communicator whose float all-reduces take device pointers
   // (distributed/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
@@ -144,7 +144,7 @@ class DataParallel {
   // Calls f(k, begin_in_param, flat_begin, n) for every piece of parameter k inside [a, b).
   template <class F>
   void for_each_piece(int64_t a, int64_t b, F&& f) const;
-  void on_grad_ready(size_t k);  // parameter k's gradient hook
+  void on_grad_ready(size_t k);        // parameter k's gradient hook
   void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
 
   Communicator& comm_;
@@ -152,20 +152,20 @@ class DataParallel {
   std::vector<OptimParam> params_;
   std::vector<OptimParam> slice_;  // ZeRO-1: this rank's pieces of params_
   bool sharded_ = false;           // ZeRO-1 with several ranks
-  std::vector<int64_t> offset_;  // flat offset of each parameter; offset_.back() == total_
+  std::vector<int64_t> offset_;    // flat offset of each parameter; offset_.back() == total_
   int64_t total_ = 0;
-  std::vector<int64_t> bounds_;  // bucket boundaries
-  Tensor grad_flat_;             // float32 [total] (several ranks only)
+  std::vector<int64_t> bounds_;     // bucket boundaries
+  Tensor grad_flat_;                // float32 [total] (several ranks only)
   std::vector<Tensor> grad_views_;  // parameter-shaped views of grad_flat_
   int64_t lo_ = 0, hi_ = 0;         // this rank's slice of the flat range
   std::vector<float> staging_;      // one bucket (parameter all-gather, checkpoint gather)
   double comm_seconds_ = 0;
-  bool overlap_ = false;                        // several ranks and QKV_DP_OVERLAP != 0
-  bool armed_ = false;                          // inside the step's last backward
+  bool overlap_ = false;                          // several ranks and QKV_DP_OVERLAP != 0
+  bool armed_ = false;                            // inside the step's last backward
   std::vector<std::vector<int64_t>> buckets_of_;  // per parameter: the buckets it touches
-  std::vector<int64_t> pieces_in_;              // per bucket: how many parameters touch it
-  std::vector<int64_t> waiting_;                // per bucket: parameters not yet final this step
-  int64_t next_start_ = -1;                     // next bucket to start (issue order: K-1 down to 0)
+  std::vector<int64_t> pieces_in_;                // per bucket: how many parameters touch it
+  std::vector<int64_t> waiting_;                  // per bucket: parameters not yet final this step
+  int64_t next_start_ = -1;                       // next bucket to start (issue order: K-1 down to 0)
 };
 
 // The weight of one micro-batch's mean loss so that averaging over ranks gives the mean over the

@@ -117,8 +117,7 @@ class MpiGroup final : public Communicator {
   }
   void allgatherv(float* data, std::span<const int64_t> counts) override {
     check_counts(counts, world_, counts_, displ_);
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts_.data(), displ_.data(), MPI_FLOAT,
-                   MPI_COMM_WORLD);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts_.data(), displ_.data(), MPI_FLOAT, MPI_COMM_WORLD);
   }
   void gatherv(const float* send, float* recv, std::span<const int64_t> counts, int root) override {
     check_counts(counts, world_, counts_, displ_);
@@ -147,7 +146,7 @@ class MpiGroup final : public Communicator {
                     MPI_COMM_WORLD);
   }
   int rank_ = 0, world_ = 1;
-  std::vector<int> counts_, displ_;  // reused by the v-collectives
+  std::vector<int> counts_, displ_;    // reused by the v-collectives
   std::vector<MPI_Request> requests_;  // started all-reduces (MPI_REQUEST_NULL once complete)
 };
 

@@ -80,8 +80,7 @@ class NcclGradients final : public Communicator {
     wait_all();
   }
   void allreduce_sum_start(float* data, int64_t n) override {
-    check(nccl().all_reduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_, nullptr),
-          "ncclAllReduce");
+    check(nccl().all_reduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_, nullptr), "ncclAllReduce");
   }
   void wait_all() override { check_cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize"); }
 

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     } else if (a == "--threads" && has_value) {
       threads = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "qkv_example_reverse: unknown or incomplete argument '%s' (--steps N, --seed S, --threads T)\n",
+      std::fprintf(stderr,
+                   "qkv_example_reverse: unknown or incomplete argument '%s' (--steps N, --seed S, --threads T)\n",
                    a.c_str());
       return 2;
     }

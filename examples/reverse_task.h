@@ -47,9 +47,11 @@ inline std::vector<std::vector<int64_t>> draw_strings(const ReverseTask& t, int6
   std::vector<std::vector<int64_t>> out;
   uint64_t s = seed * 0x2545f4914f6cdd1dULL + 12345;
   while (static_cast<int64_t>(out.size()) < n) {
-    const int64_t len = t.min_len + static_cast<int64_t>(splitmix64(s) % static_cast<uint64_t>(t.max_len - t.min_len + 1));
+    const int64_t len =
+        t.min_len + static_cast<int64_t>(splitmix64(s) % static_cast<uint64_t>(t.max_len - t.min_len + 1));
     std::vector<int64_t> str;
-    for (int64_t i = 0; i < len; ++i) str.push_back(3 + static_cast<int64_t>(splitmix64(s) % static_cast<uint64_t>(t.alphabet)));
+    for (int64_t i = 0; i < len; ++i)
+      str.push_back(3 + static_cast<int64_t>(splitmix64(s) % static_cast<uint64_t>(t.alphabet)));
     if (held_out(str) == heldout) out.push_back(std::move(str));
   }
   return out;
@@ -132,7 +134,8 @@ inline ReverseTrainReport train_reverse(nn::EncoderDecoder& m, const ReverseTask
   ReverseTrainReport rep;
   m.train();
   for (int64_t step = 1; step <= o.steps; ++step) {
-    const ReverseBatch b = make_batch(t, draw_strings(t, o.batch, o.seed * 1000003 + static_cast<uint64_t>(step), false));
+    const ReverseBatch b =
+        make_batch(t, draw_strings(t, o.batch, o.seed * 1000003 + static_cast<uint64_t>(step), false));
     autograd::zero_grad(tensors);
     const Tensor logits = m.forward(b.src, b.src_padding, b.dec_in);
     const Tensor loss = ag::cross_entropy(ag::reshape(logits, {-1, t.vocab()}), b.target);

@@ -36,7 +36,8 @@ Tensor cross_attention(const Tensor& x, const Tensor& memory, const CrossAttenti
   const int64_t B = x.size(0), Nq = x.size(1), Nk = memory.size(1);
   const int64_t Hq = cfg.n_head, Hkv = cfg.n_kv_head, hd = cfg.resolved_head_dim();
   QKV_CHECK((!args.memory_padding.defined() || args.memory_padding.shape() == Shape{B, Nk}),
-            "[cross_attention] memory_padding must be [", B, ", ", Nk, "], got ", shape_str(args.memory_padding.shape()));
+            "[cross_attention] memory_padding must be [", B, ", ", Nk, "], got ",
+            shape_str(args.memory_padding.shape()));
   QKV_CHECK(args.memory_lengths.empty() || static_cast<int64_t>(args.memory_lengths.size()) == B,
             "[cross_attention] memory_lengths has ", args.memory_lengths.size(), " entries for a batch of ", B);
 
@@ -127,7 +128,8 @@ void register_cross_attention_gradchecks(autograd::GradcheckRegistry& r) {
     const uint64_t s = seed;
     seed += 16;
     auto make = [=] {
-      std::vector<Tensor> in{randn({B, c.Nq, 6}, s, 0, 0.0, 1.0, DType::f64), randn({B, c.Nk, 5}, s + 1, 0, 0.0, 1.0, DType::f64)};
+      std::vector<Tensor> in{randn({B, c.Nq, 6}, s, 0, 0.0, 1.0, DType::f64),
+                             randn({B, c.Nk, 5}, s + 1, 0, 0.0, 1.0, DType::f64)};
       const Shape shapes[] = {{qd, 6}, {qd}, {kvd, 5}, {kvd}, {kvd, 5}, {kvd}, {6, qd}, {6}};
       for (int p = 0; p < 8; ++p)
         if (p % 2 == 0 || c.bias) in.push_back(randn(shapes[p], s + 2 + p, 0, 0.0, 0.7, DType::f64));

@@ -36,9 +36,9 @@ struct CrossAttentionConfig {
   int64_t n_head = 4, n_kv_head = 4;    // Hq, Hkv (n_head % n_kv_head == 0)
   int64_t head_dim = 0;                 // hd; 0 -> d_model / n_head (then d_model % n_head == 0)
   bool bias = true;
-  bool rope = false;                    // rotate q and k by their own sequences' positions
+  bool rope = false;  // rotate q and k by their own sequences' positions
   double rope_theta = 10000.0;
-  double attn_dropout = 0.0;            // on the attention weights, training mode only
+  double attn_dropout = 0.0;  // on the attention weights, training mode only
   attn::Kernel kernel = attn::Kernel::fused;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : d_model / n_head; }

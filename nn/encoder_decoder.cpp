@@ -54,7 +54,8 @@ class FeedForward {
 // Causal self-attention over the target: q/k/v/o projections and the op with causal = true.
 class CausalSelfAttention : public Module {
  public:
-  explicit CausalSelfAttention(const EncoderDecoderConfig& c) : H_(c.n_head), Hkv_(c.n_kv_head), hd_(c.n_embd / c.n_head) {
+  explicit CausalSelfAttention(const EncoderDecoderConfig& c)
+      : H_(c.n_head), Hkv_(c.n_kv_head), hd_(c.n_embd / c.n_head) {
     q_ = register_module("q_proj", std::make_shared<Linear>(c.n_embd, H_ * hd_, true));
     k_ = register_module("k_proj", std::make_shared<Linear>(c.n_embd, Hkv_ * hd_, true));
     v_ = register_module("v_proj", std::make_shared<Linear>(c.n_embd, Hkv_ * hd_, true));

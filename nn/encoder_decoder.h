@@ -31,8 +31,8 @@ struct EncoderDecoderConfig {
   int64_t vocab_size = 16;
   int64_t n_embd = 64, n_head = 4, n_kv_head = 4, ffn_hidden = 128;
   int64_t enc_layers = 2, dec_layers = 2;
-  int64_t max_len = 32;                    // longest source and target (learned position tables)
-  Position position = Position::learned;   // learned | none
+  int64_t max_len = 32;                   // longest source and target (learned position tables)
+  Position position = Position::learned;  // learned | none
   double norm_eps = 1e-5, init_std = 0.02;
   // Sizes > 0, n_embd % n_head == 0, n_head % n_kv_head == 0, position learned or none. Throws
   // qkv::Error naming the field ("encoder_decoder.n_head ...").

@@ -46,18 +46,19 @@ void ModelConfig::validate() const {
   if (pattern.kind == attn::Pattern::block_sparse && pattern.layout_rows > 0) {
     const int64_t blocks = (block_size + pattern.block_size - 1) / pattern.block_size;
     QKV_CHECK(pattern.layout_rows >= blocks && pattern.layout_cols >= blocks, "model.pattern_layout ", pattern.layout,
-              " has ", pattern.layout_rows, "x", pattern.layout_cols, " blocks but model.block_size / pattern_block_size needs ",
-              blocks, "x", blocks);
+              " has ", pattern.layout_rows, "x", pattern.layout_cols,
+              " blocks but model.block_size / pattern_block_size needs ", blocks, "x", blocks);
   }
   QKV_CHECK(init_std >= 0 && std::isfinite(init_std), "model.init_std must be a finite number >= 0, got ", init_std);
   QKV_CHECK(position != Position::rope || head_dim() % 2 == 0,
             "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());
-  QKV_CHECK(position != Position::sinusoidal || n_embd % 2 == 0,
-            "sinusoidal positions need an even model.n_embd, got ", n_embd);
+  QKV_CHECK(position != Position::sinusoidal || n_embd % 2 == 0, "sinusoidal positions need an even model.n_embd, got ",
+            n_embd);
   if (attention_pattern == AttentionPattern::linear) {
     // Each refused option is defined on softmax weights, which linear attention never forms.
     const char* lin = " is not defined for model.attention_pattern = \"linear\" (no softmax weights)";
-    QKV_CHECK(position != Position::alibi, "model.position = \"alibi\"", lin, "; use rope, learned, sinusoidal or none");
+    QKV_CHECK(position != Position::alibi, "model.position = \"alibi\"", lin,
+              "; use rope, learned, sinusoidal or none");
     QKV_CHECK(attn_dropout == 0, "model.attn_dropout = ", attn_dropout, lin, "; set it to 0");
     QKV_CHECK(window == 0, "model.window = ", window, lin, "; set it to 0");
     QKV_CHECK(attn_kernel == attn::Kernel::fused, "model.attn_kernel = \"reference\"", lin, "; use \"fused\"");
@@ -121,7 +122,8 @@ attn::AttentionOptions AttentionOps::options(attn::AttentionOptions o, const Mod
                                              RngContext& /*rng*/) const {
   return o;
 }
-Tensor AttentionOps::attention(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o) const {
+Tensor AttentionOps::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const attn::AttentionOptions& o) const {
   return attn::attention(q, k, v, o);
 }
 Tensor AttentionOps::attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
@@ -129,7 +131,7 @@ Tensor AttentionOps::attention_packed(const Tensor& qkv, int64_t q_heads, int64_
   return attn::attention_packed(qkv, q_heads, kv_heads, o);
 }
 Tensor AttentionOps::linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const attn::LinearAttentionOptions& o) const {
+                                      const attn::LinearAttentionOptions& o) const {
   return attn::linear_attention(q, k, v, o);
 }
 attn::AttentionWeights AttentionOps::attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -205,7 +207,7 @@ class SelfAttention : public Module {
       k = kv.first;
       v = kv.second;
     }
-    Tensor y = ops_->attention(q, k, v, options(args));                    // [B, Hq, T, hd]
+    Tensor y = ops_->attention(q, k, v, options(args));  // [B, Hq, T, hd]
     if (args.attention) args.attention->back().out = y;
     y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
     return c_proj_->forward(y);
@@ -295,9 +297,15 @@ class MLP : public Module {
     const int64_t F = cfg_.ffn_hidden;
     Tensor h;
     switch (cfg_.activation) {
-      case Activation::gelu_tanh: h = up_gelu(x, GeluApprox::tanh); break;
-      case Activation::gelu: h = up_gelu(x, GeluApprox::none); break;
-      case Activation::relu: h = ag::relu(up_->forward(x)); break;
+      case Activation::gelu_tanh:
+        h = up_gelu(x, GeluApprox::tanh);
+        break;
+      case Activation::gelu:
+        h = up_gelu(x, GeluApprox::none);
+        break;
+      case Activation::relu:
+        h = ag::relu(up_->forward(x));
+        break;
       case Activation::swiglu: {
         // silu(gate) * up; gpt2 naming keeps gate and up fused in c_fc as [gate | up].
         Tensor gate, up;
@@ -325,7 +333,8 @@ class Block : public Module {
  public:
   Block(const ModelConfig& c, const std::shared_ptr<const AttentionOps>& ops) : cfg_(c) {
     const bool gpt2 = c.family == Family::gpt2;
-    ln1_ = register_module(gpt2 ? "ln_1" : "input_layernorm", std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
+    ln1_ = register_module(gpt2 ? "ln_1" : "input_layernorm",
+                           std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
     attn_ = register_module(gpt2 ? "attn" : "self_attn", std::make_shared<SelfAttention>(c, ops));
     ln2_ = register_module(gpt2 ? "ln_2" : "post_attention_layernorm",
                            std::make_shared<Norm>(c.norm, c.n_embd, c.norm_eps, c.bias));
@@ -361,7 +370,7 @@ class CheckpointedBlockBackward : public autograd::Node {
       : block_(block), x_(std::move(x)), positions_(std::move(positions)), layer_(layer) {
     args_.key_padding = args.key_padding;
     args_.segment_ids = args.segment_ids;
-    args_.rng = args.rng;  // the state before the block drew its dropout offsets
+    args_.rng = args.rng;                   // the state before the block drew its dropout offsets
     autocast_ = autograd::autocast_bf16();  // the replay must round exactly as the forward did
   }
   const char* name() const override { return "CheckpointedBlockBackward"; }
@@ -430,7 +439,8 @@ DecoderModel::DecoderModel(const ModelConfig& cfg) : cfg_(cfg) {
   const bool gpt2 = cfg_.family == Family::gpt2;
   auto root = std::make_shared<Container>();
   root_ = register_module(gpt2 ? "transformer" : "model", root);
-  tok_emb_ = root->register_module(gpt2 ? "wte" : "embed_tokens", std::make_shared<Embedding>(cfg_.vocab_size, cfg_.n_embd));
+  tok_emb_ =
+      root->register_module(gpt2 ? "wte" : "embed_tokens", std::make_shared<Embedding>(cfg_.vocab_size, cfg_.n_embd));
   if (cfg_.position == Position::learned)
     pos_emb_ = root->register_module(gpt2 ? "wpe" : "embed_positions",
                                      std::make_shared<Embedding>(cfg_.block_size, cfg_.n_embd));
@@ -500,7 +510,8 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
   const int64_t start = args.cache ? args.cache->length() : 0;
   Tensor positions = args.positions;
   if (!positions.defined()) positions = arange(start, start + T, DType::i64);
-  QKV_CHECK((positions.shape() == Shape{T} || positions.shape() == Shape{B, T}), "[model] positions must be [T] or [B, T]");
+  QKV_CHECK((positions.shape() == Shape{T} || positions.shape() == Shape{B, T}),
+            "[model] positions must be [T] or [B, T]");
   if (cfg_.position == Position::learned || cfg_.position == Position::sinusoidal) {
     const auto pv = positions.to_vector();
     for (double p : pv)

@@ -36,7 +36,7 @@ struct ModelConfig {
   int64_t window = 0;
   attn::Kernel attn_kernel = attn::Kernel::fused;
   attn::SparsePattern pattern;  // resolved (stride, block size; a layout file read): passed to every attention call
-  bool recompute = false;  // activation recomputation per block
+  bool recompute = false;       // activation recomputation per block
   AttentionPattern attention_pattern = AttentionPattern::full;
   attn::LinearFeature linear_feature = attn::LinearFeature::elu1;
   int64_t linear_features = 32;  // favor's m (resolved: the head size unless set)
@@ -103,14 +103,14 @@ struct AttentionCapture {
 };
 
 struct ForwardArgs {
-  Tensor ids;          // [B, T] int64 (or int32)
-  Tensor positions;    // optional [B, T] int64 absolute positions; default: cache length + t
-  Tensor key_padding;  // optional bool [B, Nk] true = real token (Nk = cache length + T)
-  Tensor segment_ids;  // optional [B, T] document index (packed rows): block-diagonal attention
-  ModelCache* cache = nullptr;          // append this call's K/V and attend over all cached keys
+  Tensor ids;                             // [B, T] int64 (or int32)
+  Tensor positions;                       // optional [B, T] int64 absolute positions; default: cache length + t
+  Tensor key_padding;                     // optional bool [B, Nk] true = real token (Nk = cache length + T)
+  Tensor segment_ids;                     // optional [B, T] document index (packed rows): block-diagonal attention
+  ModelCache* cache = nullptr;            // append this call's K/V and attend over all cached keys
   std::vector<Tensor>* hidden = nullptr;  // if set, receives every block's output [B,T,C]
   std::vector<AttentionCapture>* attention = nullptr;  // if set, receives every layer's attention
-  RngContext rng;      // dropout masks (training mode only)
+  RngContext rng;                                      // dropout masks (training mode only)
 };
 
 class Block;

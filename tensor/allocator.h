@@ -10,17 +10,17 @@
 namespace qkv {
 
 struct AllocatorStats {
-  int64_t bytes_in_use = 0;   // handed out and not yet returned
-  int64_t peak_bytes = 0;     // max of bytes_in_use since the last reset_peak()
-  int64_t bytes_cached = 0;   // held in free lists, ready for reuse
-  int64_t os_allocations = 0; // blocks obtained from the OS (a steady state adds none)
+  int64_t bytes_in_use = 0;    // handed out and not yet returned
+  int64_t peak_bytes = 0;      // max of bytes_in_use since the last reset_peak()
+  int64_t bytes_cached = 0;    // held in free lists, ready for reuse
+  int64_t os_allocations = 0;  // blocks obtained from the OS (a steady state adds none)
 };
 
 void* device_alloc(Device d, size_t bytes);
 void device_free(Device d, void* p, size_t bytes);
 
 AllocatorStats allocator_stats(Device d = Device::cpu);
-void reset_peak_bytes(Device d = Device::cpu);   // peak := current
+void reset_peak_bytes(Device d = Device::cpu);  // peak := current
 void release_cached_memory(Device d = Device::cpu);
 
 }  // namespace qkv

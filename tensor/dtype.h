@@ -12,22 +12,36 @@ enum class Device : uint8_t { cpu, cuda };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::boolean: return 1;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::boolean:
+      return 1;
   }
   return 0;
 }
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-    case DType::boolean: return "bool";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }

@@ -26,7 +26,7 @@ template <class... Args>
 
 }  // namespace qkv
 
-#define QKV_CHECK(cond, ...)                \
-  do {                                      \
-    if (!(cond)) ::qkv::fail(__VA_ARGS__);  \
+#define QKV_CHECK(cond, ...)               \
+  do {                                     \
+    if (!(cond)) ::qkv::fail(__VA_ARGS__); \
   } while (0)

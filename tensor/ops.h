@@ -70,12 +70,12 @@ void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
 void mul_(const Tensor& a, double s);
 
 // ---- comparisons and selection (tensor/ops_elementwise.cpp) ----
-Tensor eq(const Tensor& a, const Tensor& b);   // -> bool
-Tensor gt(const Tensor& a, const Tensor& b);   // -> bool
-Tensor lt(const Tensor& a, const Tensor& b);   // -> bool
+Tensor eq(const Tensor& a, const Tensor& b);  // -> bool
+Tensor gt(const Tensor& a, const Tensor& b);  // -> bool
+Tensor lt(const Tensor& a, const Tensor& b);  // -> bool
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_not(const Tensor& a);
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);      // cond bool, broadcast all three
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);     // cond bool, broadcast all three
 Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);  // a where !mask, value where mask
 bool all_finite(const Tensor& a);
 
@@ -98,7 +98,7 @@ Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int dim);  // dy 
 // ---- shape ops that copy (tensor/ops_shape.cpp) ----
 Tensor cat(const std::vector<Tensor>& tensors, int dim);
 std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& sizes, int dim);  // views
-Tensor index_select(const Tensor& a, int dim, const Tensor& index);  // index int32/int64 1-d
+Tensor index_select(const Tensor& a, int dim, const Tensor& index);                      // index int32/int64 1-d
 // out = zeros(shape) then out.index_select(dim, index) += src: the vjp of index_select.
 Tensor index_add(const Shape& shape, int dim, const Tensor& index, const Tensor& src);
 

@@ -10,8 +10,8 @@ inline void require_defined(const char* op, const Tensor& t, const char* what) {
 }
 
 inline void require_float(const char* op, const Tensor& t, const char* what = "input") {
-  QKV_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "[", op, "] ", what, " must be float32 or float64, not ",
-            dtype_name(t.dtype()));
+  QKV_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "[", op, "] ", what,
+            " must be float32 or float64, not ", dtype_name(t.dtype()));
 }
 
 inline void require_same_dtype(const char* op, const Tensor& a, const Tensor& b) {

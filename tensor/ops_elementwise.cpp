@@ -98,8 +98,8 @@ Tensor gelu(const Tensor& a, GeluApprox approx) {
 Tensor silu(const Tensor& a) { return unary("silu", cpu::UnaryOp::silu, a); }
 
 Tensor gelu_backward(const Tensor& x, const Tensor& dy, GeluApprox approx) {
-  return unary_grad("gelu_backward", approx == GeluApprox::tanh ? cpu::UnaryGradOp::gelu_tanh : cpu::UnaryGradOp::gelu_erf,
-                    x, dy);
+  return unary_grad("gelu_backward",
+                    approx == GeluApprox::tanh ? cpu::UnaryGradOp::gelu_tanh : cpu::UnaryGradOp::gelu_erf, x, dy);
 }
 namespace {
 
@@ -107,8 +107,8 @@ namespace {
 void check_row_bias(const char* op, const Tensor& a, const Tensor& bias) {
   check_pair(op, a, bias);
   require_float(op, a);
-  QKV_CHECK(a.dim() >= 1 && bias.dim() == 1 && bias.size(0) == a.size(-1), "[", op, "] bias ",
-            shape_str(bias.shape()), " does not match the last dim of ", shape_str(a.shape()));
+  QKV_CHECK(a.dim() >= 1 && bias.dim() == 1 && bias.size(0) == a.size(-1), "[", op, "] bias ", shape_str(bias.shape()),
+            " does not match the last dim of ", shape_str(a.shape()));
 }
 
 }  // namespace
@@ -143,8 +143,8 @@ Tensor relu_backward(const Tensor& x, const Tensor& dy) {
 
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   check_pair("add_", a, b);
-  QKV_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::f64 || is_integral(a.dtype()),
-            "[add_] no kernel for ", dtype_name(a.dtype()));
+  QKV_CHECK(a.dtype() == DType::f32 || a.dtype() == DType::f64 || is_integral(a.dtype()), "[add_] no kernel for ",
+            dtype_name(a.dtype()));
   QKV_CHECK(broadcast_shapes(b.shape(), a.shape(), "add_") == a.shape(), "[add_] b ", shape_str(b.shape()),
             " does not broadcast to a ", shape_str(a.shape()));
   for (int d = 0; d < a.dim(); ++d)

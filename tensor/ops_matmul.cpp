@@ -97,8 +97,8 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   detail::require_same_device("matmul_into", a, out);
   QKV_CHECK(out.dtype() == a.dtype(), "[matmul_into] out is ", dtype_name(out.dtype()), " but a is ",
             dtype_name(a.dtype()));
-  QKV_CHECK(out.shape() == p.out_final, "[matmul_into] a is ", shape_str(a.shape()), " and b is ",
-            shape_str(b.shape()), " but out is ", shape_str(out.shape()), ", not ", shape_str(p.out_final));
+  QKV_CHECK(out.shape() == p.out_final, "[matmul_into] a is ", shape_str(a.shape()), " and b is ", shape_str(b.shape()),
+            " but out is ", shape_str(out.shape()), ", not ", shape_str(p.out_final));
   for (int d = 0; d < out.dim(); ++d)
     QKV_CHECK(out.shape()[d] == 1 || out.strides()[d] != 0, "[matmul_into] out ", shape_str(out.shape()),
               " is a broadcast view (stride 0 in dim ", d, ")");

@@ -30,10 +30,8 @@ Tensor checked_ids(const char* op, const Tensor& ids, int64_t v) {
   QKV_CHECK(is_integral(ids.dtype()), "[", op, "] ids must be int32 or int64, not ", dtype_name(ids.dtype()));
   Tensor c = ids.contiguous();
   const Tensor h = c.to(Device::cpu);
-  if (h.dtype() == DType::i32)
-    check_ids<int32_t>(op, h, v, "id", "embeddings");
-  else
-    check_ids<int64_t>(op, h, v, "id", "embeddings");
+  if (h.dtype() == DType::i32) check_ids<int32_t>(op, h, v, "id", "embeddings");
+  else check_ids<int64_t>(op, h, v, "id", "embeddings");
   return c;
 }
 
@@ -317,8 +315,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   const double scale = count > 0 ? dloss / static_cast<double>(count) : 0.0;
   if (on_cuda(logits))
     cuda::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
-  else
-    cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
+  else cpu::cross_entropy_backward(in.logits, in.targets, lse.contiguous(), scale, ignore_index, dlogits);
   return dlogits;
 }
 
@@ -333,10 +330,8 @@ void cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const 
   detail::require_same_device("cross_entropy_backward_", logits, lse);
   // Each element is read before it is written, by the same thread: dlogits may be the logits.
   const double scale = count > 0 ? dloss / static_cast<double>(count) : 0.0;
-  if (on_cuda(logits))
-    cuda::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
-  else
-    cpu::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
+  if (on_cuda(logits)) cuda::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
+  else cpu::cross_entropy_backward(logits, in.targets, lse.contiguous(), scale, ignore_index, logits);
 }
 
 // ---- dropout ----

@@ -125,8 +125,7 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   check_input("sum_to", grad);
   const size_t lead = grad.shape().size() - shape.size();
   std::vector<bool> red(grad.dim(), false);
-  for (size_t d = 0; d < grad.shape().size(); ++d)
-    red[d] = d < lead || (shape[d - lead] == 1 && grad.shape()[d] != 1);
+  for (size_t d = 0; d < grad.shape().size(); ++d) red[d] = d < lead || (shape[d - lead] == 1 && grad.shape()[d] != 1);
   Tensor s = reduce_sum("sum_to", grad, red, true, false);
   return s.view(shape);
 }

@@ -9,9 +9,7 @@
 
 namespace qkv {
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  data_ = device_alloc(device, bytes);
-}
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) { data_ = device_alloc(device, bytes); }
 Storage::~Storage() { device_free(device_, data_, bytes_); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -77,7 +75,8 @@ static Shape infer_shape(const Shape& shape, int64_t numel, const char* op, cons
     out[infer] = numel / known;
     known *= out[infer];
   }
-  QKV_CHECK(known == numel, "[", op, "] cannot view ", shape_str(from), " (", numel, " elements) as ", shape_str(shape));
+  QKV_CHECK(known == numel, "[", op, "] cannot view ", shape_str(from), " (", numel, " elements) as ",
+            shape_str(shape));
   return out;
 }
 
@@ -117,8 +116,8 @@ static bool view_strides(const Shape& old_shape, const Strides& old_strides, con
 Tensor Tensor::view(const Shape& shape) const {
   Shape s = infer_shape(shape, numel(), "view", impl_->shape);
   Strides st;
-  QKV_CHECK(view_strides(impl_->shape, impl_->strides, s, st), "[view] ", shape_str(impl_->shape),
-            " with strides ", shape_str(impl_->strides), " cannot be viewed as ", shape_str(s), " without a copy");
+  QKV_CHECK(view_strides(impl_->shape, impl_->strides, s, st), "[view] ", shape_str(impl_->shape), " with strides ",
+            shape_str(impl_->strides), " cannot be viewed as ", shape_str(s), " without a copy");
   return make_view(*this, s, st, impl_->offset);
 }
 

@@ -41,7 +41,7 @@ struct AutogradMeta;  // defined below: grad, producing node, requires_grad
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
-  Strides strides;  // in elements
+  Strides strides;     // in elements
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
   std::shared_ptr<AutogradMeta> autograd;
@@ -90,7 +90,7 @@ class Tensor {
   Tensor transpose(int d0, int d1) const;
   Tensor narrow(int dim, int64_t start, int64_t length) const;
   Tensor select(int dim, int64_t index) const;  // drops dim
-  Tensor expand(const Shape& shape) const;       // broadcast: size-1 dims get stride 0
+  Tensor expand(const Shape& shape) const;      // broadcast: size-1 dims get stride 0
   Tensor unsqueeze(int dim) const;
   Tensor squeeze(int dim) const;
   Tensor flatten() const { return reshape({numel()}); }
@@ -101,9 +101,9 @@ class Tensor {
   Tensor to(Device device) const;
 
   // Reads one element as double (any dtype); for tests and small host-side logic.
-  double item() const;                        // numel() must be 1
+  double item() const;  // numel() must be 1
   double at(const std::vector<int64_t>& idx) const;
-  std::vector<double> to_vector() const;      // all elements in row-major order as double
+  std::vector<double> to_vector() const;  // all elements in row-major order as double
 
   // Autograd slot (the machinery lives in autograd/).
   bool requires_grad() const;
@@ -124,7 +124,7 @@ class Tensor {
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
-  std::shared_ptr<autograd::Node> grad_fn;       // null for leaves
+  std::shared_ptr<autograd::Node> grad_fn;           // null for leaves
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves: the node that writes .grad (shared by all uses)
   // Leaves: called after a backward has written this leaf's gradient for that pass (its .grad is
   // final for the pass), e.g. to start reducing it across ranks while backward goes on.
@@ -138,10 +138,25 @@ T* Tensor::data() const {
 
 template <class T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 }  // namespace qkv

@@ -27,7 +27,8 @@ struct TempDir {
   fs::path path;
   TempDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("qkv_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path =
+        fs::temp_directory_path() / ("qkv_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -152,9 +153,7 @@ inline void load_everything(const std::string& path) {
 inline std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "(no error)";
 }
 

@@ -45,7 +45,7 @@ inline void check_close(const Tensor& got, const std::vector<double>& want, doub
     }
   }
   INFO(bad << " of " << g.size() << " elements off; worst at " << worst << ": got " << (g.empty() ? 0 : g[worst])
-            << " want " << (want.empty() ? 0 : want[worst]));
+           << " want " << (want.empty() ? 0 : want[worst]));
   CHECK(bad == 0);
 }
 

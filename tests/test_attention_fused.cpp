@@ -85,8 +85,8 @@ struct MaxErr {
 // multiples of the 64 tile × dropout off/on, float32, D 16): runs(d, o, seed) gives the pair of
 // runs to compare; out within 1e-5 and the gradients within 1e-4 (relative). The worst errors.
 MaxErr check_mask_grid(const std::function<std::pair<Run, Run>(const Dims&, const AttentionOptions&, uint64_t)>& runs) {
-  const char* masks[] = {"no mask", "bool mask", "causal", "key padding", "window", "bias", "causal+padding",
-                         "fully masked rows"};
+  const char* masks[] = {"no mask", "bool mask", "causal",         "key padding",
+                         "window",  "bias",      "causal+padding", "fully masked rows"};
   const std::pair<int64_t, int64_t> heads[] = {{4, 4}, {4, 2}, {3, 1}};
   const std::pair<int64_t, int64_t> lengths[] = {{70, 70}, {37, 130}};
   MaxErr err;

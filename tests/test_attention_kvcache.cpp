@@ -109,10 +109,9 @@ TEST_CASE("RoPE rotates rotate-half pairs by absolute position", "[attention]") 
 }
 
 TEST_CASE("RoPE makes query-key scores depend only on the relative position", "[attention]") {
-  const Tensor q = randn({1, 1, 1, 16}, 1, 0, 0.0, 1.0, DType::f64), k = randn({1, 1, 1, 16}, 2, 0, 0.0, 1.0, DType::f64);
-  auto score = [&](int64_t i, int64_t j) {
-    return matmul(apply_rope(q, i), apply_rope(k, j).transpose(2, 3)).item();
-  };
+  const Tensor q = randn({1, 1, 1, 16}, 1, 0, 0.0, 1.0, DType::f64),
+               k = randn({1, 1, 1, 16}, 2, 0, 0.0, 1.0, DType::f64);
+  auto score = [&](int64_t i, int64_t j) { return matmul(apply_rope(q, i), apply_rope(k, j).transpose(2, 3)).item(); };
   CHECK(score(7, 3) == Approx(score(104, 100)).margin(1e-10));
   CHECK(score(0, 0) == Approx(matmul(q, k.transpose(2, 3)).item()).margin(1e-12));
   CHECK(std::fabs(score(7, 3) - score(7, 4)) > 1e-6);

@@ -51,7 +51,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // reads them without any of attention/'s code (the mask predicate, the head mapping, MaskPlan).
 struct Spec {
   int64_t B = 2, Hq = 4, Hkv = 2, Nq = 0, Nk = 0, D = 16;
-  double scale = 0;                  // 0 -> 1/sqrt(D)
+  double scale = 0;  // 0 -> 1/sqrt(D)
   bool causal = false;
   int64_t window = 0;
   std::vector<uint8_t> key_valid;    // [B, Nk]
@@ -105,7 +105,8 @@ bool visible(const Spec& s, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (s.window > 0 && (j > p || j <= p - s.window)) return false;
   if (!s.key_valid.empty() && !s.key_valid[static_cast<size_t>(b * s.Nk + j)]) return false;
   if (!s.key_lengths.empty() && j >= s.key_lengths[static_cast<size_t>(b)]) return false;
-  if (!s.segment.empty() && s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
+  if (!s.segment.empty() &&
+      s.segment[static_cast<size_t>(b * s.Nk + p)] != s.segment[static_cast<size_t>(b * s.Nk + j)])
     return false;
   if (!s.allow.empty() && !s.allow[static_cast<size_t>(((b * s.Hq + h) * s.Nq + i) * s.Nk + j)]) return false;
   return true;
@@ -234,8 +235,7 @@ Inputs exact_inputs(Spec& s, double dir, uint64_t seed) {
   in.q.resize(static_cast<size_t>(s.B * s.Hq * s.Nq * s.D));
   in.k.resize(static_cast<size_t>(s.B * s.Hkv * s.Nk * s.D));
   for (size_t r = 0; r < in.q.size() / s.D; ++r)
-    for (int64_t d = 0; d < s.D; ++d)
-      in.q[r * s.D + d] = d == 0 ? 16000.0 : d == 1 ? dir : small_int(seed + r, d);
+    for (int64_t d = 0; d < s.D; ++d) in.q[r * s.D + d] = d == 0 ? 16000.0 : d == 1 ? dir : small_int(seed + r, d);
   for (size_t r = 0; r < in.k.size() / s.D; ++r)
     for (int64_t d = 0; d < s.D; ++d)
       in.k[r * s.D + d] = d == 0 ? 1.0 : d == 1 ? static_cast<double>(r % s.Nk) : small_int(~seed - r, d);
@@ -284,8 +284,8 @@ void set_mask(Spec& s, const std::string& kind) {
   }
 }
 
-const char* const kMasks[] = {"none",          "causal", "window",  "key padding",      "key lengths", "segments",
-                              "bool mask",     "additive mask",     "alibi", "fully masked rows"};
+const char* const kMasks[] = {"none",     "causal",    "window",        "key padding", "key lengths",
+                              "segments", "bool mask", "additive mask", "alibi",       "fully masked rows"};
 
 struct Layout {
   int64_t Hq, Hkv, Nq, Nk;
@@ -362,9 +362,8 @@ TEST_CASE("attention with q scaled 30x matches naive float64 forward and backwar
       for (Kernel kern : {Kernel::fused, Kernel::reference}) {
         const Result got = run(s, in, kern);
         const Errors e = compare(got, want);
-        INFO(kernel_name(kern) << ", " << mask << ", Hq=" << l.Hq << " Hkv=" << l.Hkv << " Nq=" << l.Nq
-                               << " Nk=" << l.Nk << ": out " << e.out << " dq " << e.dq << " dk " << e.dk << " dv "
-                               << e.dv);
+        INFO(kernel_name(kern) << ", " << mask << ", Hq=" << l.Hq << " Hkv=" << l.Hkv << " Nq=" << l.Nq << " Nk="
+                               << l.Nk << ": out " << e.out << " dq " << e.dq << " dk " << e.dk << " dv " << e.dv);
         CHECK(e.out <= 3e-4);
         CHECK(e.dq <= 3e-4);
         CHECK(e.dk <= 3e-4);
@@ -376,10 +375,11 @@ TEST_CASE("attention with q scaled 30x matches naive float64 forward and backwar
     }
   // The premise: every case has logits far past exp's float32 overflow at 88.7.
   CHECK(smallest_max_logit > 300);
-  std::printf("[large_logits] q x30, max|logit| >= %.0f; worst rel err fused out %.2e dq %.2e dk %.2e dv %.2e; "
-              "reference out %.2e dq %.2e dk %.2e dv %.2e\n",
-              smallest_max_logit, worst_f.out, worst_f.dq, worst_f.dk, worst_f.dv, worst_r.out, worst_r.dq, worst_r.dk,
-              worst_r.dv);
+  std::printf(
+      "[large_logits] q x30, max|logit| >= %.0f; worst rel err fused out %.2e dq %.2e dk %.2e dv %.2e; "
+      "reference out %.2e dq %.2e dk %.2e dv %.2e\n",
+      smallest_max_logit, worst_f.out, worst_f.dq, worst_f.dk, worst_f.dv, worst_r.out, worst_r.dq, worst_r.dk,
+      worst_r.dv);
 }
 
 TEST_CASE("attention on exact logits near 1000 growing or falling tile to tile matches naive float64",
@@ -436,8 +436,8 @@ TEST_CASE("adding a constant to every logit changes no output or gradient of eit
             const Result shifted = run(s, in, kern, c);
             const Errors e = compare(shifted, base);
             INFO(kernel_name(kern) << ", " << mask << ", trend " << dir << ", shift " << c << ", Hq=" << l.Hq
-                                   << " Nq=" << l.Nq << " Nk=" << l.Nk << ": out " << e.out << " dq " << e.dq
-                                   << " dk " << e.dk << " dv " << e.dv);
+                                   << " Nq=" << l.Nq << " Nk=" << l.Nk << ": out " << e.out << " dq " << e.dq << " dk "
+                                   << e.dk << " dv " << e.dv);
             CHECK(e.out == 0.0);
             if (kern == Kernel::reference) {
               CHECK(e.dq == 0.0);
@@ -474,7 +474,8 @@ TEST_CASE("adding a constant to every logit changes no output or gradient of eit
         }
       }
     }
-  std::printf("[large_logits] shift by +100/+1000/-1000: exact inputs: forward and reference gradients bitwise "
-              "equal, fused gradients within %.2e; random inputs within %.2e\n",
-              fused_grad_worst, random_worst);
+  std::printf(
+      "[large_logits] shift by +100/+1000/-1000: exact inputs: forward and reference gradients bitwise "
+      "equal, fused gradients within %.2e; random inputs within %.2e\n",
+      fused_grad_worst, random_worst);
 }

@@ -153,9 +153,9 @@ TEST_CASE("linear attention forward equals the naive float64 formula", "[attenti
               const Case c = make_case(d, f, causal, chunk, pad, seed += 5, DType::f32, seg);
               INFO(label(f, causal, chunk, gqa, pad) << (seg ? " segments" : ""));
               const Tensor out = attn::linear_attention(c.q, c.k, c.v, c.o);
-              test::check_close(
-                  out, naive(c.q.to_vector(), c.k.to_vector(), c.v.to_vector(), d, c.o, c.W, c.valid, c.seg), 1e-5,
-                  1e-6);
+              test::check_close(out,
+                                naive(c.q.to_vector(), c.k.to_vector(), c.v.to_vector(), d, c.o, c.W, c.valid, c.seg),
+                                1e-5, 1e-6);
             }
 }
 
@@ -178,42 +178,43 @@ TEST_CASE("linear attention backward equals central differences of the naive for
         for (bool pad : {false, true})
           for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(8)})
             for (bool seg : {false, true}) {
-            if (!causal && (chunk != 3 || seg)) continue;  // chunks and segments only shape the causal form
-            const Dims d{2, gqa ? 4 : 2, 2, causal ? 8 : 5, 8, 3};
-            Case c = make_case(d, f, causal, chunk, pad, seed += 5, DType::f64, seg);
-            INFO(label(f, causal, chunk, gqa, pad) << (seg ? " segments" : ""));
-            c.q.set_requires_grad(true);
-            c.k.set_requires_grad(true);
-            c.v.set_requires_grad(true);
-            const Tensor out = attn::linear_attention(c.q, c.k, c.v, c.o);
-            REQUIRE(out.grad_fn());
-            CHECK(std::string(out.grad_fn()->name()) == "LinearAttentionBackward");
-            const Tensor u = randn(out.shape(), seed + 3, 0, 0.0, 1.0, DType::f64);
-            autograd::backward(out, u);
-            const std::vector<double> uv = u.to_vector();
-            std::vector<double> x[3] = {c.q.to_vector(), c.k.to_vector(), c.v.to_vector()};
-            auto loss = [&] {
-              const std::vector<double> o = naive(x[0], x[1], x[2], d, c.o, c.W, c.valid, c.seg);
-              double s = 0;
-              for (size_t e = 0; e < o.size(); ++e) s += uv[e] * o[e];
-              return s;
-            };
-            const Tensor* grads[3] = {&c.q, &c.k, &c.v};
-            for (int a = 0; a < 3; ++a) {
-              std::vector<double> want(x[a].size());
-              for (size_t e = 0; e < x[a].size(); ++e) {
-                const double keep = x[a][e], h = 1e-6;
-                x[a][e] = keep + h;
-                const double lp = loss();
-                x[a][e] = keep - h;
-                const double lm = loss();
-                x[a][e] = keep;
-                want[e] = (lp - lm) / (2 * h);
+              if (!causal && (chunk != 3 || seg)) continue;  // chunks and segments only shape the causal form
+              const Dims d{2, gqa ? 4 : 2, 2, causal ? 8 : 5, 8, 3};
+              Case c = make_case(d, f, causal, chunk, pad, seed += 5, DType::f64, seg);
+              INFO(label(f, causal, chunk, gqa, pad) << (seg ? " segments" : ""));
+              c.q.set_requires_grad(true);
+              c.k.set_requires_grad(true);
+              c.v.set_requires_grad(true);
+              const Tensor out = attn::linear_attention(c.q, c.k, c.v, c.o);
+              REQUIRE(out.grad_fn());
+              CHECK(std::string(out.grad_fn()->name()) == "LinearAttentionBackward");
+              const Tensor u = randn(out.shape(), seed + 3, 0, 0.0, 1.0, DType::f64);
+              autograd::backward(out, u);
+              const std::vector<double> uv = u.to_vector();
+              std::vector<double> x[3] = {c.q.to_vector(), c.k.to_vector(), c.v.to_vector()};
+              auto loss = [&] {
+                const std::vector<double> o = naive(x[0], x[1], x[2], d, c.o, c.W, c.valid, c.seg);
+                double s = 0;
+                for (size_t e = 0; e < o.size(); ++e) s += uv[e] * o[e];
+                return s;
+              };
+              const Tensor* grads[3] = {&c.q, &c.k, &c.v};
+              for (int a = 0; a < 3; ++a) {
+                std::vector<double> want(x[a].size());
+                for (size_t e = 0; e < x[a].size(); ++e) {
+                  const double keep = x[a][e], h = 1e-6;
+                  x[a][e] = keep + h;
+                  const double lp = loss();
+                  x[a][e] = keep - h;
+                  const double lm = loss();
+                  x[a][e] = keep;
+                  want[e] = (lp - lm) / (2 * h);
+                }
+                INFO("input "
+                     << "qkv"[a]);
+                test::check_close(grads[a]->grad(), want, 1e-5, 1e-6);
               }
-              INFO("input " << "qkv"[a]);
-              test::check_close(grads[a]->grad(), want, 1e-5, 1e-6);
             }
-          }
 }
 
 TEST_CASE("linear attention: padded keys contribute nothing, values past them do not matter", "[attention][linear]") {
@@ -450,12 +451,14 @@ TEST_CASE("a linear model decodes through its recurrent state: equal to the para
       m->init_weights(21);
       m->eval();
       const int64_t T = 23;  // chunks of 5: four full and a partial one
-      const Tensor ids = from_vector_i64([&] {
-        auto a = lcg(T, 37, 1);
-        auto b = lcg(T, 37, 2);
-        a.insert(a.end(), b.begin(), b.end());
-        return a;
-      }(), {2, T});
+      const Tensor ids = from_vector_i64(
+          [&] {
+            auto a = lcg(T, 37, 1);
+            auto b = lcg(T, 37, 2);
+            a.insert(a.end(), b.begin(), b.end());
+            return a;
+          }(),
+          {2, T});
       autograd::NoGradGuard no_grad;
       nn::ForwardArgs full_args;
       full_args.ids = ids;
@@ -478,8 +481,8 @@ TEST_CASE("a linear model decodes through its recurrent state: equal to the para
       }
       REQUIRE(t == T);
       const double e = rel(cat(parts, 1), full);
-      std::printf("[linear] decode %-5s %-5s: recurrent state vs parallel forward rel %.2e, state %lld bytes\n",
-                  family, feature, e, static_cast<long long>(bytes));
+      std::printf("[linear] decode %-5s %-5s: recurrent state vs parallel forward rel %.2e, state %lld bytes\n", family,
+                  feature, e, static_cast<long long>(bytes));
       CHECK(e < 1e-5);
     }
 }
@@ -594,8 +597,8 @@ TEST_CASE("leakcheck: a causal chunk that reads its own later keys is caught", "
   m->eval();
   const analysis::PlantedFault planted(*m, analysis::Fault::linear_chunk_future);
   const auto checks = analysis::run_model_checks(*m, {});
-  for (const char* name :
-       {"future_token_perturbation", "kv_decode", "chunked_prefill", "reference_attention", "reference_attention_backward"}) {
+  for (const char* name : {"future_token_perturbation", "kv_decode", "chunked_prefill", "reference_attention",
+                           "reference_attention_backward"}) {
     const analysis::LeakCheck* c = find_check(checks, name);
     REQUIRE(c);
     INFO(name << " = " << c->value << " (threshold " << c->threshold << "): " << c->detail);
@@ -617,8 +620,8 @@ TEST_CASE("linear attention on the GPU equals the CPU kernel, forward and backwa
           const Dims d{2, 4, 2, causal ? 13 : 9, 13, 4};
           const DType dt = variant == 1 ? DType::f32 : DType::f64;
           Case c = make_case(d, f, causal, chunk, variant > 0, seed += 5, dt, variant == 2);
-          INFO(label(f, causal, chunk, true, variant > 0) << (variant == 2 ? " segments" : "") << " "
-                                                            << (dt == DType::f32 ? "f32" : "f64"));
+          INFO(label(f, causal, chunk, true, variant > 0)
+               << (variant == 2 ? " segments" : "") << " " << (dt == DType::f32 ? "f32" : "f64"));
           const Tensor u = randn({d.B, d.Hq, d.Nq, d.D}, seed + 3, 0, 0.0, 1.0, dt);
           auto run = [&](Device dev) {
             Tensor q = c.q.to(dev), k = c.k.to(dev), v = c.v.to(dev);
@@ -649,14 +652,15 @@ TEST_CASE("linear attention on the GPU equals the CPU kernel, forward and backwa
   Case c = make_case({1, 2, 1, 8, 8, 4}, LinearFeature::elu1, true, 4, false, 77, DType::f64);
   c.o.chunk_key_hi = c.o.chunk;  // a wrong in-chunk rule: every key of the chunk
   const std::vector<double> want = attn::linear_attention(c.q, c.k, c.v, c.o).to_vector();
-  test::check_close(attn::linear_attention(c.q.to(Device::cuda), c.k.to(Device::cuda), c.v.to(Device::cuda), c.o)
-                        .to(Device::cpu),
-                    want, 1e-10, 1e-12);
+  test::check_close(
+      attn::linear_attention(c.q.to(Device::cuda), c.k.to(Device::cuda), c.v.to(Device::cuda), c.o).to(Device::cpu),
+      want, 1e-10, 1e-12);
   c.o.chunk_key_hi = 1;
   CHECK(rel(attn::linear_attention(c.q, c.k, c.v, c.o), from_vector(want, c.q.shape(), DType::f64)) > 1e-3);
 }
 
-TEST_CASE("a linear model on the GPU: forward, backward and recurrent decode equal the CPU's", "[attention][linear][cuda]") {
+TEST_CASE("a linear model on the GPU: forward, backward and recurrent decode equal the CPU's",
+          "[attention][linear][cuda]") {
   if (!test::cuda_device_present()) return;
   for (const char* feature : {"elu1", "favor"}) {
     auto cpu = train::build_model(linear_config("llama", feature, 3), 37);

@@ -74,7 +74,7 @@ TEST_CASE("the 2x2 causal example: the first query reads only itself", "[attenti
   const AttentionWeights r = attention_with_weights(ex.q, ex.k, ex.v, o);
   const double w = 1.0 / (1.0 + std::exp(1.0 / std::sqrt(2.0)));
   check_values(r.weights, {1, 0, 0.3302, 0.6698}, 5e-5);
-  CHECK(r.weights.at({0, 0, 0, 1}) == 0.0);  // exactly zero, not just small
+  CHECK(r.weights.at({0, 0, 0, 1}) == 0.0);            // exactly zero, not just small
   check_values(r.out, {10, 0, 3.302, 13.3959}, 1e-3);  // the hand-worked output (see above)
   check_values(r.out, {10, 0, 10 * w, 20 * (1 - w)}, 1e-9);
   o.kernel = Kernel::fused;
@@ -92,7 +92,8 @@ TEST_CASE("softmax then multiplying by the mask is not a distribution; masking t
   {
     AttentionOptions unmasked = o;
     unmasked.allow_mask = Tensor();
-    const Tensor bad = mul(attention_with_weights(q, k, v, unmasked).weights, visibility_mask({1, 1, 1, 1, 2}, o).to(DType::f64));
+    const Tensor bad =
+        mul(attention_with_weights(q, k, v, unmasked).weights, visibility_mask({1, 1, 1, 1, 2}, o).to(DType::f64));
     check_values(bad, {0.2689, 0}, 5e-5);  // softmax([1,2]) = [0.269, 0.731], times [1, 0]
     const auto w = bad.to_vector();
     CHECK(w[0] + w[1] == Approx(0.2689).margin(5e-5));  // sums to 0.269: not a distribution
@@ -224,8 +225,7 @@ TEST_CASE("bad attention input throws an error naming the shapes", "[attention]"
   CHECK_NOTHROW(attention(q, k, v));
   CHECK_THROWS_WITH(attention(q, randn({1, 2, 5, 7}, 4), v),
                     Catch::Contains("head dims differ") && Catch::Contains("k [1,2,5,7]"));
-  CHECK_THROWS_WITH(attention(q, k, randn({1, 2, 4, 6}, 5)),
-                    Catch::Contains("Nk=5") && Catch::Contains("v [1,2,4,6]"));
+  CHECK_THROWS_WITH(attention(q, k, randn({1, 2, 4, 6}, 5)), Catch::Contains("Nk=5") && Catch::Contains("v [1,2,4,6]"));
   CHECK_THROWS_WITH(attention(randn({1, 3, 3, 8}, 6), k, v),
                     Catch::Contains("Hq=3") && Catch::Contains("Hkv=2") && Catch::Contains("q [1,3,3,8]"));
   AttentionOptions o;
@@ -289,17 +289,21 @@ TEST_CASE("wrong mask rules reach both kernels and change what a query can read"
     std::shared_ptr<const MaskRules> rules;
   };
   const Wrong wrong[] = {
-      {"causal reversed (j >= pos)", rules_for(s, o, [](MaskRules& m) { m.has_hi = false, m.has_lo = true, m.lo = 0; })},
+      {"causal reversed (j >= pos)",
+       rules_for(s, o, [](MaskRules& m) { m.has_hi = false, m.has_lo = true, m.lo = 0; })},
       {"top-left causal", rules_for(s, o, [](MaskRules& m) { m.q_offset = 0; })},
       {"window off by one", rules_for(s, o, [](MaskRules& m) { m.lo -= 1; })},
-      {"gqa modulo", rules_for(s, o, [&](MaskRules& m) { for (int64_t h = 0; h < Hq; ++h) m.kv_head[h] = h % Hkv; })},
+      {"gqa modulo", rules_for(s, o,
+                               [&](MaskRules& m) {
+                                 for (int64_t h = 0; h < Hq; ++h) m.kv_head[h] = h % Hkv;
+                               })},
   };
   for (const Wrong& w : wrong) {
     INFO(w.name);
     AttentionOptions wo = o, wr = r;
     wo.rules = wr.rules = w.rules;
     const Tensor fused = attention(q, k, v, wo), ref = attention(q, k, v, wr);
-    CHECK(max_abs_diff(fused, ref) < 1e-5);  // one meaning in both kernels
+    CHECK(max_abs_diff(fused, ref) < 1e-5);    // one meaning in both kernels
     CHECK(max_abs_diff(fused, clean) > 1e-3);  // and a visible difference
   }
   // Explicit rules equal to the derived ones change nothing, bit for bit.
@@ -308,7 +312,8 @@ TEST_CASE("wrong mask rules reach both kernels and change what a query can read"
   CHECK(max_abs_diff(attention(q, k, v, same), clean) == 0.0);
   // Rules that do not fit the call are refused, naming what is wrong.
   same.rules = rules_for(s, o, [](MaskRules& m) { m.kv_head.pop_back(); });
-  CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("mask rules map 3 query heads") && Catch::Contains("Hq=4"));
+  CHECK_THROWS_WITH(attention(q, k, v, same),
+                    Catch::Contains("mask rules map 3 query heads") && Catch::Contains("Hq=4"));
   same.rules = rules_for(s, o, [](MaskRules& m) { m.kv_head[1] = 2; });
   CHECK_THROWS_WITH(attention(q, k, v, same), Catch::Contains("query head 1 to kv head 2"));
   // A future-key probe: perturb key 5; row 0 must not move unless causality is broken.

@@ -53,10 +53,14 @@ bool doc_allows(const SparsePattern& sp, int64_t nk, bool causal, int64_t p, int
   };
   const int64_t qb = p / bs, kb = j / bs;
   switch (sp.kind) {
-    case Pattern::full: return true;
-    case Pattern::window: return ad < (sp.local ? sp.local : bs);
-    case Pattern::strided: return ad < (sp.local ? sp.local : s) || d % s == 0;
-    case Pattern::global: return ad < (sp.local ? sp.local : 1) || global(p) || global(j);
+    case Pattern::full:
+      return true;
+    case Pattern::window:
+      return ad < (sp.local ? sp.local : bs);
+    case Pattern::strided:
+      return ad < (sp.local ? sp.local : s) || d % s == 0;
+    case Pattern::global:
+      return ad < (sp.local ? sp.local : 1) || global(p) || global(j);
     case Pattern::bigbird: {
       if (ad < (sp.local ? sp.local : bs) || global(p) || global(j)) return true;
       for (int64_t k = 0; k < sp.random_blocks; ++k) {
@@ -96,14 +100,35 @@ std::vector<Case> patterns_at_300() {
   return {
       {"window l=50", make(Pattern::window, [](SparsePattern& p) { p.local = 50; })},
       {"window l=200 (full tiles)", make(Pattern::window, [](SparsePattern& p) { p.local = 200; })},
-      {"block_sparse local_global bs=64 (full tiles)", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })},
+      {"block_sparse local_global bs=64 (full tiles)",
+       make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })},
       {"strided auto (s=l=18)", make(Pattern::strided)},
-      {"strided s=7 l=20", make(Pattern::strided, [](SparsePattern& p) { p.stride = 7; p.local = 20; })},
-      {"global g=3 l=30", make(Pattern::global, [](SparsePattern& p) { p.global = 3; p.local = 30; })},
-      {"global list", make(Pattern::global, [](SparsePattern& p) { p.global_tokens = {5, 100, 257}; })},
-      {"bigbird bs=32 r=2", make(Pattern::bigbird, [](SparsePattern& p) { p.block_size = 32; p.global = 2; p.seed = 5; })},
+      {"strided s=7 l=20", make(Pattern::strided,
+                                [](SparsePattern& p) {
+                                  p.stride = 7;
+                                  p.local = 20;
+                                })},
+      {"global g=3 l=30", make(Pattern::global,
+                               [](SparsePattern& p) {
+                                 p.global = 3;
+                                 p.local = 30;
+                               })},
+      {"global list", make(Pattern::global,
+                           [](SparsePattern& p) {
+                             p.global_tokens = {5, 100, 257};
+                           })},
+      {"bigbird bs=32 r=2", make(Pattern::bigbird,
+                                 [](SparsePattern& p) {
+                                   p.block_size = 32;
+                                   p.global = 2;
+                                   p.seed = 5;
+                                 })},
       {"block_sparse local_global bs=48", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 48; })},
-      {"block_sparse fixed bs=40", make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 40; p.layout = "fixed"; })},
+      {"block_sparse fixed bs=40", make(Pattern::block_sparse,
+                                        [](SparsePattern& p) {
+                                          p.block_size = 40;
+                                          p.layout = "fixed";
+                                        })},
   };
 }
 
@@ -190,7 +215,10 @@ double rel_err(const std::vector<double>& got, const std::vector<double>& want) 
 TEST_CASE("sparse: strided s=l=3 at N=10 is the hand-written layout", "[attention][sparse]") {
   AttentionOptions o;
   o.causal = true;
-  o.pattern = make(Pattern::strided, [](SparsePattern& p) { p.stride = 3; p.local = 3; });
+  o.pattern = make(Pattern::strided, [](SparsePattern& p) {
+    p.stride = 3;
+    p.local = 3;
+  });
   // row p: the window p-2..p, and every j with (p - j) divisible by 3
   const std::vector<std::string> want = {
       "1000000000",  // 0
@@ -355,8 +383,8 @@ TEST_CASE("sparse: fused and reference kernels match the float64 brute force, fo
             // Large logits (q scaled by 4) so the stable softmax's max subtraction matters.
             const Tensor q0 = randn({B, Hq, Nq, D}, 100, 0, 0.0, 4.0), k0 = randn({B, Hkv, Nk, D}, 101),
                          v0 = randn({B, Hkv, Nk, D}, 102), g = randn({B, Hq, Nq, D}, 103);
-            const Grads want = brute(q0.to_vector(), k0.to_vector(), v0.to_vector(), g.to_vector(), B, Hq, Hkv, Nq,
-                                     Nk, D, *c.pattern, causal, pad, o);
+            const Grads want = brute(q0.to_vector(), k0.to_vector(), v0.to_vector(), g.to_vector(), B, Hq, Hkv, Nq, Nk,
+                                     D, *c.pattern, causal, pad, o);
             for (Kernel kern : {Kernel::fused, Kernel::reference}) {
               INFO(c.name << (causal ? " causal" : "") << (gqa ? " GQA" : " MHA") << (padding ? " padding" : "")
                           << (drop ? " dropout" : "") << (kern == Kernel::fused ? " fused" : " reference"));
@@ -414,8 +442,9 @@ TEST_CASE("sparse: bigbird's random blocks are a function of (seed, block) only"
 namespace {
 
 Config sparse_config(const std::string& pattern, const std::vector<std::string>& sets = {}) {
-  std::string text = "[model]\nfamily = \"llama\"\nn_layer = 1\nn_head = 4\nn_kv_head = 2\nn_embd = 32\nblock_size = 32\n"
-                     "vocab_size = 40\n[data]\nrandom_tokens = true\n";
+  std::string text =
+      "[model]\nfamily = \"llama\"\nn_layer = 1\nn_head = 4\nn_kv_head = 2\nn_embd = 32\nblock_size = 32\n"
+      "vocab_size = 40\n[data]\nrandom_tokens = true\n";
   std::vector<std::string> all = {"model.attention_pattern=" + pattern};
   for (const auto& x : sets) all.push_back(x);
   return parse_config_text(text, "sparse.toml", all);
@@ -423,14 +452,15 @@ Config sparse_config(const std::string& pattern, const std::vector<std::string>&
 
 }  // namespace
 
-TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones name the key", "[attention][sparse][config]") {
+TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones name the key",
+          "[attention][sparse][config]") {
   const auto cfg = [](const std::string& pattern, const std::vector<std::string>& sets = {}) {
     return train::model_config(sparse_config(pattern, sets).resolved(), 40);
   };
   CHECK(cfg("full").pattern.kind == Pattern::full);
   const nn::ModelConfig st = cfg("strided");
   CHECK(st.pattern.kind == Pattern::strided);
-  CHECK(st.pattern.stride == 6);  // ceil(sqrt(32)), fixed at the model so decode keeps it
+  CHECK(st.pattern.stride == 6);                  // ceil(sqrt(32)), fixed at the model so decode keeps it
   CHECK(cfg("bigbird").pattern.block_size == 8);  // clamp(32 / 4, 1, 64)
   const nn::ModelConfig gl = cfg("global", {"model.pattern_global_tokens=0, 9,17", "model.pattern_local=4"});
   CHECK(gl.pattern.global_tokens == std::vector<int64_t>{0, 9, 17});
@@ -441,9 +471,12 @@ TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones na
   CHECK_THROWS_WITH(sparse_config("linear", {"model.pattern_stride=4"}), Contains("model.pattern_stride"));
   CHECK_THROWS_WITH(sparse_config("dilated"), Contains("model.attention_pattern"));
   CHECK_THROWS_WITH(sparse_config("window", {"model.pattern_stride=4"}), Contains("model.pattern_stride"));
-  CHECK_THROWS_WITH(sparse_config("strided", {"model.pattern_global_tokens=3"}), Contains("model.pattern_global_tokens"));
-  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,40"}), Contains("model.pattern_global_tokens"));
-  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,x"}), Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("strided", {"model.pattern_global_tokens=3"}),
+                    Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,40"}),
+                    Contains("model.pattern_global_tokens"));
+  CHECK_THROWS_WITH(sparse_config("global", {"model.pattern_global_tokens=3,x"}),
+                    Contains("model.pattern_global_tokens"));
   CHECK_THROWS_WITH(sparse_config("bigbird", {"model.pattern_block_size=-1"}), Contains("model.pattern_block_size"));
   CHECK_THROWS_WITH(sparse_config("block_sparse", {"model.pattern_layout=/nonexistent/layout.txt"}),
                     Contains("model.pattern_layout"));
@@ -457,15 +490,18 @@ TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones na
   CHECK(d->a == "\"full\"");
   // each parameter is named by its own key (checkpoint saving and --resume ask model_difference)
   const std::pair<const char*, std::vector<std::string>> keyed[] = {
-      {"model.pattern_stride", {"model.pattern_stride=4"}},        {"model.pattern_local", {"model.pattern_local=3"}},
-      {"model.pattern_global", {"model.pattern_global=2"}},        {"model.pattern_global_tokens", {"model.pattern_global_tokens=1,2"}},
-      {"model.pattern_random_blocks", {"model.pattern_random_blocks=1"}}, {"model.pattern_block_size", {"model.pattern_block_size=4"}},
+      {"model.pattern_stride", {"model.pattern_stride=4"}},
+      {"model.pattern_local", {"model.pattern_local=3"}},
+      {"model.pattern_global", {"model.pattern_global=2"}},
+      {"model.pattern_global_tokens", {"model.pattern_global_tokens=1,2"}},
+      {"model.pattern_random_blocks", {"model.pattern_random_blocks=1"}},
+      {"model.pattern_block_size", {"model.pattern_block_size=4"}},
       {"model.pattern_seed", {"model.pattern_seed=9"}}};
   for (const auto& [key, sets] : keyed) {
     INFO(key);
     const char* pattern = std::string(key) == "model.pattern_stride"  ? "strided"
                           : std::string(key) == "model.pattern_local" ? "window"
-                                                                       : "bigbird";
+                                                                      : "bigbird";
     const auto diff = train::model_difference(cfg(pattern, sets), cfg(pattern));
     REQUIRE(diff);
     CHECK(diff->key == key);
@@ -554,7 +590,8 @@ TEST_CASE("sparse: a tiny model per pattern trains (the loss falls)", "[attentio
   fs::remove_all(dir);
 }
 
-TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse probes", "[attention][sparse][leakcheck]") {
+TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse probes",
+          "[attention][sparse][leakcheck]") {
   nn::ModelConfig u;
   u.n_layer = 1;
   u.n_embd = 16;
@@ -606,7 +643,8 @@ TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse pro
   }
 }
 
-TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the reference path there)", "[attention][sparse][cuda]") {
+TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the reference path there)",
+          "[attention][sparse][cuda]") {
   if (!test::cuda_device_present()) return;
   for (const Case& c : patterns_at_300())
     for (int causal = 0; causal < 2; ++causal) {
@@ -619,7 +657,8 @@ TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the refer
       std::vector<std::vector<double>> res[2];
       for (int dev = 0; dev < 2; ++dev) {
         const Device d = dev ? Device::cuda : Device::cpu;
-        Tensor qq = q.to(d).set_requires_grad(true), kk = k.to(d).set_requires_grad(true), vv = v.to(d).set_requires_grad(true);
+        Tensor qq = q.to(d).set_requires_grad(true), kk = k.to(d).set_requires_grad(true),
+               vv = v.to(d).set_requires_grad(true);
         const Tensor out = attention(qq, kk, vv, o);
         autograd::backward(out, g.to(d));
         res[dev] = {out.to(Device::cpu).to_vector(), qq.grad().to(Device::cpu).to_vector(),
@@ -635,11 +674,13 @@ TEST_CASE("sparse: full tiles cut by key_lengths or an elementwise mask are stil
   // segment ids split them, so the fused kernel must not take the no-mask path there.
   for (auto pat : {make(Pattern::window, [](SparsePattern& p) { p.local = 200; }),
                    make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })}) {
-    REQUIRE(pattern_stats({1, 1, 1, 300, 300}, [&] {
-              AttentionOptions o;
-              o.pattern = pat;
-              return o;
-            }()).full_tiles > 0);
+    REQUIRE(pattern_stats({1, 1, 1, 300, 300},
+                          [&] {
+                            AttentionOptions o;
+                            o.pattern = pat;
+                            return o;
+                          }())
+                .full_tiles > 0);
     for (int variant = 0; variant < 2; ++variant) {
       INFO(pat->describe() << " variant " << variant);
       AttentionOptions o;
@@ -652,8 +693,10 @@ TEST_CASE("sparse: full tiles cut by key_lengths or an elementwise mask are stil
         for (int64_t e = 0; e < 600; ++e) seg.data<int64_t>()[e] = (e % 300) < 100 + 37 * (e / 300) ? 0 : 1;
         o.segment_ids = seg;
       }
-      const Tensor q0 = randn({2, 2, 300, 4}, 31, 0, 0.0, 1.0, DType::f64), k0 = randn({2, 2, 300, 4}, 32, 0, 0.0, 1.0, DType::f64),
-                   v0 = randn({2, 2, 300, 4}, 33, 0, 0.0, 1.0, DType::f64), g = randn({2, 2, 300, 4}, 34, 0, 0.0, 1.0, DType::f64);
+      const Tensor q0 = randn({2, 2, 300, 4}, 31, 0, 0.0, 1.0, DType::f64),
+                   k0 = randn({2, 2, 300, 4}, 32, 0, 0.0, 1.0, DType::f64),
+                   v0 = randn({2, 2, 300, 4}, 33, 0, 0.0, 1.0, DType::f64),
+                   g = randn({2, 2, 300, 4}, 34, 0, 0.0, 1.0, DType::f64);
       std::vector<std::vector<double>> res[2];
       for (int kern = 0; kern < 2; ++kern) {
         o.kernel = kern ? Kernel::reference : Kernel::fused;

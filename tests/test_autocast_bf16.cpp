@@ -46,12 +46,14 @@ std::vector<double> mm_nt(const std::vector<double>& a, const std::vector<double
 
 }  // namespace
 
-TEST_CASE("round_bf16 rounds to nearest even bf16 with a pass-through gradient; round_grad_bf16 rounds the gradient", "[autocast]") {
+TEST_CASE("round_bf16 rounds to nearest even bf16 with a pass-through gradient; round_grad_bf16 rounds the gradient",
+          "[autocast]") {
   Tensor x = from_vector({1.0, 1.00390625, 1.01171875, -3.14159265, 1e-3, 65504.5}, {6});
   x.set_requires_grad(true);
   const Tensor y = ag::round_bf16(x);
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even gives 1.
-  CHECK(y.to_vector() == std::vector<double>{1.0, 1.0, 1.015625, bf16_of(-3.14159265), bf16_of(1e-3), bf16_of(65504.5)});
+  CHECK(y.to_vector() ==
+        std::vector<double>{1.0, 1.0, 1.015625, bf16_of(-3.14159265), bf16_of(1e-3), bf16_of(65504.5)});
   const Tensor g = from_vector({0.1, 0.2, 0.3, 0.4, 0.5, 0.6}, {6});
   autograd::backward(y, g);
   CHECK(max_abs(x.grad().to_vector(), g.to_vector()) == 0.0);
@@ -99,7 +101,8 @@ TEST_CASE("linear under bf16 autocast: bf16 operands, float32 accumulation, forw
   CHECK(max_abs(ag::linear(x, w, b).to_vector(), qkv::linear(x, w, b).to_vector()) == 0.0);
 }
 
-TEST_CASE("attention under bf16 autocast meets FlashAttention's rule: error at most 2x a naive bf16 attention", "[autocast]") {
+TEST_CASE("attention under bf16 autocast meets FlashAttention's rule: error at most 2x a naive bf16 attention",
+          "[autocast]") {
   // One head, causal, N = 64, D = 32: exact float64 vs (a) autocast (bf16 q/k/v, float32 inside)
   // and (b) naive bf16 (every intermediate rounded: S, P and O).
   const int64_t N = 64, D = 32;
@@ -178,8 +181,8 @@ TEST_CASE("a tiny gpt2 trained with bf16 autocast follows the float32 run", "[au
   };
   const auto f32 = run(false), bf16 = run(true);
   WARN("loss after 60 steps: float32 " << f32.back() << ", bf16 autocast " << bf16.back());
-  CHECK(bf16[0] != f32[0]);                      // bf16 really computed something else
-  CHECK(std::fabs(bf16[0] - f32[0]) < 1e-2);     // ... close to float32
-  CHECK(bf16.back() < 0.5 * bf16[0]);            // and it learns
+  CHECK(bf16[0] != f32[0]);                   // bf16 really computed something else
+  CHECK(std::fabs(bf16[0] - f32[0]) < 1e-2);  // ... close to float32
+  CHECK(bf16.back() < 0.5 * bf16[0]);         // and it learns
   CHECK(std::fabs(bf16.back() - f32.back()) < 0.1 * f32.back() + 0.05);
 }

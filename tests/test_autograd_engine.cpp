@@ -97,7 +97,8 @@ TEST_CASE("inputs that do not require grad get no gradient and record no node", 
 TEST_CASE("gradcheck catches a wrong gradient", "[autograd][gradcheck]") {
   // A case whose function is not what its rule differentiates: y = x * stop(x) looks like x^2 to
   // finite differences, but only one factor is tracked, so the analytic gradient is x, not 2x.
-  autograd::GradcheckCase c{"wrong", "x * detached x", [] { return std::vector<Tensor>{randn({3}, 1, 0, 0.0, 1.0, DType::f64)}; },
+  autograd::GradcheckCase c{"wrong", "x * detached x",
+                            [] { return std::vector<Tensor>{randn({3}, 1, 0, 0.0, 1.0, DType::f64)}; },
                             [](const std::vector<Tensor>& x) {
                               Tensor stop = x[0].clone();
                               return ag::mul(x[0], stop);

@@ -25,7 +25,9 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-std::string fixture(const std::string& name) { return slurp(std::string(QKV_SOURCE_DIR) + "/tests/reference/gpt2_bpe/" + name); }
+std::string fixture(const std::string& name) {
+  return slurp(std::string(QKV_SOURCE_DIR) + "/tests/reference/gpt2_bpe/" + name);
+}
 
 std::string unhex(const std::string& h) {
   std::string out;
@@ -60,19 +62,24 @@ TEST_CASE("gpt2_bpe byte table is GPT-2's", "[tokenizer][gpt2_bpe]") {
   CHECK(byte_to_codepoint(0xAD) == 0x143);  // the soft hyphen is not printable
   CHECK(byte_to_codepoint(0xAE) == 0xAE);
   for (int b = 0; b < 256; ++b) CHECK(codepoint_to_byte(byte_to_codepoint(static_cast<uint8_t>(b))) == b);
-  CHECK(to_alphabet(" a\n") == "\xC4\xA0" "a" "\xC4\x8A");
+  CHECK(to_alphabet(" a\n") ==
+        "\xC4\xA0"
+        "a"
+        "\xC4\x8A");
 }
 
 TEST_CASE("gpt2_bpe pre-split follows GPT-2's pattern on hand-worked examples", "[tokenizer][gpt2_bpe]") {
   using V = std::vector<std::string_view>;
   CHECK(bytelevel::pre_split("Hello world's  end\n") == V{"Hello", " world", "'s", " ", " end", "\n"});
-  CHECK(bytelevel::pre_split("I'M x'll") == V{"I", "'", "M", " x", "'ll"});          // contractions are lowercase
+  CHECK(bytelevel::pre_split("I'M x'll") == V{"I", "'", "M", " x", "'ll"});  // contractions are lowercase
   CHECK(bytelevel::pre_split("a1b 22!!? \t\nq") == V{"a", "1", "b", " 22", "!!?", " \t", "\n", "q"});
-  CHECK(bytelevel::pre_split("x   ") == V{"x", "   "});                              // trailing run stays whole
+  CHECK(bytelevel::pre_split("x   ") == V{"x", "   "});  // trailing run stays whole
   CHECK(bytelevel::pre_split("caf\xC3\xA9 \xE6\x9D\xB1\xE4\xBA\xAC") == V{"caf\xC3\xA9", " \xE6\x9D\xB1\xE4\xBA\xAC"});
-  CHECK(bytelevel::pre_split("\xC2\xA0" "a") == V{"\xC2\xA0", "a"});                 // U+00A0 is \s
-  CHECK(bytelevel::pre_split("e\xCC\x81") == V{"e", "\xCC\x81"});                    // a combining mark is "other"
-  CHECK(bytelevel::pre_split("a \xFF\xFE" "b") == V{"a", " \xFF\xFE", "b"});         // invalid bytes: "other"
+  CHECK(bytelevel::pre_split("\xC2\xA0"
+                             "a") == V{"\xC2\xA0", "a"});          // U+00A0 is \s
+  CHECK(bytelevel::pre_split("e\xCC\x81") == V{"e", "\xCC\x81"});  // a combining mark is "other"
+  CHECK(bytelevel::pre_split("a \xFF\xFE"
+                             "b") == V{"a", " \xFF\xFE", "b"});  // invalid bytes: "other"
   CHECK(bytelevel::pre_split("") == V{});
 }
 
@@ -85,7 +92,8 @@ TEST_CASE("gpt2_bpe from vocab.json + merges.txt gives tokenizers' ids on the st
   CHECK(tok->merges_txt() == fixture("merges.txt"));
 }
 
-TEST_CASE("gpt2_bpe from tokenizer.json, and through a checkpoint's JSON, gives the same ids", "[tokenizer][gpt2_bpe]") {
+TEST_CASE("gpt2_bpe from tokenizer.json, and through a checkpoint's JSON, gives the same ids",
+          "[tokenizer][gpt2_bpe]") {
   const auto tok = Gpt2BpeTokenizer::from_tokenizer_json(fixture("tokenizer.json"));
   check_fixture_cases(*tok);
   const auto back = tokenizer_from_json(tok->serialize());
@@ -108,9 +116,7 @@ TEST_CASE("gpt2_bpe refuses what it cannot reproduce, by name", "[tokenizer][gpt
   CHECK_THAT(with([](auto& k) { k["added_tokens"][0]["lstrip"] = true; }), Catch::Contains("lstrip"));
   CHECK_THAT(with([](auto& k) { k["model"]["merges"].push_back("Ġt zz"); }), Catch::Contains("not in the vocabulary"));
   // A vocabulary without the byte token of 'a' (renamed to a text no byte maps to) is refused.
-  CHECK_THAT(error_of([] {
-               Gpt2BpeTokenizer::from_vocab_merges(R"({"b":0,"\u4e00":1})", "");
-             }),
+  CHECK_THAT(error_of([] { Gpt2BpeTokenizer::from_vocab_merges(R"({"b":0,"\u4e00":1})", ""); }),
              Catch::Contains("outside GPT-2's byte alphabet") || Catch::Contains("lacks the byte token"));
   CHECK_THAT(error_of([] { Gpt2BpeTokenizer::from_vocab_merges(R"({"a":0,"b":5})", ""); }),
              Catch::Contains("vocab id 5"));

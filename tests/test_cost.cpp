@@ -189,7 +189,8 @@ TEST_CASE("cost: training FLOPs equal qkv bench's count (plus the diagonal it le
     CHECK(bench.params == r.params);
     CHECK(r.train_flops_per_step == Approx(bench.flops_per_step + diagonal).epsilon(1e-12));
     // The split adds up, and training is three forwards.
-    CHECK(r.train.total() == Approx(r.train.projections + r.train.qk + r.train.av + r.train.mlp + r.train.head + r.train.norm));
+    CHECK(r.train.total() ==
+          Approx(r.train.projections + r.train.qk + r.train.av + r.train.mlp + r.train.head + r.train.norm));
   }
 }
 

@@ -39,7 +39,8 @@ using Inputs = std::vector<std::vector<double>>;
 
 std::vector<Shape> input_shapes(const Spec& s) {
   const int64_t qd = s.Hq * s.hd, kvd = s.Hkv * s.hd;
-  return {{s.B, s.Nq, s.C}, {s.B, s.Nk, s.Cm}, {qd, s.C}, {qd}, {kvd, s.Cm}, {kvd}, {kvd, s.Cm}, {kvd}, {s.C, qd}, {s.C}};
+  return {
+      {s.B, s.Nq, s.C}, {s.B, s.Nk, s.Cm}, {qd, s.C}, {qd}, {kvd, s.Cm}, {kvd}, {kvd, s.Cm}, {kvd}, {s.C, qd}, {s.C}};
 }
 
 Inputs random_inputs(const Spec& s, uint64_t seed, double weight_std) {
@@ -104,7 +105,8 @@ std::vector<double> naive_cross(const Spec& s, const Inputs& in) {
         for (int64_t j = 0; j < s.Nk; ++j) {
           if (!s.valid.empty() && !s.valid[b * s.Nk + j]) continue;
           double dot = 0;
-          for (int64_t d = 0; d < s.hd; ++d) dot += Q[(b * s.Nq + i) * qd + h * s.hd + d] * K[(b * s.Nk + j) * kvd + g * s.hd + d];
+          for (int64_t d = 0; d < s.hd; ++d)
+            dot += Q[(b * s.Nq + i) * qd + h * s.hd + d] * K[(b * s.Nk + j) * kvd + g * s.hd + d];
           logit[j] = dot / std::sqrt(static_cast<double>(s.hd));
           mx = std::max(mx, logit[j]);
         }
@@ -183,8 +185,8 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   return m / std::max(max_abs(b), 1e-300);
 }
 
-const char* kInputNames[] = {"x", "memory", "q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
-                             "v_proj.weight", "v_proj.bias", "o_proj.weight", "o_proj.bias"};
+const char* kInputNames[] = {"x",           "memory",        "q_proj.weight", "q_proj.bias",   "k_proj.weight",
+                             "k_proj.bias", "v_proj.weight", "v_proj.bias",   "o_proj.weight", "o_proj.bias"};
 
 struct Result {
   std::vector<double> out;
@@ -394,7 +396,8 @@ TEST_CASE("cross-attention: memory rows as a set without RoPE, ordered with it; 
   const Result r = run_module(s, in2, std::vector<double>(static_cast<size_t>(2 * s.Nq * s.C), 1.0), DType::f32);
   // Batch row 1 reads no memory: the attention output is zero, so out = o_proj.bias exactly.
   for (int64_t i = 0; i < s.Nq; ++i)
-    for (int64_t c = 0; c < s.C; ++c) CHECK(r.out[(s.Nq + i) * s.C + c] == static_cast<double>(static_cast<float>(in2[9][c])));
+    for (int64_t c = 0; c < s.C; ++c)
+      CHECK(r.out[(s.Nq + i) * s.C + c] == static_cast<double>(static_cast<float>(in2[9][c])));
 }
 
 TEST_CASE("cross-attention rejects bad shapes and configs with one line naming the field", "[cross_attention]") {
@@ -482,7 +485,8 @@ TEST_CASE("encoder-decoder: a padded source position changes no output, exactly"
   CHECK(logits_of(*m, b) != base);
 }
 
-TEST_CASE("encoder-decoder: a future target token changes no earlier prediction, exactly", "[cross_attention][seq2seq]") {
+TEST_CASE("encoder-decoder: a future target token changes no earlier prediction, exactly",
+          "[cross_attention][seq2seq]") {
   const examples::ReverseTask t;
   const auto m = small_seq2seq(4);
   const int64_t T = t.max_len + 1, V = 13;
@@ -522,7 +526,8 @@ TEST_CASE("encoder-decoder: gradients reach every parameter, memory included", "
   CHECK(m->named_parameters()[0].name == "shared.weight");
 }
 
-TEST_CASE("encoder-decoder learns to reverse strings: >= 99% exact on held-out strings", "[cross_attention][seq2seq][slow]") {
+TEST_CASE("encoder-decoder learns to reverse strings: >= 99% exact on held-out strings",
+          "[cross_attention][seq2seq][slow]") {
   const examples::ReverseTask t;
   nn::EncoderDecoderConfig c;
   c.vocab_size = t.vocab();

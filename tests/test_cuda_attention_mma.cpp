@@ -188,8 +188,8 @@ Result run_device(const Case& c, const Inputs& in) {
 
 // The accuracy rule for one case; returns the device result.
 Result check_against_float64(const Case& c, uint64_t seed) {
-  INFO(c.name << ": B " << c.B << ", Hq " << c.Hq << ", Hkv " << c.Hkv << ", Nq " << c.Nq << ", Nk " << c.Nk
-               << ", D " << c.D << (c.causal ? ", causal" : "") << ", window " << c.window);
+  INFO(c.name << ": B " << c.B << ", Hq " << c.Hq << ", Hkv " << c.Hkv << ", Nq " << c.Nq << ", Nk " << c.Nk << ", D "
+              << c.D << (c.causal ? ", causal" : "") << ", window " << c.window);
   const Inputs in = inputs_of(c, seed);
   const auto q = in.q.to_vector(), k = in.k.to_vector(), v = in.v.to_vector(), d = in.dout.to_vector();
   const Result exact = attention_f64(c, q, k, v, d, false), naive = attention_f64(c, q, k, v, d, true);
@@ -201,9 +201,9 @@ Result check_against_float64(const Case& c, uint64_t seed) {
     const std::vector<double>& naive;
     double factor;
   };
-  for (const Part& part : {Part{"out", ours.out, exact.out, naive.out, 2}, Part{"lse", ours.lse, exact.lse, naive.lse, 2},
-                           Part{"dq", ours.dq, exact.dq, naive.dq, 2}, Part{"dk", ours.dk, exact.dk, naive.dk, 4},
-                           Part{"dv", ours.dv, exact.dv, naive.dv, 4}}) {
+  for (const Part& part : {Part{"out", ours.out, exact.out, naive.out, 2},
+                           Part{"lse", ours.lse, exact.lse, naive.lse, 2}, Part{"dq", ours.dq, exact.dq, naive.dq, 2},
+                           Part{"dk", ours.dk, exact.dk, naive.dk, 4}, Part{"dv", ours.dv, exact.dv, naive.dv, 4}}) {
     const double e_ours = max_err(part.ours, part.exact), e_naive = max_err(part.naive, part.exact);
     INFO(part.name << ": max error vs float64 " << e_ours << ", naive bf16 " << e_naive);
     CHECK(e_ours <= part.factor * e_naive + 1e-5);
@@ -214,7 +214,8 @@ Result check_against_float64(const Case& c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("tensor-core attention meets FlashAttention's accuracy rule: D 64/128, causal or not, GQA/MQA, decode", "[cuda][mma]") {
+TEST_CASE("tensor-core attention meets FlashAttention's accuracy rule: D 64/128, causal or not, GQA/MQA, decode",
+          "[cuda][mma]") {
   if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   if (!attn::cuda_mma::enabled()) std::printf("[cuda] QKV_CUDA_ATTENTION set: autocast uses the float32 kernels\n");
@@ -257,7 +258,8 @@ TEST_CASE("tensor-core attention: fully masked rows give O = 0, lse = -inf and z
 #endif
 }
 
-TEST_CASE("tensor-core attention is deterministic: two runs give bitwise-identical outputs and gradients", "[cuda][mma]") {
+TEST_CASE("tensor-core attention is deterministic: two runs give bitwise-identical outputs and gradients",
+          "[cuda][mma]") {
   if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   const Case c{"GQA 4:2, causal", 2, 4, 2, 200, 200, 128, true};
@@ -271,11 +273,13 @@ TEST_CASE("tensor-core attention is deterministic: two runs give bitwise-identic
 #endif
 }
 
-TEST_CASE("bf16 autocast on the device dispatches supported attention calls to the tensor-core kernels", "[cuda][mma]") {
+TEST_CASE("bf16 autocast on the device dispatches supported attention calls to the tensor-core kernels",
+          "[cuda][mma]") {
   if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
   const bool on = attn::cuda_mma::enabled();
-  auto calls_of = [](const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o, bool autocast) {
+  auto calls_of = [](const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o,
+                     bool autocast) {
     const int64_t f0 = attn::cuda_mma::forward_calls(), b0 = attn::cuda_mma::backward_calls();
     Tensor out;
     {
@@ -306,7 +310,8 @@ TEST_CASE("bf16 autocast on the device dispatches supported attention calls to t
 #endif
 }
 
-TEST_CASE("the float64 attention of the tensor-core tests is the CPU kernel's; CPU bf16 autocast meets its rule", "[attention]") {
+TEST_CASE("the float64 attention of the tensor-core tests is the CPU kernel's; CPU bf16 autocast meets its rule",
+          "[attention]") {
   // Checks the yardsticks themselves (no device needed): the exact routine against the library's
   // float64 CPU kernel, and the accuracy rule on the CPU's bf16 autocast (bf16 operands, float32 inside).
   const std::vector<Case> all = accuracy_cases();

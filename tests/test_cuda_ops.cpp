@@ -188,7 +188,8 @@ TEST_CASE("CUDA embedding, norms, cross-entropy and dropout match the CPU kernel
     CHECK(rel_err(gg.dbias, cg.dbias) <= 10 * tol);
     const NormResult cr = rms_norm(x, nw, 1e-6), gr = rms_norm(gpu(x), gpu(nw), 1e-6);
     CHECK(rel_err(gr.y, cr.y) <= tol);
-    const NormGrads crg = rms_norm_backward(dy, x, nw, cr.rstd), grg = rms_norm_backward(gpu(dy), gpu(x), gpu(nw), gr.rstd);
+    const NormGrads crg = rms_norm_backward(dy, x, nw, cr.rstd),
+                    grg = rms_norm_backward(gpu(dy), gpu(x), gpu(nw), gr.rstd);
     CHECK(rel_err(grg.dx, crg.dx) <= 10 * tol);
     CHECK(rel_err(grg.dweight, crg.dweight) <= 10 * tol);
     const NormResult cn = layer_norm(x, Tensor(), Tensor(), 1e-5), gn = layer_norm(gpu(x), Tensor(), Tensor(), 1e-5);
@@ -249,7 +250,8 @@ TEST_CASE("CUDA comparisons, selection and shape copies match the CPU; attention
   CHECK(max_abs_diff(host(eq(ga, ga)).to(DType::f32), eq(a, a).to(DType::f32)) == 0.0);
   const Tensor m = gt(a, b), gm = gpu(m);
   CHECK(max_abs_diff(host(logical_not(gm)).to(DType::f32), logical_not(m).to(DType::f32)) == 0.0);
-  CHECK(max_abs_diff(host(logical_and(gm, gpu(lt(a, b)))).to(DType::f32), logical_and(m, lt(a, b)).to(DType::f32)) == 0.0);
+  CHECK(max_abs_diff(host(logical_and(gm, gpu(lt(a, b)))).to(DType::f32), logical_and(m, lt(a, b)).to(DType::f32)) ==
+        0.0);
   CHECK(rel_err(where(gm, ga, gb), where(m, a, b)) == 0.0);
   CHECK(rel_err(masked_fill(ga, gm, -7.0), masked_fill(a, m, -7.0)) == 0.0);
   CHECK(rel_err(cat({ga, gb, ga}, 0), cat({a, b, a}, 0)) == 0.0);
@@ -362,7 +364,8 @@ TEST_CASE("CUDA fused attention matches the CPU fused kernel: masks, GQA, ALiBi,
   for (const Case& c : cases) {
     INFO(c.name);
     const int64_t B = 2;
-    Tensor q = randn({B, c.Hq, c.Nq, c.D}, 50, 0, 0.0, 1.0, c.dtype), k = randn({B, c.Hkv, c.Nk, c.D}, 51, 0, 0.0, 1.0, c.dtype),
+    Tensor q = randn({B, c.Hq, c.Nq, c.D}, 50, 0, 0.0, 1.0, c.dtype),
+           k = randn({B, c.Hkv, c.Nk, c.D}, 51, 0, 0.0, 1.0, c.dtype),
            v = randn({B, c.Hkv, c.Nk, c.D}, 52, 0, 0.0, 1.0, c.dtype);
     attn::AttentionOptions o;
     o.causal = c.causal;
@@ -490,7 +493,8 @@ TEST_CASE("KV-cached decoding on the device reproduces the device's full forward
 
 TEST_CASE("the global gradient norm of device tensors equals the host's", "[cuda]") {
   if (!test::cuda_device_present()) return;
-  const std::vector<Tensor> host_ts = {randn({300, 7}, 60), randn({5}, 61), randn({2, 2, 2}, 62, 0, 0.0, 1.0, DType::f64)};
+  const std::vector<Tensor> host_ts = {randn({300, 7}, 60), randn({5}, 61),
+                                       randn({2, 2, 2}, 62, 0, 0.0, 1.0, DType::f64)};
   std::vector<Tensor> dev_ts;
   for (const Tensor& t : host_ts) dev_ts.push_back(gpu(t));
   const double want = train::global_norm(host_ts), got = train::global_norm(dev_ts);

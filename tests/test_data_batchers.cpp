@@ -14,7 +14,8 @@ using namespace qkv;
 
 namespace {
 
-std::shared_ptr<TokenSplit> make_split(const std::vector<std::vector<int32_t>>& docs, const std::string& name = "hand") {
+std::shared_ptr<TokenSplit> make_split(const std::vector<std::vector<int32_t>>& docs,
+                                       const std::string& name = "hand") {
   auto s = std::make_shared<TokenSplit>();
   s->name = name;
   s->doc_offsets = {0};
@@ -134,7 +135,8 @@ TEST_CASE("a batcher restored from its state continues with identical batches", 
     o.seed = 78;
     Batcher other(varied_docs(), o);
     CHECK_FALSE(same_batch(other.next(), want[0]));
-    CHECK_THROWS_WITH(other.restore(BatcherState::from_array(saved)), Catch::Contains("seed 77") && Catch::Contains("seed is 78"));
+    CHECK_THROWS_WITH(other.restore(BatcherState::from_array(saved)),
+                      Catch::Contains("seed 77") && Catch::Contains("seed is 78"));
   }
 }
 
@@ -255,7 +257,8 @@ TEST_CASE("packed rows train every in-document pair exactly once per epoch", "[d
   while (b.state().epoch == 0) {
     const Batch batch = b.next();
     for (int64_t k = 0; k < 7; ++k)
-      if (batch.y.at({0, k}) != kIgnoreIndex) ++trained[{static_cast<int64_t>(batch.x.at({0, k})), static_cast<int64_t>(batch.y.at({0, k}))}];
+      if (batch.y.at({0, k}) != kIgnoreIndex)
+        ++trained[{static_cast<int64_t>(batch.x.at({0, k})), static_cast<int64_t>(batch.y.at({0, k}))}];
   }
   // The last batch may have run into epoch 1; count only pairs of documents, then check each once or
   // (for pairs reached again after the epoch turned) at most twice.
@@ -282,7 +285,8 @@ TEST_CASE("too-short data is refused naming the split and the sizes", "[data][ba
   CHECK_THROWS_WITH(Batcher(make_split({iota_tokens(10)}, "tiny.h5:train"), o),
                     Catch::Contains("tiny.h5:train has 10 tokens; block_size 10 needs at least 11"));
   o.mode = BatchMode::padded_docs;
-  CHECK_THROWS_WITH(Batcher(make_split({{1}, {2}}, "ones"), o), Catch::Contains("ones has 2 documents and none with at least 2 tokens"));
+  CHECK_THROWS_WITH(Batcher(make_split({{1}, {2}}, "ones"), o),
+                    Catch::Contains("ones has 2 documents and none with at least 2 tokens"));
   o.rank = 2;
   o.world = 2;
   CHECK_THROWS_WITH(Batcher(make_split({{1, 2}}), o), Catch::Contains("rank 2 is outside world 2"));
@@ -312,7 +316,8 @@ TEST_CASE("eval windows are consecutive non-overlapping blocks of T+1 tokens", "
   CHECK(w.next(8, b));
   CHECK(b.x.size(0) == 4);
   CHECK(EvalWindows(tokens, 4, "e.txt", 2).n_windows() == 2);
-  CHECK_THROWS_WITH(EvalWindows(iota_tokens(4), 4, "short.txt"), Catch::Contains("short.txt has 4 tokens; block_size 4 needs at least 5"));
+  CHECK_THROWS_WITH(EvalWindows(iota_tokens(4), 4, "short.txt"),
+                    Catch::Contains("short.txt has 4 tokens; block_size 4 needs at least 5"));
 }
 
 TEST_CASE("leakage counts shared val n-grams and duplicated documents on a constructed split", "[data][leakage]") {

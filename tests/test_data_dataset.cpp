@@ -20,7 +20,8 @@ struct TempDir {
   fs::path path;
   TempDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / ("qkv_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path =
+        fs::temp_directory_path() / ("qkv_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -46,8 +47,8 @@ std::string fortune_text(int n) {
 }
 
 // A hand-built dataset file with a byte tokenizer; the arguments break one thing at a time.
-void write_manual(const std::string& path, const std::vector<int32_t>& train_tokens, const std::string& format = "qkv-dataset",
-                  bool with_val = true, bool float_tokens = false) {
+void write_manual(const std::string& path, const std::vector<int32_t>& train_tokens,
+                  const std::string& format = "qkv-dataset", bool with_val = true, bool float_tokens = false) {
   h5::File f = h5::File::create(path);
   f.set_attr("/", "format", format);
   f.set_attr("/", "format_version", int64_t{1});
@@ -209,7 +210,9 @@ TEST_CASE("damaged or foreign dataset files are rejected naming the file and the
   write_manual(good, tokens);
   REQUIRE(load_dataset(good).train->tokens == tokens);
 
-  SECTION("missing file") { CHECK_THROWS_WITH(load_dataset(dir / "nope.h5"), Catch::Contains("nope.h5: file not found")); }
+  SECTION("missing file") {
+    CHECK_THROWS_WITH(load_dataset(dir / "nope.h5"), Catch::Contains("nope.h5: file not found"));
+  }
   SECTION("not HDF5") {
     write_file(dir / "text.h5", "just text\n");
     CHECK_THROWS_WITH(load_dataset(dir / "text.h5"), Catch::Contains("text.h5: not an HDF5 file"));
@@ -226,8 +229,8 @@ TEST_CASE("damaged or foreign dataset files are rejected naming the file and the
     REQUIRE(at != std::string::npos);
     bytes[at + 10] ^= 0x01;
     write_file(dir / "flip.h5", bytes);
-    CHECK_THROWS_WITH(load_dataset(dir / "flip.h5"), Catch::Contains("flip.h5") && Catch::Contains("/train/tokens") &&
-                                                         Catch::Contains("checksum"));
+    CHECK_THROWS_WITH(load_dataset(dir / "flip.h5"),
+                      Catch::Contains("flip.h5") && Catch::Contains("/train/tokens") && Catch::Contains("checksum"));
   }
   SECTION("another format") {
     write_manual(dir / "ckpt.h5", tokens, "qkv-checkpoint");
@@ -239,12 +242,15 @@ TEST_CASE("damaged or foreign dataset files are rejected naming the file and the
   }
   SECTION("wrong type") {
     write_manual(dir / "float.h5", tokens, "qkv-dataset", true, true);
-    CHECK_THROWS_WITH(load_dataset(dir / "float.h5"), Catch::Contains("/train/tokens has type float32, expected int32"));
+    CHECK_THROWS_WITH(load_dataset(dir / "float.h5"),
+                      Catch::Contains("/train/tokens has type float32, expected int32"));
   }
   SECTION("id outside the vocabulary") {
     write_manual(dir / "oov.h5", {5, 6, 300, 7});
-    CHECK_THROWS_WITH(load_dataset(dir / "oov.h5"),
-                      Catch::Contains("oov.h5") && Catch::Contains("token 300 at position 2 of /train/tokens is outside the vocabulary [0, 256)"));
+    CHECK_THROWS_WITH(
+        load_dataset(dir / "oov.h5"),
+        Catch::Contains("oov.h5") &&
+            Catch::Contains("token 300 at position 2 of /train/tokens is outside the vocabulary [0, 256)"));
   }
 }
 
@@ -285,13 +291,15 @@ TEST_CASE("load_or_prepare caches a text file and prepares again when it changes
   // A prepared file is used as it is, and must match the requested tokenizer.
   CHECK(load_or_prepare(cache, o).train->tokens == load_dataset(cache).train->tokens);
   o.tokenizer = "char";
-  CHECK_THROWS_WITH(load_or_prepare(cache, o), Catch::Contains("prepared with the byte tokenizer, but data.tokenizer is char"));
+  CHECK_THROWS_WITH(load_or_prepare(cache, o),
+                    Catch::Contains("prepared with the byte tokenizer, but data.tokenizer is char"));
   // An explicit cache directory.
   fs::create_directories(dir.path / "cache");
   const Dataset d = load_or_prepare(txt, o, dir / "cache");
   CHECK(d.path == dir / "cache/corpus.txt.char.h5");
   CHECK(d.tokenizer->kind() == std::string("char"));
-  CHECK_THROWS_WITH(load_or_prepare(dir / "missing.txt", o), Catch::Contains("data file not found") && Catch::Contains("missing.txt"));
+  CHECK_THROWS_WITH(load_or_prepare(dir / "missing.txt", o),
+                    Catch::Contains("data file not found") && Catch::Contains("missing.txt"));
 }
 
 TEST_CASE("eval tokens come from a whole text file or a prepared file with the same tokenizer", "[data][dataset]") {
@@ -349,8 +357,10 @@ TEST_CASE("the HDF5 helper round-trips tensors, strings and attributes and names
   CHECK(f.has("/model/w"));
   CHECK_FALSE(f.has("/model/w/x"));
   CHECK_FALSE(f.has("/nothing/here"));
-  CHECK_THROWS_WITH(f.read<int32_t>("/model/w"), Catch::Contains("t.h5: dataset /model/w has type float32, expected int32"));
-  CHECK_THROWS_WITH(f.read_shaped<float>("/model/w", {3, 2, 4}), Catch::Contains("has shape [2,3,4], expected [3,2,4]"));
+  CHECK_THROWS_WITH(f.read<int32_t>("/model/w"),
+                    Catch::Contains("t.h5: dataset /model/w has type float32, expected int32"));
+  CHECK_THROWS_WITH(f.read_shaped<float>("/model/w", {3, 2, 4}),
+                    Catch::Contains("has shape [2,3,4], expected [3,2,4]"));
   CHECK_THROWS_WITH(f.read_tensor("/model/missing"), Catch::Contains("dataset /model/missing is missing"));
   CHECK_THROWS_WITH(f.attr_int("/model", "family"), Catch::Contains("attribute 'family' of /model has type string"));
   CHECK_THROWS_WITH(f.attr_string("/", "nope"), Catch::Contains("attribute 'nope' is missing on /"));
@@ -372,8 +382,7 @@ TEST_CASE("an atomic write that fails midway leaves the previous file intact", "
     tmp = w.temp_path();
     CHECK(fs::exists(tmp));
     throw Error("simulated crash before commit");
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   CHECK_FALSE(fs::exists(tmp));
   CHECK(h5::File::open(path).read<int32_t>("/v") == std::vector<int32_t>{1, 2, 3});
   CHECK_THROWS_WITH(h5::File::create(dir / "no/such/dir/x.h5"), Catch::Contains("does not exist"));

@@ -62,8 +62,9 @@ std::vector<BpeTokenizer::Pair> naive_bpe(std::string_view corpus, int n_merges)
 
 std::string random_words(size_t n_words, uint32_t seed) {
   std::mt19937 rng(seed);
-  const std::vector<std::string> stems = {"the", "cat", "sat", "on", "mat", "and", "then", "ran", "far", "away", "th", "at",
-                                          "ca", "éte", "über", "42", "1999", ",", ".", "!", "it's", "we'll"};
+  const std::vector<std::string> stems = {"the",  "cat",  "sat", "on", "mat",  "and",  "then", "ran",
+                                          "far",  "away", "th",  "at", "ca",   "éte",  "über", "42",
+                                          "1999", ",",    ".",   "!",  "it's", "we'll"};
   std::string s;
   for (size_t i = 0; i < n_words; ++i) {
     s += stems[rng() % stems.size()];
@@ -108,7 +109,8 @@ TEST_CASE("byte tokenizer maps each byte to its value and round-trips any bytes"
   CHECK(ids[255] == 255);
   CHECK(ids[256] == 'H');
   CHECK(tok.decode(ids) == s);
-  CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{65, 256}), Catch::Contains("token id 256") && Catch::Contains("[0, 256)"));
+  CHECK_THROWS_WITH(tok.decode(std::vector<int32_t>{65, 256}),
+                    Catch::Contains("token id 256") && Catch::Contains("[0, 256)"));
   auto back = tokenizer_from_json(tok.serialize());
   CHECK(std::string(back->kind()) == "byte");
 }
@@ -122,7 +124,8 @@ TEST_CASE("char tokenizer vocabulary is the sorted distinct code points of the c
 }
 
 TEST_CASE("char tokenizer round-trips UTF-8 text and stray bytes exactly", "[data][tokenizer]") {
-  const std::string corpus = kMixed + std::string("\xff\xc3 broken \xe6\x97", 12);  // invalid sequences stay single bytes
+  const std::string corpus =
+      kMixed + std::string("\xff\xc3 broken \xe6\x97", 12);  // invalid sequences stay single bytes
   auto tok = CharTokenizer::train(corpus);
   CHECK(tok->decode(tok->encode(corpus)) == corpus);
   CHECK(tok->encode("🙂").size() == 1);
@@ -214,18 +217,19 @@ TEST_CASE("stored tokenizers are validated when rebuilt", "[data][tokenizer]") {
   CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"wordpiece","version":1})"), Catch::Contains("wordpiece"));
   CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"bpe","version":1,"pre_split":"qkv-words-64","merges":[[97,300]]})"),
                     Catch::Contains("does not exist yet"));
-  CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"char","version":1,"vocab":["b","a"]})"), Catch::Contains("not strictly sorted"));
+  CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"char","version":1,"vocab":["b","a"]})"),
+                    Catch::Contains("not strictly sorted"));
   CHECK_THROWS_WITH(make_tokenizer("words", "abc"), Catch::Contains("unknown tokenizer 'words'"));
 }
 
 TEST_CASE("streaming output holds back only an unfinished UTF-8 character", "[data][tokenizer]") {
   CHECK(utf8_complete_prefix("ab") == 2);
-  CHECK(utf8_complete_prefix("ab\xE6\x97") == 2);       // first two bytes of 日
-  CHECK(utf8_complete_prefix("ab\xE6\x97\xA5") == 5);   // all of 日
-  CHECK(utf8_complete_prefix("a\xF0\x9F") == 1);        // half of an emoji
+  CHECK(utf8_complete_prefix("ab\xE6\x97") == 2);      // first two bytes of 日
+  CHECK(utf8_complete_prefix("ab\xE6\x97\xA5") == 5);  // all of 日
+  CHECK(utf8_complete_prefix("a\xF0\x9F") == 1);       // half of an emoji
   CHECK(utf8_complete_prefix("a\xC3") == 1);
-  CHECK(utf8_complete_prefix("a\xFF") == 2);            // never valid: nothing to wait for
-  CHECK(utf8_complete_prefix("a\xE0\x80") == 3);        // overlong start: never valid
+  CHECK(utf8_complete_prefix("a\xFF") == 2);      // never valid: nothing to wait for
+  CHECK(utf8_complete_prefix("a\xE0\x80") == 3);  // overlong start: never valid
   CHECK(utf8_complete_prefix("") == 0);
   // Feeding BPE tokens one at a time through the helper reproduces the text.
   auto tok = BpeTokenizer::train("日本語 🙂 日本 🙂🙂 語", 300);

@@ -178,7 +178,8 @@ TEST_CASE("bench_decode reports tokens/s, ms/token, peak RSS, context and thread
   CHECK(r.ms_per_token > 0);
   CHECK(r.peak_rss_bytes > 0);
   CHECK(r.threads == 2);
-  CHECK_THROWS_WITH(train::bench_decode(cfg, cfg.model.block_size), Catch::Contains("--tokens") && Catch::Contains("block_size"));
+  CHECK_THROWS_WITH(train::bench_decode(cfg, cfg.model.block_size),
+                    Catch::Contains("--tokens") && Catch::Contains("block_size"));
 }
 
 TEST_CASE("qkv bench --what decode --json and qkv sample --json carry tokens_per_s and peak_rss_bytes",
@@ -193,9 +194,10 @@ TEST_CASE("qkv bench --what decode --json and qkv sample --json carry tokens_per
     while (!s.empty() && s.back() == '\n') s.pop_back();
     return nlohmann::json::parse(s.substr(s.find_last_of('\n') + 1));  // npos + 1 == 0
   };
-  REQUIRE(ckpt_test::run_command("cd " + std::string(QKV_SOURCE_DIR) + " && " + qkv +
-                                     " bench --config configs/tiny.toml --what decode --tokens 8 --threads 2 --json 2>/dev/null",
-                                 out) == 0);
+  REQUIRE(ckpt_test::run_command(
+              "cd " + std::string(QKV_SOURCE_DIR) + " && " + qkv +
+                  " bench --config configs/tiny.toml --what decode --tokens 8 --threads 2 --json 2>/dev/null",
+              out) == 0);
   const nlohmann::json b = last_json(out);
   REQUIRE(b["results"].size() == 1);
   const auto& d = b["results"][0];

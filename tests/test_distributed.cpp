@@ -115,7 +115,8 @@ TEST_CASE("slice_params gives views of exactly the elements in the range, names 
   CHECK(slice_params(ps, 5, 5).empty());
 }
 
-TEST_CASE("ZeRO-1: per-rank AdamW over the slices updates every element exactly as the full AdamW", "[distributed][zero][exact]") {
+TEST_CASE("ZeRO-1: per-rank AdamW over the slices updates every element exactly as the full AdamW",
+          "[distributed][zero][exact]") {
   const AdamWOptions o{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   auto full_params = make_params(11);
   auto sharded_params = clone_params(full_params);
@@ -227,9 +228,7 @@ TEST_CASE("train.zero other than 0 or 1 is refused with a message naming the key
   try {
     DataParallel dp(one, ps, {.zero = 2});
     FAIL("no error");
-  } catch (const Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("train.zero = 2"));
-  }
+  } catch (const Error& e) { CHECK_THAT(e.what(), Catch::Contains("train.zero = 2")); }
 }
 
 namespace {
@@ -325,7 +324,8 @@ TEST_CASE("bucket all-reduces start during the last backward, last bucket first,
   }
 }
 
-TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts", "[distributed][cuda]") {
+TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts",
+          "[distributed][cuda]") {
   dist::SingleProcess one;
   if (!dist::built_with_nccl()) {
     CHECK_THROWS_WITH(dist::make_nccl_gradients(one), Catch::Contains("needs both CUDA and MPI"));

@@ -42,13 +42,13 @@ std::string mpi_unavailable() {
   return "";
 }
 
-#define SKIP_WITHOUT_MPI()                                 \
-  do {                                                     \
-    const std::string why_ = mpi_unavailable();            \
-    if (!why_.empty()) {                                   \
-      WARN("skipped: " << why_);                           \
-      return;                                              \
-    }                                                      \
+#define SKIP_WITHOUT_MPI()                      \
+  do {                                          \
+    const std::string why_ = mpi_unavailable(); \
+    if (!why_.empty()) {                        \
+      WARN("skipped: " << why_);                \
+      return;                                   \
+    }                                           \
   } while (0)
 
 std::string temp_dir(const std::string& name) {
@@ -83,8 +83,8 @@ struct Job {
 
 Job run(const std::string& cmd) {
   static int counter = 0;
-  const std::string errfile = fs::temp_directory_path() / ("qkv_mpi_err_" + std::to_string(::getpid()) + "_" +
-                                                           std::to_string(counter++));
+  const std::string errfile =
+      fs::temp_directory_path() / ("qkv_mpi_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system((cmd + " >/dev/null 2>" + errfile).c_str());
   Job j;
@@ -142,7 +142,8 @@ double largest_abs_diff(const Tensor& a, const Tensor& b) {
 double max_param_diff(const Loaded& a, const Loaded& b) {
   REQUIRE(a.params.size() == b.params.size());
   double m = 0;
-  for (size_t i = 0; i < a.params.size(); ++i) m = std::max(m, largest_abs_diff(a.params[i].tensor, b.params[i].tensor));
+  for (size_t i = 0; i < a.params.size(); ++i)
+    m = std::max(m, largest_abs_diff(a.params[i].tensor, b.params[i].tensor));
   return m;
 }
 
@@ -160,7 +161,8 @@ bool bitwise_same(const Loaded& a, const Loaded& b) {
     return x.numel() == y.numel() && std::memcmp(x.raw_data(), y.raw_data(), x.numel() * 4) == 0;
   };
   for (size_t i = 0; i < a.params.size(); ++i)
-    if (!same(a.params[i].tensor, b.params[i].tensor) || !same(a.opt->states()[i].exp_avg, b.opt->states()[i].exp_avg) ||
+    if (!same(a.params[i].tensor, b.params[i].tensor) ||
+        !same(a.opt->states()[i].exp_avg, b.opt->states()[i].exp_avg) ||
         !same(a.opt->states()[i].exp_avg_sq, b.opt->states()[i].exp_avg_sq))
       return false;
   return a.opt->step_count() == b.opt->step_count();
@@ -192,8 +194,9 @@ TEST_CASE("2 ranks x batch b train the same model as 1 process x batch 2b", "[.]
   const Loaded r = load(dir + "/ref/ckpt_000005.h5"), d = load(dir + "/dp/ckpt_000005.h5"),
                h = load(dir + "/half/ckpt_000005.h5");
   const double diff = max_param_diff(r, d), diff_half = max_param_diff(r, h);
-  WARN("2 ranks x 4 vs 1 process x 8 after 5 steps: max |param diff| = " << diff << " (max |moment diff| = "
-       << max_moment_diff(r, d) << "); 1 process x 4 differs by " << diff_half << "; mpirun job " << dp.seconds << " s");
+  WARN("2 ranks x 4 vs 1 process x 8 after 5 steps: max |param diff| = "
+       << diff << " (max |moment diff| = " << max_moment_diff(r, d) << "); 1 process x 4 differs by " << diff_half
+       << "; mpirun job " << dp.seconds << " s");
   CHECK(diff < 2e-5);
   // The check can fail: training on half the rows (what both ranks taking the same rows would
   // amount to) moves the weights far more than reduction order does.
@@ -211,7 +214,8 @@ TEST_CASE("2 ranks x batch b train the same model as 1 process x batch 2b", "[.]
   CHECK(md.back()["val_loss"].get<double>() == Approx(mr.back()["val_loss"].get<double>()).epsilon(1e-5));
 }
 
-TEST_CASE("two 2-rank runs are bitwise identical (dropout, grad accumulation, several buckets, overlap on or off)", "[.][mpi][reproducible]") {
+TEST_CASE("two 2-rank runs are bitwise identical (dropout, grad accumulation, several buckets, overlap on or off)",
+          "[.][mpi][reproducible]") {
   SKIP_WITHOUT_MPI();
   const std::string dir = temp_dir("repro");
   const std::string cfg = write_config(dir, "grad_accum = 2\n");
@@ -244,7 +248,8 @@ TEST_CASE("two 2-rank runs are bitwise identical (dropout, grad accumulation, se
   CHECK(bitwise_same(la, load(dir + "/e/ckpt_000005.h5")));
 }
 
-TEST_CASE("ZeRO-1 trains the same model as plain data parallelism and saves the full optimizer state", "[.][mpi][zero1]") {
+TEST_CASE("ZeRO-1 trains the same model as plain data parallelism and saves the full optimizer state",
+          "[.][mpi][zero1]") {
   SKIP_WITHOUT_MPI();
   const std::string dir = temp_dir("zero");
   const std::string cfg = write_config(dir);
@@ -257,7 +262,7 @@ TEST_CASE("ZeRO-1 trains the same model as plain data parallelism and saves the 
   const Loaded a = load(dir + "/dp/ckpt_000005.h5"), b = load(dir + "/zero/ckpt_000005.h5");
   const double dparam = max_param_diff(a, b), dmoment = max_moment_diff(a, b);
   WARN("ZeRO-1 vs plain DP after 5 steps: max |param diff| = " << dparam << ", max |moment diff| = " << dmoment
-       << (bitwise_same(a, b) ? " (bitwise identical)" : ""));
+                                                               << (bitwise_same(a, b) ? " (bitwise identical)" : ""));
   CHECK(dparam < 2e-5);
   CHECK(dmoment < 2e-5);
   CHECK(b.opt->step_count() == 5);
@@ -270,7 +275,8 @@ TEST_CASE("ZeRO-1 trains the same model as plain data parallelism and saves the 
   CHECK(missing == 0);
 }
 
-TEST_CASE("a 2-rank run resumed from its checkpoint ends bitwise where the uninterrupted run ends", "[.][mpi][resume]") {
+TEST_CASE("a 2-rank run resumed from its checkpoint ends bitwise where the uninterrupted run ends",
+          "[.][mpi][resume]") {
   SKIP_WITHOUT_MPI();
   const std::string dir = temp_dir("resume");
   const std::string cfg = write_config(dir, "checkpoint_interval = 5\n");
@@ -309,8 +315,8 @@ TEST_CASE("a rank that dies mid-run ends the job non-zero with the last checkpoi
   CHECK(l.meta.state.step == 6);
   CHECK(l.opt->step_count() == 6);
   // And training continues from it.
-  const Job r = train2(cfg, "--set train.max_steps=8 --set train.out_dir=" + dir + "/run2 --resume " + dir +
-                                "/run/ckpt_000006.h5");
+  const Job r = train2(
+      cfg, "--set train.max_steps=8 --set train.out_dir=" + dir + "/run2 --resume " + dir + "/run/ckpt_000006.h5");
   CHECK(r.status == 0);
   CHECK(fs::exists(dir + "/run2/ckpt_000008.h5"));
 }
@@ -325,6 +331,7 @@ TEST_CASE("ranks started with different configs stop with one clear message", "[
   INFO(j.err);
   CHECK(j.status != 0);
   CHECK(j.seconds < 60);
-  CHECK_THAT(j.err, Catch::Contains("rank 0/2: the resolved config (--config and --set) differs across ranks: rank 1 has hash"));
+  CHECK_THAT(j.err, Catch::Contains(
+                        "rank 0/2: the resolved config (--config and --set) differs across ranks: rank 1 has hash"));
   CHECK_FALSE(fs::exists(dir + "/run/ckpt_000005.h5"));
 }

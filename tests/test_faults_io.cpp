@@ -121,10 +121,12 @@ TEST_CASE("a checkpoint save that runs out of disk space at any point throws one
   const int64_t needed = hi;
   CHECK(needed > size / 2);
   // From the first byte (the superblock) to the very last (the metadata HDF5 writes at close).
-  for (const int64_t budget : {int64_t{0}, int64_t{100}, int64_t{4096}, needed / 3, needed / 2, needed - 2000, needed - 100, needed - 1}) {
+  for (const int64_t budget :
+       {int64_t{0}, int64_t{100}, int64_t{4096}, needed / 3, needed / 2, needed - 2000, needed - 100, needed - 1}) {
     INFO("the disk fills after " << budget << " of the " << needed << " bytes a save writes");
     const std::string msg = save_with_space(budget);
-    CHECK_THAT(msg, Contains("[h5] " + path + ".tmp.") && Contains("cannot write") && Contains("No space left on device"));
+    CHECK_THAT(msg,
+               Contains("[h5] " + path + ".tmp.") && Contains("cannot write") && Contains("No space left on device"));
     CHECK(msg.find('\n') == std::string::npos);
     CHECK(read_bytes(path) == first_bytes);
     CHECK(files_in(dir.path) == std::set<std::string>{"ckpt_10.h5"});
@@ -199,7 +201,8 @@ TEST_CASE("qkv prepare and qkv train exit 2 with one line when the disk fills (n
   cfg.train.eval_batches = 1;
   cfg.train.out_dir = dir.file("run");
   std::ofstream(dir.file("run.toml")) << to_toml(cfg);
-  CHECK(run_qkv("QKV_FAULT_WRITE_BYTES=20000 " + qkv_cmd("train --config " + dir.file("run.toml")), dir.path, err) == 2);
+  CHECK(run_qkv("QKV_FAULT_WRITE_BYTES=20000 " + qkv_cmd("train --config " + dir.file("run.toml")), dir.path, err) ==
+        2);
   CHECK_THAT(err, Contains("No space left on device") && Contains(".h5.tmp."));
   for (const auto& e : fs::directory_iterator(dir.file("run")))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
@@ -271,9 +274,7 @@ TEST_CASE("temporaries get unique names: concurrent writers of one target never 
       for (int i = 0; i < 40; ++i) {
         try {
           write_file_atomic(target, std::string(5000 + t, static_cast<char>('a' + t)));
-        } catch (const Error&) {
-          ++failures;
-        }
+        } catch (const Error&) { ++failures; }
       }
     });
   for (auto& th : threads) th.join();
@@ -388,7 +389,8 @@ TEST_CASE("a directory or other non-regular file as the config is refused naming
 
 // ---- 5. links inside a checkpoint ----
 
-TEST_CASE("a checkpoint whose datasets are soft or external links is refused naming the link", "[faults][io][checkpoint]") {
+TEST_CASE("a checkpoint whose datasets are soft or external links is refused naming the link",
+          "[faults][io][checkpoint]") {
   TempDir dir;
   const std::string path = dir.file("ckpt.h5"), other = dir.file("other.h5");
   Run r = make_run("gpt2");
@@ -411,17 +413,21 @@ TEST_CASE("a checkpoint whose datasets are soft or external links is refused nam
 
   SECTION("a soft link from one layer's tensor to another's (same shape: it used to load silently)") {
     relink("/model/transformer.h.1.ln_1.weight", [](hid_t f) {
-      return H5Lcreate_soft("/model/transformer.h.0.ln_1.weight", f, "/model/transformer.h.1.ln_1.weight", H5P_DEFAULT, H5P_DEFAULT);
+      return H5Lcreate_soft("/model/transformer.h.0.ln_1.weight", f, "/model/transformer.h.1.ln_1.weight", H5P_DEFAULT,
+                            H5P_DEFAULT);
     });
     const std::string msg = error_of([&] { load_model_weights(bad, *model); });
-    CHECK_THAT(msg, Contains(bad) && Contains("/model/transformer.h.1.ln_1.weight is a soft link to /model/transformer.h.0.ln_1.weight"));
+    CHECK_THAT(msg,
+               Contains(bad) &&
+                   Contains("/model/transformer.h.1.ln_1.weight is a soft link to /model/transformer.h.0.ln_1.weight"));
     CHECK(same_weights(*model, before));
     CHECK_THAT(error_of([&] { list_model_tensors(bad); }), Contains("soft link"));
     CHECK_THAT(error_of([&] { verify_checkpoint_data(bad); }), Contains("soft link"));
   }
   SECTION("an external link pulling a tensor from another file") {
     relink("/model/transformer.wte.weight", [&](hid_t f) {
-      return H5Lcreate_external(other.c_str(), "/model/transformer.wte.weight", f, "/model/transformer.wte.weight", H5P_DEFAULT, H5P_DEFAULT);
+      return H5Lcreate_external(other.c_str(), "/model/transformer.wte.weight", f, "/model/transformer.wte.weight",
+                                H5P_DEFAULT, H5P_DEFAULT);
     });
     const std::string msg = error_of([&] { load_model_weights(bad, *model); });
     CHECK_THAT(msg, Contains(bad) && Contains("/model/transformer.wte.weight is an external link to " + other));
@@ -433,14 +439,16 @@ TEST_CASE("a checkpoint whose datasets are soft or external links is refused nam
     });
     CHECK_NOTHROW(load_model_weights(bad, *model));
     auto opt = make_optimizer(*model, r.cfg);
-    CHECK_THAT(error_of([&] { load_optimizer_state(bad, *opt); }), Contains(bad) && Contains("/optimizer is an external link"));
+    CHECK_THAT(error_of([&] { load_optimizer_state(bad, *opt); }),
+               Contains(bad) && Contains("/optimizer is an external link"));
     CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains("/optimizer is an external link"));
   }
 }
 
 // ---- 6. inspect verifies checksums ----
 
-TEST_CASE("qkv inspect verifies every dataset's checksum and exits 2 naming a corrupt one", "[faults][io][checkpoint][cli]") {
+TEST_CASE("qkv inspect verifies every dataset's checksum and exits 2 naming a corrupt one",
+          "[faults][io][checkpoint][cli]") {
   TempDir dir;
   const std::string path = dir.file("ckpt.h5"), bad = dir.file("bad.h5");
   Run r = make_run("gpt2");
@@ -516,7 +524,7 @@ TEST_CASE("h5 existence queries on a corrupt file throw instead of answering 'ab
       INFO("byte " << off << " flipped, attribute " << name << " of " << obj);
       try {
         const bool present = f->has_attr(obj, name);  // outside CHECK, which would swallow a throw
-        CHECK(present);  // it is there; "no" would be a lie
+        CHECK(present);                               // it is there; "no" would be a lie
       } catch (const Error& e) {
         ++threw;
         CHECK(std::string(e.what()).find('\n') == std::string::npos);

@@ -34,8 +34,8 @@ TEST_CASE("every registered gradcheck case passes", "[autograd][attention][gradc
   // What the registry must hold, so a family dropped from registration fails here.
   CHECK(reg.cases().size() >= 210);
   CHECK(per_op.size() >= 47);
-  for (const char* op : {"narrow", "transpose", "matmul", "linear", "layer_norm", "cross_entropy", "softmax",
-                         "attention"}) {
+  for (const char* op :
+       {"narrow", "transpose", "matmul", "linear", "layer_norm", "cross_entropy", "softmax", "attention"}) {
     INFO(op);
     CHECK(per_op.count(op) == 1);
   }

@@ -47,12 +47,12 @@ std::unique_ptr<nn::DecoderModel> constructed_model() {
   auto q = [&](int64_t h, int64_t d, int64_t in) { attn[(h * hd + d) * C + in] = 1; };
   auto k = [&](int64_t h, int64_t d, int64_t in) { attn[(C + h * hd + d) * C + in] = 1; };
   for (int64_t d = 0; d < hd; ++d) {
-    q(0, d, d), k(0, d, d);                              // diagonal
-    q(1, d, d);                                           // previous
+    q(0, d, d), k(0, d, d);  // diagonal
+    q(1, d, d);              // previous
     if (d + 1 < hd) k(1, d + 1, d);
-    q(2, 0, d);                                           // first
-    q(3, 0, d);                                           // separator
-    q(4, d, d);                                           // local
+    q(2, 0, d);  // first
+    q(3, 0, d);  // separator
+    q(4, d, d);  // local
     for (int64_t o = 0; o < 4 && d + o < hd; ++o) k(4, d + o, d);
   }
   k(2, 0, 0);

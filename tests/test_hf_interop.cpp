@@ -50,7 +50,8 @@ Loaded load(const std::string& ckpt) {
 }
 
 // The imported fixture against what transformers computed.
-void check_against_fixture(const std::string& name, const train::HfImportOptions& opts, const std::string& tokenizer_kind) {
+void check_against_fixture(const std::string& name, const train::HfImportOptions& opts,
+                           const std::string& tokenizer_kind) {
   TempDir dir;
   const json e = read_json_file(hf_fixture(name + ".expected.json"));
   const std::string ckpt = dir.file("imported.h5");
@@ -171,13 +172,14 @@ TEST_CASE("hf export of a gpt2_bpe model writes GPT-2's tokenizer files; re-impo
   train::import_hf(hf_fixture("gpt2_tiny"), ckpt);
   const std::string out = dir.file("hf");
   CHECK(train::export_hf(ckpt, out).tokenizer == "hf");
-  for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json",
-                        "generation_config.json"})
+  for (const char* f :
+       {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
     CHECK(std::filesystem::exists(out + "/" + f));
   CHECK(read_json_file(out + "/config.json")["eos_token_id"] == 0);
   const std::string back = dir.file("back.h5");
   train::import_hf(out, back);
-  CHECK(train::read_checkpoint_meta(back).tokenizer->serialize() == train::read_checkpoint_meta(ckpt).tokenizer->serialize());
+  CHECK(train::read_checkpoint_meta(back).tokenizer->serialize() ==
+        train::read_checkpoint_meta(ckpt).tokenizer->serialize());
 }
 
 TEST_CASE("hf export refuses what the HF class cannot express, by key, and writes nothing", "[hf]") {
@@ -193,22 +195,28 @@ TEST_CASE("hf export refuses what the HF class cannot express, by key, and write
     train::save_checkpoint(dir.file("c.h5"), cfg, *model, nullptr, train::TrainState{}, *tok);
     const std::string msg = error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("out")); });
     CHECK_FALSE(std::filesystem::exists(dir.file("out")));
-    for (const auto& e : std::filesystem::directory_iterator(dir.path)) CHECK(e.path().filename() == "c.h5");  // no temp left
+    for (const auto& e : std::filesystem::directory_iterator(dir.path))
+      CHECK(e.path().filename() == "c.h5");  // no temp left
     return msg;
   };
-  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "rope"; }), Catch::Contains("model.position = rope"));
-  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "alibi"; }), Catch::Contains("model.position = alibi"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "rope"; }),
+             Catch::Contains("model.position = rope"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.position = "alibi"; }),
+             Catch::Contains("model.position = alibi"));
   CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.n_kv_head = 2; }), Catch::Contains("model.n_kv_head = 2"));
-  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.norm = "rmsnorm"; }), Catch::Contains("model.norm = rmsnorm"));
+  CHECK_THAT(export_error("gpt2", [](Config& c) { c.model.norm = "rmsnorm"; }),
+             Catch::Contains("model.norm = rmsnorm"));
   CHECK_THAT(export_error("llama", [](Config& c) { c.model.window = 4; }), Catch::Contains("model.window = 4"));
   CHECK_THAT(export_error("llama", [](Config& c) { c.model.bias = true; }), Catch::Contains("model.bias = true"));
-  CHECK_THAT(export_error("llama", [](Config& c) { c.model.activation = "gelu"; }), Catch::Contains("model.activation = gelu"));
+  CHECK_THAT(export_error("llama", [](Config& c) { c.model.activation = "gelu"; }),
+             Catch::Contains("model.activation = gelu"));
 
   TempDir dir;
   Run run = make_run("gpt2");
   save(run, dir.file("c.h5"));
   std::filesystem::create_directory(dir.file("taken"));
-  CHECK_THAT(error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("taken")); }), Catch::Contains("already exists"));
+  CHECK_THAT(error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("taken")); }),
+             Catch::Contains("already exists"));
   train::HfExportOptions o;
   o.dtype = "f16";
   CHECK_THAT(error_of([&] { train::export_hf(dir.file("c.h5"), dir.file("x"), o); }), Catch::Contains("--dtype f16"));
@@ -246,8 +254,12 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
   CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("\"rope_scaling\""));
 
   d = copy_of("llama_gqa_tiny", "mistral");
-  edit_config(d, [](json& c) { c["architectures"] = {"MistralForCausalLM"}; c["sliding_window"] = 16; });
-  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("\"sliding_window\" = 16"));
+  edit_config(d, [](json& c) {
+    c["architectures"] = {"MistralForCausalLM"};
+    c["sliding_window"] = 16;
+  });
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }),
+             Catch::Contains("\"sliding_window\" = 16"));
   edit_config(d, [](json& c) { c["sliding_window"] = nullptr; });
   CHECK_NOTHROW(train::import_hf(d, dir.file("mistral.h5"), {"byte"}));
 
@@ -292,10 +304,12 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
   json idx = read_json_file(d + "/model.safetensors.index.json");
   idx["weight_map"]["lm_head.weight"] = "../../etc/passwd.safetensors";
   write_text(d + "/model.safetensors.index.json", idx.dump());
-  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("not a .safetensors file name inside"));
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }),
+             Catch::Contains("not a .safetensors file name inside"));
 }
 
-TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer", "[hf]") {
+TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer",
+          "[hf]") {
   const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
   if (!std::filesystem::exists(qkv)) {
     WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
@@ -305,17 +319,22 @@ TEST_CASE("train --init-from an HF directory starts from its weights and refuses
   const std::string hf = hf_fixture("gpt2_tiny");
   // The corpus tokenized with the directory's GPT-2 BPE (what `qkv prepare --tokenizer-from` does).
   std::string corpus;
-  for (int i = 0; i < 40; ++i) corpus += std::string(kCorpus) + " It was the age of wisdom, it was the age of foolishness.\n";
+  for (int i = 0; i < 40; ++i)
+    corpus += std::string(kCorpus) + " It was the age of wisdom, it was the age of foolishness.\n";
   write_text(dir.file("corpus.txt"), corpus);
   std::string out;
   REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer-from " + hf + " --out " +
                           dir.file("data.h5") + " --json 2>/dev/null",
                       out) == 0);
   CHECK(json::parse(out.substr(out.rfind('{')))["tokenizer"] == "gpt2_bpe");
-  write_text(dir.file("ft.toml"), "[model]\nfamily = \"gpt2\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 32\n"
-                                  "vocab_size = 662\n[data]\npath = \"" + dir.file("data.h5") + "\"\ntokenizer = \"gpt2_bpe\"\n"
-                                  "separator = \"none\"\n[train]\nbatch_size = 2\nmax_steps = 1\nlr = 0\nmin_lr = 0\n"
-                                  "eval_interval = 1000\nout_dir = \"" + dir.file("run") + "\"\n");
+  write_text(dir.file("ft.toml"),
+             "[model]\nfamily = \"gpt2\"\nn_layer = 2\nn_head = 4\nn_embd = 32\nblock_size = 32\n"
+             "vocab_size = 662\n[data]\npath = \"" +
+                 dir.file("data.h5") +
+                 "\"\ntokenizer = \"gpt2_bpe\"\n"
+                 "separator = \"none\"\n[train]\nbatch_size = 2\nmax_steps = 1\nlr = 0\nmin_lr = 0\n"
+                 "eval_interval = 1000\nout_dir = \"" +
+                 dir.file("run") + "\"\n");
   const std::string train = qkv + " train --config " + dir.file("ft.toml") + " --init-from " + hf + " --json";
   // lr 0: the one step leaves the weights as they were loaded.
   REQUIRE(run_command(train + " 2>/dev/null", out) == 0);
@@ -323,13 +342,14 @@ TEST_CASE("train --init-from an HF directory starts from its weights and refuses
   train::import_hf(hf, dir.file("imported.h5"));
   CHECK(same_weights(*load(ckpt).model, snapshot(*load(dir.file("imported.h5")).model)));
   // Another network, or data tokenized otherwise, is refused naming what differs.
-  CHECK(run_command(train + " --set model.n_embd=64 --set train.out_dir=" + dir.file("run2") + " 2>/dev/null", out) == 2);
+  CHECK(run_command(train + " --set model.n_embd=64 --set train.out_dir=" + dir.file("run2") + " 2>/dev/null", out) ==
+        2);
   CHECK_THAT(out, Catch::Contains("model.n_embd is 32 there but 64"));
-  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer byte --out " + dir.file("bytes.h5") +
-                          " >/dev/null 2>&1",
+  REQUIRE(run_command(qkv + " prepare --input " + dir.file("corpus.txt") + " --tokenizer byte --out " +
+                          dir.file("bytes.h5") + " >/dev/null 2>&1",
                       out) == 0);
-  CHECK(run_command(train + " --set data.path=" + dir.file("bytes.h5") + " --set data.tokenizer=byte --set train.out_dir=" +
-                        dir.file("run3") + " 2>/dev/null",
+  CHECK(run_command(train + " --set data.path=" + dir.file("bytes.h5") +
+                        " --set data.tokenizer=byte --set train.out_dir=" + dir.file("run3") + " 2>/dev/null",
                     out) == 2);
   CHECK_THAT(out, Catch::Contains("its tokenizer (gpt2_bpe, 662 tokens) is not the one of data.path (byte"));
 }

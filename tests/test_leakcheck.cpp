@@ -109,8 +109,8 @@ void expect_clean_models_pass(Device dev) {
     const auto checks = analysis::run_model_checks(*model, o);
     CHECK(checks.size() == 16);
     for (const auto& c : checks) {
-      INFO(nn::family_name(model->config().family) << " " << c.name << " = " << c.value << " (threshold " << c.threshold
-                                                  << "): " << c.detail);
+      INFO(nn::family_name(model->config().family)
+           << " " << c.name << " = " << c.value << " (threshold " << c.threshold << "): " << c.detail);
       CHECK(c.pass);
     }
     CHECK(find(checks, "future_token_perturbation").value == 0.0);
@@ -215,8 +215,8 @@ TEST_CASE("a planted fault lives in its model and its copies and never in other 
     CHECK(copy->attention_ops() == a->attention_ops());
     const Tensor faulty = analysis::leak::forward(*a, ids);
     CHECK(max_abs_diff(faulty, clean) > 1e-3);                                // the bug shows in this model
-    CHECK(max_abs_diff(analysis::leak::forward(*copy, ids), faulty) == 0.0);     // and in its copy
-    CHECK(max_abs_diff(analysis::leak::forward(*b, ids), clean) == 0.0);         // not in another model
+    CHECK(max_abs_diff(analysis::leak::forward(*copy, ids), faulty) == 0.0);  // and in its copy
+    CHECK(max_abs_diff(analysis::leak::forward(*b, ids), clean) == 0.0);      // not in another model
   }
   CHECK(a->attention_ops() == nn::AttentionOps::library());
   CHECK(max_abs_diff(analysis::leak::forward(*a, ids), clean) == 0.0);  // and gone with the guard
@@ -267,7 +267,9 @@ TEST_CASE("the naive float64 attention backward is the gradient of the naive for
   for (int j = 0; j < 3; ++j) s.key_valid[7 + j] = 0;  // batch 1: query 0 (position 2) sees nothing
   s.segment = {0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
   s.alibi = analysis::leak::naive_alibi_slopes(4);
-  auto draw = [](size_t n, uint64_t seed) { return randn({static_cast<int64_t>(n)}, seed, 0, 0.0, 1.0, DType::f64).to_vector(); };
+  auto draw = [](size_t n, uint64_t seed) {
+    return randn({static_cast<int64_t>(n)}, seed, 0, 0.0, 1.0, DType::f64).to_vector();
+  };
   std::vector<double> q = draw(2 * 4 * 5 * 3, 1), k = draw(2 * 2 * 7 * 3, 2), v = draw(2 * 2 * 7 * 3, 3),
                       dout = draw(2 * 4 * 5 * 3, 4), dq, dk, dv, out;
   for (double& x : q) x *= 3;  // weights far from uniform
@@ -306,13 +308,13 @@ TEST_CASE("the backward reference check fails on an attention whose gradient is 
   // the check's test seam: an attention whose output is exactly right (q - copy(q) is 0) but whose
   // dq carries an extra 0.1·dO, or whose dv is scaled by 1.001 (the output again exact).
   const analysis::leak::AttentionFn right = [](const Tensor& q, const Tensor& k, const Tensor& v,
-                                            const attn::AttentionOptions& o) { return attn::attention(q, k, v, o); };
+                                               const attn::AttentionOptions& o) { return attn::attention(q, k, v, o); };
   const analysis::leak::AttentionFn leaks_into_dq = [](const Tensor& q, const Tensor& k, const Tensor& v,
-                                                    const attn::AttentionOptions& o) {
+                                                       const attn::AttentionOptions& o) {
     return ag::add(attn::attention(q, k, v, o), ag::mul(ag::sub(q, q.clone()), 0.1));
   };
   const analysis::leak::AttentionFn scales_dv = [](const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const attn::AttentionOptions& o) {
+                                                   const attn::AttentionOptions& o) {
     // v + 0.001·(v − copy(v)): the value of v, the gradient 1.001·dV.
     return attn::attention(q, k, ag::add(v, ag::mul(ag::sub(v, v.clone()), 0.001)), o);
   };
@@ -419,7 +421,7 @@ TEST_CASE("attention maps are the model's own attention and show the causal tria
     for (int64_t i = 0; i < T; ++i)
       for (int64_t j = 0; j < T; ++j) {
         const analysis::Rgb px = img.get(lay.x0 + static_cast<int>(j) * lay.cell + lay.cell / 2,
-                               lay.y0 + static_cast<int>(i) * lay.cell + lay.cell / 2);
+                                         lay.y0 + static_cast<int>(i) * lay.cell + lay.cell / 2);
         INFO("cell " << i << "," << j);
         CHECK((px == analysis::kMaskedColour) == !maps.visible(i, j));
       }
@@ -487,8 +489,8 @@ namespace {
 // Runs the qkv binary from the source root; returns its exit status, stdout and stderr.
 int run_qkv(const std::string& args, std::string* out, std::string* err) {
   const std::string base = fs::temp_directory_path() / ("qkv_leakcheck_cli_" + std::to_string(::getpid()));
-  const std::string cmd = std::string("cd ") + QKV_SOURCE_DIR + " && " + QKV_BINARY_DIR + "/qkv " + args + " >" +
-                          base + ".out 2>" + base + ".err";
+  const std::string cmd = std::string("cd ") + QKV_SOURCE_DIR + " && " + QKV_BINARY_DIR + "/qkv " + args + " >" + base +
+                          ".out 2>" + base + ".err";
   const int rc = std::system(cmd.c_str());
   auto slurp = [](const std::string& p) {
     std::ifstream in(p);

@@ -213,29 +213,35 @@ TEST_CASE("named_parameters of one-layer models list the Hugging Face names and 
     }
   };
   const std::string h = "transformer.h.0.";
-  check(nn::DecoderModel(tiny("gpt2", 1)),
-        {{"transformer.wte.weight", {37, 16}},     {"transformer.wpe.weight", {8, 16}},
-         {h + "ln_1.weight", {16}},                {h + "ln_1.bias", {16}},
-         {h + "attn.c_attn.weight", {32, 16}},     {h + "attn.c_attn.bias", {32}},
-         {h + "attn.c_proj.weight", {16, 16}},     {h + "attn.c_proj.bias", {16}},
-         {h + "ln_2.weight", {16}},                {h + "ln_2.bias", {16}},
-         {h + "mlp.c_fc.weight", {64, 16}},        {h + "mlp.c_fc.bias", {64}},
-         {h + "mlp.c_proj.weight", {16, 64}},      {h + "mlp.c_proj.bias", {16}},
-         {"transformer.ln_f.weight", {16}},        {"transformer.ln_f.bias", {16}}});
+  check(nn::DecoderModel(tiny("gpt2", 1)), {{"transformer.wte.weight", {37, 16}},
+                                            {"transformer.wpe.weight", {8, 16}},
+                                            {h + "ln_1.weight", {16}},
+                                            {h + "ln_1.bias", {16}},
+                                            {h + "attn.c_attn.weight", {32, 16}},
+                                            {h + "attn.c_attn.bias", {32}},
+                                            {h + "attn.c_proj.weight", {16, 16}},
+                                            {h + "attn.c_proj.bias", {16}},
+                                            {h + "ln_2.weight", {16}},
+                                            {h + "ln_2.bias", {16}},
+                                            {h + "mlp.c_fc.weight", {64, 16}},
+                                            {h + "mlp.c_fc.bias", {64}},
+                                            {h + "mlp.c_proj.weight", {16, 64}},
+                                            {h + "mlp.c_proj.bias", {16}},
+                                            {"transformer.ln_f.weight", {16}},
+                                            {"transformer.ln_f.bias", {16}}});
   const std::string l = "model.layers.0.";
-  check(nn::DecoderModel(tiny("llama", 1)),
-        {{"model.embed_tokens.weight", {37, 16}},
-         {l + "input_layernorm.weight", {16}},
-         {l + "self_attn.q_proj.weight", {16, 16}},
-         {l + "self_attn.k_proj.weight", {4, 16}},
-         {l + "self_attn.v_proj.weight", {4, 16}},
-         {l + "self_attn.o_proj.weight", {16, 16}},
-         {l + "post_attention_layernorm.weight", {16}},
-         {l + "mlp.gate_proj.weight", {48, 16}},
-         {l + "mlp.up_proj.weight", {48, 16}},
-         {l + "mlp.down_proj.weight", {16, 48}},
-         {"model.norm.weight", {16}},
-         {"lm_head.weight", {37, 16}}});
+  check(nn::DecoderModel(tiny("llama", 1)), {{"model.embed_tokens.weight", {37, 16}},
+                                             {l + "input_layernorm.weight", {16}},
+                                             {l + "self_attn.q_proj.weight", {16, 16}},
+                                             {l + "self_attn.k_proj.weight", {4, 16}},
+                                             {l + "self_attn.v_proj.weight", {4, 16}},
+                                             {l + "self_attn.o_proj.weight", {16, 16}},
+                                             {l + "post_attention_layernorm.weight", {16}},
+                                             {l + "mlp.gate_proj.weight", {48, 16}},
+                                             {l + "mlp.up_proj.weight", {48, 16}},
+                                             {l + "mlp.down_proj.weight", {16, 48}},
+                                             {"model.norm.weight", {16}},
+                                             {"lm_head.weight", {37, 16}}});
 }
 
 TEST_CASE("KV-cached forward token by token and in chunks of 3 reproduces the full-forward logits", "[model]") {
@@ -247,7 +253,8 @@ TEST_CASE("KV-cached forward token by token and in chunks of 3 reproduces the fu
       const Tensor ids = ids_of(lcg_ids(16, 37, 4), 2);
       const Tensor full = run(m, ids);
       const double e1 = rel_err(cached_logits(m, ids, 1), full), e3 = rel_err(cached_logits(m, ids, 3), full);
-      std::printf("[model] kv cache %-5s %-9s: token by token rel %.2e, chunks of 3 rel %.2e\n", family, kernel, e1, e3);
+      std::printf("[model] kv cache %-5s %-9s: token by token rel %.2e, chunks of 3 rel %.2e\n", family, kernel, e1,
+                  e3);
       CHECK(e1 < 1e-5);
       CHECK(e3 < 1e-5);
     }
@@ -279,7 +286,7 @@ TEST_CASE("a left-padded batch gives each sequence's logits at its valid positio
       args.positions = pos;
       args.key_padding = valid;
       const Tensor batch = run(m, args);  // [2, 8, V]
-      REQUIRE(all_finite(batch));  // fully masked pad rows give zeros, never NaN
+      REQUIRE(all_finite(batch));         // fully masked pad rows give zeros, never NaN
       const double ea = rel_err(batch.select(0, 0).narrow(0, 3, 5), run(m, ids_of(a, 1)).select(0, 0));
       const double eb = rel_err(batch.select(0, 1), run(m, ids_of(b, 1)).select(0, 0));
       std::printf("[model] left padding %-5s %-9s: padded row rel %.2e, full row rel %.2e\n", family, kernel, ea, eb);
@@ -323,51 +330,54 @@ TEST_CASE("packed documents with segment ids and per-document positions equal ea
     }
 }
 
-TEST_CASE("recompute replays each block in backward: same loss and bitwise-equal gradients, less memory (float32 and bf16 autocast)", "[model][exact]") {
+TEST_CASE(
+    "recompute replays each block in backward: same loss and bitwise-equal gradients, less memory (float32 and bf16 "
+    "autocast)",
+    "[model][exact]") {
   for (const bool bf16 : {false, true})
-  for (const std::string family : {"gpt2", "llama"}) {
-    INFO(family << (bf16 ? " bf16 autocast" : " float32"));
-    nn::ModelConfig c = tiny(family, 3);
-    c.dropout = 0.2;       // the replay must redraw the same residual masks
-    c.attn_dropout = 0.2;  // and the same attention masks
-    auto loss_and_grads = [&](bool recompute, int64_t* peak) {
-      nn::ModelConfig cc = c;
-      cc.recompute = recompute;
-      nn::DecoderModel m(cc);
-      m.init_weights(11);
-      const Tensor ids = ids_of(lcg_ids(3 * 8, 37, 5), 3), targets = ids_of(lcg_ids(3 * 8, 37, 6), 3);
-      reset_peak_bytes();
-      const int64_t base = allocator_stats().bytes_in_use;
-      nn::ForwardArgs a;
-      a.ids = ids;
-      a.rng.seed = 9;
-      a.rng.step = 4;
-      Tensor loss;
-      {
-        // bf16 autocast for the forward only: the replay in backward must round as the forward did.
-        autograd::AutocastGuard precision(bf16);
-        loss = ag::cross_entropy(ag::reshape(m.forward(a), {-1, 37}), targets.reshape({-1}));
+    for (const std::string family : {"gpt2", "llama"}) {
+      INFO(family << (bf16 ? " bf16 autocast" : " float32"));
+      nn::ModelConfig c = tiny(family, 3);
+      c.dropout = 0.2;       // the replay must redraw the same residual masks
+      c.attn_dropout = 0.2;  // and the same attention masks
+      auto loss_and_grads = [&](bool recompute, int64_t* peak) {
+        nn::ModelConfig cc = c;
+        cc.recompute = recompute;
+        nn::DecoderModel m(cc);
+        m.init_weights(11);
+        const Tensor ids = ids_of(lcg_ids(3 * 8, 37, 5), 3), targets = ids_of(lcg_ids(3 * 8, 37, 6), 3);
+        reset_peak_bytes();
+        const int64_t base = allocator_stats().bytes_in_use;
+        nn::ForwardArgs a;
+        a.ids = ids;
+        a.rng.seed = 9;
+        a.rng.step = 4;
+        Tensor loss;
+        {
+          // bf16 autocast for the forward only: the replay in backward must round as the forward did.
+          autograd::AutocastGuard precision(bf16);
+          loss = ag::cross_entropy(ag::reshape(m.forward(a), {-1, 37}), targets.reshape({-1}));
+        }
+        autograd::backward(loss);
+        *peak = allocator_stats().peak_bytes - base;
+        std::vector<Tensor> grads{loss};
+        for (const auto& p : m.parameters()) grads.push_back(p.grad());
+        return grads;
+      };
+      int64_t peak_plain = 0, peak_recompute = 0;
+      const auto plain = loss_and_grads(false, &peak_plain);
+      const auto replayed = loss_and_grads(true, &peak_recompute);
+      REQUIRE(plain.size() == replayed.size());
+      for (size_t i = 0; i < plain.size(); ++i) {
+        INFO("tensor " << i);
+        REQUIRE(replayed[i].defined());
+        INFO("rel err " << rel_err(replayed[i], plain[i]));
+        CHECK(bitwise_equal(plain[i], replayed[i]));
       }
-      autograd::backward(loss);
-      *peak = allocator_stats().peak_bytes - base;
-      std::vector<Tensor> grads{loss};
-      for (const auto& p : m.parameters()) grads.push_back(p.grad());
-      return grads;
-    };
-    int64_t peak_plain = 0, peak_recompute = 0;
-    const auto plain = loss_and_grads(false, &peak_plain);
-    const auto replayed = loss_and_grads(true, &peak_recompute);
-    REQUIRE(plain.size() == replayed.size());
-    for (size_t i = 0; i < plain.size(); ++i) {
-      INFO("tensor " << i);
-      REQUIRE(replayed[i].defined());
-      INFO("rel err " << rel_err(replayed[i], plain[i]));
-      CHECK(bitwise_equal(plain[i], replayed[i]));
+      std::printf("[model] %s recompute: peak extra bytes %lld -> %lld\n", family.c_str(),
+                  static_cast<long long>(peak_plain), static_cast<long long>(peak_recompute));
+      CHECK(peak_recompute < peak_plain);
     }
-    std::printf("[model] %s recompute: peak extra bytes %lld -> %lld\n", family.c_str(),
-                static_cast<long long>(peak_plain), static_cast<long long>(peak_recompute));
-    CHECK(peak_recompute < peak_plain);
-  }
 }
 
 TEST_CASE("set_data repoints every handle of a parameter and keeps its autograd slot", "[model]") {

@@ -178,8 +178,8 @@ void check_family(const std::string& family, const std::string& kernel, Device d
   std::printf(
       "[golden] %-5s %-9s %s logits rel %.2e  loss rel %.2e  grad rel %.2e (worst %s)  adamw-10 loss rel %.2e "
       "(loss %.6f -> %.6f)\n",
-      family.c_str(), kernel.c_str(), device_name(device), logit_err, loss_err, grad_err, worst.c_str(), seq_err, losses.front(),
-      losses.back());
+      family.c_str(), kernel.c_str(), device_name(device), logit_err, loss_err, grad_err, worst.c_str(), seq_err,
+      losses.front(), losses.back());
   CHECK(logit_err < 1e-5);
   CHECK(loss_err < 1e-5);
   CHECK(grad_err < 1e-4);
@@ -208,8 +208,9 @@ TEST_CASE("the golden logits comparison detects planted attention bugs", "[golde
     const char* family;
     analysis::Fault fault;
   };
-  for (const Case c : {Case{"gpt2", analysis::Fault::scale_d_model}, Case{"gpt2", analysis::Fault::gqa_modulo},
-                       Case{"llama", analysis::Fault::scale_d_model}, Case{"llama", analysis::Fault::causal_reversed}}) {
+  for (const Case c :
+       {Case{"gpt2", analysis::Fault::scale_d_model}, Case{"gpt2", analysis::Fault::gqa_modulo},
+        Case{"llama", analysis::Fault::scale_d_model}, Case{"llama", analysis::Fault::causal_reversed}}) {
     Golden g = load_model(c.family, "reference");
     autograd::NoGradGuard no_grad;
     nn::ForwardArgs args;

@@ -134,7 +134,8 @@ class WrongKeyGradient : public nn::AttentionOps {
 // Attention dropout with a new mask on every call: the loss is no function of θ.
 class FreshDropoutMasks : public nn::AttentionOps {
  public:
-  attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig&, bool, nn::RngContext&) const override {
+  attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig&, bool,
+                                 nn::RngContext&) const override {
     o.dropout_p = 0.1;
     o.dropout_seed = 7;
     o.dropout_offset = static_cast<uint64_t>(++calls_) << 40;
@@ -172,8 +173,8 @@ TEST_CASE("model gradcheck passes on every shipped config shrunk with --set", "[
   for (const auto& path : configs) {
     const auto c = check_config(path, shrink(path, 2));
     std::printf("model gradcheck %-40s loss %.4f worst abs %.2e worst rel %.2e retried %lld\n",
-                fs::path(path).lexically_relative(source_path("")).string().c_str(), c.report.loss,
-                worst_abs(c.report), worst_rel(c.report), static_cast<long long>(c.report.retried));
+                fs::path(path).lexically_relative(source_path("")).string().c_str(), c.report.loss, worst_abs(c.report),
+                worst_rel(c.report), static_cast<long long>(c.report.retried));
     require_clean(c, path);
   }
 }
@@ -197,8 +198,9 @@ const std::vector<std::vector<std::string>> kVariants = {
 };
 }  // namespace
 
-TEST_CASE("model gradcheck passes for every position scheme, GQA, window, dropout, norm, activation, kernel and batching",
-          "[gradcheck][model]") {
+TEST_CASE(
+    "model gradcheck passes for every position scheme, GQA, window, dropout, norm, activation, kernel and batching",
+    "[gradcheck][model]") {
   const std::string path = source_path("configs/tiny.toml");
   for (size_t i = 0; i < kVariants.size(); ++i) {
     std::vector<std::string> sets = {"model.n_layer=1", "model.n_embd=16", "model.block_size=12",
@@ -223,9 +225,9 @@ TEST_CASE("model gradcheck passes for every position scheme, GQA, window, dropou
 }
 
 TEST_CASE("model gradcheck builds float64 end to end and restores the parameters bit for bit", "[gradcheck][model]") {
-  const Config cfg = parse_config(source_path("configs/tiny.toml"),
-                                  {"model.n_layer=1", "model.n_embd=16", "model.vocab_size=40",
-                                   "model.position=sinusoidal", "model.dropout=0.1"});
+  const Config cfg = parse_config(
+      source_path("configs/tiny.toml"),
+      {"model.n_layer=1", "model.n_embd=16", "model.vocab_size=40", "model.position=sinusoidal", "model.dropout=0.1"});
   const auto model = analysis::build_float64_model(train::model_config(cfg, 1), 3);
   std::vector<std::vector<double>> before;
   for (const auto& p : model->named_parameters()) {
@@ -289,7 +291,8 @@ TEST_CASE("model gradcheck fails on a 1% wrong dK and names the tensors it reach
   CHECK(failing(g.report).count("transformer.h.0.mlp.c_fc.weight") == 0);
 }
 
-TEST_CASE("model gradcheck fails when the loss is not a deterministic function of the parameters", "[gradcheck][model]") {
+TEST_CASE("model gradcheck fails when the loss is not a deterministic function of the parameters",
+          "[gradcheck][model]") {
   const std::string path = source_path("configs/tiny.toml");
   const auto c = check_config(path, shrink(path, 1), {}, std::make_shared<FreshDropoutMasks>());
   CHECK_FALSE(c.report.deterministic);

@@ -67,13 +67,13 @@ void check_binary(const Binary& op, const Ref2& ref, bool positive_b = false) {
     bool noncontig;
   };
   const Layout layouts[] = {
-      {{3, 5}, {3, 5}, false},        // contiguous, same shape
-      {{4, 7}, {4, 7}, true},         // both transposed
-      {{2, 3, 5}, {3, 1}, false},     // broadcast row/col
-      {{3, 1, 5}, {4, 1}, true},      // both sides broadcast, non-contiguous
-      {{6}, {}, false},               // scalar 0-d operand
-      {{200, 400}, {400}, false},     // large enough for the OpenMP path, row broadcast
-      {{300, 300}, {300, 300}, true}, // large, transposed
+      {{3, 5}, {3, 5}, false},         // contiguous, same shape
+      {{4, 7}, {4, 7}, true},          // both transposed
+      {{2, 3, 5}, {3, 1}, false},      // broadcast row/col
+      {{3, 1, 5}, {4, 1}, true},       // both sides broadcast, non-contiguous
+      {{6}, {}, false},                // scalar 0-d operand
+      {{200, 400}, {400}, false},      // large enough for the OpenMP path, row broadcast
+      {{300, 300}, {300, 300}, true},  // large, transposed
   };
   for (DType t : kFloatTypes) {
     for (const auto& l : layouts) {
@@ -85,8 +85,7 @@ void check_binary(const Binary& op, const Ref2& ref, bool positive_b = false) {
       REQUIRE(out.dtype() == t);
       const auto av = a.to_vector(), bv = b.to_vector();
       std::vector<double> want(static_cast<size_t>(checked_numel(os)));
-      for (size_t i = 0; i < want.size(); ++i)
-        want[i] = ref(av[bcast_index(i, os, l.a)], bv[bcast_index(i, os, l.b)]);
+      for (size_t i = 0; i < want.size(); ++i) want[i] = ref(av[bcast_index(i, os, l.a)], bv[bcast_index(i, os, l.b)]);
       INFO(dtype_name(t) << " " << shape_str(l.a) << " op " << shape_str(l.b) << (l.noncontig ? " strided" : ""));
       check_contiguous_close(out, want, rtol_for(t));
     }
@@ -116,9 +115,7 @@ void check_unary(const Unary& op, const Ref1& ref, double lo = -3, double hi = 3
 }
 
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
-double gelu_tanh_ref(double x) {
-  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+double gelu_tanh_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 double gelu_erf_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
 
 }  // namespace
@@ -215,7 +212,8 @@ TEST_CASE("bias_gelu and its backward match gelu of the float64 sum, on strided 
       CHECK(max_abs_diff(da, gelu_backward(add(a, bias), dy, approx)) == 0.0);
     }
   }
-  CHECK_THROWS_WITH(bias_gelu(ones({2, 3}), ones({2})), Catch::Contains("[bias_gelu] bias [2]") && Catch::Contains("[2,3]"));
+  CHECK_THROWS_WITH(bias_gelu(ones({2, 3}), ones({2})),
+                    Catch::Contains("[bias_gelu] bias [2]") && Catch::Contains("[2,3]"));
   CHECK_THROWS_WITH(bias_gelu(ones({2, 3}), ones({3}, DType::f64)), Catch::Contains("[bias_gelu]"));
   CHECK_THROWS_WITH(bias_gelu_backward(ones({2, 3}), ones({3}), ones({3, 2}), GeluApprox::tanh),
                     Catch::Contains("[bias_gelu_backward] a is [2,3] but dy is [3,2]"));
@@ -247,9 +245,9 @@ TEST_CASE("integer arithmetic, comparisons and logic follow their definitions", 
 
 TEST_CASE("where and masked_fill select elementwise with broadcasting", "[ops][elementwise]") {
   for (DType t : kFloatTypes) {
-    const Tensor cond = gt(rand({4, 1, 6}, 41), full({}, 0.5));   // [4,1,6]
-    const Tensor a = input({3, 6}, 42, t, true);                    // [3,6] strided
-    const Tensor b = input({4, 1, 1}, 43, t, false);                // [4,1,1]
+    const Tensor cond = gt(rand({4, 1, 6}, 41), full({}, 0.5));  // [4,1,6]
+    const Tensor a = input({3, 6}, 42, t, true);                 // [3,6] strided
+    const Tensor b = input({4, 1, 1}, 43, t, false);             // [4,1,1]
     const Tensor out = where(cond, a, b);
     const Shape os{4, 3, 6};
     REQUIRE(out.shape() == os);

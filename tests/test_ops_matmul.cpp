@@ -83,9 +83,9 @@ TEST_CASE("matmul matches a naive float64 loop on contiguous, transposed and str
     INFO(dtype_name(t));
     const Tensor a = rnd({7, 13}, 1, t), b = rnd({13, 11}, 2, t);
     check_matmul(a, b);
-    check_matmul(rnd({13, 7}, 3, t).transpose(0, 1), b);                                   // a Trans
-    check_matmul(a, rnd({11, 13}, 4, t).transpose(0, 1));                                  // b Trans
-    check_matmul(rnd({13, 7}, 5, t).transpose(0, 1), rnd({11, 13}, 6, t).transpose(0, 1));  // both
+    check_matmul(rnd({13, 7}, 3, t).transpose(0, 1), b);                                      // a Trans
+    check_matmul(a, rnd({11, 13}, 4, t).transpose(0, 1));                                     // b Trans
+    check_matmul(rnd({13, 7}, 5, t).transpose(0, 1), rnd({11, 13}, 6, t).transpose(0, 1));    // both
     check_matmul(rnd({7, 20}, 7, t).narrow(1, 3, 13), rnd({15, 11}, 8, t).narrow(0, 1, 13));  // lda 20
     // Strides BLAS cannot read (neither dim has stride 1): one contiguous copy, same values.
     check_matmul(rnd({7, 13, 2}, 9, t).select(2, 1), rnd({13, 11, 3}, 10, t).select(2, 2));
@@ -95,17 +95,17 @@ TEST_CASE("matmul matches a naive float64 loop on contiguous, transposed and str
 TEST_CASE("matmul broadcasts batch dims and handles degenerate sizes", "[ops][matmul]") {
   for (DType t : {DType::f32, DType::f64}) {
     INFO(dtype_name(t));
-    check_matmul(rnd({2, 3, 5, 4}, 11, t), rnd({4, 6}, 12, t));             // folds into one GEMM
-    check_matmul(rnd({2, 6, 4}, 13, t).transpose(0, 1), rnd({4, 5}, 14, t));  // batch dims that cannot fold
-    check_matmul(rnd({2, 1, 5, 4}, 15, t), rnd({3, 4, 6}, 16, t));          // both broadcast
-    check_matmul(rnd({5, 4}, 17, t), rnd({3, 4, 6}, 18, t));                // a shared
-    check_matmul(rnd({1, 5, 4}, 19, t).expand({3, 5, 4}), rnd({4, 2}, 20, t));  // stride-0 batch
+    check_matmul(rnd({2, 3, 5, 4}, 11, t), rnd({4, 6}, 12, t));                    // folds into one GEMM
+    check_matmul(rnd({2, 6, 4}, 13, t).transpose(0, 1), rnd({4, 5}, 14, t));       // batch dims that cannot fold
+    check_matmul(rnd({2, 1, 5, 4}, 15, t), rnd({3, 4, 6}, 16, t));                 // both broadcast
+    check_matmul(rnd({5, 4}, 17, t), rnd({3, 4, 6}, 18, t));                       // a shared
+    check_matmul(rnd({1, 5, 4}, 19, t).expand({3, 5, 4}), rnd({4, 2}, 20, t));     // stride-0 batch
     check_matmul(rnd({16, 8, 9}, 21, t), rnd({16, 7, 9}, 22, t).transpose(1, 2));  // OpenMP over batches
-    check_matmul(rnd({3, 1, 9}, 23, t), rnd({3, 9, 5}, 24, t));             // M = 1 (GEMV)
-    check_matmul(rnd({3, 6, 9}, 25, t), rnd({3, 9, 1}, 26, t));             // N = 1 (GEMV)
+    check_matmul(rnd({3, 1, 9}, 23, t), rnd({3, 9, 5}, 24, t));                    // M = 1 (GEMV)
+    check_matmul(rnd({3, 6, 9}, 25, t), rnd({3, 9, 1}, 26, t));                    // N = 1 (GEMV)
     check_matmul(rnd({9, 1}, 27, t).transpose(0, 1), rnd({5, 9}, 28, t).transpose(0, 1));  // M = 1, both Trans
-    check_matmul(rnd({6, 9}, 29, t), rnd({9, 2}, 30, t).narrow(1, 1, 1));   // N = 1 with row stride 2
-    check_matmul(rnd({6, 1}, 31, t), rnd({1, 4}, 32, t));                   // K = 1
+    check_matmul(rnd({6, 9}, 29, t), rnd({9, 2}, 30, t).narrow(1, 1, 1));                  // N = 1 with row stride 2
+    check_matmul(rnd({6, 1}, 31, t), rnd({1, 4}, 32, t));                                  // K = 1
     check_matmul(rnd({1, 1}, 33, t), rnd({1, 1}, 34, t));
   }
   // K = 0: the empty sum is zero, whatever the output buffer held.
@@ -118,7 +118,7 @@ TEST_CASE("matmul broadcasts batch dims and handles degenerate sizes", "[ops][ma
 TEST_CASE("matmul takes vector operands as NumPy does", "[ops][matmul]") {
   const Tensor v = from_vector({1, 2, 3}, {3}, DType::f64);
   const Tensor m = from_vector({1, 0, 2, 1, -1, 3}, {3, 2}, DType::f64);  // [[1,0],[2,1],[-1,3]]
-  const Tensor vm = matmul(v, m);                                          // [1+4-3, 0+2+9]
+  const Tensor vm = matmul(v, m);                                         // [1+4-3, 0+2+9]
   CHECK(vm.shape() == Shape{2});
   CHECK(vm.to_vector() == std::vector<double>{2, 11});
   const Tensor mv = matmul(m.transpose(0, 1), v);  // [2,3] @ [3]
@@ -134,8 +134,8 @@ TEST_CASE("matmul takes vector operands as NumPy does", "[ops][matmul]") {
 TEST_CASE("matmul of transposed views allocates only its output", "[ops][matmul][memory]") {
   const Tensor a = rnd({16, 8}, 41, DType::f32), b = rnd({16, 16}, 42, DType::f32);
   const Tensor at = a.transpose(0, 1), bt = b.transpose(0, 1);  // [8,16] and [16,16], row stride 1
-  const int64_t out_bytes = 8 * 16 * 4;                          // a multiple of the 64-byte granule
-  matmul(at, bt);                                                // prime the allocator's free list
+  const int64_t out_bytes = 8 * 16 * 4;                         // a multiple of the 64-byte granule
+  matmul(at, bt);                                               // prime the allocator's free list
   const int64_t before = allocator_stats().bytes_in_use;
   reset_peak_bytes();
   const Tensor c = matmul(at, bt);
@@ -256,4 +256,3 @@ TEST_CASE("the BLAS kernel asked for by OPENBLAS_CORETYPE is the one in use", "[
   };
   CHECK(lower(name) == lower(expected));
 }
-

@@ -107,10 +107,10 @@ TEST_CASE("layer_norm and rms_norm match naive float64 rows", "[ops][nn][norm]")
     CHECK(std::fabs(layer_norm(x, w, b, 1e-5).mean.at({1, 2}) - mean(x.select(0, 1).select(0, 2)).item()) < 1e-5);
     // Strided input (a transposed view) and no affine parameters.
     const Tensor xt = rnd({17, 6}, 7, t).transpose(0, 1);
-    check_mixed_close(layer_norm(xt, Tensor(), Tensor(), 1e-5).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-5, false),
-                tol_of(t) * 5);
+    check_mixed_close(layer_norm(xt, Tensor(), Tensor(), 1e-5).y.to_vector(),
+                      naive_norm(xt, Tensor(), Tensor(), 1e-5, false), tol_of(t) * 5);
     check_mixed_close(rms_norm(xt, Tensor(), 1e-6).y.to_vector(), naive_norm(xt, Tensor(), Tensor(), 1e-6, true),
-                tol_of(t) * 5);
+                      tol_of(t) * 5);
   }
 }
 
@@ -211,8 +211,8 @@ TEST_CASE("dropout keeps a 1-p fraction, scales by 1/(1-p) and repeats for the s
     const double frac = static_cast<double>(kept) / n;
     CHECK(std::fabs(frac - (1 - p)) <= 0.02 * (1 - p));
     CHECK(values_ok);
-    CHECK(max_abs_diff(dropout(ones_, p, 1234, 0), d) == 0.0);             // same seed, same mask
-    CHECK(max_abs_diff(dropout(ones_, p, 1235, 0), d) > 0.0);              // another seed, another mask
+    CHECK(max_abs_diff(dropout(ones_, p, 1234, 0), d) == 0.0);  // same seed, same mask
+    CHECK(max_abs_diff(dropout(ones_, p, 1235, 0), d) > 0.0);   // another seed, another mask
     CHECK(with_threads(1, [&] { return max_abs_diff(dropout(ones_, p, 1234, 0), d); }) == 0.0);
   }
   // Element i uses counter offset + i: the second half of a draw equals a draw at offset n/2.
@@ -239,7 +239,6 @@ TEST_CASE("dropout backward regenerates the forward mask", "[autograd][nn][dropo
     CHECK(g[i] == (kept ? 1 / 0.75 : 0.0));
   }
 }
-
 
 // ---- the in-place / preallocated forms the autograd rules call (one dispatch point per kernel) ----
 
@@ -314,8 +313,9 @@ TEST_CASE("layer_norm_backward_into writes or adds dx and skips unwanted paramet
                     Catch::Contains("[layer_norm_backward] dx is [3,5], not [3,4]"));
   CHECK_THROWS_WITH(layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 4}), zeros({4}), Tensor(), false),
                     Catch::Contains("dweight is wanted but there is no weight"));
-  CHECK_THROWS_WITH(layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 4}), Tensor(), zeros({4}, DType::f64), false),
-                    Catch::Contains("dbias is float64"));
+  CHECK_THROWS_WITH(
+      layer_norm_backward_into(x, x, Tensor(), m, r, zeros({3, 4}), Tensor(), zeros({4}, DType::f64), false),
+      Catch::Contains("dbias is float64"));
 }
 
 TEST_CASE("cross_entropy_backward_ overwrites the logits with cross_entropy_backward's gradient",

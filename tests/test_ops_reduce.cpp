@@ -81,10 +81,10 @@ TEST_CASE("sum and mean over any set of dims match a float64 loop", "[ops][reduc
     bool noncontig;
   };
   const Case cases[] = {
-      {{3, 4}, {1}, false},          {{3, 4}, {0}, false},       {{3, 4}, {0}, true},
-      {{2, 3, 5}, {0, 2}, false},    {{2, 3, 5}, {1}, true},     {{2, 3, 5}, {-1, -3}, true},
-      {{1, 7, 1}, {0}, false},       {{4, 1, 3}, {1}, false},    {{5}, {0}, false},
-      {{300, 257}, {0}, false},      {{257, 300}, {1}, false},   {{300, 257}, {0}, true},
+      {{3, 4}, {1}, false},          {{3, 4}, {0}, false},          {{3, 4}, {0}, true},
+      {{2, 3, 5}, {0, 2}, false},    {{2, 3, 5}, {1}, true},        {{2, 3, 5}, {-1, -3}, true},
+      {{1, 7, 1}, {0}, false},       {{4, 1, 3}, {1}, false},       {{5}, {0}, false},
+      {{300, 257}, {0}, false},      {{257, 300}, {1}, false},      {{300, 257}, {0}, true},
       {{64, 40, 33}, {0, 1}, false}, {{2, 3, 4}, {0, 1, 2}, false},
   };
   for (DType t : kFloatTypes) {
@@ -191,9 +191,9 @@ TEST_CASE("softmax and log_softmax match a float64 loop along any dim", "[ops][r
     int dim;
     bool noncontig;
   };
-  const Case cases[] = {{{3, 5}, -1, false}, {{3, 5}, 0, false}, {{4, 6}, 1, true},  {{2, 3, 4}, 1, false},
-                        {{2, 3, 4}, 0, true}, {{5, 1}, -1, false}, {{70, 1000}, -1, false}, {{300, 200}, 0, false},
-                        {{7, 33}, -1, true}};
+  const Case cases[] = {{{3, 5}, -1, false},     {{3, 5}, 0, false},     {{4, 6}, 1, true},
+                        {{2, 3, 4}, 1, false},   {{2, 3, 4}, 0, true},   {{5, 1}, -1, false},
+                        {{70, 1000}, -1, false}, {{300, 200}, 0, false}, {{7, 33}, -1, true}};
   for (DType t : kFloatTypes) {
     for (const auto& c : cases) {
       const Tensor a = input(c.shape, 131, t, c.noncontig, -8, 8);

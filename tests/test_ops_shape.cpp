@@ -32,8 +32,7 @@ TEST_CASE("cat concatenates along any dim, strided inputs included", "[ops][shap
     REQUIRE(o2.shape() == Shape{2, 7, 3});
     for (int64_t i = 0; i < 2; ++i)
       for (int64_t j = 0; j < 7; ++j)
-        for (int64_t k = 0; k < 3; ++k)
-          CHECK(o2.at({i, j, k}) == (j < 2 ? x.at({i, j, k}) : y.at({i, j - 2, k})));
+        for (int64_t k = 0; k < 3; ++k) CHECK(o2.at({i, j, k}) == (j < 2 ? x.at({i, j, k}) : y.at({i, j - 2, k})));
   }
   CHECK_THROWS_WITH(cat({ones({2, 3}), ones({2, 4})}, 0),
                     Catch::Contains("[cat] along dim 0: tensor 0 is [2,3] but tensor 1 is [2,4]"));

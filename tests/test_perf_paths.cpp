@@ -39,7 +39,7 @@ TEST_CASE("gradients handed over without a copy never alias each other or the ca
   CHECK(max_abs_diff(y.grad(), seed) == 0.0);
   fill_(x.grad(), 0.0);
   CHECK(max_abs_diff(y.grad(), seed) == 0.0);  // y.grad is not x.grad's buffer
-  CHECK(seed.to_vector() == seed_v);             // nor the caller's seed
+  CHECK(seed.to_vector() == seed_v);           // nor the caller's seed
 
   // z = x + x: both gradients reach one leaf and are summed (the seed stays untouched).
   Tensor w = leaf({5}, 4);
@@ -62,8 +62,9 @@ TEST_CASE("narrow pieces of one tensor add their gradients into one buffer, over
   const Tensor a = randn({4, 2}, 11, 0, 0.0, 1.0, DType::f64), b = randn({4, 3}, 12, 0, 0.0, 1.0, DType::f64),
                c = randn({4, 2}, 13, 0, 0.0, 1.0, DType::f64), d = randn({4, 6}, 14, 0, 0.0, 1.0, DType::f64);
   // Columns [0,2), [2,5) and [4,6) (overlapping at column 4), plus x itself times d.
-  Tensor loss = ag::add(ag::add(ag::sum(ag::mul(ag::narrow(x, 1, 0, 2), a)), ag::sum(ag::mul(ag::narrow(x, 1, 2, 3), b))),
-                        ag::add(ag::sum(ag::mul(ag::narrow(x, 1, 4, 2), c)), ag::sum(ag::mul(x, d))));
+  Tensor loss =
+      ag::add(ag::add(ag::sum(ag::mul(ag::narrow(x, 1, 0, 2), a)), ag::sum(ag::mul(ag::narrow(x, 1, 2, 3), b))),
+              ag::add(ag::sum(ag::mul(ag::narrow(x, 1, 4, 2), c)), ag::sum(ag::mul(x, d))));
   autograd::backward(loss);
   const auto got = x.grad().to_vector();
   for (int64_t i = 0; i < 4; ++i)
@@ -99,8 +100,9 @@ TEST_CASE("a tied embedding scatters its rows into the LM head's weight gradient
 TEST_CASE("linear backward on two threads (dx and dW side by side) equals one thread and a float64 reference",
           "[autograd][linear][perf]") {
   // rows·in·out = 128·128·96 is above the side-by-side threshold.
-  const Tensor x64 = randn({2, 64, 128}, 30, 0, 0.0, 1.0, DType::f64), w64 = randn({96, 128}, 31, 0, 0.0, 0.1, DType::f64),
-               b64 = randn({96}, 32, 0, 0.0, 1.0, DType::f64), dy64 = randn({2, 64, 96}, 33, 0, 0.0, 1.0, DType::f64);
+  const Tensor x64 = randn({2, 64, 128}, 30, 0, 0.0, 1.0, DType::f64),
+               w64 = randn({96, 128}, 31, 0, 0.0, 0.1, DType::f64), b64 = randn({96}, 32, 0, 0.0, 1.0, DType::f64),
+               dy64 = randn({2, 64, 96}, 33, 0, 0.0, 1.0, DType::f64);
   struct Grads {
     Tensor dx, dw, db;
   };
@@ -168,7 +170,8 @@ TEST_CASE("attention_packed equals attention on the split views, forward and bac
       Tensor qkv = qkv0.clone();
       qkv.set_requires_grad(true);
       auto heads = [&](int64_t s, int64_t n) { return ag::transpose(ag::narrow(qkv, 2, s, n), 1, 2); };
-      Tensor out = ag::transpose(attn::attention(heads(0, c.hq), heads(c.hq, c.hkv), heads(c.hq + c.hkv, c.hkv), o), 1, 2);
+      Tensor out =
+          ag::transpose(attn::attention(heads(0, c.hq), heads(c.hq, c.hkv), heads(c.hq + c.hkv, c.hkv), o), 1, 2);
       autograd::backward(out, dout);
       return std::make_pair(out, qkv.grad());
     };

@@ -28,7 +28,8 @@ namespace {
 // The library's attention with the causal mask lifted: the decoder model as a bidirectional stack.
 class NonCausal : public nn::AttentionOps {
  public:
-  attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig&, bool, nn::RngContext&) const override {
+  attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig&, bool,
+                                 nn::RngContext&) const override {
     o.causal = false;
     return o;
   }
@@ -119,8 +120,10 @@ TEST_CASE("positions (learned, sinusoidal, RoPE, ALiBi) or the causal mask break
     nn::Position pos;
     bool causal;
   };
-  const Case cases[] = {{"learned", nn::Position::learned, false},   {"sinusoidal", nn::Position::sinusoidal, false},
-                        {"rope", nn::Position::rope, false},         {"alibi", nn::Position::alibi, false},
+  const Case cases[] = {{"learned", nn::Position::learned, false},
+                        {"sinusoidal", nn::Position::sinusoidal, false},
+                        {"rope", nn::Position::rope, false},
+                        {"alibi", nn::Position::alibi, false},
                         {"none + causal mask", nn::Position::none, true}};
   for (const Case& c : cases)
     for (auto family : {nn::Family::gpt2, nn::Family::llama}) {
@@ -191,7 +194,8 @@ TEST_CASE("leakcheck's permutation_equivariance applies to position = none model
       const auto m = model(tiny(nn::Position::none, family), true);
       CHECK(analysis::permutation_not_applicable(m->config()).empty());
       const auto checks = analysis::run_model_checks(*m, o);
-      const auto eq = find(checks, "permutation_equivariance"), prefix = find(checks, "permutation_equivariance.causal_prefix");
+      const auto eq = find(checks, "permutation_equivariance"),
+                 prefix = find(checks, "permutation_equivariance.causal_prefix");
       INFO(eq.detail << "\n" << prefix.detail);
       CHECK(eq.pass);
       CHECK(prefix.pass);
@@ -217,7 +221,8 @@ TEST_CASE("leakcheck's permutation_equivariance applies to position = none model
   SECTION("a planted position signal (ALiBi slopes slipped into the options) fails both rows") {
     class LeakPosition : public nn::AttentionOps {
      public:
-      attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig& c, bool, nn::RngContext&) const override {
+      attn::AttentionOptions options(attn::AttentionOptions o, const nn::ModelConfig& c, bool,
+                                     nn::RngContext&) const override {
         o.alibi_slopes.assign(static_cast<size_t>(c.n_head), 0.5f);
         return o;
       }

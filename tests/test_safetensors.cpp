@@ -12,7 +12,6 @@
 #include "data/safetensors.h"
 #include "tensor/error.h"
 
-
 using namespace qkv::safetensors;
 using qkv::ckpt_test::error_of;
 using qkv::ckpt_test::TempDir;
@@ -44,9 +43,8 @@ TEST_CASE("safetensors writer lays out bytes as the specification says", "[safet
                                  {"w", DType::F32, {1, 2}, encode_f32(a, 2, DType::F32)}};
   const std::string bytes = serialize(ts, {{"format", "pt"}});
   // F32 (item size 4) before BF16 (2); keys sorted in the JSON; padded with spaces to 8 bytes.
-  std::string header =
-      R"({"__metadata__":{"format":"pt"},"w":{"data_offsets":[0,8],"dtype":"F32","shape":[1,2]},)"
-      R"("x.bias":{"data_offsets":[8,14],"dtype":"BF16","shape":[3]}})";
+  std::string header = R"({"__metadata__":{"format":"pt"},"w":{"data_offsets":[0,8],"dtype":"F32","shape":[1,2]},)"
+                       R"("x.bias":{"data_offsets":[8,14],"dtype":"BF16","shape":[3]}})";
   header.append((8 - header.size() % 8) % 8, ' ');
   std::string buffer(reinterpret_cast<const char*>(a), 8);
   // bfloat16 of 0.5, 3.0, -1.0 = the upper halves of 0x3F000000, 0x40400000, 0xBF800000.
@@ -83,8 +81,8 @@ TEST_CASE("safetensors reader widens F16, BF16 and F64 and refuses integer dtype
   const std::string path = dir.file("m.safetensors");
   std::ofstream(path, std::ios::binary) << file_of(h, buf);
   Reader r(path);
-  CHECK(r.read_f32(*r.header().find("h")) == std::vector<float>{1.0f, -2.5f, std::ldexp(1.0f, -24),
-                                                                 std::ldexp(1023.0f, -24), 65504.0f, INFINITY});
+  CHECK(r.read_f32(*r.header().find("h")) ==
+        std::vector<float>{1.0f, -2.5f, std::ldexp(1.0f, -24), std::ldexp(1023.0f, -24), 65504.0f, INFINITY});
   CHECK(r.read_f32(*r.header().find("d")) == std::vector<float>{0.1f, -3.0f});
   CHECK(r.header().find("i")->numel() == 1);  // shape [] is a scalar
   CHECK_THAT(error_of([&] { r.read_f32(*r.header().find("i")); }),
@@ -117,43 +115,56 @@ TEST_CASE("safetensors reader refuses each corruption by name", "[safetensors]")
       {"not starting with {", file_of(" " + kGood, buf12), {"does not start with '{'"}},
       {"not JSON", file_of(R"({"a":{"dtype":"F32",)", buf12), {"not valid JSON"}},
       {"duplicate tensor name",
-       file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-               buf12),
+       file_of(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+           buf12),
        {"repeats the key", "\"a\""}},
-      {"duplicate field", file_of(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x')),
+      {"duplicate field",
+       file_of(R"({"a":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"repeats the key", "\"dtype\""}},
       {"metadata not strings", file_of(R"({"__metadata__":{"k":1}})"), {"__metadata__", "\"k\""}},
       {"entry not an object", file_of(R"({"a":[1]})"), {"tensor \"a\"", "not an object"}},
-      {"unknown field", file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", std::string(8, 'x')),
+      {"unknown field",
+       file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", std::string(8, 'x')),
        {"\"a\"", "unknown field \"x\""}},
       {"missing field", file_of(R"({"a":{"dtype":"F32","shape":[2]}})"), {"\"a\"", "lacks data_offsets"}},
-      {"unknown dtype", file_of(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x')),
+      {"unknown dtype",
+       file_of(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"\"a\"", "dtype \"F33\""}},
-      {"negative dim", file_of(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, 'x')),
+      {"negative dim",
+       file_of(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"\"a\"", "shape [-2]"}},
-      {"fractional dim", file_of(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", std::string(8, 'x')),
+      {"fractional dim",
+       file_of(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"\"a\"", "not a non-negative integer"}},
       {"shape overflow",
        file_of(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"\"a\"", "overflows 64 bits"}},
-      {"offsets not a pair", file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", std::string(8, 'x')),
+      {"offsets not a pair",
+       file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", std::string(8, 'x')),
        {"\"a\"", "data_offsets [0]"}},
-      {"offsets reversed", file_of(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", std::string(8, 'x')),
+      {"offsets reversed",
+       file_of(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", std::string(8, 'x')),
        {"\"a\"", "end before they begin"}},
-      {"offset past the file", file_of(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, 'x')),
+      {"offset past the file",
+       file_of(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, 'x')),
        {"\"a\"", "run past the end of the data (8 bytes)"}},
-      {"extent differs from shape", file_of(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, 'x')),
+      {"extent differs from shape",
+       file_of(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, 'x')),
        {"\"a\"", "hold 8 bytes but F32 shape [3] needs 12"}},
       {"overlap",
-       file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-               buf12),
+       file_of(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           buf12),
        {"\"b\"", "overlaps tensor \"a\""}},
       {"gap",
-       file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-               buf12),
+       file_of(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+           buf12),
        {"gap: bytes [4, 8)"}},
       {"trailing bytes", file_of(kGood, buf12 + "hidden"), {"6 bytes after the last tensor"}},
-      {"gap at the start", file_of(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, 'x')),
+      {"gap at the start",
+       file_of(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, 'x')),
        {"gap: bytes [0, 4)"}},
   };
   for (const auto& c : cases) {
@@ -176,8 +187,10 @@ TEST_CASE("safetensors Reader refuses a file truncated or with a huge header len
   TempDir dir;
   const std::string path = dir.file("t.safetensors");
   std::ofstream(path, std::ios::binary) << file_of(kGood, std::string(12, 'x'), 0x7fffffffffffffffULL);
-  CHECK_THAT(error_of([&] { Reader r(path); }), Catch::Contains("t.safetensors") && Catch::Contains("exceeds the limit"));
+  CHECK_THAT(error_of([&] { Reader r(path); }),
+             Catch::Contains("t.safetensors") && Catch::Contains("exceeds the limit"));
   std::ofstream(path, std::ios::binary) << file_of(kGood, std::string(11, 'x'));
   CHECK_THAT(error_of([&] { Reader r(path); }), Catch::Contains("\"b\"") && Catch::Contains("run past the end"));
-  CHECK_THAT(error_of([&] { Reader r(dir.file("absent.safetensors")); }), Catch::Contains("absent.safetensors: cannot open"));
+  CHECK_THAT(error_of([&] { Reader r(dir.file("absent.safetensors")); }),
+             Catch::Contains("absent.safetensors: cannot open"));
 }

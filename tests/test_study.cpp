@@ -20,7 +20,8 @@ TEST_CASE("study: variant specs map through the table", "[study]") {
   CHECK(v[0].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=full"});
   CHECK(v[1].overrides == std::vector<std::string>{"model.attention_pattern=full", "model.window=64"});
   const auto s = analysis::parse_variants("strided:16,linear");
-  CHECK(s[0].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=strided", "model.pattern_stride=16"});
+  CHECK(s[0].overrides ==
+        std::vector<std::string>{"model.window=0", "model.attention_pattern=strided", "model.pattern_stride=16"});
   CHECK(s[1].overrides == std::vector<std::string>{"model.window=0", "model.attention_pattern=linear"});
   CHECK_THROWS_WITH(analysis::parse_variants("full,sparse"), Catch::Contains("unknown variant 'sparse'"));
   CHECK_THROWS_WITH(analysis::parse_variants("window"), Catch::Contains("window needs a parameter"));
@@ -35,7 +36,7 @@ TEST_CASE("study: a tiny study of full vs window:8, its report, and resume", "[s
   std::filesystem::remove_all(dir);
   analysis::StudyOptions o;
   o.dir = dir;
-  o.lengths = {8, 24, 64};  // 64 > block_size 32: learned positions cannot go there
+  o.lengths = {8, 24, 64};        // 64 > block_size 32: learned positions cannot go there
   o.budget_tokens = 8 * 32 * 12;  // 12 steps of batch 8 x 32 tokens
   o.decode_tokens = 4;
   o.eval_tokens = 256;
@@ -87,7 +88,8 @@ TEST_CASE("study: a tiny study of full vs window:8, its report, and resume", "[s
   CHECK(page.find("window:8") != std::string::npos);
   const auto j = analysis::study_json(r);
   REQUIRE(j["variants"].size() == 2);
-  for (const char* k : {"name", "val_loss", "tokens_per_s", "peak_rss_bytes", "wall_s", "val_loss_gap", "lengths", "checks", "edges"})
+  for (const char* k :
+       {"name", "val_loss", "tokens_per_s", "peak_rss_bytes", "wall_s", "val_loss_gap", "lengths", "checks", "edges"})
     CHECK(j["variants"][0].contains(k));
   CHECK(j["variants"][1]["name"] == "window:8");
 
@@ -161,7 +163,8 @@ TEST_CASE("study: a linear variant measures every length from an emptied state",
   o.eval_tokens = 64;
   o.run_checks = false;
   const std::vector<std::string> sets = {"data.path=" + src("data/corpus/tinyshakespeare.txt")};
-  const analysis::StudyResult r = analysis::run_study(src("configs/tiny.toml"), sets, analysis::parse_variants("linear"), o);
+  const analysis::StudyResult r =
+      analysis::run_study(src("configs/tiny.toml"), sets, analysis::parse_variants("linear"), o);
   REQUIRE(r.variants.size() == 1);
   const auto& v = r.variants[0];
   REQUIRE(v.lengths.size() == 3);

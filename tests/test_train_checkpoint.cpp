@@ -72,13 +72,13 @@ TEST_CASE("checkpoint round trip restores weights, moments, run state, tokenizer
   CHECK(r.opt->states()[0].exp_avg_sq.to_vector()[0] > 0);
 
   // Saving the loaded run again gives the same bytes: nothing is lost or reordered.
-  Run again{meta.config, tokenizer_from_json(meta.tokenizer->serialize()), std::move(model), std::move(opt), meta.state};
+  Run again{meta.config, tokenizer_from_json(meta.tokenizer->serialize()), std::move(model), std::move(opt),
+            meta.state};
   save(again, dir.file("again.h5"));
   CHECK(read_bytes(path) == read_bytes(dir.file("again.h5")));
 }
 
-TEST_CASE("checkpoint stores gpt2 Conv1D weights transposed [in, out] and llama weights as [out, in]",
-          "[checkpoint]") {
+TEST_CASE("checkpoint stores gpt2 Conv1D weights transposed [in, out] and llama weights as [out, in]", "[checkpoint]") {
   TempDir dir;
   Run g = make_run("gpt2"), l = make_run("llama");
   save(g, dir.file("g.h5"));
@@ -212,7 +212,7 @@ TEST_CASE("checkpoint is readable by h5py with Hugging Face names, shapes and ro
   CHECK(mg.at("ds:transformer.h.0.attn.c_attn.bias") == "96 float32");
   CHECK(mg.at("ds:transformer.h.0.attn.c_proj.weight") == "32x32 float32");
   CHECK(mg.at("ds:transformer.h.1.ln_2.weight") == "32 float32");
-  CHECK(mg.at("ds:transformer.h.1.mlp.c_fc.weight") == "32x128 float32");   // [C, 4C]
+  CHECK(mg.at("ds:transformer.h.1.mlp.c_fc.weight") == "32x128 float32");    // [C, 4C]
   CHECK(mg.at("ds:transformer.h.1.mlp.c_proj.weight") == "128x32 float32");  // [4C, C]
   CHECK(mg.at("ds:transformer.ln_f.weight") == "32 float32");
   CHECK(mg.count("ds:lm_head.weight") == 0);  // tied to wte, as GPT2LMHeadModel's state dict omits it

@@ -114,7 +114,8 @@ TEST_CASE("checkpoint rejects flipped bytes in tensor data, metadata and the con
     std::vector<char> b = good;
     b[at + needle.size() - 1] = '3';  // still valid TOML, a different model: must not pass
     write_bytes(bad, b);
-    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }), Contains(bad) && Contains("config") && Contains("checksum"));
+    CHECK_THAT(error_of([&] { read_checkpoint_meta(bad); }),
+               Contains(bad) && Contains("config") && Contains("checksum"));
   }
   SECTION("a corrupted string size in HDF5's unchecksummed global heap is refused, not a crash") {
     // HDF5 1.10 would read past the collection (a segfault); the loader walks it first.
@@ -347,14 +348,29 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
   Run r = make_run("llama");  // resolved: the family defaults are written out
   const int64_t V = r.tok->vocab_size();
   const std::vector<std::pair<std::string, std::string>> changes = {
-      {"model.family", "gpt2"},        {"model.n_layer", "3"},        {"model.n_head", "8"},
-      {"model.n_kv_head", "1"},        {"model.n_embd", "48"},        {"model.block_size", "32"},
-      {"model.vocab_size", "80"},      {"model.dropout", "0.25"},     {"model.attn_dropout", "0.125"},
-      {"model.norm_eps", "0.001"},     {"model.rope_theta", "500.0"}, {"model.ffn_hidden", "40"},
-      {"model.position", "alibi"},     {"model.norm", "layernorm"},   {"model.activation", "gelu"},
-      {"model.bias", "true"},          {"model.tie_embeddings", "true"},
-      {"model.window", "4"},           {"model.init_std", "0.05"},    {"model.attn_kernel", "reference"},
-      {"model.attention_pattern", "linear"}, {"model.linear_feature", "favor"}, {"model.linear_features", "7"},
+      {"model.family", "gpt2"},
+      {"model.n_layer", "3"},
+      {"model.n_head", "8"},
+      {"model.n_kv_head", "1"},
+      {"model.n_embd", "48"},
+      {"model.block_size", "32"},
+      {"model.vocab_size", "80"},
+      {"model.dropout", "0.25"},
+      {"model.attn_dropout", "0.125"},
+      {"model.norm_eps", "0.001"},
+      {"model.rope_theta", "500.0"},
+      {"model.ffn_hidden", "40"},
+      {"model.position", "alibi"},
+      {"model.norm", "layernorm"},
+      {"model.activation", "gelu"},
+      {"model.bias", "true"},
+      {"model.tie_embeddings", "true"},
+      {"model.window", "4"},
+      {"model.init_std", "0.05"},
+      {"model.attn_kernel", "reference"},
+      {"model.attention_pattern", "linear"},
+      {"model.linear_feature", "favor"},
+      {"model.linear_features", "7"},
       {"model.linear_chunk", "8"},
   };
   // Every model key but ffn_multiple_of (which only acts through ffn_hidden, set explicitly here)
@@ -374,8 +390,9 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
                                       key == "model.attention_pattern" || key == "model.linear_feature"
                                   ? "\"" + value + "\""
                                   : value;
-    CHECK_THAT(error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, nullptr, r.state, *r.tok); }),
-               Contains("the config does not describe the model being saved: " + key + " is " + shown + " in the config"));
+    CHECK_THAT(
+        error_of([&] { save_checkpoint(dir.file("x.h5"), other, *r.model, nullptr, r.state, *r.tok); }),
+        Contains("the config does not describe the model being saved: " + key + " is " + shown + " in the config"));
     CHECK_THAT(error_of([&] { check_resumable(other, model_config(other, V), r.cfg, V, "ck.h5"); }),
                Contains("ck.h5: " + key + " is "));
     CHECK_THAT(error_of([&] { check_resumable(other, model_config(other, V), r.cfg, V, "ck.h5"); }),
@@ -389,8 +406,8 @@ TEST_CASE("checkpoint saving and --resume ask one question: every model key is r
   same.train.recompute = true;
   CHECK_NOTHROW(save_checkpoint(dir.file("y.h5"), same, *r.model, nullptr, r.state, *r.tok));
   CHECK_NOTHROW(check_resumable(same, model_config(same, V), r.cfg, V, "ck.h5"));
-  CHECK_NOTHROW(check_resumable(r.cfg, r.model->config(), read_checkpoint_meta(dir.file("y.h5")).config.resolved(), V,
-                                "y.h5"));
+  CHECK_NOTHROW(
+      check_resumable(r.cfg, r.model->config(), read_checkpoint_meta(dir.file("y.h5")).config.resolved(), V, "y.h5"));
 }
 
 TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never best.h5", "[checkpoint]") {
@@ -454,7 +471,8 @@ TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, 
   for (size_t i = 0; i < params.size(); ++i) CHECK(j["tensors"][i]["name"] == params[i].name);
 
   REQUIRE(run_command(qkv + " inspect " + path + " 2>/dev/null", out) == 0);
-  CHECK_THAT(out, Contains("step         2") && Contains("tokens_seen  12345") && Contains("char, vocab " + std::to_string(r.tok->vocab_size())) &&
+  CHECK_THAT(out, Contains("step         2") && Contains("tokens_seen  12345") &&
+                      Contains("char, vocab " + std::to_string(r.tok->vocab_size())) &&
                       Contains("transformer.h.1.mlp.c_proj.weight") && Contains("[128,32]") && Contains("[model]"));
 
   std::ofstream(dir.file("junk.h5")) << "junk";

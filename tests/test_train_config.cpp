@@ -65,7 +65,7 @@ TEST_CASE("family presets resolve position, norm, activation, bias, tie and ffn 
   // C = 384: int(2*1536/3) = 1024 is already a multiple of 64; multiple_of 256 -> 1024 too
   l.model.n_embd = 384;
   CHECK(l.model.resolved_ffn_hidden() == 1024);
-  l.model.n_embd = 96;  // int(2*384/3) = 256 -> 256
+  l.model.n_embd = 96;            // int(2*384/3) = 256 -> 256
   l.model.ffn_multiple_of = 100;  // -> 300
   CHECK(l.model.resolved_ffn_hidden() == 300);
 
@@ -188,7 +188,8 @@ TEST_CASE("bad --set overrides name the assignment and the key", "[train][config
   CHECK_THROWS_WITH(parse("", {"model.n_head=four"}), Contains("model.n_head must be an integer, got string"));
   CHECK_THROWS_WITH(parse("", {"train.lr=1e-3x"}), Contains("train.lr must be a number, got string"));
   // an override that breaks a consistency rule is caught by validation afterwards
-  CHECK_THROWS_WITH(parse("", {"model.n_head=3"}), Contains("model.n_embd (128) must be divisible by model.n_head (3)"));
+  CHECK_THROWS_WITH(parse("", {"model.n_head=3"}),
+                    Contains("model.n_embd (128) must be divisible by model.n_head (3)"));
 }
 
 TEST_CASE("validation rejects inconsistent or out-of-range settings", "[train][config]") {
@@ -196,7 +197,8 @@ TEST_CASE("validation rejects inconsistent or out-of-range settings", "[train][c
                     Contains("configs/x.toml: model.n_embd (100) must be divisible by model.n_head (3)"));
   CHECK_THROWS_WITH(parse("[model]\nn_head = 4\nn_kv_head = 3\n"),
                     Contains("model.n_head (4) must be divisible by model.n_kv_head (3)"));
-  CHECK_THROWS_WITH(parse("[model]\nn_head = 4\nn_kv_head = 8\n"), Contains("must be divisible by model.n_kv_head (8)"));
+  CHECK_THROWS_WITH(parse("[model]\nn_head = 4\nn_kv_head = 8\n"),
+                    Contains("must be divisible by model.n_kv_head (8)"));
   CHECK_THROWS_WITH(parse("[model]\nn_layer = 0\n"), Contains("model.n_layer must be > 0, got 0"));
   CHECK_THROWS_WITH(parse("[model]\nblock_size = -5\n"), Contains("model.block_size must be > 0, got -5"));
   CHECK_THROWS_WITH(parse("[model]\ndropout = 1.0\n"), Contains("model.dropout must be in [0, 1)"));
@@ -230,22 +232,22 @@ TEST_CASE("validation rejects inconsistent or out-of-range settings", "[train][c
 TEST_CASE("to_toml writes the resolved config and parses back to the same values", "[train][config]") {
   Config c = parse("[model]\nfamily = \"llama\"\nn_head = 8\nn_embd = 64\n",
                    {"train.lr=3e-4", "model.norm_eps=1e-6", "train.weight_decay=0.1", "sample.temperature=0.7",
-                    "sample.prompt=\"tab\\there \\\"q\\\" back\\\\slash\\nnext line \\u00e9\"", "data.val_fraction=0.05",
-                    "train.min_lr=6.0000000000000002e-05"});
+                    "sample.prompt=\"tab\\there \\\"q\\\" back\\\\slash\\nnext line \\u00e9\"",
+                    "data.val_fraction=0.05", "train.min_lr=6.0000000000000002e-05"});
   const std::string text = to_toml(c);
   INFO(text);
   CHECK_THAT(text, Contains("[model]\nfamily = \"llama\"\n"));
-  CHECK_THAT(text, Contains("position = \"rope\"\n"));      // resolved, not ""
+  CHECK_THAT(text, Contains("position = \"rope\"\n"));  // resolved, not ""
   CHECK_THAT(text, Contains("bias = false\n"));
-  CHECK_THAT(text, Contains("n_kv_head = 8\n"));            // 0 resolved to n_head
-  CHECK_THAT(text, Contains("ffn_hidden = 192\n"));         // int(2*256/3) = 170 -> 192
-  CHECK_THAT(text, Contains("lr = 0.0003\n"));              // shortest round-trip form
-  CHECK_THAT(text, Contains("rope_theta = 10000.0\n"));     // a float stays a float
+  CHECK_THAT(text, Contains("n_kv_head = 8\n"));         // 0 resolved to n_head
+  CHECK_THAT(text, Contains("ffn_hidden = 192\n"));      // int(2*256/3) = 170 -> 192
+  CHECK_THAT(text, Contains("lr = 0.0003\n"));           // shortest round-trip form
+  CHECK_THAT(text, Contains("rope_theta = 10000.0\n"));  // a float stays a float
   Config back = parse_config_text(text, "roundtrip");
   CHECK(back == c.resolved());
   CHECK(back.sample.prompt == "tab\there \"q\" back\\slash\nnext line \xc3\xa9");
   CHECK(back.train.min_lr == 6.0000000000000002e-05);
-  CHECK(to_toml(back) == text);  // idempotent
+  CHECK(to_toml(back) == text);    // idempotent
   CHECK_FALSE(c == c.resolved());  // the unresolved config really had family defaults left open
 }
 
@@ -271,10 +273,11 @@ TEST_CASE("parse_config reads a file and names missing files", "[train][config]"
 TEST_CASE("every key pinned by the design is a config key", "[train][config]") {
   const std::vector<std::string> keys = config_keys();
   for (const char* k :
-       {"model.family", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd", "model.block_size",
-        "model.vocab_size", "model.dropout", "model.attn_dropout", "data.path", "data.tokenizer", "train.device",
-        "train.batch_size", "train.max_steps", "train.lr", "train.seed", "train.out_dir", "train.eval_interval",
-        "train.checkpoint_interval", "train.keep_last", "model.norm_eps", "model.rope_theta", "model.ffn_hidden"}) {
+       {"model.family",     "model.n_layer",    "model.n_head",        "model.n_kv_head",           "model.n_embd",
+        "model.block_size", "model.vocab_size", "model.dropout",       "model.attn_dropout",        "data.path",
+        "data.tokenizer",   "train.device",     "train.batch_size",    "train.max_steps",           "train.lr",
+        "train.seed",       "train.out_dir",    "train.eval_interval", "train.checkpoint_interval", "train.keep_last",
+        "model.norm_eps",   "model.rope_theta", "model.ffn_hidden"}) {
     INFO(k);
     CHECK(std::find(keys.begin(), keys.end(), k) != keys.end());
   }
@@ -287,9 +290,7 @@ TEST_CASE("every key pinned by the design is a config key", "[train][config]") {
     try {
       apply_override(c, k + "=[1, 2]");
       CHECK(to_toml(c).find(k.substr(k.find('.') + 1) + " = \"[1, 2]\"") != std::string::npos);
-    } catch (const Error& e) {
-      CHECK_THAT(e.what(), Contains(k + " must be"));
-    }
+    } catch (const Error& e) { CHECK_THAT(e.what(), Contains(k + " must be")); }
   }
 }
 
@@ -321,7 +322,8 @@ TEST_CASE("every spelling the validator accepts maps to its enum, and no other",
   for (const auto& c : kAttnKernels)
     CHECK(train::model_config(parse("[model]\nattn_kernel = \"" + std::string(c.name) + "\"\n").resolved(), 65)
               .attn_kernel == c.value);
-  for (const auto& c : kBatchModes) CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.value);
+  for (const auto& c : kBatchModes)
+    CHECK(parse("[data]\nbatching = \"" + std::string(c.name) + "\"\n").data.batching == c.value);
   // A spelling outside the table: the same message from the validator and from choose().
   CHECK_THROWS_WITH(parse("[data]\nbatching = \"packed\"\n"),
                     Contains("configs/x.toml: data.batching must be one of \"random_windows\", \"padded_docs\", "
@@ -359,7 +361,8 @@ TEST_CASE("first_difference names the first differing key of the selection, with
   CHECK_FALSE(first_difference(a.resolved(), b.resolved(), {"model.bias"}));
 }
 
-TEST_CASE("model rules are written once: the config reports nn::ModelConfig::validate's own message", "[train][config]") {
+TEST_CASE("model rules are written once: the config reports nn::ModelConfig::validate's own message",
+          "[train][config]") {
   // The config's validator and ModelConfig::validate used to keep two copies of these rules and
   // disagreed: "must be > 0" against "must be positive", "divisible by" against "a multiple of",
   // and an odd n_embd with sinusoidal positions or norm_eps = 0 was refused by one, built by the other.

@@ -94,7 +94,7 @@ TEST_CASE("training reduces the loss on a tiny corpus", "[train][loop]") {
   REQUIRE(m.size() >= 10);
   const double first = m.front()["loss"].get<double>();
   INFO("first loss " << first << ", last " << s.loss << ", val " << s.val_loss);
-  CHECK(first > 2.5);         // ~ln(vocab) at init
+  CHECK(first > 2.5);           // ~ln(vocab) at init
   CHECK(s.loss < first - 0.8);  // it learned the character statistics
   CHECK(std::isfinite(s.val_loss));
   CHECK(fs::exists(s.checkpoint));
@@ -225,12 +225,14 @@ TEST_CASE("the CLI rejects bad input with one line and exit status 2", "[train][
   };
   const std::vector<Case> cases = {
       {"train --config " + write("unknown.toml", "[model]\nn_layers = 2\n" + base), "unknown key model.n_layers"},
-      {"train --config " + write("type.toml", "[model]\nn_head = \"four\"\n" + base), "model.n_head must be an integer"},
+      {"train --config " + write("type.toml", "[model]\nn_head = \"four\"\n" + base),
+       "model.n_head must be an integer"},
       {"train --config " + write("div.toml", "[model]\nn_embd = 30\nn_head = 4\n" + base), "n_embd"},
       {"train --config " + write("gqa.toml", "[model]\nn_head = 4\nn_kv_head = 3\n" + base), "n_kv_head"},
       {"train --config " + dir + "/missing.toml", "missing.toml"},
       {"train --config " + write("nodata.toml", "[data]\npath = \"" + dir + "/nope.txt\"\n"), "nope.txt"},
-      {"train --config " + write("short.toml", "[model]\nblock_size = 64\n[data]\npath = \"" + write("short.txt", "abc") + "\"\n"),
+      {"train --config " +
+           write("short.toml", "[model]\nblock_size = 64\n[data]\npath = \"" + write("short.txt", "abc") + "\"\n"),
        "short.txt"},
       {"sample --checkpoint " + dir + "/none.h5", "none.h5"},
       {"sample --checkpoint " + dir + "/none.h5 --device tpu", "--device must be cpu or cuda, got 'tpu'"},
@@ -239,7 +241,8 @@ TEST_CASE("the CLI rejects bad input with one line and exit status 2", "[train][
   std::vector<Case> all = cases;
   // Only where no GPU is visible (CI): asking for one is refused before any work.
   if (cuda::device_count() == 0)
-    all.push_back({"train --config " + write("gpu.toml", base) + " --set train.device=cuda", "no CUDA device is visible"});
+    all.push_back(
+        {"train --config " + write("gpu.toml", base) + " --set train.device=cuda", "no CUDA device is visible"});
   for (const auto& c : all) {
     std::string err;
     const int rc = run_cli(c.args, &err);

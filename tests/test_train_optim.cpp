@@ -66,8 +66,8 @@ TEST_CASE("AdamW matches torch.optim.AdamW step by step on the recorded fixture"
   opts.weight_decay = fx["weight_decay"];
   std::vector<OptimParam> params;
   for (const auto& p : fx["params"])
-    params.push_back({p["name"], make_f32(p["shape"].get<Shape>(), p["init"].get<std::vector<double>>()),
-                      p["decay"].get<bool>()});
+    params.push_back(
+        {p["name"], make_f32(p["shape"].get<Shape>(), p["init"].get<std::vector<double>>()), p["decay"].get<bool>()});
   AdamW opt(params, opts);
 
   double max_abs = 0, max_rel = 0;
@@ -103,8 +103,7 @@ TEST_CASE("AdamW matches torch.optim.AdamW step by step on the recorded fixture"
               fx["torch_version"].get<std::string>().c_str(), max_abs, max_rel);
 }
 
-TEST_CASE("AdamW with zero gradients only decays the decayed parameters by (1 - lr*wd) per step",
-          "[train][adamw]") {
+TEST_CASE("AdamW with zero gradients only decays the decayed parameters by (1 - lr*wd) per step", "[train][adamw]") {
   // m = v = 0 so the Adam term is 0 / (0 + eps) = 0; what is left is the decoupled decay.
   OptimParam w{"w", make_f32({2, 2}, {1.0, -2.0, 0.5, 4.0}), true};
   OptimParam b{"b", make_f32({2}, {3.0, -1.0}), false};
@@ -117,9 +116,9 @@ TEST_CASE("AdamW with zero gradients only decays the decayed parameters by (1 - 
   opt.step(0.2);
   const double f = (1 - 0.1 * 0.5) * (1 - 0.2 * 0.5);  // 0.855
   CHECK(w.param.to_vector() == std::vector<double>{static_cast<float>(static_cast<float>(1.0 * 0.95f) * 0.9f),
-                                                  static_cast<float>(static_cast<float>(-2.0 * 0.95f) * 0.9f),
-                                                  static_cast<float>(static_cast<float>(0.5 * 0.95f) * 0.9f),
-                                                  static_cast<float>(static_cast<float>(4.0 * 0.95f) * 0.9f)});
+                                                   static_cast<float>(static_cast<float>(-2.0 * 0.95f) * 0.9f),
+                                                   static_cast<float>(static_cast<float>(0.5 * 0.95f) * 0.9f),
+                                                   static_cast<float>(static_cast<float>(4.0 * 0.95f) * 0.9f)});
   CHECK(w.param.at({1, 1}) == Approx(4.0 * f).epsilon(1e-6));
   CHECK(b.param.to_vector() == std::vector<double>{3.0, -1.0});
 }
@@ -187,12 +186,12 @@ void expect_adamw_matches_naive(Device dev) {
 
 }  // namespace
 
-TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update on every element",
-          "[train][adamw]") {
+TEST_CASE("AdamW over many odd-sized parameters matches a naive float64 update on every element", "[train][adamw]") {
   expect_adamw_matches_naive(Device::cpu);
 }
 
-TEST_CASE("on the GPU, AdamW over all parameters in one launch matches a naive float64 update", "[train][adamw][cuda]") {
+TEST_CASE("on the GPU, AdamW over all parameters in one launch matches a naive float64 update",
+          "[train][adamw][cuda]") {
   if (!test::cuda_device_present()) return;
   expect_adamw_matches_naive(Device::cuda);
 }
@@ -255,8 +254,7 @@ TEST_CASE("AdamW refuses duplicate, tied, mistyped and mismatched parameters", "
   Tensor w = make_f32({2, 2}, {1, 2, 3, 4});
   CHECK_THROWS_WITH(AdamW({{"w", w, true}, {"w", make_f32({1}, {0}), true}}, AdamWOptions{}),
                     Contains("[adamw] parameter name w appears twice"));
-  CHECK_THROWS_WITH(AdamW({{"w", w, true}, {"lm_head", w, true}}, AdamWOptions{}),
-                    Contains("lm_head shares its data"));
+  CHECK_THROWS_WITH(AdamW({{"w", w, true}, {"lm_head", w, true}}, AdamWOptions{}), Contains("lm_head shares its data"));
   Tensor d = Tensor::empty({2}, DType::f64);
   CHECK_THROWS_WITH(AdamW({{"d", d, true}}, AdamWOptions{}), Contains("[adamw] parameter d is float64"));
   CHECK_THROWS_WITH(AdamW({{"t", w.transpose(0, 1), true}}, AdamWOptions{}), Contains("must be contiguous"));
@@ -283,14 +281,14 @@ TEST_CASE("AdamW options come from the train section", "[train][adamw]") {
 
 TEST_CASE("cosine schedule follows nanoGPT's warmup and decay at hand-picked steps", "[train][schedule]") {
   LrSchedule s{LrScheduleKind::cosine, 1e-3, 1e-4, 10, 100};
-  CHECK(s.at(0) == Approx(1e-3 / 11).epsilon(1e-12));       // (0+1)/(10+1)
+  CHECK(s.at(0) == Approx(1e-3 / 11).epsilon(1e-12));  // (0+1)/(10+1)
   CHECK(s.at(4) == Approx(5e-3 / 11).epsilon(1e-12));
   CHECK(s.at(9) == Approx(10e-3 / 11).epsilon(1e-12));
-  CHECK(s.at(10) == Approx(1e-3).epsilon(1e-12));           // r = 0: full lr
+  CHECK(s.at(10) == Approx(1e-3).epsilon(1e-12));                   // r = 0: full lr
   CHECK(s.at(28) == Approx(9.1405764746872634e-4).epsilon(1e-12));  // r = 0.2: 1e-4 + 9e-4 * 0.5 (1 + cos 0.2 pi)
-  CHECK(s.at(55) == Approx(5.5e-4).epsilon(1e-12));         // r = 0.5: halfway between lr and min_lr
+  CHECK(s.at(55) == Approx(5.5e-4).epsilon(1e-12));                 // r = 0.5: halfway between lr and min_lr
   CHECK(s.at(91) == Approx(1e-4 + 9e-4 * 0.5 * (1 + std::cos(std::numbers::pi * 0.9))).epsilon(1e-12));
-  CHECK(s.at(100) == Approx(1e-4).epsilon(1e-12));          // r = 1: min_lr
+  CHECK(s.at(100) == Approx(1e-4).epsilon(1e-12));  // r = 1: min_lr
   CHECK(s.at(500) == 1e-4);
   for (int64_t t = 11; t <= 100; ++t) CHECK(s.at(t) < s.at(t - 1));  // strictly decreasing after warmup
 }
@@ -310,8 +308,10 @@ TEST_CASE("constant schedule warms up then holds lr; no warmup starts at lr", "[
 }
 
 TEST_CASE("the schedule is built from the train section", "[train][schedule]") {
-  Config c = parse_config_text("[train]\nlr = 6e-4\nmin_lr = 6e-5\nwarmup_steps = 100\nmax_steps = 2000\n"
-                               "lr_schedule = \"constant\"\n", "t");
+  Config c = parse_config_text(
+      "[train]\nlr = 6e-4\nmin_lr = 6e-5\nwarmup_steps = 100\nmax_steps = 2000\n"
+      "lr_schedule = \"constant\"\n",
+      "t");
   LrSchedule s = LrSchedule::from(c.train);
   CHECK(s.kind == LrScheduleKind::constant);
   CHECK(s.lr == 6e-4);

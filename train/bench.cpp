@@ -98,10 +98,12 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   }
   const double B = static_cast<double>(bo.batch_size), T = static_cast<double>(bo.block_size);
   const auto& mc = model->config();
-  const double C = static_cast<double>(mc.n_embd), V = static_cast<double>(mc.vocab_size), L = static_cast<double>(mc.n_layer);
+  const double C = static_cast<double>(mc.n_embd), V = static_cast<double>(mc.vocab_size),
+               L = static_cast<double>(mc.n_layer);
   r.params = model->parameter_count();
   r.non_embedding_params = model->non_embedding_parameter_count();
-  r.flops_per_step = 6 * B * T * static_cast<double>(r.non_embedding_params) + 6 * B * T * C * V + 6 * L * B * T * T * C;
+  r.flops_per_step =
+      6 * B * T * static_cast<double>(r.non_embedding_params) + 6 * B * T * C * V + 6 * L * B * T * T * C;
   r.ms_per_step = median(r.step_ms);
   r.tokens_per_s = B * T / (r.ms_per_step / 1000.0);
   r.gflops = r.flops_per_step / (r.ms_per_step / 1000.0) * 1e-9;
@@ -112,9 +114,11 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
 DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
   const Config cfg = cfg_in.resolved();
   QKV_CHECK(tokens >= 1, "[bench] decode needs at least 1 token, got ", tokens);
-  QKV_CHECK(cfg.train.device != "cuda", "[bench] --what decode runs on the CPU (train.device = \"cuda\" is not supported)");
-  QKV_CHECK(tokens + 1 <= cfg.model.block_size, "[bench] --tokens ", tokens, " plus the 1-token prompt exceeds model.block_size ",
-            cfg.model.block_size, " (decoding past it recomputes the window, which is not what decode measures)");
+  QKV_CHECK(cfg.train.device != "cuda",
+            "[bench] --what decode runs on the CPU (train.device = \"cuda\" is not supported)");
+  QKV_CHECK(tokens + 1 <= cfg.model.block_size, "[bench] --tokens ", tokens,
+            " plus the 1-token prompt exceeds model.block_size ", cfg.model.block_size,
+            " (decoding past it recomputes the window, which is not what decode measures)");
   apply_thread_setting(cfg);
   const int64_t V = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : 256;
   auto model = build_model(cfg, V);
@@ -158,8 +162,11 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
     int64_t in, out, count;
   };
   const int64_t L = cfg.model.n_layer;
-  std::vector<Layer> layers = {{"attn.qkv", C, qkv, L}, {"attn.proj", C, C, L}, {"mlp.up", C, F, L},
-                               {"mlp.down", F, C, L}, {"lm_head", C, V, 1}};
+  std::vector<Layer> layers = {{"attn.qkv", C, qkv, L},
+                               {"attn.proj", C, C, L},
+                               {"mlp.up", C, F, L},
+                               {"mlp.down", F, C, L},
+                               {"lm_head", C, V, 1}};
   std::vector<GemmBenchResult> out;
   double total_flops = 0, total_s = 0, total_s_bf16 = 0;
   // train.device = "cuda": the same shapes on cuBLAS (the MFU denominator of a GPU run).
@@ -197,7 +204,8 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
         total_flops += flops * static_cast<double>(l.count);
         continue;
       }
-      std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f), c(static_cast<size_t>(m * n));
+      std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+          c(static_cast<size_t>(m * n));
       const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
       auto run = [&] {
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),

@@ -15,10 +15,10 @@ namespace qkv::train {
 struct StepBenchResult {
   double ms_per_step = 0;  // median over the timed steps
   double tokens_per_s = 0;
-  double gflops = 0;           // model FLOPs (formula below) / median step time
-  double flops_per_step = 0;   // 6·B·T·N_nonemb + 6·B·T·C·V + 6·L·B·T²·C
-  int64_t peak_rss_bytes = 0;  // the process's peak resident set
-  double cpu_ms_per_step = 0;  // median user + system CPU time of a step, all threads (less load-sensitive)
+  double gflops = 0;                   // model FLOPs (formula below) / median step time
+  double flops_per_step = 0;           // 6·B·T·N_nonemb + 6·B·T·C·V + 6·L·B·T²·C
+  int64_t peak_rss_bytes = 0;          // the process's peak resident set
+  double cpu_ms_per_step = 0;          // median user + system CPU time of a step, all threads (less load-sensitive)
   double os_allocations_per_step = 0;  // blocks the caching allocator took from the OS per timed step (0 = steady)
   int64_t allocator_peak_bytes = 0;    // most tensor bytes in use at once during the timed steps
   int64_t params = 0, non_embedding_params = 0;

@@ -96,7 +96,7 @@ std::string first_non_finite(const Tensor& t) {
 void check_global_heaps(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return;  // h5::File::open has already reported unreadable files
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_size < 16) {
     ::close(fd);
     return;
@@ -242,8 +242,7 @@ bool natural_less(const std::string& a, const std::string& b) {
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
-  if (!find_choice(kBatchModes, state.batch_mode))
-    ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
+  if (!find_choice(kBatchModes, state.batch_mode)) ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
   const nn::Family family = model.config().family;
   h5::AtomicWriter writer(path);
   h5::File& f = writer.file();
@@ -303,13 +302,13 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   TrainState& s = m.state;
   s.step = f.attr_int("/", "step");
   s.tokens_seen = f.attr_int("/", "tokens_seen");
-  if (s.step < 0 || s.tokens_seen < 0) ckpt_fail(path, "negative step (", s.step, ") or tokens_seen (", s.tokens_seen, ")");
+  if (s.step < 0 || s.tokens_seen < 0)
+    ckpt_fail(path, "negative step (", s.step, ") or tokens_seen (", s.tokens_seen, ")");
   s.seed = static_cast<uint64_t>(f.attr_int("rng", "seed"));
   const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
   s.data = BatcherState::from_array(data_state);
   s.batch_mode = f.attr_string("data", "mode");
-  if (!find_choice(kBatchModes, s.batch_mode))
-    ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
+  if (!find_choice(kBatchModes, s.batch_mode)) ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
   if (f.has_attr("data", "corpus_tokens"))
     s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),
                                  static_cast<uint64_t>(f.attr_int("data", "corpus_fnv1a64"))};
@@ -340,12 +339,15 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
   for (const nn::NamedParameter& p : params) {
     const Shape want = stored_shape(p.tensor.shape(), is_conv1d_weight(family, p.name));
     if (!stored_set.count(p.name))
-      ckpt_fail(path, "parameter ", p.name, " ", shape_str(want), " is missing from /model (was the checkpoint written for another model config?)");
+      ckpt_fail(path, "parameter ", p.name, " ", shape_str(want),
+                " is missing from /model (was the checkpoint written for another model config?)");
     check_stored(f, "/model/" + p.name, want);
     expected.insert(p.name);
   }
   for (const std::string& name : stored)
-    if (!expected.count(name)) ckpt_fail(path, "/model/", name, " is not a parameter of this model (was the checkpoint written for another model config?)");
+    if (!expected.count(name))
+      ckpt_fail(path, "/model/", name,
+                " is not a parameter of this model (was the checkpoint written for another model config?)");
 
   std::vector<Tensor> values;
   values.reserve(params.size());
@@ -373,7 +375,8 @@ void load_optimizer_state(const std::string& path, AdamW& opt) {
   for (const OptimParam& p : opt.params()) {
     const Shape want = stored_shape(p.param.shape(), is_conv1d_weight(family, p.name));
     if (!stored_set.count(p.name))
-      ckpt_fail(path, "optimizer state of ", p.name, " is missing from /optimizer (was the checkpoint written for another model config?)");
+      ckpt_fail(path, "optimizer state of ", p.name,
+                " is missing from /optimizer (was the checkpoint written for another model config?)");
     check_stored(f, "/optimizer/" + p.name + "/exp_avg", want);
     check_stored(f, "/optimizer/" + p.name + "/exp_avg_sq", want);
     expected.insert(p.name);
@@ -449,7 +452,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
   std::sort(found.begin(), found.end());
   const size_t n_remove = found.size() - static_cast<size_t>(keep_last);
   for (size_t i = 0; i < n_remove; ++i)
-    if (!fs::remove(found[i].second, ec) && ec) ::qkv::fail("[checkpoint] cannot remove ", found[i].second.string(), ": ", ec.message());
+    if (!fs::remove(found[i].second, ec) && ec)
+      ::qkv::fail("[checkpoint] cannot remove ", found[i].second.string(), ": ", ec.message());
 }
 
 }  // namespace qkv::train

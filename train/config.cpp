@@ -32,8 +32,10 @@ const auto& table_of(const BatchMode*) { return kBatchModes; }
 const auto& table_of(const Padding*) { return kPaddingSides; }
 
 // A field written as a TOML string: text, or an enum spelt by name.
-bool is_text(const FieldPtr& p) { return !std::holds_alternative<int64_t*>(p) && !std::holds_alternative<double*>(p) &&
-                                         !std::holds_alternative<bool*>(p) && !std::holds_alternative<std::optional<bool>*>(p); }
+bool is_text(const FieldPtr& p) {
+  return !std::holds_alternative<int64_t*>(p) && !std::holds_alternative<double*>(p) &&
+         !std::holds_alternative<bool*>(p) && !std::holds_alternative<std::optional<bool>*>(p);
+}
 
 struct Field {
   const char* section;
@@ -156,24 +158,32 @@ bool is_section(const std::string& s) {
 
 const char* toml_type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::array: return "array";
-    case toml::node_type::table: return "table";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "nothing";
   }
 }
 
 // Stores node `n` into the field, or throws "<origin>: <key> must be ..., got <type>".
 void assign(const Field& f, const toml::node& n, const std::string& origin) {
-  auto wrong = [&](const char* want) {
-    fail(origin, ": ", f.name(), " must be ", want, ", got ", toml_type_name(n));
-  };
+  auto wrong = [&](const char* want) { fail(origin, ": ", f.name(), " must be ", want, ", got ", toml_type_name(n)); };
   std::visit(
       [&](auto* p) {
         using T = std::remove_pointer_t<decltype(p)>;
@@ -247,13 +257,27 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[8];
@@ -373,10 +397,11 @@ Config parse_config_text(const std::string& text, const std::string& origin,
 Config parse_config(const std::string& path, const std::vector<std::string>& overrides) {
   // A directory opens and reads as empty text (which would train the built-in defaults), and a
   // FIFO blocks until some writer appears: only a regular file is a config.
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open config file (", std::strerror(errno), ")");
   if (S_ISDIR(st.st_mode)) fail(path, ": is a directory, not a config file");
-  if (!S_ISREG(st.st_mode)) fail(path, ": not a regular file (a pipe, FIFO or device?); the config must be a TOML file");
+  if (!S_ISREG(st.st_mode))
+    fail(path, ": not a regular file (a pipe, FIFO or device?); the config must be a TOML file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open config file");
   std::ostringstream ss;
@@ -404,9 +429,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
   try {
     parsed = toml::parse("v = " + value);
     is_toml = parsed.size() == 1 && parsed.contains("v");
-  } catch (const toml::parse_error&) {
-    is_toml = false;
-  }
+  } catch (const toml::parse_error&) { is_toml = false; }
   const bool string_field = is_text(f->ptr);
   if (is_toml && !(string_field && !parsed["v"].is_string())) {
     assign(*f, *parsed.get("v"), origin);
@@ -435,9 +458,7 @@ void validate(const Config& cfg, const std::string& origin) {
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
   try {
     (void)train::model_config(cfg, 1);
-  } catch (const Error& e) {
-    fail(origin, ": ", e.what());
-  }
+  } catch (const Error& e) { fail(origin, ": ", e.what()); }
 
   const DataSettings& d = cfg.data;
   c.enumeration("data.tokenizer", d.tokenizer, kTokenizers);
@@ -449,8 +470,8 @@ void validate(const Config& cfg, const std::string& origin) {
     if (d.tokenizer == "byte" && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");
     if (d.tokenizer == "bpe" && m.vocab_size < d.bpe_vocab_size)
-      fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than data.bpe_vocab_size (",
-           d.bpe_vocab_size, ")");
+      fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than data.bpe_vocab_size (", d.bpe_vocab_size,
+           ")");
   }
   if (d.random_tokens && m.vocab_size <= 0)
     fail(origin, ": data.random_tokens needs model.vocab_size > 0 (there is no tokenizer to ask)");
@@ -485,8 +506,10 @@ void validate(const Config& cfg, const std::string& origin) {
   // Only what DataParallel implements (distributed/data_parallel.h): refused here, at load, with
   // the key named, rather than after the data is loaded and the model built.
   if (t.zero < 0 || t.zero > kMaxZeroStage)
-    fail(origin, ": train.zero must be 0 (replicated optimizer) or 1 (optimizer state sharded across ranks); "
-         "ZeRO stages 2 and 3 are not implemented, got ", t.zero);
+    fail(origin,
+         ": train.zero must be 0 (replicated optimizer) or 1 (optimizer state sharded across ranks); "
+         "ZeRO stages 2 and 3 are not implemented, got ",
+         t.zero);
 
   const SampleSettings& s = cfg.sample;
   c.non_negative("sample.max_new_tokens", s.max_new_tokens);
@@ -531,8 +554,8 @@ std::optional<ConfigDifference> first_difference(const Config& a, const Config& 
       return k.ends_with('.') ? name.starts_with(k) : name == k;
     });
     if (!selected) continue;
-    const bool same = std::visit(
-        [&](auto* p) { return *p == *std::get<std::remove_cvref_t<decltype(p)>>(fb[i].ptr); }, fa[i].ptr);
+    const bool same =
+        std::visit([&](auto* p) { return *p == *std::get<std::remove_cvref_t<decltype(p)>>(fb[i].ptr); }, fa[i].ptr);
     if (!same) return ConfigDifference{name, field_text(fa[i]), field_text(fb[i])};
   }
   return std::nullopt;

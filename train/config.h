@@ -26,7 +26,7 @@ struct ModelSettings {
   std::string family = "gpt2";  // a preset for the switches below (spellings of every enumerated key: config_schema.h)
   int64_t n_layer = 4;
   int64_t n_head = 4;
-  int64_t n_kv_head = 0;   // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
+  int64_t n_kv_head = 0;  // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
   int64_t n_embd = 128;
   int64_t block_size = 64;
   int64_t vocab_size = 0;  // 0 = taken from the tokenizer
@@ -34,7 +34,7 @@ struct ModelSettings {
   double attn_dropout = 0.0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  int64_t ffn_hidden = 0;  // 0 = family default (gpt2: 4C; llama: 2/3 of 4C rounded up)
+  int64_t ffn_hidden = 0;        // 0 = family default (gpt2: 4C; llama: 2/3 of 4C rounded up)
   int64_t ffn_multiple_of = 64;  // llama's rounding of the default ffn_hidden
   // Preset switches; "" / unset = the family's choice.
   std::string position;    // "learned" | "rope" | "sinusoidal" | "alibi" | "none"
@@ -42,7 +42,7 @@ struct ModelSettings {
   std::string activation;  // "gelu_tanh" | "gelu" | "swiglu" | "relu"
   std::optional<bool> bias;
   std::optional<bool> tie_embeddings;
-  int64_t window = 0;      // sliding attention window; 0 = none
+  int64_t window = 0;  // sliding attention window; 0 = none
   double init_std = 0.02;
   std::string attn_kernel = "fused";  // "fused" | "reference"
   // Which attention (old checkpoints load as "full"):
@@ -53,18 +53,18 @@ struct ModelSettings {
   //     refuses ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a
   //     linear meaning), and every model.pattern_* key.
   std::string attention_pattern = "full";
-  std::string linear_feature = "elu1";  // linear's φ: "elu1" | "relu" | "favor"
-  int64_t linear_features = 0;          // favor's m random features; 0 = the head size
-  int64_t linear_chunk = 64;            // keys per chunk of the causal (training) form; any value is exact
-  int64_t pattern_stride = 0;         // strided: s; 0 = ceil(sqrt(block_size))
-  int64_t pattern_local = 0;          // local width l; 0 = the pattern's default (window, bigbird: the
-                                      // pattern block size; strided: s; global: 1)
-  int64_t pattern_global = 1;         // global, bigbird: the first g positions are global
-  std::string pattern_global_tokens;  // global, bigbird: "0,17,33" lists the global positions instead
-  int64_t pattern_random_blocks = 2;  // bigbird: random key blocks per query block
-  int64_t pattern_block_size = 0;     // bigbird, block_sparse: 0 = clamp(block_size / 4, 1, 64)
+  std::string linear_feature = "elu1";          // linear's φ: "elu1" | "relu" | "favor"
+  int64_t linear_features = 0;                  // favor's m random features; 0 = the head size
+  int64_t linear_chunk = 64;                    // keys per chunk of the causal (training) form; any value is exact
+  int64_t pattern_stride = 0;                   // strided: s; 0 = ceil(sqrt(block_size))
+  int64_t pattern_local = 0;                    // local width l; 0 = the pattern's default (window, bigbird: the
+                                                // pattern block size; strided: s; global: 1)
+  int64_t pattern_global = 1;                   // global, bigbird: the first g positions are global
+  std::string pattern_global_tokens;            // global, bigbird: "0,17,33" lists the global positions instead
+  int64_t pattern_random_blocks = 2;            // bigbird: random key blocks per query block
+  int64_t pattern_block_size = 0;               // bigbird, block_sparse: 0 = clamp(block_size / 4, 1, 64)
   std::string pattern_layout = "local_global";  // block_sparse: local_global | fixed | a file of 0/1 rows
-  int64_t pattern_seed = 0;           // bigbird: seed of the random blocks
+  int64_t pattern_seed = 0;                     // bigbird: seed of the random blocks
 
   std::string resolved_position() const;    // gpt2: learned, llama: rope
   std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm
@@ -80,21 +80,21 @@ struct ModelSettings {
 };
 
 struct DataSettings {
-  std::string path;                   // a text file or a prepared .h5; may be empty with random_tokens
-  std::string tokenizer = "char";     // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF files:
-                                      // a checkpoint made by `qkv import`; not built from a corpus)
+  std::string path;                // a text file or a prepared .h5; may be empty with random_tokens
+  std::string tokenizer = "char";  // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF files:
+                                   // a checkpoint made by `qkv import`; not built from a corpus)
   int64_t bpe_vocab_size = 512;
   std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
   double val_fraction = 0.1;
   // Enumerated settings read into their enum at load (spellings: data/batcher.h's tables).
   BatchMode batching = BatchMode::random_windows;  // kBatchModes
   Padding padding_side = Padding::right;           // kPaddingSides
-  bool random_tokens = false;  // train on uniform random tokens (benchmarks), no corpus needed
+  bool random_tokens = false;                      // train on uniform random tokens (benchmarks), no corpus needed
   bool operator==(const DataSettings&) const = default;
 };
 
 struct TrainSettings {
-  std::string device = "cpu";    // "cpu" | "cuda"
+  std::string device = "cpu";     // "cpu" | "cuda"
   std::string dtype = "float32";  // "float32" | "bf16"
   int64_t batch_size = 12;
   int64_t grad_accum = 1;
@@ -120,7 +120,7 @@ struct TrainSettings {
   bool recompute = false;     // activation recomputation per block
   int64_t threads = 0;        // 0 = all cores
   int64_t log_interval = 10;
-  int64_t zero = 0;           // optimizer-state sharding: 0 = none, 1 = ZeRO-1 (kMaxZeroStage)
+  int64_t zero = 0;  // optimizer-state sharding: 0 = none, 1 = ZeRO-1 (kMaxZeroStage)
   bool operator==(const TrainSettings&) const = default;
 };
 

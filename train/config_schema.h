@@ -40,9 +40,10 @@ inline constexpr std::array kPositions = {
     Choice<nn::Position>{"none", nn::Position::none}};
 inline constexpr std::array kNorms = {Choice<nn::NormKind>{"layernorm", nn::NormKind::layernorm},
                                       Choice<nn::NormKind>{"rmsnorm", nn::NormKind::rmsnorm}};
-inline constexpr std::array kActivations = {
-    Choice<nn::Activation>{"gelu_tanh", nn::Activation::gelu_tanh}, Choice<nn::Activation>{"gelu", nn::Activation::gelu},
-    Choice<nn::Activation>{"swiglu", nn::Activation::swiglu}, Choice<nn::Activation>{"relu", nn::Activation::relu}};
+inline constexpr std::array kActivations = {Choice<nn::Activation>{"gelu_tanh", nn::Activation::gelu_tanh},
+                                            Choice<nn::Activation>{"gelu", nn::Activation::gelu},
+                                            Choice<nn::Activation>{"swiglu", nn::Activation::swiglu},
+                                            Choice<nn::Activation>{"relu", nn::Activation::relu}};
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
 // model.attention_pattern: full, the sparse patterns (attention/patterns.h, attn::parse_pattern's

@@ -26,8 +26,8 @@ Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngCont
   return ag::cross_entropy(ag::reshape(logits, {-1, V}), batch.y.reshape({-1}).to(logits.device()), kIgnoreIndex);
 }
 
-LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,
-                       int64_t n_batches) {
+LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
+                       const BatcherOptions& opts, int64_t n_batches) {
   autograd::NoGradGuard no_grad;
   Batcher batcher(std::move(split), opts);
   LossSum s;
@@ -45,8 +45,8 @@ LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t>
                          int64_t rows_per_batch) {
   autograd::NoGradGuard no_grad;
   EvalWindows windows(tokens, model.config().block_size, name);
-  QKV_CHECK(windows.n_windows() > 0, name, ": ", tokens.size(), " tokens is fewer than one window of block_size + 1 = ",
-            model.config().block_size + 1);
+  QKV_CHECK(windows.n_windows() > 0, name, ": ", tokens.size(),
+            " tokens is fewer than one window of block_size + 1 = ", model.config().block_size + 1);
   LossSum s;
   Batch b;
   while (windows.next(rows_per_batch, b)) {

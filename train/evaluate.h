@@ -15,12 +15,13 @@ struct LossSum {
 
 // Mean next-token loss of one batch (x, y and the batch's masks/positions); the model's mode is
 // the caller's business. Returns the differentiable mean loss when grad mode is on.
-Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngContext rng, int64_t* masked_rows = nullptr);
+Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngContext rng,
+                  int64_t* masked_rows = nullptr);
 
 // Periodic validation: `n_batches` batches from a batcher over `split` seeded with `seed` (the
 // same batches at every evaluation, so successive values are comparable).
-LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts,
-                       int64_t n_batches);
+LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
+                       const BatcherOptions& opts, int64_t n_batches);
 
 // `qkv eval`: every consecutive non-overlapping window of block_size + 1 tokens.
 LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,

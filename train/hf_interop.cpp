@@ -73,23 +73,27 @@ std::string check_exportable(const Config& cfg, const std::string& ckpt) {
   const auto refuse = [&](const std::string& key, const std::string& value, const char* cls, const char* why) {
     fail(ckpt, ": model.", key, " = ", value, " cannot be exported: ", cls, " ", why);
   };
-  if (m.window > 0) refuse("window", std::to_string(m.window), m.family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM",
-                           "has no sliding-window attention");
+  if (m.window > 0)
+    refuse("window", std::to_string(m.window), m.family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM",
+           "has no sliding-window attention");
   if (m.family == "gpt2") {
     const char* cls = "GPT2LMHeadModel";
-    if (m.resolved_position() != "learned") refuse("position", m.resolved_position(), cls, "has learned positions only");
+    if (m.resolved_position() != "learned")
+      refuse("position", m.resolved_position(), cls, "has learned positions only");
     if (m.resolved_norm() != "layernorm") refuse("norm", m.resolved_norm(), cls, "has LayerNorm only");
     if (m.resolved_activation() == "swiglu") refuse("activation", "swiglu", cls, "has no gated MLP");
     if (!m.resolved_bias()) refuse("bias", "false", cls, "always has biases");
     if (m.resolved_n_kv_head() != m.n_head)
-      refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls, "has no grouped-query attention (n_kv_head must equal n_head)");
+      refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls,
+             "has no grouped-query attention (n_kv_head must equal n_head)");
     return "GPT2LMHeadModel";
   }
   const char* cls = "LlamaForCausalLM";
   if (m.resolved_position() != "rope") refuse("position", m.resolved_position(), cls, "has RoPE positions only");
   if (m.resolved_norm() != "rmsnorm") refuse("norm", m.resolved_norm(), cls, "has RMSNorm only");
   if (m.resolved_activation() != "swiglu") refuse("activation", m.resolved_activation(), cls, "has a SwiGLU MLP only");
-  if (m.resolved_bias()) refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
+  if (m.resolved_bias())
+    refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
   return "LlamaForCausalLM";
 }
 
@@ -159,12 +163,20 @@ std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<s
     const auto& g = static_cast<const Gpt2BpeTokenizer&>(tok);
     files["vocab.json"] = g.vocab_json() + "\n";
     files["merges.txt"] = g.merges_txt();
-    json cfg = {{"tokenizer_class", "GPT2Tokenizer"}, {"add_prefix_space", false}, {"add_bos_token", false},
-                {"model_max_length", block_size}, {"clean_up_tokenization_spaces", false}, {"errors", "replace"}};
+    json cfg = {{"tokenizer_class", "GPT2Tokenizer"},
+                {"add_prefix_space", false},
+                {"add_bos_token", false},
+                {"model_max_length", block_size},
+                {"clean_up_tokenization_spaces", false},
+                {"errors", "replace"}};
     json decoder = json::object();
     for (int32_t id : g.added())
-      decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]}, {"special", true}, {"lstrip", false},
-                                     {"rstrip", false}, {"single_word", false}, {"normalized", false}};
+      decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]},
+                                     {"special", true},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"single_word", false},
+                                     {"normalized", false}};
     cfg["added_tokens_decoder"] = decoder;
     json special = json::object();
     if (!g.added().empty()) {
@@ -185,9 +197,10 @@ std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<s
   }
   json m = {{"format", "qkv-tokenizer-mapping"},
             {"version", 1},
-            {"note", "Not a Hugging Face tokenizer: token id i stands for the bytes id_to_bytes_hex[i]; "
-                     "encoding follows qkv's rule for this kind (see qkv's data/tokenizer.h). "
-                     "`qkv import` restores the tokenizer from the \"qkv\" entry."},
+            {"note",
+             "Not a Hugging Face tokenizer: token id i stands for the bytes id_to_bytes_hex[i]; "
+             "encoding follows qkv's rule for this kind (see qkv's data/tokenizer.h). "
+             "`qkv import` restores the tokenizer from the \"qkv\" entry."},
             {"kind", tok.kind()},
             {"id_to_bytes_hex", ids},
             {"qkv", json::parse(tok.serialize())}};
@@ -260,8 +273,8 @@ std::vector<std::string> weight_files(const std::string& dir, json* weight_map) 
   if (fs::exists(single, ec)) return {single};
   if (fs::exists(index, ec)) {
     const json j = read_json(index);
-    QKV_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object() && !j["weight_map"].empty(), index,
-              ": has no \"weight_map\" object");
+    QKV_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object() && !j["weight_map"].empty(),
+              index, ": has no \"weight_map\" object");
     std::set<std::string> names;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       QKV_CHECK(it.value().is_string(), index, ": weight_map entry ", json(it.key()).dump(), " is not a file name");
@@ -319,7 +332,8 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   r.tensors = static_cast<int64_t>(tensors.size());
 
   std::map<std::string, std::string> files;
-  files["model.safetensors"] = st::serialize(tensors, {{"format", "pt"}, {"qkv_source", fs::path(checkpoint).filename().string()}});
+  files["model.safetensors"] =
+      st::serialize(tensors, {{"format", "pt"}, {"qkv_source", fs::path(checkpoint).filename().string()}});
   r.bytes = static_cast<int64_t>(files["model.safetensors"].size());
   tensors.clear();
   const int32_t special = special_token(*meta.tokenizer);
@@ -375,7 +389,8 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     m.attn_dropout = get_real(j, "attn_pdrop", where, 0.1);
     if (get_real(j, "embd_pdrop", where, m.dropout) != m.dropout)
       refuse("embd_pdrop", j["embd_pdrop"], "qkv has one dropout for embeddings and residuals (resid_pdrop)");
-    if (!get_bool(j, "scale_attn_weights", where, true)) refuse("scale_attn_weights", false, "qkv always scales by 1/sqrt(head size)");
+    if (!get_bool(j, "scale_attn_weights", where, true))
+      refuse("scale_attn_weights", false, "qkv always scales by 1/sqrt(head size)");
     if (get_bool(j, "scale_attn_by_inverse_layer_idx", where, false))
       refuse("scale_attn_by_inverse_layer_idx", true, "qkv has no per-layer attention scale");
     if (get_bool(j, "add_cross_attention", where, false)) refuse("add_cross_attention", true, "qkv is decoder-only");
@@ -383,7 +398,8 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     m.position = "learned";
     m.norm = "layernorm";
     m.bias = true;
-  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || (arch.empty() && (type == "llama" || type == "mistral"))) {
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+             (arch.empty() && (type == "llama" || type == "mistral"))) {
     m.family = "llama";
     m.vocab_size = get_int(j, "vocab_size", where);
     m.n_embd = get_int(j, "hidden_size", where);
@@ -397,11 +413,13 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     m.attn_dropout = get_real(j, "attention_dropout", where, 0.0);
     const std::string act = get_string(j, "hidden_act", where, "silu");
     if (act != "silu") refuse("hidden_act", act, "qkv's llama MLP is SwiGLU (silu)");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) refuse("rope_scaling", j["rope_scaling"], "qkv's RoPE has no scaling");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      refuse("rope_scaling", j["rope_scaling"], "qkv's RoPE has no scaling");
     if (get_bool(j, "attention_bias", where, false)) refuse("attention_bias", true, "qkv's llama has no biases");
     if (get_bool(j, "mlp_bias", where, false)) refuse("mlp_bias", true, "qkv's llama has no biases");
     if (j.contains("sliding_window") && !j["sliding_window"].is_null())
-      refuse("sliding_window", j["sliding_window"], "Mistral's sliding window is not reproduced (only sliding_window null)");
+      refuse("sliding_window", j["sliding_window"],
+             "Mistral's sliding window is not reproduced (only sliding_window null)");
     if (j.contains("head_dim") && !j["head_dim"].is_null() && m.n_head > 0 &&
         get_int(j, "head_dim", where) * m.n_head != m.n_embd)
       refuse("head_dim", j["head_dim"], "qkv's head size is hidden_size / num_attention_heads");
@@ -412,7 +430,8 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     m.bias = false;
   } else {
     fail(where, ": architecture ", json(info.architecture).dump(),
-         " is not supported (qkv imports GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM without sliding window)");
+         " is not supported (qkv imports GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM without sliding "
+         "window)");
   }
   cfg.data.tokenizer = tokenizer_kind;
   validate(cfg, where);
@@ -423,7 +442,8 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
 
 bool has_hf_tokenizer(const std::string& dir) {
   std::error_code ec;
-  return fs::exists(dir + "/tokenizer.json", ec) || (fs::exists(dir + "/vocab.json", ec) && fs::exists(dir + "/merges.txt", ec)) ||
+  return fs::exists(dir + "/tokenizer.json", ec) ||
+         (fs::exists(dir + "/vocab.json", ec) && fs::exists(dir + "/merges.txt", ec)) ||
          fs::exists(dir + "/qkv_tokenizer.json", ec);
 }
 
@@ -434,12 +454,11 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   const auto with_path = [](const std::string& path, const auto& f) -> std::unique_ptr<Tokenizer> {
     try {
       return f();
-    } catch (const Error& e) {
-      fail(path, ": ", e.what());
-    }
+    } catch (const Error& e) { fail(path, ": ", e.what()); }
   };
   if (fallback == "byte") return std::make_unique<ByteTokenizer>();
-  QKV_CHECK(fallback.empty(), "--tokenizer ", fallback, " is not supported (byte, or none to read DIR's tokenizer files)");
+  QKV_CHECK(fallback.empty(), "--tokenizer ", fallback,
+            " is not supported (byte, or none to read DIR's tokenizer files)");
   if (fs::exists(tj, ec)) return with_path(tj, [&] { return Gpt2BpeTokenizer::from_tokenizer_json(read_text(tj)); });
   if (fs::exists(vj, ec) && fs::exists(mt, ec))
     return with_path(vj, [&] { return Gpt2BpeTokenizer::from_vocab_merges(read_text(vj), read_text(mt)); });
@@ -451,8 +470,9 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
       return tokenizer_from_json(j["qkv"].dump());
     });
   }
-  fail(dir, ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "
-            "pass --tokenizer byte if the model's ids are bytes");
+  fail(dir,
+       ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "
+       "pass --tokenizer byte if the model's ids are bytes");
 }
 
 void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
@@ -465,14 +485,16 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
     readers.push_back(std::make_unique<st::Reader>(f));
     for (const st::TensorInfo& t : readers.back()->header().tensors) {
       const auto [it, fresh] = found.emplace(t.name, std::make_pair(readers.back().get(), &t));
-      QKV_CHECK(fresh, dir, ": tensor ", json(t.name).dump(), " is in two shards (", it->second.first->path(), " and ", f, ")");
+      QKV_CHECK(fresh, dir, ": tensor ", json(t.name).dump(), " is in two shards (", it->second.first->path(), " and ",
+                f, ")");
     }
   }
   if (!weight_map.is_null())
     for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
       const auto f = found.find(it.key());
       QKV_CHECK(f != found.end() && fs::path(f->second.first->path()).filename() == it.value().get<std::string>(), dir,
-                "/model.safetensors.index.json: tensor ", json(it.key()).dump(), " is not in ", it.value().get<std::string>());
+                "/model.safetensors.index.json: tensor ", json(it.key()).dump(), " is not in ",
+                it.value().get<std::string>());
     }
   // Files saved from the base model (GPT2Model, LlamaModel) lack the head model's prefix.
   const std::string root = family == "gpt2" ? "transformer." : "model.";
@@ -487,8 +509,8 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
   for (const nn::NamedParameter& p : params) {
     const std::string name = file_name(p.name);
     const auto it = found.find(name);
-    QKV_CHECK(it != found.end(), dir, ": tensor ", json(name).dump(), " is missing (the ", family, " model described by ",
-              "config.json needs it)");
+    QKV_CHECK(it != found.end(), dir, ": tensor ", json(name).dump(), " is missing (the ", family,
+              " model described by ", "config.json needs it)");
     used.insert(name);
     st::Reader& r = *it->second.first;
     const st::TensorInfo& t = *it->second.second;
@@ -534,8 +556,8 @@ HfImportResult import_hf(const std::string& dir, const std::string& out, const H
   std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
   HfModelInfo info = read_hf_config(dir, tok->kind());
   const int64_t vocab = info.config.model.vocab_size;
-  QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(), " tokens but config.json's vocab_size is ",
-            vocab);
+  QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(),
+            " tokens but config.json's vocab_size is ", vocab);
   auto model = build_model(info.config, tok->vocab_size());
   load_hf_weights(dir, *model);
   TrainState state;

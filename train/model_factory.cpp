@@ -11,10 +11,10 @@ namespace qkv::train {
 namespace {
 
 using nn::ModelConfig;
-using Member = std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
-                            nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
-                            attn::Kernel ModelConfig::*,
-                            attn::LinearFeature ModelConfig::*>;
+using Member =
+    std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*, nn::Family ModelConfig::*,
+                 nn::Position ModelConfig::*, nn::NormKind ModelConfig::*, nn::Activation ModelConfig::*,
+                 attn::Kernel ModelConfig::*, attn::LinearFeature ModelConfig::*>;
 
 // Each [model] key with the ModelConfig field it becomes, in the config's declaration order.
 struct ModelField {
@@ -108,15 +108,17 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
   QKV_CHECK(attn::parse_pattern(softmax_name, &p.kind),
             not_one_of("model.attention_pattern", m.attention_pattern, names_of(kAttentionPatterns), false));
   const std::string name = m.attention_pattern;
-  const bool strided = p.kind == attn::Pattern::strided, globals = p.kind == attn::Pattern::global ||
-                                                                   p.kind == attn::Pattern::bigbird;
+  const bool strided = p.kind == attn::Pattern::strided,
+             globals = p.kind == attn::Pattern::global || p.kind == attn::Pattern::bigbird;
   const bool blocks = p.kind == attn::Pattern::bigbird || p.kind == attn::Pattern::block_sparse;
   QKV_CHECK(m.pattern_stride == 0 || strided, "model.pattern_stride = ", m.pattern_stride,
             " is only used by model.attention_pattern = strided, not ", name);
   QKV_CHECK(m.pattern_local == 0 || (p.kind != attn::Pattern::full && p.kind != attn::Pattern::block_sparse),
             "model.pattern_local = ", m.pattern_local, " is not used by model.attention_pattern = ", name);
-  QKV_CHECK(m.pattern_global_tokens.empty() || globals, "model.pattern_global_tokens is only used by "
-            "model.attention_pattern = global or bigbird, not ", name);
+  QKV_CHECK(m.pattern_global_tokens.empty() || globals,
+            "model.pattern_global_tokens is only used by "
+            "model.attention_pattern = global or bigbird, not ",
+            name);
   QKV_CHECK(m.pattern_layout == "local_global" || p.kind == attn::Pattern::block_sparse, "model.pattern_layout = \"",
             m.pattern_layout, "\" is only used by model.attention_pattern = block_sparse, not ", name);
   QKV_CHECK(m.pattern_block_size == 0 || blocks, "model.pattern_block_size = ", m.pattern_block_size,
@@ -140,9 +142,7 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
     long long v = -1;
     try {
       v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    } catch (const std::exception&) { used = 0; }
     QKV_CHECK(used == tok.size(), "model.pattern_global_tokens must be positions separated by commas, got \"",
               m.pattern_global_tokens, "\"");
     p.global_tokens.push_back(v);
@@ -156,9 +156,7 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
   if (p.kind == attn::Pattern::block_sparse) {
     try {
       attn::load_layout(p);
-    } catch (const Error& e) {
-      fail("model.pattern_layout: ", e.what());
-    }
+    } catch (const Error& e) { fail("model.pattern_layout: ", e.what()); }
   }
   return p;
 }
@@ -207,7 +205,10 @@ std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokeniz
 std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const nn::ModelConfig& b) {
   // model.attention_pattern is two fields (softmax or linear; the sparse pattern): named as written.
   auto pattern_text = [](const ModelConfig& c) {
-    return '"' + std::string(c.attention_pattern == nn::AttentionPattern::linear ? "linear" : attn::pattern_name(c.pattern.kind)) + '"';
+    return '"' +
+           std::string(c.attention_pattern == nn::AttentionPattern::linear ? "linear"
+                                                                           : attn::pattern_name(c.pattern.kind)) +
+           '"';
   };
   if (a.attention_pattern != b.attention_pattern)
     return ConfigDifference{"model.attention_pattern", pattern_text(a), pattern_text(b)};
@@ -224,7 +225,8 @@ std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const
   // A field added to ModelConfig but not to kModelFields would make two different models "the same".
   ModelConfig a_as_b = a;
   a_as_b.recompute = b.recompute;
-  QKV_CHECK(a_as_b == b, "internal error: nn::ModelConfig has a field that model_difference (train/model_factory.cpp) "
+  QKV_CHECK(a_as_b == b,
+            "internal error: nn::ModelConfig has a field that model_difference (train/model_factory.cpp) "
             "does not compare");
   return std::nullopt;
 }

@@ -25,8 +25,7 @@ AdamWOptions AdamWOptions::from(const TrainSettings& t) {
   return o;
 }
 
-AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts)
-    : params_(std::move(params)), opts_(opts) {
+AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts) : params_(std::move(params)), opts_(opts) {
   QKV_CHECK(opts_.beta1 >= 0 && opts_.beta1 < 1, "[adamw] beta1 must be in [0, 1), got ", opts_.beta1);
   QKV_CHECK(opts_.beta2 >= 0 && opts_.beta2 < 1, "[adamw] beta2 must be in [0, 1), got ", opts_.beta2);
   QKV_CHECK(opts_.eps >= 0, "[adamw] eps must be >= 0, got ", opts_.eps);
@@ -37,15 +36,15 @@ AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions opts)
   for (size_t i = 0; i < params_.size(); ++i) {
     const OptimParam& op = params_[i];
     QKV_CHECK(op.param.defined(), "[adamw] parameter ", op.name, " is undefined");
-    QKV_CHECK(op.param.dtype() == DType::f32, "[adamw] parameter ", op.name, " is ",
-              dtype_name(op.param.dtype()), " but must be float32");
+    QKV_CHECK(op.param.dtype() == DType::f32, "[adamw] parameter ", op.name, " is ", dtype_name(op.param.dtype()),
+              " but must be float32");
     QKV_CHECK(op.param.device() == params_[0].param.device(), "[adamw] parameter ", op.name, " is on ",
               device_name(op.param.device()), " but ", params_[0].name, " is on ",
               device_name(params_[0].param.device()), ": one device per optimizer");
     QKV_CHECK(op.param.is_contiguous(), "[adamw] parameter ", op.name, " must be contiguous");
     QKV_CHECK(index_.emplace(op.name, i).second, "[adamw] parameter name ", op.name, " appears twice");
-    QKV_CHECK(op.param.numel() == 0 || seen.insert(op.param.raw_data()).second, "[adamw] parameter ",
-              op.name, " shares its data with an earlier parameter (a tied weight must be listed once)");
+    QKV_CHECK(op.param.numel() == 0 || seen.insert(op.param.raw_data()).second, "[adamw] parameter ", op.name,
+              " shares its data with an earlier parameter (a tied weight must be listed once)");
     // Moments live with the parameter (zeroed on the host, copied once for a device).
     AdamWState st{zeros(op.param.shape(), DType::f32, op.param.device()),
                   zeros(op.param.shape(), DType::f32, op.param.device())};
@@ -87,8 +86,8 @@ void AdamW::step(double lr, float grad_scale) {
     const OptimParam& op = params_[i];
     Tensor g = op.param.grad();
     if (!g.defined() || op.param.numel() == 0) continue;
-    QKV_CHECK(g.shape() == op.param.shape(), "[adamw] gradient of ", op.name, " has shape ",
-              shape_str(g.shape()), " but the parameter is ", shape_str(op.param.shape()));
+    QKV_CHECK(g.shape() == op.param.shape(), "[adamw] gradient of ", op.name, " has shape ", shape_str(g.shape()),
+              " but the parameter is ", shape_str(op.param.shape()));
     QKV_CHECK(g.dtype() == DType::f32 && g.device() == op.param.device(), "[adamw] gradient of ", op.name,
               " must be float32 on ", device_name(op.param.device()), ", got ", dtype_name(g.dtype()), " on ",
               device_name(g.device()));
@@ -102,9 +101,8 @@ void AdamW::step(double lr, float grad_scale) {
   }
   if (total == 0) return;
   if (params_[0].param.device() == Device::cuda)
-    cuda::adamw_update_many(slices, with_decay, without_decay);  // every parameter in one launch
-  else
-    cpu::adamw_update_many(slices, with_decay, without_decay);  // one parallel region
+    cuda::adamw_update_many(slices, with_decay, without_decay);    // every parameter in one launch
+  else cpu::adamw_update_many(slices, with_decay, without_decay);  // one parallel region
 }
 
 void AdamW::set_step_count(int64_t t) {
@@ -126,8 +124,8 @@ void AdamW::load_state(const std::string& name, const Tensor& exp_avg, const Ten
     QKV_CHECK(src.defined(), "[adamw] ", name, ".", what, " is undefined");
     QKV_CHECK(src.shape() == dst.shape(), "[adamw] ", name, ".", what, " has shape ", shape_str(src.shape()),
               " but the parameter is ", shape_str(dst.shape()));
-    QKV_CHECK(src.dtype() == DType::f32 || src.dtype() == DType::f64, "[adamw] ", name, ".", what,
-              " is ", dtype_name(src.dtype()), "; expected float32");
+    QKV_CHECK(src.dtype() == DType::f32 || src.dtype() == DType::f64, "[adamw] ", name, ".", what, " is ",
+              dtype_name(src.dtype()), "; expected float32");
     copy_(dst, src);  // any device, float32 or float64 in
   };
   load(st.exp_avg, exp_avg, "exp_avg");

@@ -21,8 +21,13 @@ std::string format_duration(double s) {
 
 RunLog::RunLog(std::string metrics_path, bool writes, bool append, bool progress, bool tty, int64_t first_step,
                int64_t max_steps, Clock::time_point run_start)
-    : path_(std::move(metrics_path)), writes_(writes), progress_(progress), tty_(tty), first_step_(first_step),
-      max_steps_(max_steps), run_start_(run_start) {
+    : path_(std::move(metrics_path)),
+      writes_(writes),
+      progress_(progress),
+      tty_(tty),
+      first_step_(first_step),
+      max_steps_(max_steps),
+      run_start_(run_start) {
   if (!writes_) return;
   metrics_.open(path_, append ? std::ios::app : std::ios::trunc);
   QKV_CHECK(metrics_.good(), path_, ": cannot write metrics");

@@ -20,8 +20,8 @@ struct LogRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   int64_t fully_masked_rows = 0, skipped_steps = 0;
-  std::optional<double> val_loss;          // this step evaluated
-  std::optional<double> comm_seconds;      // several ranks: collective time over the window
+  std::optional<double> val_loss;      // this step evaluated
+  std::optional<double> comm_seconds;  // several ranks: collective time over the window
 };
 
 class RunLog {

@@ -40,9 +40,10 @@ int32_t pick_token(const float* logits, int64_t V, const SampleOptions& opts, do
   return order[keep - 1];
 }
 
-std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<int32_t>& prompt, const SampleOptions& opts,
-                              const std::function<void(int32_t)>& on_token) {
-  QKV_CHECK(!prompt.empty(), "[sample] the prompt encodes to no tokens (give --prompt, or a tokenizer with a token for it)");
+std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& opts, const std::function<void(int32_t)>& on_token) {
+  QKV_CHECK(!prompt.empty(),
+            "[sample] the prompt encodes to no tokens (give --prompt, or a tokenizer with a token for it)");
   QKV_CHECK(opts.top_p > 0 && opts.top_p <= 1, "[sample] top_p must be in (0, 1], got ", opts.top_p);
   QKV_CHECK(opts.top_k >= 0, "[sample] top_k must be >= 0 (0 = off), got ", opts.top_k);
   // An infinite temperature would flatten every row to uniform draws; NaN would fall to argmax.
@@ -51,7 +52,8 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
   QKV_CHECK(opts.max_new_tokens >= 0, "[sample] max_new_tokens must be >= 0, got ", opts.max_new_tokens);
   autograd::NoGradGuard no_grad;
   const int64_t T = model.config().block_size, V = model.config().vocab_size;
-  for (int32_t id : prompt) QKV_CHECK(id >= 0 && id < V, "[sample] prompt token ", id, " is outside the vocabulary of ", V);
+  for (int32_t id : prompt)
+    QKV_CHECK(id >= 0 && id < V, "[sample] prompt token ", id, " is outside the vocabulary of ", V);
   std::vector<int32_t> ctx = prompt, out;
   nn::ModelCache cache;
   bool cache_live = false;  // the cache holds exactly ctx (positions 0..)

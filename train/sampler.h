@@ -24,8 +24,8 @@ struct SampleOptions {
 // Returns the generated token ids (prompt excluded). Refuses (qkv::Error) max_new_tokens < 0,
 // a temperature that is negative or not finite, top_k < 0, and top_p outside (0, 1] or NaN. `on_token` (optional) is called with each
 // new id as soon as it is drawn (streaming).
-std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<int32_t>& prompt, const SampleOptions& opts,
-                              const std::function<void(int32_t)>& on_token = {});
+std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& opts, const std::function<void(int32_t)>& on_token = {});
 
 // Picks a token from one row of logits by the options (temperature, top-k, top-p) with the
 // uniform draw u in [0, 1). Exposed for tests.

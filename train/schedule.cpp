@@ -22,8 +22,7 @@ LrSchedule LrSchedule::from(const TrainSettings& t) {
 }
 
 double LrSchedule::at(int64_t step) const {
-  if (step < warmup_steps)
-    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+  if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
   if (kind == LrScheduleKind::constant) return lr;
   if (step > max_steps) return min_lr;
   // max_steps <= warmup_steps leaves no room to decay: the span is 0 and step == max_steps here.

@@ -30,7 +30,7 @@ struct LrSchedule {
   int64_t max_steps = 100;
 
   static LrSchedule from(const TrainSettings& t);  // train.lr, min_lr, warmup_steps, max_steps, lr_schedule
-  double at(int64_t step) const;  // the lr for 0-based optimizer step `step`
+  double at(int64_t step) const;                   // the lr for 0-based optimizer step `step`
 };
 
 }  // namespace qkv::train

@@ -21,8 +21,9 @@ RunData load_run_data(const Config& cfg) {
       s->name = name;
       s->tokens.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; i += 4) {
-        const Philox4 r = philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), stream, 0,
-                                        static_cast<uint32_t>(cfg.train.seed), static_cast<uint32_t>(cfg.train.seed >> 32));
+        const Philox4 r =
+            philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), stream, 0,
+                          static_cast<uint32_t>(cfg.train.seed), static_cast<uint32_t>(cfg.train.seed >> 32));
         for (int64_t k = 0; k < 4 && i + k < n; ++k) s->tokens[i + k] = static_cast<int32_t>(r.v[k] % V);
       }
       s->doc_offsets = {0, n};
@@ -81,13 +82,15 @@ CorpusFingerprint corpus_fingerprint(const RunData& data) {
 void check_resumable(const Config& now, const nn::ModelConfig& model, const Config& then, int64_t vocab,
                      const std::string& ckpt) {
   auto refuse = [&](const ConfigDifference& d) {
-    fail(ckpt, ": ", d.key, " is ", d.a, " in the run being resumed but ", d.b, " now (it must not change across a resume)");
+    fail(ckpt, ": ", d.key, " is ", d.a, " in the run being resumed but ", d.b,
+         " now (it must not change across a resume)");
   };
   Config described = then;  // a size left to the tokenizer is this run's (the tokenizers are compared next)
   if (described.model.vocab_size == 0) described.model.vocab_size = vocab;
   if (const auto d = model_difference(model_config(described, described.model.vocab_size), model)) refuse(*d);
-  if (const auto d = first_difference(then, now, {"data.tokenizer", "data.batching", "data.val_fraction", "train.seed",
-                                                  "train.batch_size", "train.grad_accum"}))
+  if (const auto d = first_difference(then, now,
+                                      {"data.tokenizer", "data.batching", "data.val_fraction", "train.seed",
+                                       "train.batch_size", "train.grad_accum"}))
     refuse(*d);
   // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
   const int64_t a = then.train.resolved_seq_len(then.model.block_size);

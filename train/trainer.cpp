@@ -105,8 +105,10 @@ void check_same_corpus(const CheckpointMeta& meta, const CorpusFingerprint& now,
                        bool warn) {
   if (!meta.state.corpus) {
     if (warn)
-      std::fprintf(stderr, "qkv: warning: %s records no corpus fingerprint (written by an older qkv): cannot check "
-                   "that data.path is the corpus it was trained on\n", meta.path.c_str());
+      std::fprintf(stderr,
+                   "qkv: warning: %s records no corpus fingerprint (written by an older qkv): cannot check "
+                   "that data.path is the corpus it was trained on\n",
+                   meta.path.c_str());
     return;
   }
   const CorpusFingerprint& then = *meta.state.corpus;
@@ -161,7 +163,6 @@ RunData load_run_data_rank0_first(dist::Communicator& comm, const Config& cfg) {
   return d;
 }
 
-
 // What a step works on, for train_step.
 struct StepContext {
   const Config& cfg;
@@ -195,7 +196,8 @@ StepResult train_step(StepContext& c, TrainState& state) {
     Batch b = c.batcher.next();
     // [dist] w = 1 on one process; per-rank dropout keys (rank 0 keeps the run's seed).
     const double w = dist::micro_batch_weight(c.comm, b.n_targets);
-    nn::RngContext rng{dist::rank_dropout_seed(c.seed, c.comm.rank()), static_cast<uint64_t>(state.step * accum + micro), 0};
+    nn::RngContext rng{dist::rank_dropout_seed(c.seed, c.comm.rank()),
+                       static_cast<uint64_t>(state.step * accum + micro), 0};
     Tensor loss = batch_loss(c.model, b, rng, &c.masked_rows);
     loss_sum += w * loss.item();
     const double scale = w / static_cast<double>(accum);
@@ -209,8 +211,10 @@ StepResult train_step(StepContext& c, TrainState& state) {
     loss_sum = c.comm.sum_ordered(loss_sum) / static_cast<double>(c.comm.world());
     tokens = c.comm.sum_ordered(tokens);
   }
-  StepResult r{.loss = loss_sum / static_cast<double>(accum), .grad_norm = global_grad_norm(c.params),
-               .lr = c.schedule.at(state.step), .tokens = tokens};
+  StepResult r{.loss = loss_sum / static_cast<double>(accum),
+               .grad_norm = global_grad_norm(c.params),
+               .lr = c.schedule.at(state.step),
+               .tokens = tokens};
   if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
     state.bad_steps_in_a_row = 0;
     const double clip = c.cfg.train.grad_clip;
@@ -237,8 +241,9 @@ StepResult train_step(StepContext& c, TrainState& state) {
 // The state the run starts from: step 0 (fresh weights, or --init-from's), or --resume's
 // checkpoint after checking it belongs to this run (settings, tokenizer, corpus), with its
 // weights, optimizer state and batcher position loaded.
-TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunData& data, const CorpusFingerprint& corpus,
-                       nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt, Batcher& batcher) {
+TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunData& data,
+                       const CorpusFingerprint& corpus, nn::DecoderModel& model, dist::DataParallel& dp, AdamW& opt,
+                       Batcher& batcher) {
   TrainState state;
   state.seed = static_cast<uint64_t>(cfg.train.seed);
   state.batch_mode = batch_mode_name(cfg.data.batching);
@@ -269,8 +274,8 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
       const auto theirs_tok = read_hf_tokenizer(opts.init_from);
       QKV_CHECK(theirs_tok->serialize() == data.tokenizer->serialize(), opts.init_from, ": its tokenizer (",
                 theirs_tok->kind(), ", ", theirs_tok->vocab_size(), " tokens) is not the one of data.path (",
-                data.tokenizer->kind(), ", ", data.tokenizer->vocab_size(), " tokens); tokenize the text with `qkv prepare ",
-                "--tokenizer-from ", opts.init_from, "`");
+                data.tokenizer->kind(), ", ", data.tokenizer->vocab_size(),
+                " tokens); tokenize the text with `qkv prepare ", "--tokenizer-from ", opts.init_from, "`");
     }
     load_hf_weights(opts.init_from, model);
   } else if (!opts.init_from.empty()) {
@@ -339,7 +344,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   RunData data = load_run_data_rank0_first(comm, cfg);  // [dist] rank 0 writes the prepared-data cache
   auto model = build_model(cfg, data.vocab_size);
   const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
-  model->init_weights(seed);  // on the CPU: the same initial weights whatever the device
+  model->init_weights(seed);                     // on the CPU: the same initial weights whatever the device
   std::unique_ptr<dist::Communicator> gpu_comm;  // [dist] NCCL for the gradients, one rank per GPU
   if (on_gpu) {
     QKV_CHECK(cuda::device_count() > 0,
@@ -404,9 +409,14 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
       }
     }
     if (every(std::max<int64_t>(cfg.train.log_interval, 1), state.step) || val || last) {
-      LogRecord r{.step = state.step, .loss = s.loss, .lr = s.lr, .grad_norm = s.grad_norm,
+      LogRecord r{.step = state.step,
+                  .loss = s.loss,
+                  .lr = s.lr,
+                  .grad_norm = s.grad_norm,
                   .fully_masked_rows = dp.distributed() ? comm.sum_ordered(ctx.masked_rows) : ctx.masked_rows,
-                  .skipped_steps = state.skipped_steps, .val_loss = val, .comm_seconds = std::nullopt};
+                  .skipped_steps = state.skipped_steps,
+                  .val_loss = val,
+                  .comm_seconds = std::nullopt};
       if (dp.distributed()) r.comm_seconds = dp.take_comm_seconds();  // [dist]
       log.record(r, val || last);
     }
@@ -425,7 +435,11 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   summary.skipped_steps = state.skipped_steps;
   summary.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   const int64_t steps_run = state.step - first_step;
-  summary.tokens_per_s = steps_run > 0 ? static_cast<double>(steps_run * cfg.train.grad_accum * comm.world() * cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size)) / summary.seconds : 0;  // [dist] global
+  summary.tokens_per_s =
+      steps_run > 0 ? static_cast<double>(steps_run * cfg.train.grad_accum * comm.world() * cfg.train.batch_size *
+                                          cfg.train.resolved_seq_len(cfg.model.block_size)) /
+                          summary.seconds
+                    : 0;  // [dist] global
   return summary;
 }
 

@@ -97,16 +97,15 @@ struct Args {
   T scale;
 };
 
-
 // ---- The per-row arithmetic, shared by the simple and the tiled kernels (which differ only in
 // where the other operand's rows come from: global memory or a shared-memory tile).
 
 // Forward, one visible key j (rows kr, vr) for query row i at position p: the online-softmax
 // update of the running max mx, sum l and unnormalised output o.
 template <class T>
-__device__ __forceinline__ void forward_key(const Args<T>& a, const DeviceMask& m, const T* q, const T* kr,
-                                            const T* vr, int64_t b, int64_t h, int64_t i, int64_t p, int64_t j, T slope,
-                                            int lane, T& mx, T& l, T* o) {
+__device__ __forceinline__ void forward_key(const Args<T>& a, const DeviceMask& m, const T* q, const T* kr, const T* vr,
+                                            int64_t b, int64_t h, int64_t i, int64_t p, int64_t j, T slope, int lane,
+                                            T& mx, T& l, T* o) {
   T s = a.scale * dot_row(q, kr, a.D, lane);
   if (m.alibi) s -= slope * static_cast<T>(p - j);
   const T m_new = s > mx ? s : mx;
@@ -155,9 +154,9 @@ __device__ __forceinline__ void dq_key(const Args<T>& a, const DeviceMask& m, co
 // dK/dV of key j (k, v in registers), one query row i that sees it (rows qi, doi):
 // dv += P_ij z_ij dO_i, dk += dS_ij q_i.
 template <class T>
-__device__ __forceinline__ void dkv_query(const Args<T>& a, const DeviceMask& m, const T* kr, const T* vr,
-                                          const T* qi, const T* doi, int64_t b, int64_t h, int64_t i, int64_t p,
-                                          int64_t j, T slope, T lse, T di, int lane, T* dk, T* dv) {
+__device__ __forceinline__ void dkv_query(const Args<T>& a, const DeviceMask& m, const T* kr, const T* vr, const T* qi,
+                                          const T* doi, int64_t b, int64_t h, int64_t i, int64_t p, int64_t j, T slope,
+                                          T lse, T di, int lane, T* dk, T* dv) {
   T s = a.scale * dot_row(kr, qi, a.D, lane);
   if (m.alibi) s -= slope * static_cast<T>(p - j);
   const T pij = ::exp(s - lse);
@@ -475,8 +474,7 @@ Tensor rows_ok(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); 
 bool supported(const AttentionOptions& o, const Problem& p) {
   // A sparse pattern is not walked by these kernels: the call takes the reference path.
   return !o.bias.defined() && !o.allow_mask.defined() && !o.rules && !(o.pattern && o.pattern->sparse()) &&
-         (p.dtype == DType::f32 || p.dtype == DType::f64) && p.D <= kMaxPerLane * kWarp &&
-         p.Dv <= kMaxPerLane * kWarp;
+         (p.dtype == DType::f32 || p.dtype == DType::f64) && p.D <= kMaxPerLane * kWarp && p.Dv <= kMaxPerLane * kWarp;
 }
 
 std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p) {
@@ -504,8 +502,7 @@ std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& 
     m.kp_sb = kp.stride(0);
     m.kp_sj = kp.stride(1);
   }
-  if (o.segment_ids.defined())
-    m.seg = ptr<int64_t>(keep(o.segment_ids.to(Device::cuda).to(DType::i64).contiguous()));
+  if (o.segment_ids.defined()) m.seg = ptr<int64_t>(keep(o.segment_ids.to(Device::cuda).to(DType::i64).contiguous()));
   if (!o.alibi_slopes.empty()) {
     const std::vector<double> slopes(o.alibi_slopes.begin(), o.alibi_slopes.end());
     m.alibi = ptr<float>(keep(from_vector(slopes, {p.Hq}, DType::f32).to(Device::cuda)));
@@ -536,8 +533,8 @@ FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     a.lse_w = ptr<T>(r.lse);
     if (use_tiled()) {
       const int tile = tile_rows<T>(p.D, p.Dv);
-      forward_tiled_kernel<T><<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile * (p.D + p.Dv) * sizeof(T)>>>(
-          a, plan.m, tile);
+      forward_tiled_kernel<T>
+          <<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile*(p.D + p.Dv) * sizeof(T)>>>(a, plan.m, tile);
     } else {
       forward_kernel<T><<<blocks_for_rows(rows), kWarpsPerBlock * kWarp>>>(a, plan.m);
     }
@@ -551,8 +548,7 @@ FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
 FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                     const Tensor& out_in, const Tensor& lse, const Plan& plan) {
   const Problem& p = plan.p;
-  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), out = rows_ok(out_in),
-               dout = rows_ok(dout_in);
+  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), out = rows_ok(out_in), dout = rows_ok(dout_in);
   FusedGrads g;
   g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype, Device::cuda);
   g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype, Device::cuda);
@@ -577,8 +573,8 @@ FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_i
       QKV_CUDA_LAUNCHED("di_kernel");
       if (use_tiled()) {
         const int tile = tile_rows<T>(p.D, p.Dv);
-        dq_tiled_kernel<T><<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile * (p.D + p.Dv) * sizeof(T)>>>(
-            a, plan.m, tile);
+        dq_tiled_kernel<T>
+            <<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile*(p.D + p.Dv) * sizeof(T)>>>(a, plan.m, tile);
       } else {
         dq_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
       }
@@ -587,8 +583,8 @@ FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_i
     if (krows > 0) {
       if (use_tiled()) {
         const int tile = tile_rows<T>(p.D, p.Dv + 2);  // + lse and Di per staged row
-        dkv_tiled_kernel<T><<<tiled_blocks(p.B * p.Hkv, p.Nk), kTileWarps * kWarp,
-                              tile * (p.D + p.Dv + 2) * sizeof(T)>>>(a, plan.m, tile);
+        dkv_tiled_kernel<T><<<tiled_blocks(p.B * p.Hkv, p.Nk), kTileWarps * kWarp, tile*(p.D + p.Dv + 2) * sizeof(T)>>>(
+            a, plan.m, tile);
       } else {
         dkv_kernel<T><<<blocks_for_rows(krows), kWarpsPerBlock * kWarp>>>(a, plan.m);
       }

@@ -25,8 +25,8 @@ struct DeviceMask {
   const int64_t* key_len = nullptr;  // [B]
   const bool* key_pad = nullptr;     // [B, Nk] with strides kp_sb, kp_sj
   int64_t kp_sb = 0, kp_sj = 0;
-  const int64_t* seg = nullptr;      // [B, Nk] contiguous
-  const float* alibi = nullptr;      // [Hq]
+  const int64_t* seg = nullptr;  // [B, Nk] contiguous
+  const float* alibi = nullptr;  // [Hq]
   bool drop = false;
   uint32_t k0 = 0, k1 = 0, c3 = 0, thr = 0;
   double keep_scale = 1;

@@ -328,7 +328,8 @@ __global__ void backward_kernel(const T* Phi, const T* Psi, const T* V, const T*
 int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
 Dims dims_of(const Geometry& g) {
-  return {g.Hq, g.Hkv, g.G, g.Nq, g.Nk, g.Dv, g.m, std::max<int64_t>(1, std::min(g.chunk, std::max<int64_t>(g.Nk, 1))),
+  return {g.Hq,     g.Hkv,         g.G, g.Nq,
+          g.Nk,     g.Dv,          g.m, std::max<int64_t>(1, std::min(g.chunk, std::max<int64_t>(g.Nk, 1))),
           g.causal, g.chunk_key_hi};
 }
 
@@ -354,7 +355,8 @@ Inputs prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     const uint8_t* vp = in.valid.defined() ? static_cast<const uint8_t*>(in.valid.raw_data()) : nullptr;
     if (qrows > 0)
       features_kernel<T><<<blocks_for(qrows * g.m), kThreads>>>(ptr<T>(in.q), qrows, g.Nq, g.Hq, g.D, g.m, g.feature,
-                                                                static_cast<T>(g.rs), ptr<T>(W), nullptr, ptr<T>(in.phi));
+                                                                static_cast<T>(g.rs), ptr<T>(W), nullptr,
+                                                                ptr<T>(in.phi));
     if (krows > 0)
       features_kernel<T><<<blocks_for(krows * g.m), kThreads>>>(ptr<T>(in.k), krows, g.Nk, g.Hkv, g.D, g.m, g.feature,
                                                                 static_cast<T>(g.rs), ptr<T>(W), vp, ptr<T>(in.psi));
@@ -390,28 +392,31 @@ Forward forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 std::vector<Tensor> backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& den, const Tensor& W, const std::vector<int64_t>& start,
                              const std::vector<uint8_t>& valid, const Geometry& g) {
-  Tensor dq = zeros({g.B, g.Hq, g.Nq, g.D}, g.dtype, Device::cuda), dk = zeros({g.B, g.Hkv, g.Nk, g.D}, g.dtype, Device::cuda),
+  Tensor dq = zeros({g.B, g.Hq, g.Nq, g.D}, g.dtype, Device::cuda),
+         dk = zeros({g.B, g.Hkv, g.Nk, g.D}, g.dtype, Device::cuda),
          dv = zeros({g.B, g.Hkv, g.Nk, g.Dv}, g.dtype, Device::cuda);
   if (g.B * g.Hq * g.Nq == 0 || g.Nk == 0) return {dq, dk, dv};
   const Inputs in = prepare(q, k, v, W, start, valid, g);
   const Dims d = dims_of(g);
   const Tensor dO = dout.contiguous(), o = out.contiguous();
   const int64_t qrows = g.B * g.Hq * g.Nq, krows = g.B * g.Hkv * g.Nk;
-  Tensor dnum = Tensor::empty({qrows, g.Dv}, g.dtype, Device::cuda), dden = Tensor::empty({qrows}, g.dtype, Device::cuda);
-  Tensor dphi = Tensor::empty({qrows, g.m}, g.dtype, Device::cuda), dpsi = Tensor::empty({krows, g.m}, g.dtype, Device::cuda);
+  Tensor dnum = Tensor::empty({qrows, g.Dv}, g.dtype, Device::cuda),
+         dden = Tensor::empty({qrows}, g.dtype, Device::cuda);
+  Tensor dphi = Tensor::empty({qrows, g.m}, g.dtype, Device::cuda),
+         dpsi = Tensor::empty({krows, g.m}, g.dtype, Device::cuda);
   Tensor ws = Tensor::empty({g.B * g.Hkv, g.m * g.Dv + g.m + 2 * d.c * d.c}, g.dtype, Device::cuda);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T rs = static_cast<T>(g.rs);
     const uint8_t* vp = in.valid.defined() ? static_cast<const uint8_t*>(in.valid.raw_data()) : nullptr;
-    dnum_kernel<T><<<blocks_for(qrows), kThreads>>>(ptr<T>(dO), ptr<T>(o), ptr<T>(den), qrows, g.Dv, ptr<T>(dnum),
-                                                     ptr<T>(dden));
-    backward_kernel<T><<<static_cast<int>(g.B * g.Hkv), kThreads>>>(ptr<T>(in.phi), ptr<T>(in.psi), ptr<T>(in.v),
-                                                                    ptr<T>(dnum), ptr<T>(dden), ptr<int64_t>(in.start),
-                                                                    ptr<T>(dphi), ptr<T>(dpsi), ptr<T>(dv), ptr<T>(ws), d);
+    dnum_kernel<T>
+        <<<blocks_for(qrows), kThreads>>>(ptr<T>(dO), ptr<T>(o), ptr<T>(den), qrows, g.Dv, ptr<T>(dnum), ptr<T>(dden));
+    backward_kernel<T><<<static_cast<int>(g.B * g.Hkv), kThreads>>>(
+        ptr<T>(in.phi), ptr<T>(in.psi), ptr<T>(in.v), ptr<T>(dnum), ptr<T>(dden), ptr<int64_t>(in.start), ptr<T>(dphi),
+        ptr<T>(dpsi), ptr<T>(dv), ptr<T>(ws), d);
     features_backward_kernel<T><<<blocks_for(qrows), kThreads>>>(ptr<T>(in.q), ptr<T>(in.phi), ptr<T>(dphi), qrows,
-                                                                 g.Nq, g.Hq, g.D, g.m, g.feature, rs, ptr<T>(W), nullptr,
-                                                                 ptr<T>(dq));
+                                                                 g.Nq, g.Hq, g.D, g.m, g.feature, rs, ptr<T>(W),
+                                                                 nullptr, ptr<T>(dq));
     features_backward_kernel<T><<<blocks_for(krows), kThreads>>>(ptr<T>(in.k), ptr<T>(in.psi), ptr<T>(dpsi), krows,
                                                                  g.Nk, g.Hkv, g.D, g.m, g.feature, rs, ptr<T>(W), vp,
                                                                  ptr<T>(dk));

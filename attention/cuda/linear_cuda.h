@@ -17,7 +17,7 @@ struct Geometry {
   double rs = 1, eps = 1e-6;  // √scale, ε
   int feature = 0;            // LinearFeature as int
   bool causal = false;
-  int64_t chunk_key_hi = 1;   // in-chunk rule: key j visible to query i iff j - i < chunk_key_hi
+  int64_t chunk_key_hi = 1;  // in-chunk rule: key j visible to query i iff j - i < chunk_key_hi
   DType dtype = DType::f32;
 };
 

@@ -98,11 +98,10 @@ void launch_backward(const Params& a, int64_t B, int64_t qrows, int64_t krows) {
 bool supported(const AttentionOptions& o, const Problem& p) {
   constexpr int64_t kMaxLen = INT_MAX / 4;  // positions and tile bounds are int in the kernels
   return p.dtype == DType::f32 && p.D == p.Dv && (p.D == 64 || p.D == 128) && !o.bias.defined() &&
-         !o.allow_mask.defined() && !o.key_padding.defined() && !o.segment_ids.defined() &&
-         o.alibi_slopes.empty() && o.dropout_p == 0 && !o.rules && !(o.pattern && o.pattern->sparse()) &&
-         p.Nq <= kMaxLen &&
-         p.Nk <= kMaxLen && (p.Nq + kBlockRows - 1) / kBlockRows <= 65535 &&
-         (p.Nk + kBlockRows - 1) / kBlockRows <= 65535 && p.B * p.Hq <= INT_MAX;
+         !o.allow_mask.defined() && !o.key_padding.defined() && !o.segment_ids.defined() && o.alibi_slopes.empty() &&
+         o.dropout_p == 0 && !o.rules && !(o.pattern && o.pattern->sparse()) && p.Nq <= kMaxLen && p.Nk <= kMaxLen &&
+         (p.Nq + kBlockRows - 1) / kBlockRows <= 65535 && (p.Nk + kBlockRows - 1) / kBlockRows <= 65535 &&
+         p.B * p.Hq <= INT_MAX;
 }
 
 bool enabled() {

@@ -52,11 +52,11 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kWarp = 32;
-constexpr int kWarps = 4;                      // per CTA
+constexpr int kWarps = 4;  // per CTA
 constexpr int kThreads = kWarps * kWarp;
-constexpr int kWarpRows = 16;                  // MMA rows per warp
+constexpr int kWarpRows = 16;                   // MMA rows per warp
 constexpr int kBlockRows = kWarps * kWarpRows;  // query rows (forward, dQ) or keys (dK/dV) per CTA
-constexpr int kPad = 8;                        // bf16 per shared-memory row beyond the tile width
+constexpr int kPad = 8;                         // bf16 per shared-memory row beyond the tile width
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.69314718055994531f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -136,7 +136,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
 }
 __device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const bf16* row) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr)
+               : "memory");
 }
 #endif
 
@@ -363,8 +366,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params a) {
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(l_run[r]);
     inv[r] = l > 0.f ? 1.f / l : 0.f;  // no visible key: a zero row
-    if ((lane & 3) == 0 && rows[r] < a.Nq)
-      a.lse_w[row0 + rows[r]] = l > 0.f ? m_run[r] * kLn2 + logf(l) : -INFINITY;
+    if ((lane & 3) == 0 && rows[r] < a.Nq) a.lse_w[row0 + rows[r]] = l > 0.f ? m_run[r] * kLn2 + logf(l) : -INFINITY;
   }
   store_rows<NO>(a.o_w + row0 * D, row_g, a.Nq, o, inv[0], inv[1], lane);
 }
@@ -457,12 +459,12 @@ template <int D, int BQ>
 __global__ void __launch_bounds__(kThreads) dkv_kernel(Params a) {
   constexpr int KS = D / 16, NO = D / 8, NS = BQ / 8, ldk = D + kPad, ldt = BQ + kPad;
   QKV_DYNAMIC_SMEM(smem);
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // K block [64][D]
-  bf16* vs = ks + kBlockRows * ldk;          // V block [64][D]
-  bf16* qs = vs + kBlockRows * ldk;          // Q tile [BQ][D]
-  bf16* ds = qs + BQ * ldk;                  // dO tile [BQ][D]
-  bf16* qt = ds + BQ * ldk;                  // Q tile transposed [D][BQ]
-  bf16* dt = qt + D * ldt;                   // dO tile transposed [D][BQ]
+  bf16* ks = reinterpret_cast<bf16*>(smem);               // K block [64][D]
+  bf16* vs = ks + kBlockRows * ldk;                       // V block [64][D]
+  bf16* qs = vs + kBlockRows * ldk;                       // Q tile [BQ][D]
+  bf16* ds = qs + BQ * ldk;                               // dO tile [BQ][D]
+  bf16* qt = ds + BQ * ldk;                               // Q tile transposed [D][BQ]
+  bf16* dt = qt + D * ldt;                                // dO tile transposed [D][BQ]
   float* lse2s = reinterpret_cast<float*>(dt + D * ldt);  // [BQ]
   float* dis = lse2s + BQ;                                // [BQ]
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -504,7 +506,7 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(Params a) {
         for (int c = 0; c < 4; ++c) {
           const int col = n * 8 + 2 * (lane & 3) + (c & 1);
           const float p = vis(i0 + col, keys[c >> 1]) ? exp2f(st[n][c] * a.scale_log2 - lse2s[col]) : 0.f;
-          st[n][c] = p;                          // Pᵀ
+          st[n][c] = p;                            // Pᵀ
           dpt[n][c] = p * (dpt[n][c] - dis[col]);  // dSᵀ
         }
       gemm_pbt<NO, NS>(dv, st, dt, ldt, lane);   // Pᵀ·dO

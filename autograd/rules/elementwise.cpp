@@ -117,9 +117,7 @@ struct SqrtBackward : Node {
 struct RsqrtBackward : Node {
   Tensor y;
   const char* name() const override { return "RsqrtBackward"; }
-  std::vector<Tensor> backward(const Tensor& dy) override {
-    return {qkv::mul(dy, qkv::mul(qkv::pow(y, 3.0), -0.5))};
-  }
+  std::vector<Tensor> backward(const Tensor& dy) override { return {qkv::mul(dy, qkv::mul(qkv::pow(y, 3.0), -0.5))}; }
   void release() override { y = Tensor(); }
 };
 
@@ -127,9 +125,7 @@ struct RsqrtBackward : Node {
 struct TanhBackward : Node {
   Tensor y;
   const char* name() const override { return "TanhBackward"; }
-  std::vector<Tensor> backward(const Tensor& dy) override {
-    return {qkv::mul(dy, qkv::rsub(qkv::mul(y, y), 1.0))};
-  }
+  std::vector<Tensor> backward(const Tensor& dy) override { return {qkv::mul(dy, qkv::rsub(qkv::mul(y, y), 1.0))}; }
   void release() override { y = Tensor(); }
 };
 
@@ -137,9 +133,7 @@ struct TanhBackward : Node {
 struct SigmoidBackward : Node {
   Tensor y;
   const char* name() const override { return "SigmoidBackward"; }
-  std::vector<Tensor> backward(const Tensor& dy) override {
-    return {qkv::mul(dy, qkv::mul(y, qkv::rsub(y, 1.0)))};
-  }
+  std::vector<Tensor> backward(const Tensor& dy) override { return {qkv::mul(dy, qkv::mul(y, qkv::rsub(y, 1.0)))}; }
   void release() override { y = Tensor(); }
 };
 
@@ -280,9 +274,9 @@ Tensor neg(const Tensor& a) {
   return record(out, std::make_shared<NegBackward>(), {a});
 }
 
-#define QKV_UNARY_AG(fn, Node)                                                \
-  Tensor fn(const Tensor& a) {                                                \
-    Tensor out = qkv::fn(a);                                                  \
+#define QKV_UNARY_AG(fn, Node)                                                 \
+  Tensor fn(const Tensor& a) {                                                 \
+    Tensor out = qkv::fn(a);                                                   \
     return autograd::any_requires_grad({&a}) ? unary_node<Node>(out, a) : out; \
   }
 QKV_UNARY_AG(exp, ExpBackward)
@@ -397,37 +391,74 @@ void register_elementwise_gradchecks(GradcheckRegistry& r) {
   auto pos = [](Shape s, uint64_t seed) { return rand(s, seed, 0, 0.5, 2.0, DType::f64); };
   auto tr = [](const Tensor& t) { return ag::transpose(t, 0, 1); };
 
-  r.add({"add", "[3,4] + [3,4]", [=] { return V{in({3, 4}, 1), in({3, 4}, 2)}; },
+  r.add({"add", "[3,4] + [3,4]",
+         [=] {
+           return V{in({3, 4}, 1), in({3, 4}, 2)};
+         },
          [](X x) { return ag::add(x[0], x[1]); }});
-  r.add({"add", "broadcast [2,3,4] + [3,1]", [=] { return V{in({2, 3, 4}, 3), in({3, 1}, 4)}; },
+  r.add({"add", "broadcast [2,3,4] + [3,1]",
+         [=] {
+           return V{in({2, 3, 4}, 3), in({3, 1}, 4)};
+         },
          [](X x) { return ag::add(x[0], x[1]); }});
-  r.add({"add", "transposed [5,3]^T + [1]", [=] { return V{in({5, 3}, 5), in({1}, 6)}; },
+  r.add({"add", "transposed [5,3]^T + [1]",
+         [=] {
+           return V{in({5, 3}, 5), in({1}, 6)};
+         },
          [=](X x) { return ag::add(tr(x[0]), x[1]); }});
-  r.add({"add", "size-1 dims [1,5] + [4,1]", [=] { return V{in({1, 5}, 7), in({4, 1}, 8)}; },
+  r.add({"add", "size-1 dims [1,5] + [4,1]",
+         [=] {
+           return V{in({1, 5}, 7), in({4, 1}, 8)};
+         },
          [](X x) { return ag::add(x[0], x[1]); }});
-  r.add({"sub", "[2,5] - [5]", [=] { return V{in({2, 5}, 9), in({5}, 10)}; },
+  r.add({"sub", "[2,5] - [5]", [=] { return V{in({2, 5}, 9), in({5}, 10)}; }, [](X x) { return ag::sub(x[0], x[1]); }});
+  r.add({"sub", "[3,1,2] - [3,4,2]",
+         [=] {
+           return V{in({3, 1, 2}, 11), in({3, 4, 2}, 12)};
+         },
          [](X x) { return ag::sub(x[0], x[1]); }});
-  r.add({"sub", "[3,1,2] - [3,4,2]", [=] { return V{in({3, 1, 2}, 11), in({3, 4, 2}, 12)}; },
-         [](X x) { return ag::sub(x[0], x[1]); }});
-  r.add({"mul", "[3,4] * [3,4]", [=] { return V{in({3, 4}, 13), in({3, 4}, 14)}; },
+  r.add({"mul", "[3,4] * [3,4]",
+         [=] {
+           return V{in({3, 4}, 13), in({3, 4}, 14)};
+         },
          [](X x) { return ag::mul(x[0], x[1]); }});
-  r.add({"mul", "broadcast [2,1,3] * [4,1]", [=] { return V{in({2, 1, 3}, 15), in({4, 1}, 16)}; },
+  r.add({"mul", "broadcast [2,1,3] * [4,1]",
+         [=] {
+           return V{in({2, 1, 3}, 15), in({4, 1}, 16)};
+         },
          [](X x) { return ag::mul(x[0], x[1]); }});
-  r.add({"mul", "transposed [5,3]^T * [3,5]", [=] { return V{in({5, 3}, 17), in({3, 5}, 18)}; },
+  r.add({"mul", "transposed [5,3]^T * [3,5]",
+         [=] {
+           return V{in({5, 3}, 17), in({3, 5}, 18)};
+         },
          [=](X x) { return ag::mul(tr(x[0]), x[1]); }});
-  r.add({"mul", "one input used twice x * x", [=] { return V{in({7}, 19)}; },
-         [](X x) { return ag::mul(x[0], x[0]); }});
-  r.add({"div", "[3,4] / [3,4]", [=] { return V{in({3, 4}, 20), pos({3, 4}, 21)}; },
+  r.add({"mul", "one input used twice x * x", [=] { return V{in({7}, 19)}; }, [](X x) { return ag::mul(x[0], x[0]); }});
+  r.add({"div", "[3,4] / [3,4]",
+         [=] {
+           return V{in({3, 4}, 20), pos({3, 4}, 21)};
+         },
          [](X x) { return ag::div(x[0], x[1]); }});
-  r.add({"div", "broadcast [2,3] / [3]", [=] { return V{in({2, 3}, 22), pos({3}, 23)}; },
+  r.add({"div", "broadcast [2,3] / [3]",
+         [=] {
+           return V{in({2, 3}, 22), pos({3}, 23)};
+         },
          [](X x) { return ag::div(x[0], x[1]); }});
-  r.add({"div", "broadcast [3,1] / transposed [4,3]^T", [=] { return V{in({3, 1}, 24), pos({4, 3}, 25)}; },
+  r.add({"div", "broadcast [3,1] / transposed [4,3]^T",
+         [=] {
+           return V{in({3, 1}, 24), pos({4, 3}, 25)};
+         },
          [=](X x) { return ag::div(x[0], tr(x[1])); }});
   r.add({"add_scalar", "[3,5] + 2.5", [=] { return V{in({3, 5}, 26)}; }, [](X x) { return ag::add(x[0], 2.5); }});
-  r.add({"mul_scalar", "transposed [4,3]^T * -1.5", [=] { return V{in({4, 3}, 27)}; },
+  r.add({"mul_scalar", "transposed [4,3]^T * -1.5",
+         [=] {
+           return V{in({4, 3}, 27)};
+         },
          [=](X x) { return ag::mul(tr(x[0]), -1.5); }});
   for (double p : {2.0, 3.0, 0.5, -1.5, 1.7}) {
-    r.add({"pow", cat("[2,3,3] ^ ", p, " (positive inputs)"), [=] { return V{pos({2, 3, 3}, 28)}; },
+    r.add({"pow", cat("[2,3,3] ^ ", p, " (positive inputs)"),
+           [=] {
+             return V{pos({2, 3, 3}, 28)};
+           },
            [p](X x) { return ag::pow(x[0], p); }});
   }
   r.add({"pow", "signed [9] ^ 2", [=] { return V{in({9}, 29)}; }, [](X x) { return ag::pow(x[0], 2.0); }});
@@ -436,41 +467,80 @@ void register_elementwise_gradchecks(GradcheckRegistry& r) {
   r.add({"exp", "transposed [5,1]^T", [=] { return V{in({5, 1}, 32)}; }, [=](X x) { return ag::exp(tr(x[0])); }});
   r.add({"log", "[3,4] positive", [=] { return V{pos({3, 4}, 33)}; }, [](X x) { return ag::log(x[0]); }});
   r.add({"sqrt", "[3,4] positive", [=] { return V{pos({3, 4}, 34)}; }, [](X x) { return ag::sqrt(x[0]); }});
-  r.add({"sqrt", "transposed [4,3]^T positive", [=] { return V{pos({4, 3}, 35)}; },
+  r.add({"sqrt", "transposed [4,3]^T positive",
+         [=] {
+           return V{pos({4, 3}, 35)};
+         },
          [=](X x) { return ag::sqrt(tr(x[0])); }});
   r.add({"rsqrt", "[2,7] positive", [=] { return V{pos({2, 7}, 36)}; }, [](X x) { return ag::rsqrt(x[0]); }});
   r.add({"tanh", "[3,4]", [=] { return V{in({3, 4}, 37)}; }, [](X x) { return ag::tanh(x[0]); }});
-  r.add({"tanh", "wide inputs [11] (std 3)",
-         [=] { return V{randn({11}, 38, 0, 0.0, 3.0, DType::f64)}; }, [](X x) { return ag::tanh(x[0]); }});
+  r.add({"tanh", "wide inputs [11] (std 3)", [=] { return V{randn({11}, 38, 0, 0.0, 3.0, DType::f64)}; },
+         [](X x) { return ag::tanh(x[0]); }});
   r.add({"sigmoid", "[3,4]", [=] { return V{in({3, 4}, 39)}; }, [](X x) { return ag::sigmoid(x[0]); }});
-  r.add({"sigmoid", "wide inputs [11] (std 6)",
-         [=] { return V{randn({11}, 40, 0, 0.0, 6.0, DType::f64)}; }, [](X x) { return ag::sigmoid(x[0]); }});
+  r.add({"sigmoid", "wide inputs [11] (std 6)", [=] { return V{randn({11}, 40, 0, 0.0, 6.0, DType::f64)}; },
+         [](X x) { return ag::sigmoid(x[0]); }});
   r.add({"relu", "[4,5]", [=] { return V{in({4, 5}, 41)}; }, [](X x) { return ag::relu(x[0]); }});
   r.add({"relu", "transposed [3,2]^T", [=] { return V{in({3, 2}, 42)}; }, [=](X x) { return ag::relu(tr(x[0])); }});
-  r.add({"gelu", "tanh approximation [3,5]", [=] { return V{in({3, 5}, 43)}; },
+  r.add({"gelu", "tanh approximation [3,5]",
+         [=] {
+           return V{in({3, 5}, 43)};
+         },
          [](X x) { return ag::gelu(x[0], GeluApprox::tanh); }});
-  r.add({"gelu", "exact erf [3,5]", [=] { return V{in({3, 5}, 44)}; },
+  r.add({"gelu", "exact erf [3,5]",
+         [=] {
+           return V{in({3, 5}, 44)};
+         },
          [](X x) { return ag::gelu(x[0], GeluApprox::none); }});
   r.add({"gelu", "tanh approximation transposed [4,3]^T (std 3)",
-         [=] { return V{randn({4, 3}, 45, 0, 0.0, 3.0, DType::f64)}; },
+         [=] {
+           return V{randn({4, 3}, 45, 0, 0.0, 3.0, DType::f64)};
+         },
          [=](X x) { return ag::gelu(tr(x[0]), GeluApprox::tanh); }});
-  r.add({"bias_gelu", "tanh approximation [2,3,5] + [5]", [=] { return V{in({2, 3, 5}, 48), in({5}, 49)}; },
+  r.add({"bias_gelu", "tanh approximation [2,3,5] + [5]",
+         [=] {
+           return V{in({2, 3, 5}, 48), in({5}, 49)};
+         },
          [](X x) { return ag::bias_gelu(x[0], x[1], GeluApprox::tanh); }});
   r.add({"bias_gelu", "exact erf, transposed [4,3]^T + [4] (std 3)",
-         [=] { return V{randn({4, 3}, 50, 0, 0.0, 3.0, DType::f64), in({4}, 51)}; },
+         [=] {
+           return V{randn({4, 3}, 50, 0, 0.0, 3.0, DType::f64), in({4}, 51)};
+         },
          [=](X x) { return ag::bias_gelu(tr(x[0]), x[1], GeluApprox::none); }});
   r.add({"silu", "[3,5]", [=] { return V{in({3, 5}, 46)}; }, [](X x) { return ag::silu(x[0]); }});
-  r.add({"silu", "size-1 dims [1,6,1] (std 4)", [=] { return V{randn({1, 6, 1}, 47, 0, 0.0, 4.0, DType::f64)}; },
+  r.add({"silu", "size-1 dims [1,6,1] (std 4)",
+         [=] {
+           return V{randn({1, 6, 1}, 47, 0, 0.0, 4.0, DType::f64)};
+         },
          [](X x) { return ag::silu(x[0]); }});
   // Fixed masks drawn from a seed: both sides of where get some elements.
-  auto mask = [](Shape s, uint64_t seed) { return gt(rand(s, seed, 0, 0.0, 1.0, DType::f64), full({}, 0.5, DType::f64)); };
-  r.add({"where", "[3,4] ? [3,4] : [3,4]", [=] { return V{in({3, 4}, 48), in({3, 4}, 49)}; },
-         [=](X x) { return ag::where(mask({3, 4}, 50), x[0], x[1]); }});
-  r.add({"where", "broadcast [3,1] ? [3,4] : [4]", [=] { return V{in({3, 4}, 51), in({4}, 52)}; },
-         [=](X x) { return ag::where(mask({3, 1}, 53), x[0], x[1]); }});
-  r.add({"masked_fill", "[3,4] mask [3,4]", [=] { return V{in({3, 4}, 54)}; },
-         [=](X x) { return ag::masked_fill(x[0], mask({3, 4}, 55), -7.0); }});
-  r.add({"masked_fill", "transposed [5,2]^T mask [5]", [=] { return V{in({5, 2}, 56)}; },
+  auto mask = [](Shape s, uint64_t seed) {
+    return gt(rand(s, seed, 0, 0.0, 1.0, DType::f64), full({}, 0.5, DType::f64));
+  };
+  r.add({"where", "[3,4] ? [3,4] : [3,4]",
+         [=] {
+           return V{in({3, 4}, 48), in({3, 4}, 49)};
+         },
+         [=](X x) {
+           return ag::where(mask({3, 4}, 50), x[0], x[1]);
+         }});
+  r.add({"where", "broadcast [3,1] ? [3,4] : [4]",
+         [=] {
+           return V{in({3, 4}, 51), in({4}, 52)};
+         },
+         [=](X x) {
+           return ag::where(mask({3, 1}, 53), x[0], x[1]);
+         }});
+  r.add({"masked_fill", "[3,4] mask [3,4]",
+         [=] {
+           return V{in({3, 4}, 54)};
+         },
+         [=](X x) {
+           return ag::masked_fill(x[0], mask({3, 4}, 55), -7.0);
+         }});
+  r.add({"masked_fill", "transposed [5,2]^T mask [5]",
+         [=] {
+           return V{in({5, 2}, 56)};
+         },
          [=](X x) { return ag::masked_fill(tr(x[0]), mask({5}, 57), 3.0); }});
 }
 

@@ -33,9 +33,7 @@ struct MatmulBackward : Node {
     Tensor da, db;
     const Shape full = batch_of(dc);
     auto mm = [this](const Tensor& x, const Tensor& y) { return qkv::matmul(x, y, bf16); };
-    if (needs_grad(0)) {
-      da = batch_of(a) == full ? mm(dc, mT(b)) : sum_to(mm(dc, mT(b)), a.shape());
-    }
+    if (needs_grad(0)) { da = batch_of(a) == full ? mm(dc, mT(b)) : sum_to(mm(dc, mT(b)), a.shape()); }
     if (needs_grad(1)) {
       if (batch_of(b) == full) {
         db = mm(mT(a), dc);
@@ -133,36 +131,70 @@ namespace qkv::autograd {
 void register_matmul_gradchecks(GradcheckRegistry& r) {
   auto in = [](Shape s, uint64_t seed) { return randn(s, seed, 0, 0.0, 1.0, DType::f64); };
   using V = std::vector<Tensor>;
-  r.add({"matmul", "2-d [3,4]x[4,5]", [=] { return V{in({3, 4}, 1), in({4, 5}, 2)}; },
+  r.add({"matmul", "2-d [3,4]x[4,5]",
+         [=] {
+           return V{in({3, 4}, 1), in({4, 5}, 2)};
+         },
          [](const V& x) { return ag::matmul(x[0], x[1]); }});
-  r.add({"matmul", "batched broadcast [2,1,3,4]x[3,4,2]", [=] { return V{in({2, 1, 3, 4}, 3), in({3, 4, 2}, 4)}; },
+  r.add({"matmul", "batched broadcast [2,1,3,4]x[3,4,2]",
+         [=] {
+           return V{in({2, 1, 3, 4}, 3), in({3, 4, 2}, 4)};
+         },
          [](const V& x) { return ag::matmul(x[0], x[1]); }});
-  r.add({"matmul", "batched a [2,3,5,4] x shared b [4,3]", [=] { return V{in({2, 3, 5, 4}, 5), in({4, 3}, 6)}; },
+  r.add({"matmul", "batched a [2,3,5,4] x shared b [4,3]",
+         [=] {
+           return V{in({2, 3, 5, 4}, 5), in({4, 3}, 6)};
+         },
          [](const V& x) { return ag::matmul(x[0], x[1]); }});
-  r.add({"matmul", "shared a [3,4] x batched b [2,4,5]", [=] { return V{in({3, 4}, 7), in({2, 4, 5}, 8)}; },
+  r.add({"matmul", "shared a [3,4] x batched b [2,4,5]",
+         [=] {
+           return V{in({3, 4}, 7), in({2, 4, 5}, 8)};
+         },
          [](const V& x) { return ag::matmul(x[0], x[1]); }});
-  r.add({"matmul", "transposed operands aT[4,3]^T x bT[5,4]^T", [=] { return V{in({4, 3}, 9), in({5, 4}, 10)}; },
+  r.add({"matmul", "transposed operands aT[4,3]^T x bT[5,4]^T",
+         [=] {
+           return V{in({4, 3}, 9), in({5, 4}, 10)};
+         },
          [](const V& x) { return ag::matmul(ag::transpose(x[0], 0, 1), ag::transpose(x[1], 0, 1)); }});
   r.add({"matmul", "batched q @ k^T [2,3,5,4]x[2,3,6,4]^T",
-         [=] { return V{in({2, 3, 5, 4}, 11), in({2, 3, 6, 4}, 12)}; },
+         [=] {
+           return V{in({2, 3, 5, 4}, 11), in({2, 3, 6, 4}, 12)};
+         },
          [](const V& x) { return ag::matmul(x[0], ag::transpose(x[1], -1, -2)); }});
-  r.add({"matmul", "odd sizes [7,13]x[13,11]", [=] { return V{in({7, 13}, 13), in({13, 11}, 14)}; },
+  r.add({"matmul", "odd sizes [7,13]x[13,11]",
+         [=] {
+           return V{in({7, 13}, 13), in({13, 11}, 14)};
+         },
          [](const V& x) { return ag::matmul(x[0], x[1]); }});
   r.add({"matmul", "size-1 dims [1,4]x[4,1] and [3,1]x[1,2]",
-         [=] { return V{in({1, 4}, 15), in({4, 1}, 16), in({3, 1}, 17), in({1, 2}, 18)}; },
+         [=] {
+           return V{in({1, 4}, 15), in({4, 1}, 16), in({3, 1}, 17), in({1, 2}, 18)};
+         },
          [](const V& x) { return ag::add(ag::matmul(x[0], x[1]), ag::sum(ag::matmul(x[2], x[3]))); }});
   r.add({"matmul", "vector operands [4]x[4,3] and [2,3]x[3]",
-         [=] { return V{in({4}, 19), in({4, 3}, 20), in({2, 3}, 21), in({3}, 22)}; },
+         [=] {
+           return V{in({4}, 19), in({4, 3}, 20), in({2, 3}, 21), in({3}, 22)};
+         },
          [](const V& x) { return ag::mul(ag::matmul(x[0], x[1]), ag::sum(ag::matmul(x[2], x[3]))); }});
-  r.add({"matmul", "strided narrow a[:, 1:4] x b", [=] { return V{in({3, 6}, 23), in({3, 2}, 24)}; },
+  r.add({"matmul", "strided narrow a[:, 1:4] x b",
+         [=] {
+           return V{in({3, 6}, 23), in({3, 2}, 24)};
+         },
          [](const V& x) { return ag::matmul(ag::narrow(x[0], 1, 1, 3), x[1]); }});
   r.add({"linear", "3-d x [2,3,4], W [5,4], bias [5]",
-         [=] { return V{in({2, 3, 4}, 25), in({5, 4}, 26), in({5}, 27)}; },
+         [=] {
+           return V{in({2, 3, 4}, 25), in({5, 4}, 26), in({5}, 27)};
+         },
          [](const V& x) { return ag::linear(x[0], x[1], x[2]); }});
-  r.add({"linear", "3-d x [2,3,4], W [5,4], no bias", [=] { return V{in({2, 3, 4}, 28), in({5, 4}, 29)}; },
+  r.add({"linear", "3-d x [2,3,4], W [5,4], no bias",
+         [=] {
+           return V{in({2, 3, 4}, 28), in({5, 4}, 29)};
+         },
          [](const V& x) { return ag::linear(x[0], x[1], Tensor()); }});
   r.add({"linear", "transposed x [4,3]^T, W [2,4], bias [2]",
-         [=] { return V{in({4, 3}, 30), in({2, 4}, 31), in({2}, 32)}; },
+         [=] {
+           return V{in({4, 3}, 30), in({2, 4}, 31), in({2}, 32)};
+         },
          [](const V& x) { return ag::linear(ag::transpose(x[0], 0, 1), x[1], x[2]); }});
 }
 

@@ -42,9 +42,10 @@ struct LayerNormBackward : Node {
     return {needs_grad(0) ? g.dx : Tensor(), needs_grad(1) ? g.dweight : Tensor(), needs_grad(2) ? g.dbias : Tensor()};
   }
   std::vector<Tensor> backward_accumulate(const Tensor& dy, autograd::PendingGrads& pending) override {
-    const Tensor* into = needs_grad(0) && x.device() == Device::cpu && dy.shape() == x.shape() && dy.dtype() == x.dtype()
-                             ? pending.exclusive(0, x.shape(), x.dtype())
-                             : nullptr;
+    const Tensor* into =
+        needs_grad(0) && x.device() == Device::cpu && dy.shape() == x.shape() && dy.dtype() == x.dtype()
+            ? pending.exclusive(0, x.shape(), x.dtype())
+            : nullptr;
     if (!into) return backward(dy);
     Tensor dweight, dbias;
     if (weight.defined() && needs_grad(1)) dweight = Tensor::empty(weight.shape(), x.dtype());
@@ -155,32 +156,68 @@ namespace qkv::autograd {
 void register_nn_gradchecks(GradcheckRegistry& r) {
   auto in = [](Shape s, uint64_t seed) { return randn(s, seed, 0, 0.0, 1.0, DType::f64); };
   using V = std::vector<Tensor>;
-  r.add({"embedding", "weight [6,3], ids [2,4] with repeats",
-         [=] { return V{in({6, 3}, 101), from_vector_i64({0, 5, 2, 2, 5, 1, 0, 2}, {2, 4})}; },
-         [](const V& x) { return ag::embedding(x[0], x[1]); }, {true, false}});
-  r.add({"embedding", "int32 ids [5] into weight [4,7]",
-         [=] { return V{in({4, 7}, 102), from_vector_i64({3, 3, 0, 1, 3}, {5}, DType::i32)}; },
-         [](const V& x) { return ag::embedding(x[0], x[1]); }, {true, false}});
-  r.add({"layer_norm", "x [2,3,5], weight, bias", [=] { return V{in({2, 3, 5}, 103), in({5}, 104), in({5}, 105)}; },
+  r.add({"embedding",
+         "weight [6,3], ids [2,4] with repeats",
+         [=] {
+           return V{in({6, 3}, 101), from_vector_i64({0, 5, 2, 2, 5, 1, 0, 2}, {2, 4})};
+         },
+         [](const V& x) { return ag::embedding(x[0], x[1]); },
+         {true, false}});
+  r.add({"embedding",
+         "int32 ids [5] into weight [4,7]",
+         [=] {
+           return V{in({4, 7}, 102), from_vector_i64({3, 3, 0, 1, 3}, {5}, DType::i32)};
+         },
+         [](const V& x) { return ag::embedding(x[0], x[1]); },
+         {true, false}});
+  r.add({"layer_norm", "x [2,3,5], weight, bias",
+         [=] {
+           return V{in({2, 3, 5}, 103), in({5}, 104), in({5}, 105)};
+         },
          [](const V& x) { return ag::layer_norm(x[0], x[1], x[2], 1e-5); }});
   r.add({"layer_norm", "transposed x [6,4]^T, weight, bias",
-         [=] { return V{in({6, 4}, 106), in({6}, 107), in({6}, 108)}; },
+         [=] {
+           return V{in({6, 4}, 106), in({6}, 107), in({6}, 108)};
+         },
          [](const V& x) { return ag::layer_norm(ag::transpose(x[0], 0, 1), x[1], x[2], 1e-5); }});
-  r.add({"layer_norm", "x [4,7] without weight or bias", [=] { return V{in({4, 7}, 109)}; },
+  r.add({"layer_norm", "x [4,7] without weight or bias",
+         [=] {
+           return V{in({4, 7}, 109)};
+         },
          [](const V& x) { return ag::layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
-  r.add({"rms_norm", "x [2,3,5], weight", [=] { return V{in({2, 3, 5}, 110), in({5}, 111)}; },
+  r.add({"rms_norm", "x [2,3,5], weight",
+         [=] {
+           return V{in({2, 3, 5}, 110), in({5}, 111)};
+         },
          [](const V& x) { return ag::rms_norm(x[0], x[1], 1e-6); }});
-  r.add({"rms_norm", "transposed x [5,3]^T, weight", [=] { return V{in({5, 3}, 112), in({5}, 113)}; },
+  r.add({"rms_norm", "transposed x [5,3]^T, weight",
+         [=] {
+           return V{in({5, 3}, 112), in({5}, 113)};
+         },
          [](const V& x) { return ag::rms_norm(ag::transpose(x[0], 0, 1), x[1], 1e-6); }});
-  r.add({"cross_entropy", "logits [6,7], two targets ignored",
-         [=] { return V{in({6, 7}, 114), from_vector_i64({3, -100, 0, 6, -100, 2}, {6})}; },
-         [](const V& x) { return ag::cross_entropy(x[0], x[1], -100); }, {true, false}});
-  r.add({"cross_entropy", "logits [5,4]^T, int32 targets, ignore 1",
-         [=] { return V{in({5, 4}, 115), from_vector_i64({1, 4, 0, 2}, {4}, DType::i32)}; },
-         [](const V& x) { return ag::cross_entropy(ag::transpose(x[0], 0, 1), x[1], 1); }, {true, false}});
-  r.add({"dropout", "p=0.3 seed 42 on [4,6]", [=] { return V{in({4, 6}, 116)}; },
+  r.add({"cross_entropy",
+         "logits [6,7], two targets ignored",
+         [=] {
+           return V{in({6, 7}, 114), from_vector_i64({3, -100, 0, 6, -100, 2}, {6})};
+         },
+         [](const V& x) { return ag::cross_entropy(x[0], x[1], -100); },
+         {true, false}});
+  r.add({"cross_entropy",
+         "logits [5,4]^T, int32 targets, ignore 1",
+         [=] {
+           return V{in({5, 4}, 115), from_vector_i64({1, 4, 0, 2}, {4}, DType::i32)};
+         },
+         [](const V& x) { return ag::cross_entropy(ag::transpose(x[0], 0, 1), x[1], 1); },
+         {true, false}});
+  r.add({"dropout", "p=0.3 seed 42 on [4,6]",
+         [=] {
+           return V{in({4, 6}, 116)};
+         },
          [](const V& x) { return ag::dropout(x[0], 0.3, 42, 0); }});
-  r.add({"dropout", "p=0.3 seed 7 offset 100 on [5,3]^T", [=] { return V{in({5, 3}, 117)}; },
+  r.add({"dropout", "p=0.3 seed 7 offset 100 on [5,3]^T",
+         [=] {
+           return V{in({5, 3}, 117)};
+         },
          [](const V& x) { return ag::dropout(ag::transpose(x[0], 0, 1), 0.3, 7, 100); }});
 }
 

@@ -137,39 +137,87 @@ void register_reduce_gradchecks(GradcheckRegistry& r) {
   auto tr = [](const Tensor& t) { return ag::transpose(t, 0, 1); };
 
   r.add({"sum", "all of [3,4]", [=] { return V{in({3, 4}, 101)}; }, [](X x) { return ag::sum(x[0]); }});
-  r.add({"sum", "[2,3,4] over dim 1", [=] { return V{in({2, 3, 4}, 102)}; },
-         [](X x) { return ag::sum(x[0], {1}); }});
-  r.add({"sum", "[2,3,5] over dims (0,2) keepdim", [=] { return V{in({2, 3, 5}, 103)}; },
-         [](X x) { return ag::sum(x[0], {0, 2}, true); }});
-  r.add({"sum", "transposed [5,3]^T over dim -1", [=] { return V{in({5, 3}, 104)}; },
+  r.add({"sum", "[2,3,4] over dim 1", [=] { return V{in({2, 3, 4}, 102)}; }, [](X x) { return ag::sum(x[0], {1}); }});
+  r.add({"sum", "[2,3,5] over dims (0,2) keepdim",
+         [=] {
+           return V{in({2, 3, 5}, 103)};
+         },
+         [](X x) {
+           return ag::sum(x[0], {0, 2}, true);
+         }});
+  r.add({"sum", "transposed [5,3]^T over dim -1",
+         [=] {
+           return V{in({5, 3}, 104)};
+         },
          [=](X x) { return ag::sum(tr(x[0]), {-1}); }});
-  r.add({"sum", "size-1 dims [1,4,1] over dim 0", [=] { return V{in({1, 4, 1}, 105)}; },
+  r.add({"sum", "size-1 dims [1,4,1] over dim 0",
+         [=] {
+           return V{in({1, 4, 1}, 105)};
+         },
          [](X x) { return ag::sum(x[0], {0}); }});
   r.add({"mean", "all of [3,5]", [=] { return V{in({3, 5}, 106)}; }, [](X x) { return ag::mean(x[0]); }});
-  r.add({"mean", "[4,3,2] over dims (0,1)", [=] { return V{in({4, 3, 2}, 107)}; },
-         [](X x) { return ag::mean(x[0], {0, 1}); }});
-  r.add({"mean", "transposed [3,4]^T over dim 0 keepdim", [=] { return V{in({3, 4}, 108)}; },
+  r.add({"mean", "[4,3,2] over dims (0,1)",
+         [=] {
+           return V{in({4, 3, 2}, 107)};
+         },
+         [](X x) {
+           return ag::mean(x[0], {0, 1});
+         }});
+  r.add({"mean", "transposed [3,4]^T over dim 0 keepdim",
+         [=] {
+           return V{in({3, 4}, 108)};
+         },
          [=](X x) { return ag::mean(tr(x[0]), {0}, true); }});
   r.add({"max", "[3,5] over dim 1", [=] { return V{in({3, 5}, 109)}; }, [](X x) { return ag::max(x[0], 1); }});
-  r.add({"max", "[4,3,2] over dim 0 keepdim", [=] { return V{in({4, 3, 2}, 110)}; },
+  r.add({"max", "[4,3,2] over dim 0 keepdim",
+         [=] {
+           return V{in({4, 3, 2}, 110)};
+         },
          [](X x) { return ag::max(x[0], 0, true); }});
-  r.add({"max", "transposed [5,3]^T over dim -1", [=] { return V{in({5, 3}, 111)}; },
+  r.add({"max", "transposed [5,3]^T over dim -1",
+         [=] {
+           return V{in({5, 3}, 111)};
+         },
          [=](X x) { return ag::max(tr(x[0]), -1); }});
-  r.add({"softmax", "[3,5] over dim -1", [=] { return V{in({3, 5}, 112)}; },
+  r.add({"softmax", "[3,5] over dim -1",
+         [=] {
+           return V{in({3, 5}, 112)};
+         },
          [](X x) { return ag::softmax(x[0], -1); }});
-  r.add({"softmax", "[2,4,3] over dim 1", [=] { return V{in({2, 4, 3}, 113)}; },
+  r.add({"softmax", "[2,4,3] over dim 1",
+         [=] {
+           return V{in({2, 4, 3}, 113)};
+         },
          [](X x) { return ag::softmax(x[0], 1); }});
-  r.add({"softmax", "transposed [4,3]^T over dim -1", [=] { return V{in({4, 3}, 114)}; },
+  r.add({"softmax", "transposed [4,3]^T over dim -1",
+         [=] {
+           return V{in({4, 3}, 114)};
+         },
          [=](X x) { return ag::softmax(tr(x[0]), -1); }});
-  r.add({"softmax", "size-1 row [3,1] over dim -1", [=] { return V{in({3, 1}, 115)}; },
+  r.add({"softmax", "size-1 row [3,1] over dim -1",
+         [=] {
+           return V{in({3, 1}, 115)};
+         },
          [](X x) { return ag::softmax(x[0], -1); }});
-  r.add({"softmax", "large logits [2,7] (std 10)", [=] { return V{randn({2, 7}, 116, 0, 0.0, 10.0, DType::f64)}; },
+  r.add({"softmax", "large logits [2,7] (std 10)",
+         [=] {
+           return V{randn({2, 7}, 116, 0, 0.0, 10.0, DType::f64)};
+         },
          [](X x) { return ag::softmax(x[0], -1); }});
-  r.add({"log_softmax", "[3,5] over dim -1", [=] { return V{in({3, 5}, 117)}; },
+  r.add({"log_softmax", "[3,5] over dim -1",
+         [=] {
+           return V{in({3, 5}, 117)};
+         },
          [](X x) { return ag::log_softmax(x[0], -1); }});
-  r.add({"log_softmax", "[3,4,2] over dim 0", [=] { return V{in({3, 4, 2}, 118)}; },
+  r.add({"log_softmax", "[3,4,2] over dim 0",
+         [=] {
+           return V{in({3, 4, 2}, 118)};
+         },
          [](X x) { return ag::log_softmax(x[0], 0); }});
-  r.add({"log_softmax", "transposed [6,3]^T over dim 1", [=] { return V{in({6, 3}, 119)}; },
+  r.add({"log_softmax", "transposed [6,3]^T over dim 1",
+         [=] {
+           return V{in({6, 3}, 119)};
+         },
          [=](X x) { return ag::log_softmax(tr(x[0]), 1); }});
 }
 

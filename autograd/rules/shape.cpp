@@ -99,32 +99,73 @@ void register_shape_gradchecks(GradcheckRegistry& r) {
   auto in = [](Shape s, uint64_t seed) { return randn(s, seed, 0, 0.0, 1.0, DType::f64); };
   auto tr = [](const Tensor& t) { return ag::transpose(t, 0, 1); };
 
-  r.add({"cat", "[2,3] and [4,3] along dim 0", [=] { return V{in({2, 3}, 201), in({4, 3}, 202)}; },
-         [](X x) { return ag::cat({x[0], x[1]}, 0); }});
+  r.add({"cat", "[2,3] and [4,3] along dim 0",
+         [=] {
+           return V{in({2, 3}, 201), in({4, 3}, 202)};
+         },
+         [](X x) {
+           return ag::cat({x[0], x[1]}, 0);
+         }});
   r.add({"cat", "three along dim -1 incl. a size-1 piece",
-         [=] { return V{in({3, 2}, 203), in({3, 1}, 204), in({3, 5}, 205)}; },
-         [](X x) { return ag::cat({x[0], x[1], x[2]}, -1); }});
-  r.add({"cat", "transposed [3,2]^T with [2,4] along dim 1", [=] { return V{in({3, 2}, 206), in({2, 4}, 207)}; },
-         [=](X x) { return ag::cat({tr(x[0]), x[1]}, 1); }});
-  r.add({"cat", "one input used twice", [=] { return V{in({2, 3}, 208)}; },
-         [](X x) { return ag::cat({x[0], x[0]}, 0); }});
+         [=] {
+           return V{in({3, 2}, 203), in({3, 1}, 204), in({3, 5}, 205)};
+         },
+         [](X x) {
+           return ag::cat({x[0], x[1], x[2]}, -1);
+         }});
+  r.add({"cat", "transposed [3,2]^T with [2,4] along dim 1",
+         [=] {
+           return V{in({3, 2}, 206), in({2, 4}, 207)};
+         },
+         [=](X x) {
+           return ag::cat({tr(x[0]), x[1]}, 1);
+         }});
+  r.add({"cat", "one input used twice",
+         [=] {
+           return V{in({2, 3}, 208)};
+         },
+         [](X x) {
+           return ag::cat({x[0], x[0]}, 0);
+         }});
   // Pieces are recombined with different weights so the check sees which piece went where.
-  r.add({"split", "[7,3] into 2,4,1 along dim 0", [=] { return V{in({7, 3}, 209)}; }, [=](X x) {
-          auto p = ag::split(x[0], {2, 4, 1}, 0);
-          return ag::add(ag::add(ag::sum(ag::mul(p[0], in({2, 3}, 210))), ag::sum(ag::mul(p[1], 3.0))),
-                         ag::sum(ag::mul(p[2], p[2])));
-        }});
-  r.add({"split", "transposed [5,4]^T into 3,2 along dim 1, one piece unused", [=] { return V{in({5, 4}, 211)}; },
-        [=](X x) {
-          auto p = ag::split(tr(x[0]), {3, 2}, 1);
-          return ag::mul(p[0], in({4, 3}, 212));
-        }});
-  r.add({"index_select", "rows of [5,3] with repeats", [=] { return V{in({5, 3}, 213)}; },
-         [](X x) { return ag::index_select(x[0], 0, from_vector_i64({4, 0, 4, 2, 4}, {5})); }});
-  r.add({"index_select", "dim 1 of [2,6,3] (int32 index)", [=] { return V{in({2, 6, 3}, 214)}; },
-         [](X x) { return ag::index_select(x[0], 1, from_vector_i64({5, 1, 1}, {3}, DType::i32)); }});
-  r.add({"index_select", "transposed [4,3]^T along dim -1", [=] { return V{in({4, 3}, 215)}; },
-         [=](X x) { return ag::index_select(tr(x[0]), -1, from_vector_i64({3, 0}, {2})); }});
+  r.add({"split", "[7,3] into 2,4,1 along dim 0",
+         [=] {
+           return V{in({7, 3}, 209)};
+         },
+         [=](X x) {
+           auto p = ag::split(x[0], {2, 4, 1}, 0);
+           return ag::add(ag::add(ag::sum(ag::mul(p[0], in({2, 3}, 210))), ag::sum(ag::mul(p[1], 3.0))),
+                          ag::sum(ag::mul(p[2], p[2])));
+         }});
+  r.add({"split", "transposed [5,4]^T into 3,2 along dim 1, one piece unused",
+         [=] {
+           return V{in({5, 4}, 211)};
+         },
+         [=](X x) {
+           auto p = ag::split(tr(x[0]), {3, 2}, 1);
+           return ag::mul(p[0], in({4, 3}, 212));
+         }});
+  r.add({"index_select", "rows of [5,3] with repeats",
+         [=] {
+           return V{in({5, 3}, 213)};
+         },
+         [](X x) {
+           return ag::index_select(x[0], 0, from_vector_i64({4, 0, 4, 2, 4}, {5}));
+         }});
+  r.add({"index_select", "dim 1 of [2,6,3] (int32 index)",
+         [=] {
+           return V{in({2, 6, 3}, 214)};
+         },
+         [](X x) {
+           return ag::index_select(x[0], 1, from_vector_i64({5, 1, 1}, {3}, DType::i32));
+         }});
+  r.add({"index_select", "transposed [4,3]^T along dim -1",
+         [=] {
+           return V{in({4, 3}, 215)};
+         },
+         [=](X x) {
+           return ag::index_select(tr(x[0]), -1, from_vector_i64({3, 0}, {2}));
+         }});
 }
 
 }  // namespace qkv::autograd

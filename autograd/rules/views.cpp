@@ -121,21 +121,57 @@ namespace qkv::autograd {
 void register_view_gradchecks(GradcheckRegistry& r) {
   auto in = [](Shape s, uint64_t seed) { return randn(s, seed, 0, 0.0, 1.0, DType::f64); };
   // Each view is followed by a multiply with a fixed tensor so the check sees where every element went.
-  r.add({"reshape", "[2,3,4]->[4,6]", [=] { return std::vector<Tensor>{in({2, 3, 4}, 1)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::reshape(x[0], {4, 6}), in({4, 6}, 2)); }});
-  r.add({"permute", "[2,3,4] (2,0,1)", [=] { return std::vector<Tensor>{in({2, 3, 4}, 3)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::permute(x[0], {2, 0, 1}), in({4, 2, 3}, 4)); }});
-  r.add({"transpose", "[3,5] then reshape through a copy", [=] { return std::vector<Tensor>{in({3, 5}, 5)}; },
+  r.add({"reshape", "[2,3,4]->[4,6]",
+         [=] {
+           return std::vector<Tensor>{in({2, 3, 4}, 1)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::reshape(x[0], {4, 6}), in({4, 6}, 2));
+         }});
+  r.add({"permute", "[2,3,4] (2,0,1)",
+         [=] {
+           return std::vector<Tensor>{in({2, 3, 4}, 3)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::permute(x[0], {2, 0, 1}), in({4, 2, 3}, 4));
+         }});
+  r.add({"transpose", "[3,5] then reshape through a copy",
+         [=] {
+           return std::vector<Tensor>{in({3, 5}, 5)};
+         },
          [=](const std::vector<Tensor>& x) { return ag::reshape(ag::transpose(x[0], 0, 1), {15}); }});
-  r.add({"narrow", "[4,5] dim1 [1,4)", [=] { return std::vector<Tensor>{in({4, 5}, 6)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::narrow(x[0], 1, 1, 3), in({4, 3}, 7)); }});
-  r.add({"expand", "[3,1]->[2,3,4]", [=] { return std::vector<Tensor>{in({3, 1}, 8)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::expand(x[0], {2, 3, 4}), in({2, 3, 4}, 9)); }});
-  r.add({"unsqueeze", "[3,4] at 1", [=] { return std::vector<Tensor>{in({3, 4}, 10)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::unsqueeze(x[0], 1), in({3, 1, 4}, 11)); }});
-  r.add({"squeeze", "[3,1,4] at 1", [=] { return std::vector<Tensor>{in({3, 1, 4}, 12)}; },
-         [=](const std::vector<Tensor>& x) { return ag::mul(ag::squeeze(x[0], 1), in({3, 4}, 13)); }});
-  r.add({"contiguous", "transposed [4,3]", [=] { return std::vector<Tensor>{in({3, 4}, 14)}; },
+  r.add({"narrow", "[4,5] dim1 [1,4)",
+         [=] {
+           return std::vector<Tensor>{in({4, 5}, 6)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::narrow(x[0], 1, 1, 3), in({4, 3}, 7));
+         }});
+  r.add({"expand", "[3,1]->[2,3,4]",
+         [=] {
+           return std::vector<Tensor>{in({3, 1}, 8)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::expand(x[0], {2, 3, 4}), in({2, 3, 4}, 9));
+         }});
+  r.add({"unsqueeze", "[3,4] at 1",
+         [=] {
+           return std::vector<Tensor>{in({3, 4}, 10)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::unsqueeze(x[0], 1), in({3, 1, 4}, 11));
+         }});
+  r.add({"squeeze", "[3,1,4] at 1",
+         [=] {
+           return std::vector<Tensor>{in({3, 1, 4}, 12)};
+         },
+         [=](const std::vector<Tensor>& x) {
+           return ag::mul(ag::squeeze(x[0], 1), in({3, 4}, 13));
+         }});
+  r.add({"contiguous", "transposed [4,3]",
+         [=] {
+           return std::vector<Tensor>{in({3, 4}, 14)};
+         },
          [=](const std::vector<Tensor>& x) {
            return ag::mul(ag::contiguous(ag::transpose(x[0], 0, 1)), in({4, 3}, 15));
          }});

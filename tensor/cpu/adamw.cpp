@@ -15,8 +15,8 @@ namespace qkv::cpu {
 
 namespace {
 
-void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                  int64_t n, const AdamWScalars& s) {
+void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
+                  const AdamWScalars& s) {
   const AdamWScalars local = s;  // by value, so the compiler knows the stores below cannot change it
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], local);

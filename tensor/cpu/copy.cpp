@@ -13,8 +13,12 @@ struct Conv {  // element <-> float/double bridge for the storage types
   static double load(const T* p) { return static_cast<double>(*p); }
   static void store(T* p, double v) { *p = static_cast<T>(v); }
 };
-struct Bf16 { uint16_t bits; };
-struct F16 { uint16_t bits; };
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
 template <>
 struct Conv<Bf16> {
   static double load(const Bf16* p) { return bf16_to_float(p->bits); }
@@ -57,13 +61,20 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
 template <class S>
 void copy_from(const Tensor& src, const Tensor& dst) {
   switch (dst.dtype()) {
-    case DType::f32: return copy_typed<S, float>(src, dst);
-    case DType::f64: return copy_typed<S, double>(src, dst);
-    case DType::i32: return copy_typed<S, int32_t>(src, dst);
-    case DType::i64: return copy_typed<S, int64_t>(src, dst);
-    case DType::bf16: return copy_typed<S, Bf16>(src, dst);
-    case DType::f16: return copy_typed<S, F16>(src, dst);
-    case DType::boolean: return copy_typed<S, bool>(src, dst);
+    case DType::f32:
+      return copy_typed<S, float>(src, dst);
+    case DType::f64:
+      return copy_typed<S, double>(src, dst);
+    case DType::i32:
+      return copy_typed<S, int32_t>(src, dst);
+    case DType::i64:
+      return copy_typed<S, int64_t>(src, dst);
+    case DType::bf16:
+      return copy_typed<S, Bf16>(src, dst);
+    case DType::f16:
+      return copy_typed<S, F16>(src, dst);
+    case DType::boolean:
+      return copy_typed<S, bool>(src, dst);
   }
 }
 
@@ -74,13 +85,20 @@ void copy_cast(const Tensor& src, const Tensor& dst) {
             shape_str(dst.shape()), " differ");
   QKV_CHECK(src.device() == Device::cpu && dst.device() == Device::cpu, "[copy] cpu kernel given a cuda tensor");
   switch (src.dtype()) {
-    case DType::f32: return copy_from<float>(src, dst);
-    case DType::f64: return copy_from<double>(src, dst);
-    case DType::i32: return copy_from<int32_t>(src, dst);
-    case DType::i64: return copy_from<int64_t>(src, dst);
-    case DType::bf16: return copy_from<Bf16>(src, dst);
-    case DType::f16: return copy_from<F16>(src, dst);
-    case DType::boolean: return copy_from<bool>(src, dst);
+    case DType::f32:
+      return copy_from<float>(src, dst);
+    case DType::f64:
+      return copy_from<double>(src, dst);
+    case DType::i32:
+      return copy_from<int32_t>(src, dst);
+    case DType::i64:
+      return copy_from<int64_t>(src, dst);
+    case DType::bf16:
+      return copy_from<Bf16>(src, dst);
+    case DType::f16:
+      return copy_from<F16>(src, dst);
+    case DType::boolean:
+      return copy_from<bool>(src, dst);
   }
 }
 

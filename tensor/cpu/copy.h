@@ -4,4 +4,4 @@
 namespace qkv::cpu {
 // dst[i] = convert(src[i]) elementwise over equal shapes; any strides, any dtype pair.
 void copy_cast(const Tensor& src, const Tensor& dst);
-}
+}  // namespace qkv::cpu

@@ -29,9 +29,9 @@ namespace {
 // expf_vec in the larger lambdas (the activation derivatives), and a call blocks vectorisation.
 #define QKV_INLINE inline __attribute__((always_inline))
 
-constexpr double kSqrt2OverPi = 0.79788456080286535588;   // sqrt(2/pi)
-constexpr double kInvSqrt2 = 0.70710678118654752440;      // 1/sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
 constexpr double kGeluCubic = 0.044715;
 
 template <class F>
@@ -44,12 +44,18 @@ void dispatch_float(DType t, F&& f) {
 template <class F>
 void dispatch_numeric(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::boolean: return f(bool{});
-    default: fail("[elementwise] no kernel for ", dtype_name(t));
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::boolean:
+      return f(bool{});
+    default:
+      fail("[elementwise] no kernel for ", dtype_name(t));
   }
 }
 
@@ -57,60 +63,63 @@ void dispatch_numeric(DType t, F&& f) {
 // calls) is inlined into each loop: an out-of-line call per element would block vectorisation.
 template <class T, class F>
 void map1(const Tensor& x, const Tensor& out, F f) {
-  for_each_strided<2>(out.shape(), {&out.strides(), &x.strides()}, std::array<T*, 2>{out.data<T>(), x.data<T>()},
-                      [&](std::array<T*, 2> p, std::array<int64_t, 2> s, int64_t n) __attribute__((flatten)) {
-                        T* o = p[0];
-                        const T* a = p[1];
-                        if (s[0] == 1 && s[1] == 1) {
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
-                        } else if (s[1] == 0) {
-                          const T v = f(*a);
-                          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
-                        } else {
-                          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]]);
-                        }
-                      });
+  for_each_strided<2>(
+      out.shape(), {&out.strides(), &x.strides()}, std::array<T*, 2>{out.data<T>(), x.data<T>()},
+      [&](std::array<T*, 2> p, std::array<int64_t, 2> s, int64_t n) __attribute__((flatten)) {
+        T* o = p[0];
+        const T* a = p[1];
+        if (s[0] == 1 && s[1] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+        } else if (s[1] == 0) {
+          const T v = f(*a);
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = v;
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]]);
+        }
+      });
 }
 
 // out = f(x, y) over typed operands of one dtype.
 template <class T, class F>
 void map2(const Tensor& x, const Tensor& y, const Tensor& out, F f) {
-  for_each_strided<3>(out.shape(), {&out.strides(), &x.strides(), &y.strides()},
-                      std::array<T*, 3>{out.data<T>(), x.data<T>(), y.data<T>()},
-                      [&](std::array<T*, 3> p, std::array<int64_t, 3> s, int64_t n) __attribute__((flatten)) {
-                        T* o = p[0];
-                        const T* a = p[1];
-                        const T* b = p[2];
-                        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
-                        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
-                          const T bv = *b;
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
-                        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
-                          const T av = *a;
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
-                        } else {
-                          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]]);
-                        }
-                      });
+  for_each_strided<3>(
+      out.shape(), {&out.strides(), &x.strides(), &y.strides()},
+      std::array<T*, 3>{out.data<T>(), x.data<T>(), y.data<T>()},
+      [&](std::array<T*, 3> p, std::array<int64_t, 3> s, int64_t n) __attribute__((flatten)) {
+        T* o = p[0];
+        const T* a = p[1];
+        const T* b = p[2];
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+        } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {
+          const T bv = *b;
+          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+        } else if (s[0] == 1 && s[1] == 0 && s[2] == 1) {
+          const T av = *a;
+          for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]]);
+        }
+      });
 }
 
 // out = f(x, y, z) over typed operands of one dtype.
 template <class T, class F>
 void map3(const Tensor& x, const Tensor& y, const Tensor& z, const Tensor& out, F f) {
-  for_each_strided<4>(out.shape(), {&out.strides(), &x.strides(), &y.strides(), &z.strides()},
-                      std::array<T*, 4>{out.data<T>(), x.data<T>(), y.data<T>(), z.data<T>()},
-                      [&](std::array<T*, 4> p, std::array<int64_t, 4> s, int64_t n) __attribute__((flatten)) {
-                        T* o = p[0];
-                        const T* a = p[1];
-                        const T* b = p[2];
-                        const T* c = p[3];
-                        if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
-                          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i], c[i]);
-                        } else {
-                          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]], c[i * s[3]]);
-                        }
-                      });
+  for_each_strided<4>(
+      out.shape(), {&out.strides(), &x.strides(), &y.strides(), &z.strides()},
+      std::array<T*, 4>{out.data<T>(), x.data<T>(), y.data<T>(), z.data<T>()},
+      [&](std::array<T*, 4> p, std::array<int64_t, 4> s, int64_t n) __attribute__((flatten)) {
+        T* o = p[0];
+        const T* a = p[1];
+        const T* b = p[2];
+        const T* c = p[3];
+        if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+          for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i], c[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]], c[i * s[3]]);
+        }
+      });
 }
 
 // Operands of different element types: walk with byte strides; F gets (ptrs, byte strides, n).
@@ -183,8 +192,7 @@ QKV_INLINE T tanh_of(T x) {
     const float e = expf_vec(-2.0f * ax);
     const float big = (1.0f - e) / (1.0f + e);
     const float z = x * x;
-    const float small =
-        x + x * z * (-1.0f / 3.0f + z * (2.0f / 15.0f + z * (-17.0f / 315.0f + z * (62.0f / 2835.0f))));
+    const float small = x + x * z * (-1.0f / 3.0f + z * (2.0f / 15.0f + z * (-17.0f / 315.0f + z * (62.0f / 2835.0f))));
     const float r = ax < 0.2f ? small : (x < 0 ? -big : big);
     return x != x ? x : r;
   } else {
@@ -210,23 +218,39 @@ template <class T, class Run>
 void with_unary(UnaryOp op, double sd, Run&& run) {
   const T s = static_cast<T>(sd);
   switch (op) {
-    case UnaryOp::neg: return run([](T x) { return -x; });
-    case UnaryOp::exp: return run([](T x) { return exp_of(x); });
-    case UnaryOp::log: return run([](T x) { return std::log(x); });
-    case UnaryOp::sqrt: return run([](T x) { return std::sqrt(x); });
-    case UnaryOp::rsqrt: return run([](T x) { return T(1) / std::sqrt(x); });
-    case UnaryOp::tanh: return run([](T x) { return tanh_of(x); });
-    case UnaryOp::sigmoid: return run([](T x) { return sigmoid_of(x); });
+    case UnaryOp::neg:
+      return run([](T x) { return -x; });
+    case UnaryOp::exp:
+      return run([](T x) { return exp_of(x); });
+    case UnaryOp::log:
+      return run([](T x) { return std::log(x); });
+    case UnaryOp::sqrt:
+      return run([](T x) { return std::sqrt(x); });
+    case UnaryOp::rsqrt:
+      return run([](T x) { return T(1) / std::sqrt(x); });
+    case UnaryOp::tanh:
+      return run([](T x) { return tanh_of(x); });
+    case UnaryOp::sigmoid:
+      return run([](T x) { return sigmoid_of(x); });
     // x > 0 ? x : 0 keeps NaN as NaN (x > 0 is false for NaN, so write x's NaN explicitly).
-    case UnaryOp::relu: return run([](T x) { return x > T(0) ? x : (x != x ? x : T(0)); });
-    case UnaryOp::abs: return run([](T x) { return std::fabs(x); });
-    case UnaryOp::gelu_tanh: return run([](T x) { return gelu_tanh_of(x); });
-    case UnaryOp::gelu_erf: return run([](T x) { return gelu_erf_of(x); });
-    case UnaryOp::silu: return run([](T x) { return x * sigmoid_of(x); });
-    case UnaryOp::add_scalar: return run([s](T x) { return x + s; });
-    case UnaryOp::mul_scalar: return run([s](T x) { return x * s; });
-    case UnaryOp::rsub_scalar: return run([s](T x) { return s - x; });
-    case UnaryOp::rdiv_scalar: return run([s](T x) { return s / x; });
+    case UnaryOp::relu:
+      return run([](T x) { return x > T(0) ? x : (x != x ? x : T(0)); });
+    case UnaryOp::abs:
+      return run([](T x) { return std::fabs(x); });
+    case UnaryOp::gelu_tanh:
+      return run([](T x) { return gelu_tanh_of(x); });
+    case UnaryOp::gelu_erf:
+      return run([](T x) { return gelu_erf_of(x); });
+    case UnaryOp::silu:
+      return run([](T x) { return x * sigmoid_of(x); });
+    case UnaryOp::add_scalar:
+      return run([s](T x) { return x + s; });
+    case UnaryOp::mul_scalar:
+      return run([s](T x) { return x * s; });
+    case UnaryOp::rsub_scalar:
+      return run([s](T x) { return s - x; });
+    case UnaryOp::rdiv_scalar:
+      return run([s](T x) { return s / x; });
     case UnaryOp::pow_scalar:
       // Common exponents get exact, vectorisable forms instead of the generic pow().
       if (sd == 2.0) return run([](T x) { return x * x; });
@@ -288,17 +312,19 @@ void bias_unary_typed(UnaryOp op, const Tensor& a, const Tensor& bias, const Ten
 
 template <class T>
 void bias_unary_grad_typed(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out) {
-  with_unary_grad<T>(op, [&](auto f) {
-    map3<T>(x, bias, dy, out, [f](T v, T b, T g) { return f(static_cast<T>(v + b), g); });
-  });
+  with_unary_grad<T>(
+      op, [&](auto f) { map3<T>(x, bias, dy, out, [f](T v, T b, T g) { return f(static_cast<T>(v + b), g); }); });
 }
 
 template <class T>
 void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   switch (op) {
-    case BinaryOp::add: return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
-    case BinaryOp::sub: return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
-    case BinaryOp::mul: return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
+    case BinaryOp::add:
+      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x + y); });
+    case BinaryOp::sub:
+      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x - y); });
+    case BinaryOp::mul:
+      return map2<T>(a, b, out, [](T x, T y) { return static_cast<T>(x * y); });
     case BinaryOp::div:
       if constexpr (std::is_floating_point_v<T>) return map2<T>(a, b, out, [](T x, T y) { return x / y; });
       fail("[div] no integer kernel");
@@ -312,11 +338,16 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& o
 
 void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   switch (out.dtype()) {
-    case DType::f32: return binary_typed<float>(op, a, b, out);
-    case DType::f64: return binary_typed<double>(op, a, b, out);
-    case DType::i32: return binary_typed<int32_t>(op, a, b, out);
-    case DType::i64: return binary_typed<int64_t>(op, a, b, out);
-    default: fail("[elementwise] no arithmetic kernel for ", dtype_name(out.dtype()));
+    case DType::f32:
+      return binary_typed<float>(op, a, b, out);
+    case DType::f64:
+      return binary_typed<double>(op, a, b, out);
+    case DType::i32:
+      return binary_typed<int32_t>(op, a, b, out);
+    case DType::i64:
+      return binary_typed<int64_t>(op, a, b, out);
+    default:
+      fail("[elementwise] no arithmetic kernel for ", dtype_name(out.dtype()));
   }
 }
 
@@ -349,9 +380,12 @@ void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tenso
       });
     };
     switch (op) {
-      case CompareOp::eq: return run([](T x, T y) { return x == y; });
-      case CompareOp::gt: return run([](T x, T y) { return x > y; });
-      case CompareOp::lt: return run([](T x, T y) { return x < y; });
+      case CompareOp::eq:
+        return run([](T x, T y) { return x == y; });
+      case CompareOp::gt:
+        return run([](T x, T y) { return x > y; });
+      case CompareOp::lt:
+        return run([](T x, T y) { return x < y; });
     }
   });
 }
@@ -360,28 +394,30 @@ void logical_and_forward(const Tensor& a, const Tensor& b, const Tensor& out) {
   map2<bool>(a, b, out, [](bool x, bool y) { return x && y; });
 }
 
-void logical_not_forward(const Tensor& a, const Tensor& out) { map1<bool>(a, out, [](bool x) { return !x; }); }
+void logical_not_forward(const Tensor& a, const Tensor& out) {
+  map1<bool>(a, out, [](bool x) { return !x; });
+}
 
 void where_forward(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   dispatch_numeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    for_each_bytes<4>(out.shape(), {&out, &cond, &a, &b},
-                      [&](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
-                        T* o = reinterpret_cast<T*>(p[0]);
-                        const bool* c = reinterpret_cast<const bool*>(p[1]);
-                        const T* x = reinterpret_cast<const T*>(p[2]);
-                        const T* y = reinterpret_cast<const T*>(p[3]);
-                        const int64_t so = s[0] / static_cast<int64_t>(sizeof(T)), sx = s[2] / static_cast<int64_t>(sizeof(T)),
-                                      sy = s[3] / static_cast<int64_t>(sizeof(T));
-                        if (so == 1 && s[1] == 1 && sx == 1 && sy == 1) {
-                          for (int64_t i = 0; i < n; ++i) {
-                            const T xv = x[i], yv = y[i];  // both loaded: a select, not a branch
-                            o[i] = c[i] ? xv : yv;
-                          }
-                        } else {
-                          for (int64_t i = 0; i < n; ++i) o[i * so] = c[i * s[1]] ? x[i * sx] : y[i * sy];
-                        }
-                      });
+    for_each_bytes<4>(
+        out.shape(), {&out, &cond, &a, &b}, [&](std::array<char*, 4> p, std::array<int64_t, 4> s, int64_t n) {
+          T* o = reinterpret_cast<T*>(p[0]);
+          const bool* c = reinterpret_cast<const bool*>(p[1]);
+          const T* x = reinterpret_cast<const T*>(p[2]);
+          const T* y = reinterpret_cast<const T*>(p[3]);
+          const int64_t so = s[0] / static_cast<int64_t>(sizeof(T)), sx = s[2] / static_cast<int64_t>(sizeof(T)),
+                        sy = s[3] / static_cast<int64_t>(sizeof(T));
+          if (so == 1 && s[1] == 1 && sx == 1 && sy == 1) {
+            for (int64_t i = 0; i < n; ++i) {
+              const T xv = x[i], yv = y[i];  // both loaded: a select, not a branch
+              o[i] = c[i] ? xv : yv;
+            }
+          } else {
+            for (int64_t i = 0; i < n; ++i) o[i * so] = c[i * s[1]] ? x[i * sx] : y[i * sy];
+          }
+        });
   });
 }
 
@@ -389,24 +425,24 @@ void masked_fill_forward(const Tensor& a, const Tensor& mask, double value, cons
   dispatch_numeric(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T v = static_cast<T>(value);
-    for_each_bytes<3>(out.shape(), {&out, &a, &mask},
-                      [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
-                        T* o = reinterpret_cast<T*>(p[0]);
-                        const T* x = reinterpret_cast<const T*>(p[1]);
-                        const bool* m = reinterpret_cast<const bool*>(p[2]);
-                        const int64_t so = s[0] / static_cast<int64_t>(sizeof(T)), sx = s[1] / static_cast<int64_t>(sizeof(T));
-                        if (so == 1 && sx == 1 && s[2] == 1) {
-                          for (int64_t i = 0; i < n; ++i) {
-                            const T xv = x[i];  // loaded unconditionally so the loop vectorises
-                            o[i] = m[i] ? v : xv;
-                          }
-                        } else if (so == 1 && sx == 1 && s[2] == 0) {
-                          if (*m) for (int64_t i = 0; i < n; ++i) o[i] = v;
-                          else std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
-                        } else {
-                          for (int64_t i = 0; i < n; ++i) o[i * so] = m[i * s[2]] ? v : x[i * sx];
-                        }
-                      });
+    for_each_bytes<3>(out.shape(), {&out, &a, &mask}, [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+      T* o = reinterpret_cast<T*>(p[0]);
+      const T* x = reinterpret_cast<const T*>(p[1]);
+      const bool* m = reinterpret_cast<const bool*>(p[2]);
+      const int64_t so = s[0] / static_cast<int64_t>(sizeof(T)), sx = s[1] / static_cast<int64_t>(sizeof(T));
+      if (so == 1 && sx == 1 && s[2] == 1) {
+        for (int64_t i = 0; i < n; ++i) {
+          const T xv = x[i];  // loaded unconditionally so the loop vectorises
+          o[i] = m[i] ? v : xv;
+        }
+      } else if (so == 1 && sx == 1 && s[2] == 0) {
+        if (*m)
+          for (int64_t i = 0; i < n; ++i) o[i] = v;
+        else std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < n; ++i) o[i * so] = m[i * s[2]] ? v : x[i * sx];
+      }
+    });
   });
 }
 
@@ -421,11 +457,16 @@ void add_inplace(const Tensor& a, const Tensor& b, double alpha) {
     }
   };
   switch (a.dtype()) {
-    case DType::f32: return run(float{});
-    case DType::f64: return run(double{});
-    case DType::i32: return run(int32_t{});
-    case DType::i64: return run(int64_t{});
-    default: fail("[add_] no kernel for ", dtype_name(a.dtype()));
+    case DType::f32:
+      return run(float{});
+    case DType::f64:
+      return run(double{});
+    case DType::i32:
+      return run(int32_t{});
+    case DType::i64:
+      return run(int64_t{});
+    default:
+      fail("[add_] no kernel for ", dtype_name(a.dtype()));
   }
 }
 
@@ -450,13 +491,20 @@ void fill(const Tensor& t, double value) {
     });
   };
   switch (t.dtype()) {
-    case DType::f32: return fill_bits(static_cast<float>(value));
-    case DType::f64: return fill_bits(value);
-    case DType::i32: return fill_bits(static_cast<int32_t>(value));
-    case DType::i64: return fill_bits(static_cast<int64_t>(value));
-    case DType::boolean: return fill_bits(static_cast<bool>(value != 0));
-    case DType::bf16: return fill_bits(float_to_bf16(static_cast<float>(value)));
-    case DType::f16: return fill_bits(float_to_f16(static_cast<float>(value)));
+    case DType::f32:
+      return fill_bits(static_cast<float>(value));
+    case DType::f64:
+      return fill_bits(value);
+    case DType::i32:
+      return fill_bits(static_cast<int32_t>(value));
+    case DType::i64:
+      return fill_bits(static_cast<int64_t>(value));
+    case DType::boolean:
+      return fill_bits(static_cast<bool>(value != 0));
+    case DType::bf16:
+      return fill_bits(float_to_bf16(static_cast<float>(value)));
+    case DType::f16:
+      return fill_bits(float_to_f16(static_cast<float>(value)));
   }
 }
 

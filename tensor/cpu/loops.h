@@ -35,7 +35,10 @@ LoopPlan<N> plan_loop(const Shape& shape, const std::array<const Strides*, N>& s
     if (p.ndim > 0) {
       bool mergeable = true;
       for (int k = 0; k < N; ++k)
-        if ((*strides[k])[d] * shape[d] != p.strides[k][p.ndim - 1]) { mergeable = false; break; }
+        if ((*strides[k])[d] * shape[d] != p.strides[k][p.ndim - 1]) {
+          mergeable = false;
+          break;
+        }
       if (mergeable) {
         p.sizes[p.ndim - 1] *= shape[d];
         for (int k = 0; k < N; ++k) p.strides[k][p.ndim - 1] = (*strides[k])[d];
@@ -56,8 +59,8 @@ LoopPlan<N> plan_loop(const Shape& shape, const std::array<const Strides*, N>& s
 
 // T: element types are the caller's business: ptrs are typed as the caller's element pointers.
 template <int N, class Ptr, class F>
-void for_each_strided(const Shape& shape, const std::array<const Strides*, N>& strides,
-                      const std::array<Ptr, N>& base, F&& f, bool allow_parallel = true) {
+void for_each_strided(const Shape& shape, const std::array<const Strides*, N>& strides, const std::array<Ptr, N>& base,
+                      F&& f, bool allow_parallel = true) {
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
   if (numel == 0) return;

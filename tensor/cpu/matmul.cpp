@@ -170,8 +170,8 @@ void gemm_one(const GemmPlan& p, const T* a, const T* b, T* c) {
     gemv_split<T>(!p.lb.trans, p.n, p.k, alpha, b, p.lb.ld, a, incx, beta, c, 1);
     return;
   }
-  gemm(p.la.trans, p.lb.trans, p.m, p.n, p.k, alpha, a, static_cast<int>(p.la.ld), b, static_cast<int>(p.lb.ld),
-       beta, c, p.ldc);
+  gemm(p.la.trans, p.lb.trans, p.m, p.n, p.k, alpha, a, static_cast<int>(p.la.ld), b, static_cast<int>(p.lb.ld), beta,
+       c, p.ldc);
 }
 
 // If dims [0, nd-2] of t (batch dims and rows) walk like one row dim, its stride; 0 when all have
@@ -282,17 +282,13 @@ void fill_rows_typed(const Tensor& out, const Tensor& row) {
 }  // namespace
 
 void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
-  if (out.dtype() == DType::f32)
-    matmul_typed<float>(a, b, out, alpha, beta);
-  else
-    matmul_typed<double>(a, b, out, alpha, beta);
+  if (out.dtype() == DType::f32) matmul_typed<float>(a, b, out, alpha, beta);
+  else matmul_typed<double>(a, b, out, alpha, beta);
 }
 
 void fill_rows(const Tensor& out, const Tensor& row) {
-  if (out.dtype() == DType::f32)
-    fill_rows_typed<float>(out, row);
-  else
-    fill_rows_typed<double>(out, row);
+  if (out.dtype() == DType::f32) fill_rows_typed<float>(out, row);
+  else fill_rows_typed<double>(out, row);
 }
 
 std::string blas_kernel_name() {

@@ -10,7 +10,7 @@ namespace qkv::cpu {
 // How BLAS reads one 2-d matrix [rows, cols] of a view: row-major NoTrans with leading dimension
 // `ld` (element (r,c) at r*ld + c), or Trans (stored as the row-major transpose: (r,c) at c*ld + r).
 struct GemmLayout {
-  bool ok = false;     // false: the strides fit neither form, the caller must make a contiguous copy
+  bool ok = false;  // false: the strides fit neither form, the caller must make a contiguous copy
   bool trans = false;
   int64_t ld = 1;
 };

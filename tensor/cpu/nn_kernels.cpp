@@ -97,29 +97,23 @@ void dropout_typed(const Tensor& a, double p, uint64_t seed, uint64_t offset, co
 }  // namespace
 
 void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& out) {
-  dispatch_float_index(weight.dtype(), ids.dtype(), [&](auto t, auto i) {
-    embedding_forward_typed<decltype(t), decltype(i)>(weight, ids, out);
-  });
+  dispatch_float_index(weight.dtype(), ids.dtype(),
+                       [&](auto t, auto i) { embedding_forward_typed<decltype(t), decltype(i)>(weight, ids, out); });
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) {
-  dispatch_float_index(dy.dtype(), ids.dtype(), [&](auto t, auto i) {
-    embedding_backward_typed<decltype(t), decltype(i)>(ids, dy, dweight);
-  });
+  dispatch_float_index(dy.dtype(), ids.dtype(),
+                       [&](auto t, auto i) { embedding_backward_typed<decltype(t), decltype(i)>(ids, dy, dweight); });
 }
 
 void sum_rows(const Tensor& x, const Tensor& out) {
-  if (x.dtype() == DType::f32)
-    sum_rows_typed<float>(x, out);
-  else
-    sum_rows_typed<double>(x, out);
+  if (x.dtype() == DType::f32) sum_rows_typed<float>(x, out);
+  else sum_rows_typed<double>(x, out);
 }
 
 void dropout_forward(const Tensor& a, double p, uint64_t seed, uint64_t offset, const Tensor& out) {
-  if (a.dtype() == DType::f32)
-    dropout_typed<float>(a, p, seed, offset, out);
-  else
-    dropout_typed<double>(a, p, seed, offset, out);
+  if (a.dtype() == DType::f32) dropout_typed<float>(a, p, seed, offset, out);
+  else dropout_typed<double>(a, p, seed, offset, out);
 }
 
 }  // namespace qkv::cpu

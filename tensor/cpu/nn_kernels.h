@@ -15,10 +15,8 @@ namespace qkv::cpu {
 // dtype `it` (i32/i64): the kernels' one dispatch point for (values, ids/targets) pairs.
 template <class F>
 void dispatch_float_index(DType ft, DType it, F&& f) {
-  if (ft == DType::f32)
-    it == DType::i32 ? f(float{}, int32_t{}) : f(float{}, int64_t{});
-  else
-    it == DType::i32 ? f(double{}, int32_t{}) : f(double{}, int64_t{});
+  if (ft == DType::f32) it == DType::i32 ? f(float{}, int32_t{}) : f(float{}, int64_t{});
+  else it == DType::i32 ? f(double{}, int32_t{}) : f(double{}, int64_t{});
 }
 
 // ---- embedding (tensor/cpu/nn_kernels.cpp) ----

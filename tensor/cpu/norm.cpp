@@ -28,7 +28,8 @@ namespace qkv::cpu {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 17;  // r·c below which a norm stays on one thread (a fork/join costs ~10 µs here, more under load)
+constexpr int64_t kGrain =
+    1 << 17;  // r·c below which a norm stays on one thread (a fork/join costs ~10 µs here, more under load)
 
 // Rows per block for the dw/db partials: at most 64 blocks, at least 16 rows each.
 struct RowBlocks {
@@ -104,8 +105,9 @@ void norm_forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bia
 }
 
 template <class T, bool kCentered>
-void norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& dx, const Tensor& dweight, const Tensor& dbias, bool accumulate_dx) {
+void norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                         bool accumulate_dx) {
   const int64_t c = x.shape().empty() ? 1 : x.shape().back();
   const int64_t r = c == 0 ? 0 : x.numel() / c;
   const T* px = x.data<T>();
@@ -166,10 +168,8 @@ void norm_backward_typed(const Tensor& dy, const Tensor& x, const Tensor& weight
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd) {
-  if (x.dtype() == DType::f32)
-    norm_forward_typed<float, true>(x, weight, bias, eps, y, mean, rstd);
-  else
-    norm_forward_typed<double, true>(x, weight, bias, eps, y, mean, rstd);
+  if (x.dtype() == DType::f32) norm_forward_typed<float, true>(x, weight, bias, eps, y, mean, rstd);
+  else norm_forward_typed<double, true>(x, weight, bias, eps, y, mean, rstd);
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -177,23 +177,19 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight
                          bool accumulate_dx) {
   if (x.dtype() == DType::f32)
     norm_backward_typed<float, true>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
-  else
-    norm_backward_typed<double, true>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
+  else norm_backward_typed<double, true>(dy, x, weight, mean, rstd, dx, dweight, dbias, accumulate_dx);
 }
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
-  if (x.dtype() == DType::f32)
-    norm_forward_typed<float, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
-  else
-    norm_forward_typed<double, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
+  if (x.dtype() == DType::f32) norm_forward_typed<float, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
+  else norm_forward_typed<double, false>(x, weight, Tensor(), eps, y, Tensor(), rstd);
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                        const Tensor& dweight) {
   if (x.dtype() == DType::f32)
     norm_backward_typed<float, false>(dy, x, weight, Tensor(), rstd, dx, dweight, Tensor(), false);
-  else
-    norm_backward_typed<double, false>(dy, x, weight, Tensor(), rstd, dx, dweight, Tensor(), false);
+  else norm_backward_typed<double, false>(dy, x, weight, Tensor(), rstd, dx, dweight, Tensor(), false);
 }
 
 }  // namespace qkv::cpu

@@ -59,7 +59,10 @@ void sum_typed(const Tensor& a, const std::vector<bool>& red, const Tensor& out,
   }
   int last = -1;
   for (int d = nd - 1; d >= 0; --d)
-    if (shape[d] > 1) { last = d; break; }
+    if (shape[d] > 1) {
+      last = d;
+      break;
+    }
 
   if (out_n == 1) {
     const Tensor c = a.contiguous();
@@ -138,7 +141,8 @@ void sum_typed(const Tensor& a, const std::vector<bool>& red, const Tensor& out,
           if (st[0] == static_cast<int64_t>(sizeof(double)) && st[1] == static_cast<int64_t>(sizeof(T))) {
             for (int64_t i = 0; i < n; ++i) q[i] += static_cast<double>(x[i]);
           } else {
-            const int64_t sq = st[0] / static_cast<int64_t>(sizeof(double)), sx = st[1] / static_cast<int64_t>(sizeof(T));
+            const int64_t sq = st[0] / static_cast<int64_t>(sizeof(double)),
+                          sx = st[1] / static_cast<int64_t>(sizeof(T));
             for (int64_t i = 0; i < n; ++i) q[i * sq] += static_cast<double>(x[i * sx]);
           }
         },
@@ -157,26 +161,26 @@ void max_typed(const Tensor& a, int dim, const Tensor& values, const Tensor& ind
   for (auto& v : vb) v *= static_cast<int64_t>(sizeof(T));
   for (auto& v : ib) v *= static_cast<int64_t>(sizeof(int64_t));
   for (auto& v : ab) v *= static_cast<int64_t>(sizeof(T));
-  for_each_strided<3>(rs, {&vb, &ib, &ab},
-                      std::array<char*, 3>{reinterpret_cast<char*>(values.data<T>()),
-                                           reinterpret_cast<char*>(indices.data<int64_t>()),
-                                           reinterpret_cast<char*>(a.data<T>())},
-                      [&](std::array<char*, 3> p, std::array<int64_t, 3> st, int64_t runs) {
-                        for (int64_t j = 0; j < runs; ++j) {
-                          const T* row = reinterpret_cast<const T*>(p[2] + j * st[2]);
-                          T best = row[0];
-                          int64_t bi = 0;
-                          for (int64_t k = 1; k < n && best == best; ++k) {
-                            const T cur = row[k * sd];
-                            if (cur > best || cur != cur) {
-                              best = cur;
-                              bi = k;
-                            }
-                          }
-                          *reinterpret_cast<T*>(p[0] + j * st[0]) = best;
-                          *reinterpret_cast<int64_t*>(p[1] + j * st[1]) = bi;
-                        }
-                      });
+  for_each_strided<3>(
+      rs, {&vb, &ib, &ab},
+      std::array<char*, 3>{reinterpret_cast<char*>(values.data<T>()), reinterpret_cast<char*>(indices.data<int64_t>()),
+                           reinterpret_cast<char*>(a.data<T>())},
+      [&](std::array<char*, 3> p, std::array<int64_t, 3> st, int64_t runs) {
+        for (int64_t j = 0; j < runs; ++j) {
+          const T* row = reinterpret_cast<const T*>(p[2] + j * st[2]);
+          T best = row[0];
+          int64_t bi = 0;
+          for (int64_t k = 1; k < n && best == best; ++k) {
+            const T cur = row[k * sd];
+            if (cur > best || cur != cur) {
+              best = cur;
+              bi = k;
+            }
+          }
+          *reinterpret_cast<T*>(p[0] + j * st[0]) = best;
+          *reinterpret_cast<int64_t*>(p[1] + j * st[1]) = bi;
+        }
+      });
 }
 
 // One contiguous row of softmax / log_softmax.
@@ -286,13 +290,12 @@ void softmax_backward_typed(const Tensor& y, const Tensor& dy, int dim, const Te
   Shape rs = y.shape();
   rs[dim] = 1;
   const int64_t ys = y.stride(dim), gs = dy.stride(dim), xs = dx.stride(dim);
-  for_each_strided<3>(rs, {&dx.strides(), &y.strides(), &dy.strides()},
-                      std::array<T*, 3>{dx.data<T>(), y.data<T>(), dy.data<T>()},
-                      [&](std::array<T*, 3> p, std::array<int64_t, 3> st, int64_t runs) {
-                        for (int64_t j = 0; j < runs; ++j)
-                          softmax_backward_strided<T>(p[1] + j * st[1], ys, p[2] + j * st[2], gs, p[0] + j * st[0],
-                                                      xs, n, log);
-                      });
+  for_each_strided<3>(
+      rs, {&dx.strides(), &y.strides(), &dy.strides()}, std::array<T*, 3>{dx.data<T>(), y.data<T>(), dy.data<T>()},
+      [&](std::array<T*, 3> p, std::array<int64_t, 3> st, int64_t runs) {
+        for (int64_t j = 0; j < runs; ++j)
+          softmax_backward_strided<T>(p[1] + j * st[1], ys, p[2] + j * st[2], gs, p[0] + j * st[0], xs, n, log);
+      });
 }
 
 }  // namespace

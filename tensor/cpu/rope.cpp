@@ -14,8 +14,8 @@ namespace qkv::cpu {
 namespace {
 
 template <class T>
-void rope_typed(const Tensor& x, const std::vector<int64_t>& pos, bool pos_per_row,
-                const std::vector<double>& inv_freq, double sign, const Tensor& out) {
+void rope_typed(const Tensor& x, const std::vector<int64_t>& pos, bool pos_per_row, const std::vector<double>& inv_freq,
+                double sign, const Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), N = x.size(2), D = x.size(3), half = D / 2;
   const int64_t sb = x.stride(0), sh = x.stride(1), sn = x.stride(2), sd = x.stride(3);
   const T* xp = x.data<T>();

@@ -51,9 +51,9 @@ void adamw_update_many(const std::vector<AdamWSlice>& slices, const AdamWScalars
   std::memcpy(packed.data(), work.data(), work.size() * sizeof(AdamWSlice));
   const Tensor d_slices = from_vector_i64(packed, {words}).to(Device::cuda);
   const Tensor d_first = from_vector_i64(first_block, {static_cast<int64_t>(first_block.size())}).to(Device::cuda);
-  adamw_many_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(reinterpret_cast<const AdamWSlice*>(d_slices.data<int64_t>()),
-                                                                 d_first.data<int64_t>(), static_cast<int>(work.size()),
-                                                                 with_decay, without_decay);
+  adamw_many_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(
+      reinterpret_cast<const AdamWSlice*>(d_slices.data<int64_t>()), d_first.data<int64_t>(),
+      static_cast<int>(work.size()), with_decay, without_decay);
   QKV_CUDA_LAUNCHED("adamw_many_kernel");
 }
 

@@ -102,10 +102,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   with_float_index(logits.dtype(), targets.dtype(), [&](auto tt, auto it) {
     using T = decltype(tt);
     using I = decltype(it);
-    cross_entropy_backward_kernel<T, I><<<blocks_for(n * V, 256), 256>>>(ptr<T>(logits), logits.stride(0),
-                                                                          ptr<I>(targets), ptr<T>(lse),
-                                                                          static_cast<T>(scale), ignore_index,
-                                                                          ptr<T>(dlogits), n, V);
+    cross_entropy_backward_kernel<T, I>
+        <<<blocks_for(n * V, 256), 256>>>(ptr<T>(logits), logits.stride(0), ptr<I>(targets), ptr<T>(lse),
+                                          static_cast<T>(scale), ignore_index, ptr<T>(dlogits), n, V);
   });
   QKV_CUDA_LAUNCHED("cross_entropy_backward_kernel");
 }

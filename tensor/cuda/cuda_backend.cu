@@ -43,7 +43,8 @@ int device_count() {
     int driver = 0, runtime = 0;
     if (!said && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
       cudaRuntimeGetVersion(&runtime);
-      std::fprintf(stderr, "[cuda] no usable device: cudaGetDeviceCount failed: %s (driver CUDA %d.%d, runtime %d.%d)\n",
+      std::fprintf(stderr,
+                   "[cuda] no usable device: cudaGetDeviceCount failed: %s (driver CUDA %d.%d, runtime %d.%d)\n",
                    cudaGetErrorString(err), driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
       said = true;
     }

@@ -5,9 +5,9 @@
 
 #include "tensor/error.h"
 
-#define QKV_CUDA_CHECK(call)                                                                      \
-  do {                                                                                            \
-    cudaError_t err_ = (call);                                                                    \
+#define QKV_CUDA_CHECK(call)                                                                       \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
     if (err_ != cudaSuccess) ::qkv::fail("[cuda] ", #call, " failed: ", cudaGetErrorString(err_)); \
   } while (0)
 

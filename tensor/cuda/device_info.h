@@ -6,8 +6,8 @@
 namespace qkv::cuda {
 
 struct DeviceInfo {
-  std::string name;        // cudaDeviceProp::name, e.g. "NVIDIA H200"
-  int major = 0, minor = 0;  // compute capability
+  std::string name;             // cudaDeviceProp::name, e.g. "NVIDIA H200"
+  int major = 0, minor = 0;     // compute capability
   double peak_bf16_tflops = 0;  // dense (no sparsity) bf16 datasheet peak; 0 when the card is not in the table
 };
 

@@ -28,8 +28,9 @@ using detail::ptr;
 constexpr int kThreads = 256;
 inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16)); }
 
-#define QKV_GRID_LOOP(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#define QKV_GRID_LOOP(i, n)                                                              \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCubic = 0.044715;
@@ -46,25 +47,40 @@ __device__ __forceinline__ T sigmoid_of(T x) {
 template <class T>
 __device__ T apply_unary(int op, T x, T s) {
   switch (static_cast<UnaryOp>(op)) {
-    case UnaryOp::neg: return -x;
-    case UnaryOp::exp: return exp(x);
-    case UnaryOp::log: return log(x);
-    case UnaryOp::sqrt: return sqrt(x);
-    case UnaryOp::rsqrt: return T(1) / sqrt(x);
-    case UnaryOp::tanh: return tanh(x);
-    case UnaryOp::sigmoid: return sigmoid_of(x);
-    case UnaryOp::relu: return x > T(0) ? x : (x != x ? x : T(0));
-    case UnaryOp::abs: return fabs(x);
+    case UnaryOp::neg:
+      return -x;
+    case UnaryOp::exp:
+      return exp(x);
+    case UnaryOp::log:
+      return log(x);
+    case UnaryOp::sqrt:
+      return sqrt(x);
+    case UnaryOp::rsqrt:
+      return T(1) / sqrt(x);
+    case UnaryOp::tanh:
+      return tanh(x);
+    case UnaryOp::sigmoid:
+      return sigmoid_of(x);
+    case UnaryOp::relu:
+      return x > T(0) ? x : (x != x ? x : T(0));
+    case UnaryOp::abs:
+      return fabs(x);
     case UnaryOp::gelu_tanh: {
       const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
       return x * sigmoid_of(T(2) * u);
     }
-    case UnaryOp::gelu_erf: return T(0.5) * x * (T(1) + erf(x * T(kInvSqrt2)));
-    case UnaryOp::silu: return x * sigmoid_of(x);
-    case UnaryOp::add_scalar: return x + s;
-    case UnaryOp::mul_scalar: return x * s;
-    case UnaryOp::rsub_scalar: return s - x;
-    case UnaryOp::rdiv_scalar: return s / x;
+    case UnaryOp::gelu_erf:
+      return T(0.5) * x * (T(1) + erf(x * T(kInvSqrt2)));
+    case UnaryOp::silu:
+      return x * sigmoid_of(x);
+    case UnaryOp::add_scalar:
+      return x + s;
+    case UnaryOp::mul_scalar:
+      return x * s;
+    case UnaryOp::rsub_scalar:
+      return s - x;
+    case UnaryOp::rdiv_scalar:
+      return s / x;
     case UnaryOp::pow_scalar:
       if (s == T(2)) return x * x;
       if (s == T(3)) return x * x * x;
@@ -80,7 +96,8 @@ __device__ T apply_unary(int op, T x, T s) {
 template <class T>
 __device__ T apply_unary_grad(int op, T v, T g) {
   switch (static_cast<UnaryGradOp>(op)) {
-    case UnaryGradOp::relu: return v > T(0) ? g : T(0);
+    case UnaryGradOp::relu:
+      return v > T(0) ? g : T(0);
     case UnaryGradOp::gelu_tanh: {
       const T v2 = v * v;
       const T s = sigmoid_of(T(2 * kSqrt2OverPi) * (v + T(kGeluCubic) * v2 * v));
@@ -103,12 +120,17 @@ __device__ T apply_unary_grad(int op, T v, T g) {
 template <class T>
 __device__ T apply_binary(int op, T x, T y) {
   switch (static_cast<BinaryOp>(op)) {
-    case BinaryOp::add: return static_cast<T>(x + y);
-    case BinaryOp::sub: return static_cast<T>(x - y);
-    case BinaryOp::mul: return static_cast<T>(x * y);
-    case BinaryOp::div: return static_cast<T>(x / y);
+    case BinaryOp::add:
+      return static_cast<T>(x + y);
+    case BinaryOp::sub:
+      return static_cast<T>(x - y);
+    case BinaryOp::mul:
+      return static_cast<T>(x * y);
+    case BinaryOp::div:
+      return static_cast<T>(x / y);
     // NaN in either operand propagates, as std::fmax would not.
-    case BinaryOp::maximum: return x != x ? x : (y != y ? y : (x > y ? x : y));
+    case BinaryOp::maximum:
+      return x != x ? x : (y != y ? y : (x > y ? x : y));
   }
   return x;
 }
@@ -158,19 +180,52 @@ __global__ void mul_inplace_kernel(T* a, Geometry ga, int64_t n, T s) {
 }
 
 // Conversions through one wide type: int64 between integer/bool types (exact), double otherwise.
-template <class T> struct Wide { using type = double; };
-template <> struct Wide<int32_t> { using type = int64_t; };
-template <> struct Wide<int64_t> { using type = int64_t; };
-template <> struct Wide<bool> { using type = int64_t; };
+template <class T>
+struct Wide {
+  using type = double;
+};
+template <>
+struct Wide<int32_t> {
+  using type = int64_t;
+};
+template <>
+struct Wide<int64_t> {
+  using type = int64_t;
+};
+template <>
+struct Wide<bool> {
+  using type = int64_t;
+};
 
-template <class T> __device__ __forceinline__ double to_double(T v) { return static_cast<double>(v); }
-template <> __device__ __forceinline__ double to_double(__nv_bfloat16 v) { return static_cast<double>(__bfloat162float(v)); }
-template <> __device__ __forceinline__ double to_double(__half v) { return static_cast<double>(__half2float(v)); }
+template <class T>
+__device__ __forceinline__ double to_double(T v) {
+  return static_cast<double>(v);
+}
+template <>
+__device__ __forceinline__ double to_double(__nv_bfloat16 v) {
+  return static_cast<double>(__bfloat162float(v));
+}
+template <>
+__device__ __forceinline__ double to_double(__half v) {
+  return static_cast<double>(__half2float(v));
+}
 
-template <class T> __device__ __forceinline__ T from_double(double v) { return static_cast<T>(v); }
-template <> __device__ __forceinline__ bool from_double(double v) { return v != 0.0; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_double(double v) { return __float2bfloat16_rn(static_cast<float>(v)); }
-template <> __device__ __forceinline__ __half from_double(double v) { return __float2half_rn(static_cast<float>(v)); }
+template <class T>
+__device__ __forceinline__ T from_double(double v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ bool from_double(double v) {
+  return v != 0.0;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_double(double v) {
+  return __float2bfloat16_rn(static_cast<float>(v));
+}
+template <>
+__device__ __forceinline__ __half from_double(double v) {
+  return __float2half_rn(static_cast<float>(v));
+}
 
 template <class S, class D>
 __device__ __forceinline__ D convert(S v) {
@@ -223,13 +278,20 @@ __global__ void copy_kernel(const S* src, Geometry gs, D* dst, Geometry gd, int6
 template <class F>
 void with_type(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    case DType::f16: return f(__half{});
-    case DType::boolean: return f(bool{});
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::bf16:
+      return f(__nv_bfloat16{});
+    case DType::f16:
+      return f(__half{});
+    case DType::boolean:
+      return f(bool{});
   }
   fail("[", op, "] no CUDA kernel for ", dtype_name(t));
 }
@@ -250,7 +312,6 @@ void with_arith(DType t, const char* op, F&& f) {
   fail("[", op, "] no CUDA kernel for ", dtype_name(t));
 }
 
-
 }  // namespace
 
 void binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -270,7 +331,8 @@ void unary_forward(UnaryOp op, const Tensor& a, const Tensor& out, double s) {
   const Geometry ga = geometry_of(a, "unary");
   with_float(out.dtype(), "unary", [&](auto tag) {
     using T = decltype(tag);
-    unary_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(out), n, static_cast<T>(s));
+    unary_kernel<T>
+        <<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(out), n, static_cast<T>(s));
   });
   QKV_CUDA_LAUNCHED("unary_kernel");
 }
@@ -281,7 +343,8 @@ void unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& dy, const Ten
   const Geometry gx = geometry_of(x, "unary_backward"), gdy = geometry_of(dy, "unary_backward");
   with_float(out.dtype(), "unary_backward", [&](auto tag) {
     using T = decltype(tag);
-    unary_grad_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(x), gx, ptr<T>(dy), gdy, ptr<T>(out), n);
+    unary_grad_kernel<T>
+        <<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(x), gx, ptr<T>(dy), gdy, ptr<T>(out), n);
   });
   QKV_CUDA_LAUNCHED("unary_grad_kernel");
 }
@@ -293,14 +356,13 @@ void bias_unary_forward(UnaryOp op, const Tensor& a, const Tensor& bias, const T
   const Geometry ga = geometry_of(a, "bias_unary");
   with_float(out.dtype(), "bias_unary", [&](auto tag) {
     using T = decltype(tag);
-    bias_unary_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), b.numel(),
-                                                      ptr<T>(out), n);
+    bias_unary_kernel<T>
+        <<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), b.numel(), ptr<T>(out), n);
   });
   QKV_CUDA_LAUNCHED("bias_unary_kernel");
 }
 
-void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy,
-                         const Tensor& out) {
+void bias_unary_backward(UnaryGradOp op, const Tensor& x, const Tensor& bias, const Tensor& dy, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const Tensor b = bias.contiguous();
@@ -319,7 +381,8 @@ void add_inplace(const Tensor& a, const Tensor& b, double alpha) {
   const Geometry ga = geometry_of(a, "add_"), gb = geometry_of(b, "add_");
   with_arith(a.dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);
-    add_inplace_kernel<T><<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, ptr<T>(b), gb, n, static_cast<T>(alpha), alpha == 1.0);
+    add_inplace_kernel<T>
+        <<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, ptr<T>(b), gb, n, static_cast<T>(alpha), alpha == 1.0);
   });
   QKV_CUDA_LAUNCHED("add_inplace_kernel");
 }
@@ -341,7 +404,8 @@ void compare_forward(CompareOp op, const Tensor& a, const Tensor& b, const Tenso
   const Geometry ga = geometry_of(a, "compare"), gb = geometry_of(b, "compare");
   with_arith(a.dtype(), "compare", [&](auto tag) {
     using T = decltype(tag);
-    compare_kernel<T><<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), gb, ptr<bool>(out), n);
+    compare_kernel<T>
+        <<<blocks_for(n), kThreads>>>(static_cast<int>(op), ptr<T>(a), ga, ptr<T>(b), gb, ptr<bool>(out), n);
   });
   QKV_CUDA_LAUNCHED("compare_kernel");
 }
@@ -379,8 +443,8 @@ void masked_fill_forward(const Tensor& a, const Tensor& mask, double value, cons
   const Geometry ga = geometry_of(a, "masked_fill"), gm = geometry_of(mask, "masked_fill");
   with_arith(out.dtype(), "masked_fill", [&](auto tag) {
     using T = decltype(tag);
-    masked_fill_kernel<T><<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, ptr<bool>(mask), gm, static_cast<T>(value),
-                                                       ptr<T>(out), n);
+    masked_fill_kernel<T>
+        <<<blocks_for(n), kThreads>>>(ptr<T>(a), ga, ptr<bool>(mask), gm, static_cast<T>(value), ptr<T>(out), n);
   });
   QKV_CUDA_LAUNCHED("masked_fill_kernel");
 }

@@ -64,8 +64,8 @@ std::vector<double> sum_squares(const std::vector<Tensor>& xs) {
   std::vector<int64_t> offsets{0};
   for (const Tensor& x : xs) {
     QKV_CHECK(x.device() == Device::cuda, "[sum_squares] expects device tensors, got one on the host");
-    QKV_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, "[sum_squares] tensors must be float32 or float64, got ",
-              dtype_name(x.dtype()));
+    QKV_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64,
+              "[sum_squares] tensors must be float32 or float64, got ", dtype_name(x.dtype()));
     flat.push_back(x.is_contiguous() ? x : x.contiguous());
     offsets.push_back(offsets.back() + blocks_for(x.numel()));
   }

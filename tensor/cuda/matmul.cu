@@ -72,9 +72,10 @@ void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Ten
     const uint16_t* B = static_cast<const uint16_t*>(b.raw_data()) + b_off;
     float* C = static_cast<float*>(out.raw_data()) + c_off;
     const Cublas& c = cublas();
-    check(c, c.gemm_strided_batched_ex(c.handle, op(tb), op(ta), n, m, k, &al, B, CUDA_R_16BF, ldb, b_bs, A,
-                                       CUDA_R_16BF, lda, a_bs, &be, C, CUDA_R_32F, ldc, c_bs, batch,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check(c,
+          c.gemm_strided_batched_ex(c.handle, op(tb), op(ta), n, m, k, &al, B, CUDA_R_16BF, ldb, b_bs, A, CUDA_R_16BF,
+                                    lda, a_bs, &be, C, CUDA_R_32F, ldc, c_bs, batch, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
   } else if (out.dtype() == DType::f32) {
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
@@ -82,16 +83,18 @@ void gemm_batched(bool ta, bool tb, int m, int n, int k, double alpha, const Ten
     const float* B = static_cast<const float*>(b.raw_data()) + b_off;
     float* C = static_cast<float*>(out.raw_data()) + c_off;
     const Cublas& c = cublas();
-    check(c, c.sgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &al, B, ldb, b_bs, A, lda, a_bs, &be, C, ldc,
-                                     c_bs, batch),
+    check(c,
+          c.sgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &al, B, ldb, b_bs, A, lda, a_bs, &be, C, ldc, c_bs,
+                                  batch),
           "cublasSgemmStridedBatched");
   } else {
     const double* A = static_cast<const double*>(a.raw_data()) + a_off;
     const double* B = static_cast<const double*>(b.raw_data()) + b_off;
     double* C = static_cast<double*>(out.raw_data()) + c_off;
     const Cublas& c = cublas();
-    check(c, c.dgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &alpha, B, ldb, b_bs, A, lda, a_bs, &beta, C,
-                                     ldc, c_bs, batch),
+    check(c,
+          c.dgemm_strided_batched(c.handle, op(tb), op(ta), n, m, k, &alpha, B, ldb, b_bs, A, lda, a_bs, &beta, C, ldc,
+                                  c_bs, batch),
           "cublasDgemmStridedBatched");
   }
 }

@@ -63,8 +63,8 @@ void embedding_forward(const Tensor& weight, const Tensor& ids, const Tensor& ou
   with_float_index(weight.dtype(), ids.dtype(), [&](auto tt, auto it) {
     using T = decltype(tt);
     using I = decltype(it);
-    embedding_forward_kernel<T, I><<<blocks_for(n * C, 256), 256>>>(ptr<T>(weight), weight.stride(0), ptr<I>(ids),
-                                                                     ptr<T>(out), n, C);
+    embedding_forward_kernel<T, I>
+        <<<blocks_for(n * C, 256), 256>>>(ptr<T>(weight), weight.stride(0), ptr<I>(ids), ptr<T>(out), n, C);
   });
   QKV_CUDA_LAUNCHED("embedding_forward_kernel");
 }

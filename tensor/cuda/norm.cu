@@ -28,8 +28,8 @@ using detail::warp_sum;
 using detail::with_float;
 using detail::with_float_index;
 
-constexpr int kRowsPerBlock = 4;  // warps per block in the row kernels
-constexpr int64_t kChunkRows = 256;  // rows per partial in the column sums (at least)
+constexpr int kRowsPerBlock = 4;       // warps per block in the row kernels
+constexpr int64_t kChunkRows = 256;    // rows per partial in the column sums (at least)
 constexpr int64_t kMaxChunks = 65535;  // chunks run along grid.y, whose limit this is
 
 // ---- normalisation ----
@@ -104,8 +104,9 @@ __global__ void column_partials_kernel(int mode, const T* a, const T* x, const T
   double s = 0;
   for (int64_t r = r0; r < r1; ++r) {
     double v = static_cast<double>(a[r * C + c]);
-    if (mode == 1) v *= (static_cast<double>(x[r * C + c]) - (mean ? static_cast<double>(mean[r]) : 0.0)) *
-                        static_cast<double>(rstd[r]);
+    if (mode == 1)
+      v *= (static_cast<double>(x[r * C + c]) - (mean ? static_cast<double>(mean[r]) : 0.0)) *
+           static_cast<double>(rstd[r]);
     s += v;
   }
   partial[k * C + c] = s;
@@ -141,9 +142,9 @@ void norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                   const Tensor& rstd) {
   const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
   if (rows == 0) return;
-  norm_forward_kernel<T, kCentered><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                      kRowsPerBlock * kWarp>>>(ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, ptr<T>(y),
-                                                               ptr<T>(mean), ptr<T>(rstd), rows, C);
+  norm_forward_kernel<T, kCentered>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarp>>>(
+          ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, ptr<T>(y), ptr<T>(mean), ptr<T>(rstd), rows, C);
   QKV_CUDA_LAUNCHED("norm_forward_kernel");
 }
 
@@ -152,9 +153,9 @@ void norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
                    const Tensor& dx, const Tensor& dweight, const Tensor& dbias, bool accumulate) {
   const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
   if (rows > 0) {
-    norm_backward_dx_kernel<T, kCentered><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                            kRowsPerBlock * kWarp>>>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(mean),
-                                                                     ptr<T>(rstd), ptr<T>(dx), accumulate, rows, C);
+    norm_backward_dx_kernel<T, kCentered>
+        <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarp>>>(
+            ptr<T>(dy), ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(dx), accumulate, rows, C);
     QKV_CUDA_LAUNCHED("norm_backward_dx_kernel");
   }
   if (dweight.defined()) column_sums<T>(1, ptr<T>(dy), ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), rows, C, ptr<T>(dweight));
@@ -185,7 +186,8 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight
 }
 
 void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
-  with_float(x.dtype(), [&](auto tt) { norm_forward<decltype(tt), false>(x, weight, Tensor(), eps, y, Tensor(), rstd); });
+  with_float(x.dtype(),
+             [&](auto tt) { norm_forward<decltype(tt), false>(x, weight, Tensor(), eps, y, Tensor(), rstd); });
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,

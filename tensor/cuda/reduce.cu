@@ -87,7 +87,8 @@ __global__ void max_kernel(const T* a, Geometry kept, int64_t stride, int64_t n,
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s /= 2) {
     if (threadIdx.x < s && idx[threadIdx.x + s] != INT64_MAX &&
-        (idx[threadIdx.x] == INT64_MAX || wins(val[threadIdx.x + s], idx[threadIdx.x + s], val[threadIdx.x], idx[threadIdx.x]))) {
+        (idx[threadIdx.x] == INT64_MAX ||
+         wins(val[threadIdx.x + s], idx[threadIdx.x + s], val[threadIdx.x], idx[threadIdx.x]))) {
       val[threadIdx.x] = val[threadIdx.x + s];
       idx[threadIdx.x] = idx[threadIdx.x + s];
     }
@@ -191,8 +192,8 @@ void softmax_forward(const Tensor& x, int dim, const Tensor& y, bool log) {
   const Geometry yr = geometry_of_dims(y, "softmax", [&](int d) { return d != dim; });
   with_float(x.dtype(), [&](auto tt) {
     using T = decltype(tt);
-    softmax_kernel<T><<<static_cast<unsigned>(rows), kThreads>>>(ptr<T>(x), xr, x.stride(dim), ptr<T>(y), yr,
-                                                                 y.stride(dim), n, log);
+    softmax_kernel<T>
+        <<<static_cast<unsigned>(rows), kThreads>>>(ptr<T>(x), xr, x.stride(dim), ptr<T>(y), yr, y.stride(dim), n, log);
   });
   QKV_CUDA_LAUNCHED("softmax_kernel");
 }
@@ -200,12 +201,14 @@ void softmax_forward(const Tensor& x, int dim, const Tensor& y, bool log) {
 void softmax_backward(const Tensor& y, const Tensor& dy, int dim, const Tensor& dx, bool log) {
   const int64_t rows = rows_except(y, dim), n = y.size(dim);
   if (rows == 0 || n == 0) return;
-  auto rows_of = [&](const Tensor& t) { return geometry_of_dims(t, "softmax_backward", [&](int d) { return d != dim; }); };
+  auto rows_of = [&](const Tensor& t) {
+    return geometry_of_dims(t, "softmax_backward", [&](int d) { return d != dim; });
+  };
   with_float(y.dtype(), [&](auto tt) {
     using T = decltype(tt);
-    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), kThreads>>>(
-        ptr<T>(y), rows_of(y), y.stride(dim), ptr<T>(dy), rows_of(dy), dy.stride(dim), ptr<T>(dx), rows_of(dx),
-        dx.stride(dim), n, log);
+    softmax_backward_kernel<T>
+        <<<static_cast<unsigned>(rows), kThreads>>>(ptr<T>(y), rows_of(y), y.stride(dim), ptr<T>(dy), rows_of(dy),
+                                                    dy.stride(dim), ptr<T>(dx), rows_of(dx), dx.stride(dim), n, log);
   });
   QKV_CUDA_LAUNCHED("softmax_backward_kernel");
 }

@@ -20,8 +20,8 @@ inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n 
 // One thread per (b, h, n, f), f < D/2.
 template <class T>
 __global__ void rope_kernel(const T* x, int64_t sb, int64_t sh, int64_t sn, int64_t sd, const int64_t* pos,
-                            bool per_row, const double* inv_freq, double sign, T* out, int64_t B, int64_t H,
-                            int64_t N, int64_t half) {
+                            bool per_row, const double* inv_freq, double sign, T* out, int64_t B, int64_t H, int64_t N,
+                            int64_t half) {
   const int64_t total = B * H * N * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -36,7 +36,6 @@ __global__ void rope_kernel(const T* x, int64_t sb, int64_t sh, int64_t sn, int6
   }
 }
 
-
 }  // namespace
 
 void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const std::vector<double>& inv_freq,
@@ -48,12 +47,12 @@ void rope(const Tensor& x, const std::vector<int64_t>& pos, bool per_row, const 
   const int blocks = blocks_for(B * H * N * half);
   if (x.dtype() == DType::f32)
     rope_kernel<float><<<blocks, 256>>>(ptr<float>(x), x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-                                        ptr<int64_t>(d_pos), per_row, ptr<double>(d_freq), sign, ptr<float>(out), B,
-                                        H, N, half);
+                                        ptr<int64_t>(d_pos), per_row, ptr<double>(d_freq), sign, ptr<float>(out), B, H,
+                                        N, half);
   else
     rope_kernel<double><<<blocks, 256>>>(ptr<double>(x), x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-                                         ptr<int64_t>(d_pos), per_row, ptr<double>(d_freq), sign, ptr<double>(out),
-                                         B, H, N, half);
+                                         ptr<int64_t>(d_pos), per_row, ptr<double>(d_freq), sign, ptr<double>(out), B,
+                                         H, N, half);
   QKV_CUDA_LAUNCHED("rope_kernel");
 }
 

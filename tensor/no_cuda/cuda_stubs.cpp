@@ -8,7 +8,9 @@
 
 namespace qkv::cuda {
 
-[[noreturn]] static void no_cuda() { fail("[cuda] qkv was built without CUDA (configure with -DQKV_CUDA=ON on a machine with nvcc)"); }
+[[noreturn]] static void no_cuda() {
+  fail("[cuda] qkv was built without CUDA (configure with -DQKV_CUDA=ON on a machine with nvcc)");
+}
 
 int device_count() { return 0; }
 void* device_alloc(size_t) { no_cuda(); }
@@ -54,9 +56,13 @@ void embedding_forward(const Tensor&, const Tensor&, const Tensor&) { no_cuda();
 void embedding_backward(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void sum_rows(const Tensor&, const Tensor&) { no_cuda(); }
 void layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
-                        const Tensor&) { no_cuda(); }
+                        const Tensor&) {
+  no_cuda();
+}
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&, const Tensor&, bool) { no_cuda(); }
+                         const Tensor&, const Tensor&, bool) {
+  no_cuda();
+}
 void rms_norm_forward(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) { no_cuda(); }
 void rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_cuda();

@@ -221,8 +221,8 @@ inline uint16_t half_bits(float f) {
   if (mag > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
   const float a = std::fabs(f);
   if (a >= 65520.0f) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past the largest half
-  if (a < 6.103515625e-05f) {                                          // below 2^-14: subnormal
-    const float q = std::nearbyint(a * 16777216.0f);                   // units of 2^-24, ties to even
+  if (a < 6.103515625e-05f) {                                       // below 2^-14: subnormal
+    const float q = std::nearbyint(a * 16777216.0f);                // units of 2^-24, ties to even
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(q));
   }
   const int exponent = static_cast<int>(mag >> 23) - 127;  // -14 .. 15
@@ -343,9 +343,9 @@ struct Fiber {
   float* c = nullptr;
   uint32_t a[4] = {}, b0 = 0, b1 = 0;
   long ldmatrix_calls = 0;
-  int ldmatrix_count = 0;                     // matrices: 4 or 2
-  const void* ldmatrix_row = nullptr;         // this lane's row address
-  uint32_t* ldmatrix_out[4] = {};             // where register i goes
+  int ldmatrix_count = 0;              // matrices: 4 or 2
+  const void* ldmatrix_row = nullptr;  // this lane's row address
+  uint32_t* ldmatrix_out[4] = {};      // where register i goes
 };
 
 inline std::vector<Fiber> g_fibers;
@@ -387,7 +387,8 @@ struct Random {
 // QKV_EMULATOR_SEED (an integer) picks another schedule: results must not depend on it.
 inline Random seeded_random() {
   Random r;
-  if (const char* s = std::getenv("QKV_EMULATOR_SEED")) r.state ^= std::strtoull(s, nullptr, 10) * 0x9e3779b97f4a7c15ull;
+  if (const char* s = std::getenv("QKV_EMULATOR_SEED"))
+    r.state ^= std::strtoull(s, nullptr, 10) * 0x9e3779b97f4a7c15ull;
   if (r.state == 0) r.state = 1;
   return r;
 }

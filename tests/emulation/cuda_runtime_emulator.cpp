@@ -22,21 +22,21 @@
 namespace cuda_emu {
 namespace {
 
-constexpr size_t kArenaBytes = size_t{64} << 30;     // address space reserved for device memory
-constexpr size_t kDeviceMemory = size_t{16} << 30;   // what the emulated device reports and allows
-constexpr size_t kDefaultSharedBytes = 48 * 1024;    // dynamic shared memory without an opt-in
-constexpr size_t kMaxSharedBytes = 227 * 1024;       // the opt-in limit of an H100/H200 (sm_90)
-constexpr size_t kAlignment = 256;                   // cudaMalloc's alignment
+constexpr size_t kArenaBytes = size_t{64} << 30;    // address space reserved for device memory
+constexpr size_t kDeviceMemory = size_t{16} << 30;  // what the emulated device reports and allows
+constexpr size_t kDefaultSharedBytes = 48 * 1024;   // dynamic shared memory without an opt-in
+constexpr size_t kMaxSharedBytes = 227 * 1024;      // the opt-in limit of an H100/H200 (sm_90)
+constexpr size_t kAlignment = 256;                  // cudaMalloc's alignment
 
 struct Heap {
   std::recursive_mutex mu;
   char* base = nullptr;
-  size_t top = 0;       // bytes of the arena handed out so far
+  size_t top = 0;  // bytes of the arena handed out so far
   size_t in_use = 0;
-  std::map<const char*, size_t> live;          // start -> bytes
-  std::multimap<size_t, char*> released;       // bytes -> start, for reuse
-  int open = 0;                                // DeviceAccess nesting
-  std::map<const void*, int> max_shared;       // kernel -> opted-in dynamic shared bytes
+  std::map<const char*, size_t> live;     // start -> bytes
+  std::multimap<size_t, char*> released;  // bytes -> start, for reuse
+  int open = 0;                           // DeviceAccess nesting
+  std::map<const void*, int> max_shared;  // kernel -> opted-in dynamic shared bytes
   cudaError_t last_error = cudaSuccess;
 };
 
@@ -138,9 +138,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
-}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice); }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device != 0) return record(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
@@ -170,7 +168,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   auto& h = heap();
   std::lock_guard<std::recursive_mutex> lock(h.mu);
   *ptr = nullptr;
-  const size_t size = (std::max<size_t>(bytes, 1) + cuda_emu::kAlignment - 1) / cuda_emu::kAlignment * cuda_emu::kAlignment;
+  const size_t size =
+      (std::max<size_t>(bytes, 1) + cuda_emu::kAlignment - 1) / cuda_emu::kAlignment * cuda_emu::kAlignment;
   if (h.in_use + size > cuda_emu::kDeviceMemory) return record(cudaErrorMemoryAllocation);
   char* p = nullptr;
   if (auto it = h.released.find(size); it != h.released.end()) {
@@ -194,7 +193,8 @@ cudaError_t cudaFree(void* ptr) {
   auto& h = heap();
   std::lock_guard<std::recursive_mutex> lock(h.mu);
   auto it = h.live.find(static_cast<const char*>(ptr));
-  if (it == h.live.end()) return refuse(cudaErrorInvalidDevicePointer, "cudaFree of a pointer cudaMalloc did not return");
+  if (it == h.live.end())
+    return refuse(cudaErrorInvalidDevicePointer, "cudaFree of a pointer cudaMalloc did not return");
   h.released.emplace(it->second, static_cast<char*>(ptr));
   h.in_use -= it->second;
   {
@@ -237,14 +237,22 @@ cudaError_t cudaGetLastError() {
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
   }
   return "unrecognized error code";
 }
@@ -252,8 +260,8 @@ const char* cudaGetErrorString(cudaError_t error) {
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
       static_cast<size_t>(value) > cuda_emu::kMaxSharedBytes)
-    return refuse(cudaErrorInvalidValue, "cudaFuncSetAttribute(" + std::to_string(attribute) + ", " +
-                                             std::to_string(value) + ") is refused");
+    return refuse(cudaErrorInvalidValue,
+                  "cudaFuncSetAttribute(" + std::to_string(attribute) + ", " + std::to_string(value) + ") is refused");
   auto& h = heap();
   std::lock_guard<std::recursive_mutex> lock(h.mu);
   h.max_shared[kernel] = value;
@@ -279,10 +287,14 @@ cublasStatus_t cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t m
 }
 const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
   }
   return "unknown cuBLAS status";
 }
@@ -291,10 +303,14 @@ namespace {
 
 double load(const void* p, cudaDataType type, long long i) {
   switch (type) {
-    case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_64F: return static_cast<const double*>(p)[i];
-    case CUDA_R_16BF: return cuda_emu::bf16_value(static_cast<const uint16_t*>(p)[i]);
-    case CUDA_R_16F: return cuda_emu::half_value(static_cast<const uint16_t*>(p)[i]);
+    case CUDA_R_32F:
+      return static_cast<const float*>(p)[i];
+    case CUDA_R_64F:
+      return static_cast<const double*>(p)[i];
+    case CUDA_R_16BF:
+      return cuda_emu::bf16_value(static_cast<const uint16_t*>(p)[i]);
+    case CUDA_R_16F:
+      return cuda_emu::half_value(static_cast<const uint16_t*>(p)[i]);
   }
   return 0;
 }
@@ -317,9 +333,8 @@ void check_extent(const char* what, const void* p, cudaDataType type, int rows, 
 }
 
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                    double alpha, const void* A, cudaDataType at, int lda, long long sa, const void* B,
-                    cudaDataType bt, int ldb, long long sb, double beta, void* C, cudaDataType ct, int ldc,
-                    long long sc, int batch) {
+                    double alpha, const void* A, cudaDataType at, int lda, long long sa, const void* B, cudaDataType bt,
+                    int ldb, long long sb, double beta, void* C, cudaDataType ct, int ldc, long long sc, int batch) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (ta == CUBLAS_OP_C || tb == CUBLAS_OP_C) return CUBLAS_STATUS_NOT_SUPPORTED;
   const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
@@ -339,11 +354,14 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation
       std::fill(column.begin(), column.end(), 0.0);
       if (alpha != 0)
         for (int l = 0; l < k; ++l) {
-          const double b = load(B, bt, b0 + (tb == CUBLAS_OP_N ? l + static_cast<long long>(j) * ldb
-                                                               : j + static_cast<long long>(l) * ldb));
+          const double b = load(
+              B, bt,
+              b0 + (tb == CUBLAS_OP_N ? l + static_cast<long long>(j) * ldb : j + static_cast<long long>(l) * ldb));
           for (int i = 0; i < m; ++i)
-            column[i] += load(A, at, a0 + (ta == CUBLAS_OP_N ? i + static_cast<long long>(l) * lda
-                                                              : l + static_cast<long long>(i) * lda)) * b;
+            column[i] += load(A, at,
+                              a0 + (ta == CUBLAS_OP_N ? i + static_cast<long long>(l) * lda
+                                                      : l + static_cast<long long>(i) * lda)) *
+                         b;
         }
       for (int i = 0; i < m; ++i) {
         const long long ci = c0 + i + static_cast<long long>(j) * ldc;
@@ -361,15 +379,15 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long strideA, const float* B, int ldb, long long strideB,
                                          const float* beta, float* C, int ldc, long long strideC, int batch) {
-  return gemm(handle, transa, transb, m, n, k, *alpha, A, CUDA_R_32F, lda, strideA, B, CUDA_R_32F, ldb, strideB,
-              *beta, C, CUDA_R_32F, ldc, strideC, batch);
+  return gemm(handle, transa, transb, m, n, k, *alpha, A, CUDA_R_32F, lda, strideA, B, CUDA_R_32F, ldb, strideB, *beta,
+              C, CUDA_R_32F, ldc, strideC, batch);
 }
 cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const double* alpha, const double* A, int lda,
                                          long long strideA, const double* B, int ldb, long long strideB,
                                          const double* beta, double* C, int ldc, long long strideC, int batch) {
-  return gemm(handle, transa, transb, m, n, k, *alpha, A, CUDA_R_64F, lda, strideA, B, CUDA_R_64F, ldb, strideB,
-              *beta, C, CUDA_R_64F, ldc, strideC, batch);
+  return gemm(handle, transa, transb, m, n, k, *alpha, A, CUDA_R_64F, lda, strideA, B, CUDA_R_64F, ldb, strideB, *beta,
+              C, CUDA_R_64F, ldc, strideC, batch);
 }
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                           int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
@@ -380,8 +398,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   // The one combination qkv uses: bf16 operands, float32 output, float32 compute and scalars.
   if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  return gemm(handle, transa, transb, m, n, k, *static_cast<const float*>(alpha), A, Atype, lda, strideA, B, Btype,
-              ldb, strideB, *static_cast<const float*>(beta), C, Ctype, ldc, strideC, batch);
+  return gemm(handle, transa, transb, m, n, k, *static_cast<const float*>(alpha), A, Atype, lda, strideA, B, Btype, ldb,
+              strideB, *static_cast<const float*>(beta), C, Ctype, ldc, strideC, batch);
 }
 
 }  // extern "C"

@@ -172,7 +172,7 @@ void launch_forward(const kernels::Params& a, int heads) {
   for (int y = 0; y < blocks_of(a.Nq); ++y)
     for (int x = 0; x < heads; ++x)
       cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::forward_smem<D>(),
-                         [&] { kernels::forward_kernel<D>(a); });
+                          [&] { kernels::forward_kernel<D>(a); });
 }
 
 template <int D>
@@ -184,13 +184,13 @@ void launch_backward(const kernels::Params& a, int B, int64_t qrows, int64_t kro
     for (int y = 0; y < blocks_of(a.Nq); ++y)
       for (int x = 0; x < B * a.Hq; ++x)
         cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dq_smem<D, tile>(),
-                           [&] { kernels::dq_kernel<D, tile>(a); });
+                            [&] { kernels::dq_kernel<D, tile>(a); });
   }
   if (krows > 0)
     for (int y = 0; y < blocks_of(a.Nk); ++y)
       for (int x = 0; x < B * a.Hkv; ++x)
         cuda_emu::run_block({unsigned(x), unsigned(y), 0}, kernels::kThreads, kernels::dkv_smem<D, tile>(),
-                           [&] { kernels::dkv_kernel<D, tile>(a); });
+                            [&] { kernels::dkv_kernel<D, tile>(a); });
 }
 
 // Runs one case's forward and backward and prints one line; true when it passes.
@@ -252,8 +252,8 @@ bool run_case(const Case& c, uint64_t seed, double worst_ratio[kOutputs]) {
   const std::vector<double>* exact_of[kOutputs] = {&exact.out, &exact.lse, &exact.dq, &exact.dk, &exact.dv};
   const std::vector<double>* naive_of[kOutputs] = {&naive.out, &naive.lse, &naive.dq, &naive.dk, &naive.dv};
   const double factor[kOutputs] = {2, 2, 2, 4, 4};
-  std::printf("B%d Hq%d Hkv%d Nq%d Nk%d D%d causal%d window%lld%s pad%d/%d: error/bound", c.B, c.Hq, c.Hkv, c.Nq,
-              c.Nk, D, int(c.causal), static_cast<long long>(c.window), c.key_lengths.empty() ? "" : " key_lengths",
+  std::printf("B%d Hq%d Hkv%d Nq%d Nk%d D%d causal%d window%lld%s pad%d/%d: error/bound", c.B, c.Hq, c.Hkv, c.Nq, c.Nk,
+              D, int(c.causal), static_cast<long long>(c.window), c.key_lengths.empty() ? "" : " key_lengths",
               c.row_pad, c.head_pad);
   bool pass = true;
   for (int t = 0; t < kOutputs; ++t) {
@@ -296,10 +296,10 @@ std::vector<Case> ci_cases() {
   add_test_file_cases(cases);
   cases.push_back({1, 2, 1, 90, 70, 64, false, int64_t(INT_MAX)});
   cases.push_back({1, 2, 1, 70, 90, 128, true, (int64_t(1) << 32) + 5});
-  cases.push_back({2, 4, 2, 100, 100, 64, false, 0, {0, 77}});  // batch row 0 fully masked
-  cases.push_back({1, 2, 1, 100, 30, 128, true});              // Nq > Nk, causal: 70 rows see nothing
+  cases.push_back({2, 4, 2, 100, 100, 64, false, 0, {0, 77}});    // batch row 0 fully masked
+  cases.push_back({1, 2, 1, 100, 30, 128, true});                 // Nq > Nk, causal: 70 rows see nothing
   cases.push_back({2, 2, 1, 20, 150, 128, false, 9, {140, 60}});  // decode-like window and key lengths
-  cases.push_back({2, 4, 2, 70, 70, 64, true, 0, {}, 4, 8});    // strided operands
+  cases.push_back({2, 4, 2, 70, 70, 64, true, 0, {}, 4, 8});      // strided operands
   return cases;
 }
 
@@ -316,8 +316,8 @@ std::vector<Case> quick_cases() {
 std::vector<Case> full_cases() {
   std::vector<Case> cases;
   for (int D : {64, 128}) {
-    for (auto [nq, nk] : {std::pair{1, 1}, {17, 17}, {64, 64}, {200, 200}, {1, 200}, {17, 200}, {64, 130},
-                          {130, 64}, {0, 5}, {5, 0}})
+    for (auto [nq, nk] :
+         {std::pair{1, 1}, {17, 17}, {64, 64}, {200, 200}, {1, 200}, {17, 200}, {64, 130}, {130, 64}, {0, 5}, {5, 0}})
       for (bool causal : {false, true}) cases.push_back({1, 2, 1, nq, nk, D, causal});
     cases.push_back({2, 4, 2, 70, 70, D, true, 0, {}, 4, 8});
     cases.push_back({2, 4, 1, 33, 150, D, false, 0, {}, 0, 4});

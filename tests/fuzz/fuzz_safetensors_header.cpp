@@ -23,7 +23,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       total += t.end - t.begin;
     }
     if (total != size - h.buffer_offset) std::abort();
-  } catch (const qkv::Error&) {
-  }
+  } catch (const qkv::Error&) {}
   return 0;
 }
