@@ -30,10 +30,9 @@ if ! nvidia-smi -L > /dev/null 2>&1; then log "no GPU visible: the [cuda] cases 
 status=$?
 grep -E "skipped: no CUDA device" "$out/cuda_tests.log" > /dev/null && { log "the tests saw no CUDA device"; status=3; }
 log "[cuda] tests: $(last_line "$out/cuda_tests.log") (exit $status)"
-# The attention cases again on the simple (untiled) kernels: if only the tiled run fails, the
-# bug is in the tiling.
-QKV_CUDA_ATTENTION=simple "$build_dir/tests/qkv_tests" "CUDA fused attention*" -s -r compact \
-  > "$out/cuda_attention_simple.log" 2>&1
+# The tiled attention kernels against the untiled ones (attention/cuda/dev/, same arithmetic per
+# row): if this fails while the CPU comparisons pass, the bug is in the tiling.
+"$build_dir/tests/qkv_tests" "[cuda][simple]" -s -r compact > "$out/cuda_attention_simple.log" 2>&1
 simple_status=$?
 log "[cuda] attention, simple kernels: $(last_line "$out/cuda_attention_simple.log") (exit $simple_status)"
 

@@ -105,6 +105,8 @@ bool supported(const AttentionOptions& o, const Problem& p) {
 }
 
 bool enabled() {
+  // QKV_CUDA_ATTENTION=simt: the user-facing fallback to the float32 kernels (why it stays: the
+  // header).
   static const bool on = [] {
     const char* v = std::getenv("QKV_CUDA_ATTENTION");
     return v == nullptr || *v == '\0' || std::string(v) == "mma";

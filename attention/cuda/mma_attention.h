@@ -24,8 +24,11 @@ namespace qkv::attn::cuda_mma {
 
 // True when these kernels handle the call (options, dtype, head dim and sizes).
 bool supported(const AttentionOptions& o, const Problem& p);
-// False when QKV_CUDA_ATTENTION is set to anything but "mma" (e.g. "simt" or "simple"): then bf16
-// autocast keeps the float32 kernels, so a first GPU run can tell a bad MMA kernel apart. Read once.
+// False when QKV_CUDA_ATTENTION is set to anything but "mma" (e.g. "simt"): then bf16 autocast
+// keeps the float32 kernels. This stays a user-facing switch, unlike the untiled kernel variants
+// (now test-only, attention/cuda/dev/): it is how a user on a new GPU or driver, and
+// scripts/gpu_check.sh, tell a bad tensor-core kernel apart from the rest of a bf16 run without
+// rebuilding. Read once per process, at the first dispatch, not per launch.
 bool enabled();
 
 // out [B, Hq, Nq, D] contiguous float32, lse [B, Hq, Nq] (−inf on rows with no visible key).

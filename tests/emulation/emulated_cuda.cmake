@@ -6,7 +6,9 @@
 set(QKV_EMULATION_DIR ${CMAKE_SOURCE_DIR}/tests/emulation)
 file(GLOB QKV_EMULATED_CU CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tensor/cuda/*.cu ${CMAKE_SOURCE_DIR}/attention/cuda/*.cu)
 file(GLOB QKV_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tensor/cuda/*.cpp)
-foreach(cu ${QKV_EMULATED_CU})
+# qkv_emulated_cu(<var> <file.cu>): adds the rule that rewrites <file.cu> into host C++ and sets
+# <var> to the generated source (also used by tests/CMakeLists.txt for the test-only kernels).
+function(qkv_emulated_cu var cu)
   file(RELATIVE_PATH rel ${CMAKE_SOURCE_DIR} ${cu})
   set(out ${CMAKE_BINARY_DIR}/emulated/${rel}.cpp)
   add_custom_command(OUTPUT ${out}
@@ -15,6 +17,10 @@ foreach(cu ${QKV_EMULATED_CU})
     COMMENT "Rewriting ${rel} for the CUDA emulator")
   # The kernels reinterpret register words (bf16 pairs as uint32): fine on a GPU, aliasing in C++.
   set_source_files_properties(${out} PROPERTIES COMPILE_OPTIONS "-fno-strict-aliasing;-Wno-unknown-pragmas;-Wno-sign-compare")
+  set(${var} ${out} PARENT_SCOPE)
+endfunction()
+foreach(cu ${QKV_EMULATED_CU})
+  qkv_emulated_cu(out ${cu})
   list(APPEND QKV_CUDA_SOURCES ${out})
 endforeach()
 
