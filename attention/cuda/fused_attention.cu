@@ -11,11 +11,15 @@
 //                              dK_j = scale·Σ_(h,i) dS_ij q_i, dV_j = Σ_(h,i) P_ij z_ij dO_i
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <list>
+#include <mutex>
 #include <vector>
 
 #include "attention/cuda/fused_cuda.h"
 #include "attention/cuda/fused_rows.cuh"
+#include "attention/patterns.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/ops.h"
 
@@ -32,19 +36,30 @@ using namespace rows;
 
 constexpr int kTileWarps = 8;
 
-// Keys per shared-memory tile for rows of width D + Dv of T: 32, or fewer for wide heads so the
-// tile stays within the default 48 KB of shared memory.
-template <class T>
-int tile_rows(int64_t D, int64_t Dv) {
-  int t = 32;
-  while (t > 1 && static_cast<int64_t>(t) * (D + Dv) * static_cast<int64_t>(sizeof(T)) > 48 * 1024) t /= 2;
-  return t;
-}
-
 // Copies rows [r0, r0 + nr) of a [rows, width] operand with row stride `rs` into dst [nr, width].
 template <class T>
 __device__ void stage_rows(T* dst, const T* src, int64_t rs, int64_t r0, int64_t nr, int64_t width) {
   for (int64_t e = threadIdx.x; e < nr * width; e += blockDim.x) dst[e] = src[(r0 + e / width) * rs + e % width];
+}
+
+// A block's walk over the inner tiles (of `tile` rows) that its outer tile o meets: with a sparse
+// pattern the layout's non-empty tiles (aligned at multiples of `tile`), else every tile from
+// `begin` up to `end`. Step `step` returns the tile's first row and whether it is full (no
+// structural or pattern mask per element).
+__device__ __forceinline__ int64_t walk_steps(const DeviceMask& m, const DeviceLayout& w, int64_t o, int64_t begin,
+                                              int64_t end, int tile) {
+  if (m.pat.kind != 0) return w.ptr[o + 1] - w.ptr[o];
+  return end > begin ? (end - begin + tile - 1) / tile : 0;
+}
+__device__ __forceinline__ int64_t walk_tile(const DeviceMask& m, const DeviceLayout& w, int64_t o, int64_t step,
+                                             int64_t begin, int tile, bool* full) {
+  if (m.pat.kind == 0) {
+    *full = false;
+    return begin + step * tile;
+  }
+  const int64_t t = w.tiles[w.ptr[o] + step];
+  *full = (t & 1) != 0;
+  return (t >> 1) * tile;
 }
 
 template <class T>
@@ -71,7 +86,11 @@ __global__ void forward_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
   const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
   const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += tile) {
+  const int64_t qt = i0 / kTileWarps, steps = walk_steps(m, m.by_q, qt, j_begin, j_end, tile);
+  for (int64_t step = 0; step < steps; ++step) {
+    bool full;
+    const int64_t j0 = walk_tile(m, m.by_q, qt, step, j_begin, tile, &full);
+    if (j0 >= j_end) break;  // (a pattern's tiles past the key lengths)
     const int64_t nt = imin(tile, j_end - j0);
     __syncthreads();  // the previous tile is consumed
     stage_rows(ks, kh, a.vk.sn, j0, nt, a.D);
@@ -80,7 +99,9 @@ __global__ void forward_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
     if (!active) continue;
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t j = j0 + t;
-      if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
+      if (full ? j >= hi || !visible_extra(m, b, p, j)
+               : j < lo || j >= hi || !visible_extra(m, b, p, j) || !pattern_allows(m.pat, p, j))
+        continue;
       forward_key(a, m, q, ks + t * a.D, vs + t * a.Dv, b, h, i, p, j, slope, lane, mx, l, o);
     }
   }
@@ -110,7 +131,11 @@ __global__ void dq_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
   const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
   const T* kh = a.k + b * a.vk.sb + hk * a.vk.sh;
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += tile) {
+  const int64_t qt = i0 / kTileWarps, steps = walk_steps(m, m.by_q, qt, j_begin, j_end, tile);
+  for (int64_t step = 0; step < steps; ++step) {
+    bool full;
+    const int64_t j0 = walk_tile(m, m.by_q, qt, step, j_begin, tile, &full);
+    if (j0 >= j_end) break;
     const int64_t nt = imin(tile, j_end - j0);
     __syncthreads();
     stage_rows(ks, kh, a.vk.sn, j0, nt, a.D);
@@ -119,7 +144,9 @@ __global__ void dq_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
     if (!active) continue;
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t j = j0 + t;
-      if (j < lo || j >= hi || !visible_extra(m, b, p, j)) continue;
+      if (full ? j >= hi || !visible_extra(m, b, p, j)
+               : j < lo || j >= hi || !visible_extra(m, b, p, j) || !pattern_allows(m.pat, p, j))
+        continue;
       dq_key(a, m, q, d, ks + t * a.D, vs + t * a.Dv, b, h, i, p, j, slope, lse, di, lane, dq);
     }
   }
@@ -151,13 +178,17 @@ __global__ void dkv_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
   int64_t i_begin = 0, i_end = m.Nq;
   if (m.causal_like) i_begin = imax(0, j0 - m.q_offset);
   if (m.window > 0) i_end = imin(m.Nq, imax(0, j_last + m.window - m.q_offset));
+  const int64_t kt = j0 / kTileWarps, steps = walk_steps(m, m.by_k, kt, i_begin, i_end, tile);
   for (int64_t g = 0; g < m.G; ++g) {
     const int64_t h = hk * m.G + g;
     const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
     const T* qh = a.q + b * a.vq.sb + h * a.vq.sh;
     const T* doh = a.dout + b * a.vdo.sb + h * a.vdo.sh;
     const int64_t row0 = (b * m.Hq + h) * m.Nq;
-    for (int64_t r0 = i_begin; r0 < i_end; r0 += tile) {
+    for (int64_t step = 0; step < steps; ++step) {
+      bool full;
+      const int64_t r0 = walk_tile(m, m.by_k, kt, step, i_begin, tile, &full);
+      if (r0 >= i_end) break;
       const int64_t nt = imin(tile, i_end - r0);
       __syncthreads();
       stage_rows(qs, qh, a.vq.sn, r0, nt, a.D);
@@ -170,8 +201,11 @@ __global__ void dkv_tiled_kernel(Args<T> a, DeviceMask m, int tile) {
       if (!active) continue;
       for (int64_t t = 0; t < nt; ++t) {
         const int64_t i = r0 + t, p = m.q_offset + i;
-        if (m.causal_like && p < j) continue;
-        if (m.window > 0 && p >= j + m.window) continue;
+        if (!full) {
+          if (m.causal_like && p < j) continue;
+          if (m.window > 0 && p >= j + m.window) continue;
+          if (!pattern_allows(m.pat, p, j)) continue;
+        }
         if (!visible_extra(m, b, p, j)) continue;
         if (ls[t] == -INFINITY) continue;
         dkv_query(a, m, kr, vr, qs + t * a.D, ds_ + t * a.Dv, b, h, i, p, j, slope, ls[t], dis[t], lane, dk, dv);
@@ -188,12 +222,120 @@ unsigned tiled_blocks(int64_t heads, int64_t rows) {
   return static_cast<unsigned>(heads * ((rows + kTileWarps - 1) / kTileWarps));
 }
 
+// ---- A sparse pattern on the device: its predicate's tables and the two kernels' walks of its
+// block layout, uploaded once per (pattern, shape) and kept in a small LRU beside the CPU's layout
+// cache (whose entries it holds, so their addresses identify them).
+
+struct DevicePatternData {
+  std::shared_ptr<const BlockLayout> lq, lk;  // forward/dQ grid, dK/dV grid
+  DevicePattern pat;
+  DeviceLayout by_q, by_k;
+  std::vector<Tensor> keep;  // the device arrays the pointers above point into
+};
+
+// entries[ptr[o] ..) = (inner << 1) | full for the non-empty tiles of outer tile o (by_key: outer =
+// key tile, the layout's CSC; else outer = query tile, its CSR).
+DeviceLayout upload_walk(const BlockLayout& L, bool by_key, std::vector<Tensor>& keep) {
+  const std::vector<int64_t>& ptr_h = by_key ? L.col_ptr : L.row_ptr;
+  const std::vector<int64_t>& inner = by_key ? L.col_tiles : L.row_tiles;
+  std::vector<int64_t> tiles(inner.size());
+  const int64_t n_outer = static_cast<int64_t>(ptr_h.size()) - 1;
+  for (int64_t o = 0; o < n_outer; ++o)
+    for (int64_t e = ptr_h[o]; e < ptr_h[o + 1]; ++e) {
+      const int64_t t = inner[e];
+      const bool full = (by_key ? L.at(t, o) : L.at(o, t)) == BlockLayout::full;
+      tiles[e] = (t << 1) | (full ? 1 : 0);
+    }
+  DeviceLayout w;
+  w.tq = L.tq;
+  w.tk = L.tk;
+  keep.push_back(from_vector_i64(ptr_h, {static_cast<int64_t>(ptr_h.size())}).to(Device::cuda));
+  w.ptr = ptr<int64_t>(keep.back());
+  keep.push_back(from_vector_i64(tiles.empty() ? std::vector<int64_t>{0} : tiles,
+                                 {std::max<int64_t>(1, static_cast<int64_t>(tiles.size()))})
+                     .to(Device::cuda));
+  w.tiles = ptr<int64_t>(keep.back());
+  return w;
+}
+
+std::shared_ptr<const DevicePatternData> upload_pattern(const SparsePattern& sp, const MaskRules& rules,
+                                                        std::shared_ptr<const BlockLayout> lq,
+                                                        std::shared_ptr<const BlockLayout> lk) {
+  auto d = std::make_shared<DevicePatternData>();
+  const int64_t nk = lq->nk;
+  const PatternPredicate pred(sp, nk, rules.has_hi);  // the CPU's (MaskPlan's) resolution
+  DevicePattern& t = d->pat;
+  t.kind = static_cast<int>(sp.kind);
+  t.s = pred.stride();
+  t.l = pred.local();
+  t.bs = sp.block_size;
+  auto upload = [&](const std::vector<int64_t>& v) {
+    d->keep.push_back(from_vector_i64(v, {static_cast<int64_t>(v.size())}).to(Device::cuda));
+    return ptr<int64_t>(d->keep.back());
+  };
+  if (sp.kind == Pattern::global || sp.kind == Pattern::bigbird) {
+    if (sp.global_tokens.empty()) {
+      t.g = sp.global;
+    } else {
+      std::vector<int64_t> g = sp.global_tokens;
+      std::sort(g.begin(), g.end());
+      g.erase(std::unique(g.begin(), g.end()), g.end());
+      t.n_globals = static_cast<int64_t>(g.size());
+      t.globals = upload(g);
+    }
+  }
+  if (sp.kind == Pattern::bigbird && sp.random_blocks > 0) {
+    // Positions are < Nk, so query blocks are < ⌈Nk / bs⌉.
+    const int64_t nqb = std::max<int64_t>(1, (nk + sp.block_size - 1) / sp.block_size);
+    t.r = sp.random_blocks;
+    std::vector<int64_t> rand(static_cast<size_t>(nqb * t.r));
+    for (int64_t qb = 0; qb < nqb; ++qb)
+      for (int64_t k = 0; k < t.r; ++k) rand[qb * t.r + k] = pred.random_block(qb, k);
+    t.rand = upload(rand);
+  }
+  if (sp.kind == Pattern::block_sparse) {
+    if (sp.layout == "local_global") {
+      t.layout = 0;
+    } else if (sp.layout == "fixed") {
+      t.layout = 1;
+    } else {
+      t.layout = 2;
+      t.rows = sp.layout_rows;
+      t.cols = sp.layout_cols;
+      t.table = upload(std::vector<int64_t>(sp.layout_table.begin(), sp.layout_table.end()));
+    }
+  }
+  d->by_q = upload_walk(*lq, /*by_key=*/false, d->keep);
+  d->by_k = upload_walk(*lk, /*by_key=*/true, d->keep);
+  d->lq = std::move(lq);
+  d->lk = std::move(lk);
+  return d;
+}
+
+// The device copy for these two layouts (one per pattern, shape and tile grids), uploaded on a miss.
+std::shared_ptr<const DevicePatternData> device_pattern(const SparsePattern& sp, const MaskRules& rules,
+                                                        const std::shared_ptr<const BlockLayout>& lq,
+                                                        const std::shared_ptr<const BlockLayout>& lk) {
+  static std::mutex mu;
+  // Never destroyed: device memory must not be freed after the runtime shuts down at exit.
+  static auto* lru = new std::list<std::shared_ptr<const DevicePatternData>>;
+  constexpr size_t kCapacity = 16;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = lru->begin(); it != lru->end(); ++it)
+    if ((*it)->lq == lq && (*it)->lk == lk) {
+      lru->splice(lru->begin(), *lru, it);
+      return lru->front();
+    }
+  lru->push_front(upload_pattern(sp, rules, lq, lk));
+  if (lru->size() > kCapacity) lru->pop_back();
+  return lru->front();
+}
+
 }  // namespace
 
 bool supported(const AttentionOptions& o, const Problem& p) {
-  // A sparse pattern is not walked by these kernels: the call takes the reference path.
-  return !o.bias.defined() && !o.allow_mask.defined() && !o.rules && !(o.pattern && o.pattern->sparse()) &&
-         (p.dtype == DType::f32 || p.dtype == DType::f64) && p.D <= kMaxPerLane * kWarp && p.Dv <= kMaxPerLane * kWarp;
+  return !o.bias.defined() && !o.allow_mask.defined() && !o.rules && (p.dtype == DType::f32 || p.dtype == DType::f64) &&
+         p.D <= kMaxPerLane * kWarp && p.Dv <= kMaxPerLane * kWarp;
 }
 
 std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p) {
@@ -234,7 +376,39 @@ std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& 
   m.c3 = key.c3;
   m.thr = key.thr;
   m.keep_scale = draw.keep_scale();
+  if (o.pattern && o.pattern->sparse()) {
+    // The layouts on the kernels' tile grids: forward/dQ blocks of kTileWarps query rows × key
+    // tiles, dK/dV blocks of kTileWarps keys × query tiles (the tile sizes the launches use).
+    const int64_t elem = static_cast<int64_t>(dtype_size(p.dtype));
+    const MaskRules rules = mask_rules(p.shape(), o);
+    const auto lq = block_layout(*o.pattern, rules, p.Nq, p.Nk, kTileWarps, tile_rows(p.D + p.Dv, elem));
+    const auto lk = block_layout(*o.pattern, rules, p.Nq, p.Nk, tile_rows(p.D + p.Dv + 2, elem), kTileWarps);
+    const auto dev = device_pattern(*o.pattern, rules, lq, lk);
+    m.pat = dev->pat;
+    m.by_q = dev->by_q;
+    m.by_k = dev->by_k;
+    plan->keep.insert(plan->keep.end(), dev->keep.begin(), dev->keep.end());
+  }
   return plan;
+}
+
+TileWalk tile_walk(const Plan& plan, bool by_key) {
+  TileWalk w;
+  const DeviceMask& m = plan.m;
+  if (m.pat.kind == 0) return w;
+  const DeviceLayout& L = by_key ? m.by_k : m.by_q;
+  w.tq = L.tq;
+  w.tk = L.tk;
+  const int64_t nqt = (m.Nq + L.tq - 1) / L.tq, nkt = (m.Nk + L.tk - 1) / L.tk, n_outer = by_key ? nkt : nqt;
+  w.total = nqt * nkt;
+  std::vector<int64_t> ptr_h(static_cast<size_t>(n_outer + 1));
+  QKV_CUDA_CHECK(cudaMemcpy(ptr_h.data(), L.ptr, ptr_h.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  w.visited = ptr_h.back();
+  std::vector<int64_t> tiles(static_cast<size_t>(w.visited));
+  if (!tiles.empty())
+    QKV_CUDA_CHECK(cudaMemcpy(tiles.data(), L.tiles, tiles.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  for (int64_t t : tiles) w.full += t & 1;
+  return w;
 }
 
 FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Plan& plan) {
@@ -250,7 +424,7 @@ FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     Args<T> a = args_of<T>(q, k, v, p);
     a.o_w = ptr<T>(r.out);
     a.lse_w = ptr<T>(r.lse);
-    const int tile = tile_rows<T>(p.D, p.Dv);
+    const int tile = tile_rows(p.D + p.Dv, sizeof(T));
     forward_tiled_kernel<T>
         <<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile*(p.D + p.Dv) * sizeof(T)>>>(a, plan.m, tile);
   };
@@ -277,13 +451,13 @@ FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_i
     if (qrows > 0) {
       di_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
       QKV_CUDA_LAUNCHED("di_kernel");
-      const int tile = tile_rows<T>(p.D, p.Dv);
+      const int tile = tile_rows(p.D + p.Dv, sizeof(T));
       dq_tiled_kernel<T>
           <<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile*(p.D + p.Dv) * sizeof(T)>>>(a, plan.m, tile);
       QKV_CUDA_LAUNCHED("dq_tiled_kernel");
     }
     if (krows > 0) {
-      const int tile = tile_rows<T>(p.D, p.Dv + 2);  // + lse and Di per staged row
+      const int tile = tile_rows(p.D + p.Dv + 2, sizeof(T));  // + lse and Di per staged row
       dkv_tiled_kernel<T>
           <<<tiled_blocks(p.B * p.Hkv, p.Nk), kTileWarps * kWarp, tile*(p.D + p.Dv + 2) * sizeof(T)>>>(a, plan.m, tile);
       QKV_CUDA_LAUNCHED("dkv_tiled_kernel");

@@ -7,7 +7,17 @@
 //
 // Supported: causal (bottom-right), window, key_lengths, key_padding, segment_ids, ALiBi,
 // dropout (the Philox draw of attention.h, bit for bit the CPU's), GQA/MQA, float32/float64,
-// head dims up to 256. A bias, an allow_mask or explicit mask rules take the reference path instead.
+// head dims up to 256, and every sparse pattern (attention/patterns.h). A bias, an allow_mask or
+// explicit mask rules take the reference path instead.
+//
+// Sparse patterns: the tiled kernels walk the pattern's block layout (patterns.h) on their own tile
+// grids (forward and dQ: 8 query rows × the key tile; dK/dV: the query tile × 8 keys), built on the
+// host once per (pattern, shape) and uploaded once (an LRU of device copies beside the CPU's layout
+// cache). Empty tiles are never staged; full tiles apply no pattern or structural mask per element
+// (key lengths and the elementwise masks still apply); partial tiles evaluate the pattern's
+// predicate per element on the device (pattern_allows in fused_rows.cuh: arithmetic on positions,
+// plus small tables for bigbird's random blocks and block_sparse layout files). The tensor-core
+// kernels (mma_attention.h) do not take patterns: a patterned call under bf16 autocast runs here.
 #pragma once
 #include <memory>
 #include <vector>
@@ -17,6 +27,29 @@
 #include "attention/mask.h"
 
 namespace qkv::attn::cuda_fused {
+
+// A sparse pattern's predicate on the device: its parameters with "auto" resolved (PatternPredicate)
+// and device tables (owned by the plan) for what is not arithmetic. kind = static_cast<int>(Pattern);
+// 0 (full) is no pattern.
+struct DevicePattern {
+  int kind = 0;
+  int64_t s = 1, l = 1, g = 0, bs = 64, r = 0;
+  const int64_t* globals = nullptr;  // sorted explicit global positions (replace g when set)
+  int64_t n_globals = 0;
+  const int64_t* rand = nullptr;   // bigbird: [query block, r] random key block, for the Nk / bs blocks
+  int layout = 0;                  // block_sparse: 0 local_global, 1 fixed, 2 the table below
+  const int64_t* table = nullptr;  // block_sparse layout file [rows, cols], 1 = visible block pair
+  int64_t rows = 0, cols = 0;
+};
+
+// One kernel's walk of the block layout: for each outer tile o (query tile for forward and dQ, key
+// tile for dK/dV), entries tiles[ptr[o] .. ptr[o + 1]) = (inner tile << 1) | full, inner tiles in
+// increasing order; empty tiles are absent.
+struct DeviceLayout {
+  int64_t tq = 0, tk = 0;
+  const int64_t* ptr = nullptr;
+  const int64_t* tiles = nullptr;
+};
 
 // The device-side mask, plain values and device pointers (owned by `keep`).
 struct DeviceMask {
@@ -30,6 +63,8 @@ struct DeviceMask {
   bool drop = false;
   uint32_t k0 = 0, k1 = 0, c3 = 0, thr = 0;
   double keep_scale = 1;
+  DevicePattern pat;        // kind 0: no sparse pattern
+  DeviceLayout by_q, by_k;  // with a pattern: forward/dQ walk (CSR), dK/dV walk (CSC)
 };
 
 struct Plan {
@@ -41,6 +76,13 @@ struct Plan {
 // True when the CUDA kernels handle these options (else the caller uses the reference path).
 bool supported(const AttentionOptions& o, const Problem& p);
 std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p);
+
+// The tiles one kernel visits under the plan's sparse pattern, counted from the device copy of its
+// walk (tests: the count of the independent brute-force layout). by_key: the dK/dV walk.
+struct TileWalk {
+  int64_t tq = 0, tk = 0, visited = 0, full = 0, total = 0;
+};
+TileWalk tile_walk(const Plan& plan, bool by_key);
 
 // out [B, Hq, Nq, Dv] contiguous, lse [B, Hq, Nq] (−inf on rows with no visible key).
 FusedForward forward(const Tensor& q, const Tensor& k, const Tensor& v, const Plan& plan);

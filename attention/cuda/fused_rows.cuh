@@ -51,6 +51,44 @@ __device__ __forceinline__ bool visible_extra(const DeviceMask& m, int64_t b, in
   if (m.seg && m.seg[b * m.Nk + p] != m.seg[b * m.Nk + j]) return false;
   return true;
 }
+__device__ __forceinline__ bool is_global(const DevicePattern& t, int64_t x) {
+  if (!t.globals) return x >= 0 && x < t.g;
+  int64_t lo = 0, hi = t.n_globals;  // first entry >= x
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (t.globals[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < t.n_globals && t.globals[lo] == x;
+}
+// The sparse pattern's predicate at position p, key j (PatternPredicate::allows, definitions in
+// attention.h); positions are >= 0, so blocks are plain quotients.
+__device__ __forceinline__ bool pattern_allows(const DevicePattern& t, int64_t p, int64_t j) {
+  const int64_t d = p - j, ad = d < 0 ? -d : d;
+  switch (t.kind) {
+    case static_cast<int>(Pattern::window):
+      return ad < t.l;
+    case static_cast<int>(Pattern::strided):
+      return ad < t.l || d % t.s == 0;
+    case static_cast<int>(Pattern::global):
+      return ad < t.l || is_global(t, p) || is_global(t, j);
+    case static_cast<int>(Pattern::bigbird): {
+      if (ad < t.l || is_global(t, p) || is_global(t, j)) return true;
+      const int64_t qb = p / t.bs, kb = j / t.bs;
+      for (int64_t k = 0; k < t.r; ++k)
+        if (t.rand[qb * t.r + k] == kb) return true;
+      return false;
+    }
+    case static_cast<int>(Pattern::block_sparse): {
+      const int64_t qb = p / t.bs, kb = j / t.bs;
+      if (t.layout == 0) return (qb - kb <= 1 && kb - qb <= 1) || kb == 0 || qb == 0;
+      if (t.layout == 1) return kb == qb || kb % 4 == 3;
+      return qb < t.rows && kb < t.cols && t.table[qb * t.cols + kb] != 0;
+    }
+    default:
+      return true;
+  }
+}
 // z_ij: 0 or 1/(1−p) under dropout (the draw documented in attention.h), else 1.
 template <class T>
 __device__ __forceinline__ T dropout_z(const DeviceMask& m, int64_t b, int64_t h, int64_t i, int64_t j) {
@@ -188,6 +226,15 @@ __global__ void di_kernel(Args<T> a, DeviceMask m) {
 }
 
 // ---- Host side of a launch.
+
+// Rows per shared-memory tile for staged rows of `width` elements of `elem` bytes: 32, or fewer for
+// wide heads so the tile stays within the default 48 KB of shared memory. (The tile grid of the
+// block layouts, so make_plan and the launches must agree.)
+inline int tile_rows(int64_t width, int64_t elem) {
+  int t = 32;
+  while (t > 1 && static_cast<int64_t>(t) * width * elem > 48 * 1024) t /= 2;
+  return t;
+}
 
 inline unsigned blocks_for_rows(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

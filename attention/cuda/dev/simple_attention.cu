@@ -1,5 +1,7 @@
 // The untiled CUDA attention kernels (see simple_attention.h): one warp per query row (forward,
-// dQ) or key row (dK/dV), visiting every key (query) of the row's interval in increasing order.
+// dQ) or key row (dK/dV), visiting every key (query) of the row's interval in increasing order and
+// testing a sparse pattern's predicate on each (no block layout: the tiled kernels' skipping is
+// what they check).
 #include "attention/cuda/dev/simple_attention.h"
 
 #include <cuda_runtime.h>
@@ -31,7 +33,7 @@ __global__ void forward_kernel(Args<T> a, DeviceMask m) {
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
   const int64_t hi = key_hi(m, b, p);
   for (int64_t j = key_lo(m, p); j < hi; ++j)
-    if (visible_extra(m, b, p, j))
+    if (visible_extra(m, b, p, j) && pattern_allows(m.pat, p, j))
       forward_key(a, m, q, kh + j * a.vk.sn, vh + j * a.vv.sn, b, h, i, p, j, slope, lane, mx, l, o);
   forward_finish(a, row, lane, mx, l, o);
 }
@@ -54,7 +56,7 @@ __global__ void dq_kernel(Args<T> a, DeviceMask m) {
   const T* vh = a.v + b * a.vv.sb + hk * a.vv.sh;
   const int64_t hi = lse == -INFINITY ? 0 : key_hi(m, b, p);  // a fully masked row has no gradient
   for (int64_t j = key_lo(m, p); j < hi; ++j)
-    if (visible_extra(m, b, p, j))
+    if (visible_extra(m, b, p, j) && pattern_allows(m.pat, p, j))
       dq_key(a, m, q, d, kh + j * a.vk.sn, vh + j * a.vv.sn, b, h, i, p, j, slope, lse, di, lane, dq);
   store_row(a.dq + row * a.D, a.D, lane, a.scale, dq);
 }
@@ -82,7 +84,7 @@ __global__ void dkv_kernel(Args<T> a, DeviceMask m) {
     const T slope = m.alibi ? static_cast<T>(m.alibi[h]) : T(0);
     for (int64_t i = i_lo; i < i_hi; ++i) {
       const int64_t p = m.q_offset + i, qrow = (b * m.Hq + h) * m.Nq + i;
-      if (!visible_extra(m, b, p, j)) continue;
+      if (!visible_extra(m, b, p, j) || !pattern_allows(m.pat, p, j)) continue;
       const T lse = a.lse[qrow];
       if (lse == -INFINITY) continue;
       dkv_query(a, m, kr, vr, a.q + b * a.vq.sb + h * a.vq.sh + i * a.vq.sn,
