@@ -307,6 +307,11 @@ TEST_CASE("CUDA attention with a sparse pattern visits only the non-empty tiles 
             full += n == area;
           }
         INFO((by_key ? "dK/dV walk" : "forward/dQ walk") << " " << w.tq << "x" << w.tk);
+        if (s.Nq == 200)
+          std::printf("[cuda] %s, N=200 causal, %s walk %lldx%lld: %lld of %lld tiles visited, %lld full\n",
+                      pat->describe().c_str(), by_key ? "dK/dV" : "forward/dQ", static_cast<long long>(w.tq),
+                      static_cast<long long>(w.tk), static_cast<long long>(w.visited), static_cast<long long>(w.total),
+                      static_cast<long long>(w.full));
         CHECK(w.total == total);
         CHECK(w.visited == visited);
         CHECK(w.full == full);
