@@ -59,8 +59,10 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
               sync();
               autograd::zero_grad({q, k, v});
             };
+            const auto w0 = std::chrono::steady_clock::now();
             step();  // warm-up: fills the caching allocator and BLAS buffers
-            const int reps = opt.repeats > 0 ? opt.repeats : (n <= 1024 ? 5 : 3);
+            const double warm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+            const int reps = opt.repeats > 0 ? opt.repeats : (warm_s > 60 ? 1 : n <= 1024 ? 5 : 3);
             std::vector<double> ms, fms;
             int64_t peak = 0;
             for (int r = 0; r < reps; ++r) {

@@ -258,6 +258,23 @@ void PatternPredicate::keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t
   }
 }
 
+int64_t StridedWalk::tiles(int64_t tq, int64_t tk) const {
+  int64_t n = 0, a, e;
+  for (int64_t i0 = 0; i0 < nq; i0 += tq) {
+    band(i0, std::min(nq, i0 + tq), nk, &a, &e);
+    n += (e - a + tk - 1) / tk;
+  }
+  // Each non-empty residue group once: the one whose first row is i (i < s).
+  for (int64_t i = 0; i < std::min(s, nq); ++i) {
+    const int64_t r = ((pos(i) % s) + s) % s, rows_r = rows(r);
+    for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
+      residue(r, n0, std::min(rows_r, n0 + tq), nk, &a, &e);
+      n += (e - a + tk - 1) / tk;
+    }
+  }
+  return n;
+}
+
 namespace {
 
 std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, const MaskRules& rules, int64_t nq,
@@ -308,6 +325,27 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
   std::vector<int64_t> fill(L->col_ptr.begin(), L->col_ptr.end() - 1);
   for (int64_t qt = 0; qt < L->nqt; ++qt)
     for (int64_t e = L->row_ptr[qt]; e < L->row_ptr[qt + 1]; ++e) L->col_tiles[fill[L->row_tiles[e]]++] = qt;
+  // Strided under a causal rule: the regrouped walk (patterns.h), when it visits fewer tiles. At
+  // s = √N it visits O(N/64 + s·(N/s/64)²) tiles against the grid's O((N/64)²): every grid tile
+  // below the diagonal holds a stride column once s <= 64, or N/s rows of them cut by columns.
+  if (pattern.kind == Pattern::strided && rules.has_hi && rules.hi <= 1) {
+    StridedWalk w;
+    w.s = pred.stride();
+    w.l = pred.local();
+    w.q_offset = rules.q_offset;
+    w.nq = nq;
+    w.nk = nk;
+    w.has_lo = rules.has_lo;
+    w.lo = rules.lo;
+    w.hi = rules.hi;
+    const int64_t walk_tiles = w.tiles(tq, tk);
+    if (walk_tiles < L->visited_tiles) {
+      L->regrouped = true;
+      L->walk = w;
+      L->visited_tiles = walk_tiles;
+      L->full_tiles = 0;
+    }
+  }
   return L;
 }
 
