@@ -48,6 +48,11 @@ inline bool use_strided_walk(const MaskPlan& plan) {
   return plan.has_pattern() && plan.layout().regrouped && strided_regroup();
 }
 
+// Query rows per tile of the regrouped walk. Its tiles sit on triangles (the band's parallelogram,
+// each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a
+// fifth, for more but still large GEMMs (16 × up to 64 keys × D).
+constexpr int64_t kWalkQ = 16;
+
 // One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);
 // `band` says which of the walk's two key sets it belongs to (the band, kstep 1, or a residue
 // group, qstep = kstep = s).

@@ -105,8 +105,8 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   int64_t ka, ke;
   for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
     const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
-    for (int64_t n0 = 0; n0 < rows; n0 += kBlockQ) {
-      const int64_t n1 = std::min(rows, n0 + kBlockQ);
+    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
+      const int64_t n1 = std::min(rows, n0 + kWalkQ);
       w.residue(r, n0, n1, cap, &ka, &ke);
       for (int64_t m0 = ka; m0 < ke; m0 += kBlockK)
         strided_tile_backward<T>(a, plan, drop, w, b, h,
@@ -114,8 +114,8 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
                                  dkh, dvh, s, dp, pz, z);
     }
   }
-  for (int64_t i0 = 0; i0 < Nq; i0 += kBlockQ) {
-    const int64_t i1 = std::min(Nq, i0 + kBlockQ);
+  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
+    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
     w.band(i0, i1, cap, &ka, &ke);
     for (int64_t j0 = ka; j0 < ke; j0 += kBlockK)
       strided_tile_backward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kBlockK, ke - j0), true}, dqh,

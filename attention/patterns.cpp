@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "attention/attention.h"
+#include "attention/fused.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
 
@@ -277,6 +278,25 @@ int64_t StridedWalk::tiles(int64_t tq, int64_t tk) const {
 
 namespace {
 
+// Logits the regrouped walk computes for one (b, h): Σ rows × keys over its tiles of `tq` rows.
+int64_t walk_area(const StridedWalk& w, int64_t tq) {
+  int64_t area = 0, a, e;
+  for (int64_t i0 = 0; i0 < w.nq; i0 += tq) {
+    const int64_t i1 = std::min(w.nq, i0 + tq);
+    w.band(i0, i1, w.nk, &a, &e);
+    area += (i1 - i0) * (e - a);
+  }
+  for (int64_t i = 0; i < std::min(w.s, w.nq); ++i) {
+    const int64_t r = ((w.pos(i) % w.s) + w.s) % w.s, rows_r = w.rows(r);
+    for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
+      const int64_t n1 = std::min(rows_r, n0 + tq);
+      w.residue(r, n0, n1, w.nk, &a, &e);
+      area += (n1 - n0) * (e - a);
+    }
+  }
+  return area;
+}
+
 std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, const MaskRules& rules, int64_t nq,
                                                   int64_t nk, int64_t tq, int64_t tk) {
   auto L = std::make_shared<BlockLayout>();
@@ -304,6 +324,7 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       ++L->kept_pairs;
     }
   }
+  int64_t grid_area = 0;  // logits the grid walk computes
   L->state.assign(count.size(), BlockLayout::empty);
   L->row_ptr.assign(static_cast<size_t>(L->nqt + 1), 0);
   L->col_ptr.assign(static_cast<size_t>(L->nkt + 1), 0);
@@ -312,6 +333,7 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       const int64_t c = count[qt * L->nkt + kt];
       if (c == 0) continue;
       const int64_t area = (std::min(nq, (qt + 1) * tq) - qt * tq) * (std::min(nk, (kt + 1) * tk) - kt * tk);
+      grid_area += area;
       L->state[qt * L->nkt + kt] = c == area ? BlockLayout::full : BlockLayout::partial;
       ++L->visited_tiles;
       L->full_tiles += c == area;
@@ -338,11 +360,13 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
     w.has_lo = rules.has_lo;
     w.lo = rules.lo;
     w.hi = rules.hi;
-    const int64_t walk_tiles = w.tiles(tq, tk);
-    if (walk_tiles < L->visited_tiles) {
+    // The walk's tiles are kWalkQ rows tall (fused.h); compared, and reported, by the logits
+    // they compute, in tq × tk tiles' worth.
+    const int64_t area = walk_area(w, kWalkQ);
+    if (area < grid_area) {
       L->regrouped = true;
       L->walk = w;
-      L->visited_tiles = walk_tiles;
+      L->visited_tiles = (area + tq * tk - 1) / (tq * tk);
       L->full_tiles = 0;
     }
   }

@@ -130,16 +130,17 @@ struct StridedWalk {
     *a = std::max<int64_t>(0, ceil_div(lo_at(p0) - r, s));
     *e = std::max(*a, std::min(keys(r), ceil_div(stride_hi(p1, cap) - r, s)));
   }
-  // Tiles of tq rows × tk keys the kernels visit (every batch row at its longest).
+  // Tiles of tq rows × tk keys of the walk (every batch row at its longest).
   int64_t tiles(int64_t tq, int64_t tk) const;
   static int64_t ceil_div(int64_t x, int64_t d) { return x >= 0 ? (x + d - 1) / d : -((-x) / d); }
 };
 
 struct BlockLayout {
   int64_t nq = 0, nk = 0, tq = 0, tk = 0, nqt = 0, nkt = 0;
-  // Strided under a causal rule, when the regrouped walk visits fewer tiles than the grid below:
-  // the kernels take `walk` instead, and visited_tiles / full_tiles count its tiles (none full:
-  // each row is clamped to its interval). The grid (state, CSR) stays for the general path.
+  // Strided under a causal rule, when the regrouped walk computes fewer logits than the grid
+  // below: the kernels take `walk` instead (tiles of kWalkQ rows, fused.h), visited_tiles is the
+  // logits it computes in tq × tk tiles' worth, and full_tiles 0 (each row is clamped to its
+  // interval). The grid (state, CSR) stays for the general path and the kept-pair counts.
   bool regrouped = false;
   StridedWalk walk;
   enum State : uint8_t { empty = 0, partial = 1, full = 2 };

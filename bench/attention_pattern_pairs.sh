@@ -28,7 +28,8 @@ row() {  # pattern-name n extra-flags... -> "describe,n,seconds,kept,visited,ns_
     tail -n 1 | /usr/bin/python3 -c '
 import json, sys
 r = json.load(sys.stdin)["results"][0]
-print(f"{r[\"pattern\"]},{r[\"n\"]},{r[\"ms\"] / 1000:.3f},{r[\"kept_pairs\"]},{r[\"visited_tiles\"]},{r[\"ns_per_kept_pair\"]:.2f}")'
+print("%s,%d,%.3f,%d,%d,%.2f" % (r["pattern"], r["n"], r["ms"] / 1000, r["kept_pairs"], r["visited_tiles"],
+                                 r["ns_per_kept_pair"]))'
 }
 echo "pattern,n,seconds,kept_pairs,visited_tiles,ns_per_kept_pair,ratio"
 for n in "${ns[@]}"; do
