@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -59,8 +60,16 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
               sync();
               autograd::zero_grad({q, k, v});
             };
+            const auto w0 = std::chrono::steady_clock::now();
             step();  // warm-up: fills the caching allocator and BLAS buffers
-            const int reps = opt.repeats > 0 ? opt.repeats : (n <= 1024 ? 5 : 3);
+            const double warm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+            // Short steps get more of them (about 10 s in all, at most 25): on a shared machine a
+            // 0.4 s step meets a load spike far more often than a 6 s one, and the median needs company.
+            const int base_reps = n <= 1024 ? 5 : 3;
+            const int reps =
+                opt.repeats > 0 ? opt.repeats
+                : warm_s > 60   ? 1
+                                : std::clamp(static_cast<int>(std::ceil(10.0 / std::max(warm_s, 1e-3))), base_reps, 25);
             std::vector<double> ms, fms;
             int64_t peak = 0;
             for (int r = 0; r < reps; ++r) {

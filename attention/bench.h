@@ -22,7 +22,9 @@ struct AttentionBenchOptions {
   Device device = Device::cpu;  // cuda: the tensors live on the GPU, timings synchronise
   bool causal = true;
   int64_t reference_max_n = 4096;  // skip the O(N²)-memory reference above this N
-  int repeats = 0;                 // timed steps after one warm-up; 0: 5 for N <= 1024, else 3
+  int repeats = 0;                 // timed steps after one warm-up; 0: about 10 s of them (at least 5 for
+                                   // N <= 1024, else 3; at most 25), and 1 when the warm-up took over a
+                                   // minute (full attention at 16K on 2 cores)
   bool bf16_autocast = false;      // run under bf16 autocast (on the GPU: the tensor-core kernels)
   SparsePattern pattern;           // ANDed with the causal mask (full: none)
   // linear: attention/linear_attention.h instead (causal as above, kernel "linear", feature

@@ -40,6 +40,76 @@ FusedGrads fused_attention_backward(const Tensor& dout, const Tensor& q, const T
                                     const Tensor& out, const Tensor& lse, const Problem& p, const MaskPlan& plan,
                                     const DropoutDraw& drop, const FusedGrads* into = nullptr);
 
+// The regrouped strided walk (patterns.h, StridedWalk) is taken where the layout chose it and this
+// switch is on (the default). Tests turn it off to compare against the grid walk.
+void set_strided_regroup(bool on);
+bool strided_regroup();
+inline bool use_strided_walk(const MaskPlan& plan) {
+  return plan.has_pattern() && plan.layout().regrouped && strided_regroup();
+}
+
+// Query rows per tile of the regrouped walk. Its tiles sit on triangles (the band's parallelogram,
+// each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a
+// fifth, for more but still large GEMMs (16 × up to 64 keys × D).
+constexpr int64_t kWalkQ = 16;
+
+// One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);
+// `band` says which of the walk's two key sets it belongs to (the band, kstep 1, or a residue
+// group, qstep = kstep = s).
+struct StridedTile {
+  int64_t i0, qstep, nr, j0, kstep, nc;
+  bool band;
+};
+
+// Bias, ALiBi and the mask on the tile's logits s[r·lds + c]: each row keeps the keys of its
+// interval (the band's (p − l, hi) or the group's [lo, min(hi, p − l + 1))), then the
+// elementwise masks; everything else becomes −inf.
+template <class T>
+void strided_tile_mask(const MaskPlan& plan, const StridedWalk& w, int64_t b, int64_t h, const StridedTile& t, T* s,
+                       int64_t lds) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const bool bias = plan.has_bias(), alibi = plan.has_alibi(), elementwise = plan.elementwise();
+  const int64_t bcs = plan.bias_col_stride();
+  for (int64_t r = 0; r < t.nr; ++r) {
+    T* row = s + r * lds;
+    const int64_t i = t.i0 + t.qstep * r, p = plan.pos(i);
+    if (bias) {
+      const T* br = plan.bias_row<T>(b, h, i) + t.j0 * bcs;
+      const int64_t st = t.kstep * bcs;
+      for (int64_t c = 0; c < t.nc; ++c) row[c] += br[c * st];
+    }
+    if (alibi) {
+      const T slope = static_cast<T>(plan.alibi_slope(h));
+      for (int64_t c = 0; c < t.nc; ++c) row[c] -= slope * static_cast<T>(p - (t.j0 + t.kstep * c));
+    }
+    const int64_t lo = t.band ? w.band_lo(p) : plan.lo(p);
+    const int64_t hi = t.band ? plan.hi(b, p) : std::min(plan.hi(b, p), p - w.l + 1);
+    const int64_t ca = std::clamp<int64_t>(StridedWalk::ceil_div(lo - t.j0, t.kstep), 0, t.nc);
+    const int64_t ce = std::clamp<int64_t>(StridedWalk::ceil_div(hi - t.j0, t.kstep), ca, t.nc);
+    for (int64_t c = 0; c < ca; ++c) row[c] = ninf;
+    for (int64_t c = ce; c < t.nc; ++c) row[c] = ninf;
+    if (elementwise)
+      for (int64_t c = ca; c < ce; ++c)
+        if (!plan.visible_elementwise(b, h, i, t.j0 + t.kstep * c)) row[c] = ninf;
+  }
+}
+
+// The dropout multipliers of row (b, h, i) at keys j = j0 + kstep·c, c < n (the draw of
+// DropoutDraw::row, one Philox block per key when the keys are not adjacent).
+template <class T>
+void strided_dropout_row(const DropoutDraw& drop, int64_t Hq, int64_t b, int64_t h, int64_t i, int64_t j0,
+                         int64_t kstep, int64_t n, T* z) {
+  if (kstep == 1) return drop.row(b, h, i, j0, n, z);
+  const DropoutDraw::Key key = drop.key();
+  const T ks = static_cast<T>(drop.keep_scale());
+  const uint32_t c1 = static_cast<uint32_t>(i), c2 = static_cast<uint32_t>(b * Hq + h);
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t j = j0 + kstep * c;
+    const Philox4 x = philox4x32_10(static_cast<uint32_t>(j >> 2), c1, c2, key.c3, key.k0, key.k1);
+    z[c] = (x.v[j & 3] >> 8) >= key.thr ? ks : T(0);
+  }
+}
+
 // `t` itself when its rows are contiguous and BLAS can step between them, else a contiguous copy.
 inline Tensor rows_contiguous(const Tensor& t) {
   const bool ok = t.stride(3) == 1 && (t.size(2) <= 1 || t.stride(2) >= t.size(3));

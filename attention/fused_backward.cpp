@@ -42,6 +42,87 @@ struct BwdArgs {
   T scale;
 };
 
+// One tile of the regrouped strided walk (fused.h): the five products of the loop in
+// backward_head on rows and keys t.qstep / t.kstep apart, so dQ, dK and dV land in their own
+// rows (the leading dimensions step over the other residues). dqh, dkh, dvh: the head's rows.
+template <class T>
+void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
+                           int64_t b, int64_t h, const StridedTile& t, T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz,
+                           T* z) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t hk = plan.kv_head(h), row0 = (b * a.Hq + h) * a.Nq;
+  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
+  const T* kt = a.k + b * a.k_sb + hk * a.k_sh + t.j0 * a.k_sn;
+  const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
+  const T* dot = a.dout + b * a.do_sb + h * a.do_sh + t.i0 * a.do_sn;
+  T* dqt = dqh + t.i0 * a.dq_sn;
+  T* dkt = dkh + t.j0 * a.dk_sn;
+  T* dvt = dvh + t.j0 * a.dv_sn;
+  const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.do_sn,
+                lddq = t.qstep * a.dq_sn, lddk = t.kstep * a.dk_sn, lddv = t.kstep * a.dv_sn;
+  const int64_t nr = t.nr, nc = t.nc;
+  tile::gemm(false, true, nr, nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kBlockK);
+  strided_tile_mask<T>(plan, w, b, h, t, s, kBlockK);
+  for (int64_t r = 0; r < nr; ++r) {
+    const T lse = a.lse[row0 + t.i0 + t.qstep * r];
+    T* sr = s + r * kBlockK;
+    if (lse == ninf) std::fill_n(sr, nc, T(0));
+    else tile::exp_shift(sr, nc, lse);
+  }
+  const T* pd = s;
+  if (drop.on()) {
+    for (int64_t r = 0; r < nr; ++r) {
+      T* zr = z + r * kBlockK;
+      strided_dropout_row(drop, a.Hq, b, h, t.i0 + t.qstep * r, t.j0, t.kstep, nc, zr);
+      for (int64_t c = 0; c < nc; ++c) pz[r * kBlockK + c] = s[r * kBlockK + c] * zr[c];
+    }
+    pd = pz;
+  }
+  tile::gemm(true, false, nc, a.Dv, nr, T(1), pd, kBlockK, dot, ldo, T(1), dvt, lddv);
+  tile::gemm(false, true, nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, T(0), dp, kBlockK);
+  for (int64_t r = 0; r < nr; ++r) {
+    const T di = a.di[row0 + t.i0 + t.qstep * r];
+    const T* sr = s + r * kBlockK;
+    T* dr = dp + r * kBlockK;
+    if (drop.on()) {
+      const T* zr = z + r * kBlockK;
+      for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
+    } else {
+      for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] - di);
+    }
+  }
+  tile::gemm(true, false, nc, a.D, nr, T(1), dp, kBlockK, qt, ldq, T(1), dkt, lddk);
+  tile::gemm(false, false, nr, a.D, nc, T(1), dp, kBlockK, kt, ldk, T(1), dqt, lddq);
+}
+
+// The regrouped walk of one (b, h), in the forward's order (residue groups, then the band).
+template <class T>
+void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
+                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z) {
+  const StridedWalk& w = plan.layout().walk;
+  const int64_t Nq = a.Nq, sw = w.s;
+  const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);
+  int64_t ka, ke;
+  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
+    const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
+    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
+      const int64_t n1 = std::min(rows, n0 + kWalkQ);
+      w.residue(r, n0, n1, cap, &ka, &ke);
+      for (int64_t m0 = ka; m0 < ke; m0 += kBlockK)
+        strided_tile_backward<T>(a, plan, drop, w, b, h,
+                                 {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kBlockK, ke - m0), false}, dqh,
+                                 dkh, dvh, s, dp, pz, z);
+    }
+  }
+  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
+    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
+    w.band(i0, i1, cap, &ka, &ke);
+    for (int64_t j0 = ka; j0 < ke; j0 += kBlockK)
+      strided_tile_backward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kBlockK, ke - j0), true}, dqh,
+                               dkh, dvh, s, dp, pz, z);
+  }
+}
+
 // s, dp, pz, z: Bq×Bk scratch.
 template <class T>
 void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
@@ -75,7 +156,9 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   for (int64_t j = 0; j < a.Nk; ++j) std::fill_n(dvh + j * dvs, Dv, T(0));
   const bool additive = plan.has_bias() || plan.has_alibi();
 
-  for (int64_t j0 = 0; j0 < a.Nk; j0 += kBlockK) {
+  const bool walk = use_strided_walk(plan);
+  if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z);
+  for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {
     const int64_t bk = std::min(kBlockK, a.Nk - j0);
     int64_t i_lo, i_hi;
     plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);

@@ -116,6 +116,94 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
   return first_masked;
 }
 
+// One tile of the regrouped strided walk (fused.h): the same online-softmax step as forward_block,
+// on rows and keys t.qstep / t.kstep apart. m, l are the head's running max and sum, indexed by i.
+template <class T>
+void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
+                          int64_t b, int64_t h, const StridedTile& t, T* s, T* z, T* m, T* l) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const int64_t hk = plan.kv_head(h);
+  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
+  const T* kt = a.k + b * a.k_sb + hk * a.k_sh + t.j0 * a.k_sn;
+  const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
+  T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
+  const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
+  tile::gemm(false, true, t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kBlockK);
+  strided_tile_mask<T>(plan, w, b, h, t, s, kBlockK);
+  for (int64_t r = 0; r < t.nr; ++r) {
+    T* sr = s + r * kBlockK;
+    const int64_t i = t.i0 + t.qstep * r;
+    const T mx = tile::row_max(sr, t.nc);
+    const T m_new = mx > m[i] ? mx : m[i];
+    if (m_new == ninf) {
+      std::fill_n(sr, t.nc, T(0));
+      continue;
+    }
+    const T sum = tile::exp_shift_sum(sr, t.nc, m_new);
+    if (m[i] != m_new) {
+      const T alpha = m[i] == ninf ? T(0) : tile::exp_fast(m[i] - m_new);
+      l[i] *= alpha;
+      if (m[i] != ninf) tile::scale_row(ot + r * ldo, a.Dv, alpha);
+      m[i] = m_new;
+    }
+    l[i] += sum;
+    if (drop.on()) {
+      strided_dropout_row(drop, a.Hq, b, h, i, t.j0, t.kstep, t.nc, z);
+      for (int64_t c = 0; c < t.nc; ++c) sr[c] *= z[c];
+    }
+  }
+  tile::gemm(false, false, t.nr, a.Dv, t.nc, T(1), s, kBlockK, vt, ldv, T(1), ot, ldo);
+}
+
+// One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running
+// max / sum / output per row across both (the order of tiles does not change the softmax). m, l:
+// Nq scratch each. Returns the first fully masked row or -1.
+template <class T>
+int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
+                             T* s, T* z, T* m, T* l) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  const StridedWalk& w = plan.layout().walk;
+  const int64_t Nq = a.Nq, Dv = a.Dv, sw = w.s;
+  T* oh = a.out + b * a.o_sb + h * a.o_sh;
+  T* lh = a.lse + (b * a.Hq + h) * Nq;
+  for (int64_t i = 0; i < Nq; ++i) std::fill_n(oh + i * a.o_sn, Dv, T(0));
+  std::fill_n(m, Nq, ninf);
+  std::fill_n(l, Nq, T(0));
+  const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
+  int64_t ka, ke;
+  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {  // residue group whose first row is i
+    const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
+    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
+      const int64_t n1 = std::min(rows, n0 + kWalkQ);
+      w.residue(r, n0, n1, cap, &ka, &ke);
+      for (int64_t m0 = ka; m0 < ke; m0 += kBlockK)
+        strided_tile_forward<T>(a, plan, drop, w, b, h,
+                                {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kBlockK, ke - m0), false}, s, z, m,
+                                l);
+    }
+  }
+  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
+    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
+    w.band(i0, i1, cap, &ka, &ke);
+    for (int64_t j0 = ka; j0 < ke; j0 += kBlockK)
+      strided_tile_forward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kBlockK, ke - j0), true}, s, z,
+                              m, l);
+  }
+  int64_t first_masked = -1;
+  for (int64_t i = 0; i < Nq; ++i) {
+    T* orow = oh + i * a.o_sn;
+    if (m[i] == ninf) {
+      std::fill_n(orow, Dv, T(0));
+      lh[i] = ninf;
+      if (first_masked < 0) first_masked = i;
+    } else {
+      tile::scale_row(orow, Dv, T(1) / l[i]);
+      lh[i] = m[i] + std::log(l[i]);
+    }
+  }
+  return first_masked;
+}
+
 template <class T>
 int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                     const Problem& p, const MaskPlan& plan, const DropoutDraw& drop) {
@@ -130,6 +218,27 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                      out.stride(2), p.Hq,
                      p.Nq,          p.D,
                      p.Dv,          static_cast<T>(p.scale)};
+  if (use_strided_walk(plan)) {  // one task per (b, h): its rows' softmax state spans the whole walk
+    const int64_t tasks = p.B * p.Hq;
+    const double flops = 2.0 * tasks * plan.layout().visited_tiles * kBlockQ * kBlockK * (p.D + p.Dv);
+    const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
+    const int64_t per_thread = kBlockQ * kBlockK + kBlockK + 2 * p.Nq;
+    Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
+    std::atomic<int64_t> first_masked{INT64_MAX};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t t = 0; t < tasks; ++t) {
+      T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
+      T* z = s + kBlockQ * kBlockK;
+      const int64_t fm =
+          strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kBlockK, z + kBlockK + p.Nq);
+      if (fm >= 0) {
+        const int64_t idx = t * p.Nq + fm;
+        int64_t cur = first_masked.load();
+        while (idx < cur && !first_masked.compare_exchange_weak(cur, idx)) {}
+      }
+    }
+    return first_masked.load();
+  }
   const int64_t nblk = (p.Nq + kBlockQ - 1) / kBlockQ;
   const int64_t tasks = p.B * p.Hq * nblk;
   const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
@@ -155,7 +264,12 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   return first_masked.load();
 }
 
+std::atomic<bool> g_strided_regroup{true};
+
 }  // namespace
+
+void set_strided_regroup(bool on) { g_strided_regroup = on; }
+bool strided_regroup() { return g_strided_regroup; }
 
 FusedForward fused_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Problem& p,
                                      const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy,

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "attention/attention.h"
+#include "attention/fused.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
 
@@ -258,7 +259,43 @@ void PatternPredicate::keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t
   }
 }
 
+int64_t StridedWalk::tiles(int64_t tq, int64_t tk) const {
+  int64_t n = 0, a, e;
+  for (int64_t i0 = 0; i0 < nq; i0 += tq) {
+    band(i0, std::min(nq, i0 + tq), nk, &a, &e);
+    n += (e - a + tk - 1) / tk;
+  }
+  // Each non-empty residue group once: the one whose first row is i (i < s).
+  for (int64_t i = 0; i < std::min(s, nq); ++i) {
+    const int64_t r = ((pos(i) % s) + s) % s, rows_r = rows(r);
+    for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
+      residue(r, n0, std::min(rows_r, n0 + tq), nk, &a, &e);
+      n += (e - a + tk - 1) / tk;
+    }
+  }
+  return n;
+}
+
 namespace {
+
+// Logits the regrouped walk computes for one (b, h): Σ rows × keys over its tiles of `tq` rows.
+int64_t walk_area(const StridedWalk& w, int64_t tq) {
+  int64_t area = 0, a, e;
+  for (int64_t i0 = 0; i0 < w.nq; i0 += tq) {
+    const int64_t i1 = std::min(w.nq, i0 + tq);
+    w.band(i0, i1, w.nk, &a, &e);
+    area += (i1 - i0) * (e - a);
+  }
+  for (int64_t i = 0; i < std::min(w.s, w.nq); ++i) {
+    const int64_t r = ((w.pos(i) % w.s) + w.s) % w.s, rows_r = w.rows(r);
+    for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
+      const int64_t n1 = std::min(rows_r, n0 + tq);
+      w.residue(r, n0, n1, w.nk, &a, &e);
+      area += (n1 - n0) * (e - a);
+    }
+  }
+  return area;
+}
 
 std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, const MaskRules& rules, int64_t nq,
                                                   int64_t nk, int64_t tq, int64_t tk) {
@@ -287,6 +324,7 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       ++L->kept_pairs;
     }
   }
+  int64_t grid_area = 0;  // logits the grid walk computes
   L->state.assign(count.size(), BlockLayout::empty);
   L->row_ptr.assign(static_cast<size_t>(L->nqt + 1), 0);
   L->col_ptr.assign(static_cast<size_t>(L->nkt + 1), 0);
@@ -295,6 +333,7 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       const int64_t c = count[qt * L->nkt + kt];
       if (c == 0) continue;
       const int64_t area = (std::min(nq, (qt + 1) * tq) - qt * tq) * (std::min(nk, (kt + 1) * tk) - kt * tk);
+      grid_area += area;
       L->state[qt * L->nkt + kt] = c == area ? BlockLayout::full : BlockLayout::partial;
       ++L->visited_tiles;
       L->full_tiles += c == area;
@@ -308,6 +347,29 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
   std::vector<int64_t> fill(L->col_ptr.begin(), L->col_ptr.end() - 1);
   for (int64_t qt = 0; qt < L->nqt; ++qt)
     for (int64_t e = L->row_ptr[qt]; e < L->row_ptr[qt + 1]; ++e) L->col_tiles[fill[L->row_tiles[e]]++] = qt;
+  // Strided under a causal rule: the regrouped walk (patterns.h), when it visits fewer tiles. At
+  // s = √N it visits O(N/64 + s·(N/s/64)²) tiles against the grid's O((N/64)²): every grid tile
+  // below the diagonal holds a stride column once s <= 64, or N/s rows of them cut by columns.
+  if (pattern.kind == Pattern::strided && rules.has_hi && rules.hi <= 1) {
+    StridedWalk w;
+    w.s = pred.stride();
+    w.l = pred.local();
+    w.q_offset = rules.q_offset;
+    w.nq = nq;
+    w.nk = nk;
+    w.has_lo = rules.has_lo;
+    w.lo = rules.lo;
+    w.hi = rules.hi;
+    // The walk's tiles are kWalkQ rows tall (fused.h); compared, and reported, by the logits
+    // they compute, in tq × tk tiles' worth.
+    const int64_t area = walk_area(w, kWalkQ);
+    if (area < grid_area) {
+      L->regrouped = true;
+      L->walk = w;
+      L->visited_tiles = (area + tq * tk - 1) / (tq * tk);
+      L->full_tiles = 0;
+    }
+  }
   return L;
 }
 

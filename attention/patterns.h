@@ -15,6 +15,7 @@
 // computed in O(kept pairs + Nq) by enumerating each row's visible keys, and cached (LRU) per
 // (pattern, Nq, Nk, structural rules, tile sizes).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -91,8 +92,57 @@ class PatternPredicate {
   std::vector<uint8_t> table_;
 };
 
+// The regrouped walk of a causal strided pattern (fused CPU kernels). Under a causal rule the
+// pattern is the union of two disjoint key sets per position p:
+//   band    p − l < j            (∩ the structural interval [lo(p), hi(p)), hi(p) <= p + 1)
+//   stride  j <= p − l, j ≡ p (mod s)
+// The band is walked in natural order (query blocks × the keys just before them, like a window);
+// the stride part per residue r ∈ [0, s): rows i with (q_offset + i) mod s == r, the n-th of them
+// at i = first_row(r) + s·n, and keys j = r + s·m. Inside one residue group "j <= p − l" is a
+// causal triangle in (n, m), so the group is a dense attention problem over rows and keys that
+// lie s apart in memory: BLAS reads and writes them with a leading dimension of s rows, no copy.
+// Every set of keys below is an interval [a, e) (in j for the band, in m for a group), so the
+// kernels mask a tile by clamping each row to its interval.
+struct StridedWalk {
+  int64_t s = 1, l = 1, q_offset = 0, nq = 0, nk = 0;
+  bool has_lo = false;
+  int64_t lo = 0, hi = 1;  // the structural interval [p + lo, p + hi) (hi <= 1)
+
+  int64_t pos(int64_t i) const { return q_offset + i; }
+  int64_t lo_at(int64_t p) const { return has_lo ? std::max<int64_t>(0, p + lo) : 0; }
+  // `cap`: the batch row's key count (key_lengths) or nk.
+  int64_t hi_at(int64_t p, int64_t cap) const { return std::max<int64_t>(0, std::min(cap, p + hi)); }
+  // Band keys of position p: [band_lo(p), hi_at(p, cap)).
+  int64_t band_lo(int64_t p) const { return std::max(lo_at(p), p - l + 1); }
+  // Band keys some row of [i0, i1) may see.
+  void band(int64_t i0, int64_t i1, int64_t cap, int64_t* a, int64_t* e) const {
+    *a = std::max<int64_t>(0, band_lo(pos(i0)));
+    *e = std::max(*a, hi_at(pos(i1 - 1), cap));
+  }
+  // Stride keys of position p: j in [lo_at(p), min(hi_at(p, cap), p − l + 1)).
+  int64_t stride_hi(int64_t p, int64_t cap) const { return std::min(hi_at(p, cap), p - l + 1); }
+  int64_t first_row(int64_t r) const { return (((r - q_offset) % s) + s) % s; }
+  int64_t rows(int64_t r) const { return first_row(r) < nq ? (nq - 1 - first_row(r)) / s + 1 : 0; }
+  int64_t keys(int64_t r) const { return r < nk ? (nk - 1 - r) / s + 1 : 0; }
+  // Keys m of group r that its rows n ∈ [n0, n1) may see: [*a, *e).
+  void residue(int64_t r, int64_t n0, int64_t n1, int64_t cap, int64_t* a, int64_t* e) const {
+    const int64_t p0 = pos(first_row(r) + s * n0), p1 = pos(first_row(r) + s * (n1 - 1));
+    *a = std::max<int64_t>(0, ceil_div(lo_at(p0) - r, s));
+    *e = std::max(*a, std::min(keys(r), ceil_div(stride_hi(p1, cap) - r, s)));
+  }
+  // Tiles of tq rows × tk keys of the walk (every batch row at its longest).
+  int64_t tiles(int64_t tq, int64_t tk) const;
+  static int64_t ceil_div(int64_t x, int64_t d) { return x >= 0 ? (x + d - 1) / d : -((-x) / d); }
+};
+
 struct BlockLayout {
   int64_t nq = 0, nk = 0, tq = 0, tk = 0, nqt = 0, nkt = 0;
+  // Strided under a causal rule, when the regrouped walk computes fewer logits than the grid
+  // below: the kernels take `walk` instead (tiles of kWalkQ rows, fused.h), visited_tiles is the
+  // logits it computes in tq × tk tiles' worth, and full_tiles 0 (each row is clamped to its
+  // interval). The grid (state, CSR) stays for the general path and the kept-pair counts.
+  bool regrouped = false;
+  StridedWalk walk;
   enum State : uint8_t { empty = 0, partial = 1, full = 2 };
   std::vector<uint8_t> state;               // [nqt, nkt]
   std::vector<int64_t> row_ptr, row_tiles;  // non-empty key tiles of each query tile (CSR)

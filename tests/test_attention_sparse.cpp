@@ -16,6 +16,7 @@
 #include "analysis/leakcheck.h"
 #include "compare_util.h"
 #include "attention/attention.h"
+#include "attention/fused.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "train/config.h"
@@ -418,6 +419,203 @@ TEST_CASE("sparse: decode rows (Nq = 1 over a growing cache) equal the full forw
         for (int64_t e = 0; e < D; ++e) CHECK(yv[h * D + e] == Approx(full[(h * N + t) * D + e]).margin(1e-6));
     }
   }
+}
+
+namespace {
+
+// 64×64 grid tiles holding at least one visible pair of the first (b, h) slice: what a walk over the
+// block layout's grid visits, counted from the mask alone.
+int64_t grid_tiles_with_pairs(const AttentionShape& s, const AttentionOptions& o) {
+  const Tensor m = visibility_mask(s, o);
+  const int64_t nqt = (s.nq + 63) / 64, nkt = (s.nk + 63) / 64;
+  std::vector<char> hit(size_t(nqt * nkt), 0);
+  for (int64_t i = 0; i < s.nq; ++i)
+    for (int64_t j = 0; j < s.nk; ++j)
+      if (m.data<bool>()[i * s.nk + j]) hit[(i / 64) * nkt + j / 64] = 1;
+  int64_t n = 0;
+  for (char c : hit) n += c;
+  return n;
+}
+
+// Turns the regrouped strided walk off for a scope (the grid walk then runs instead).
+struct GridWalkOnly {
+  GridWalkOnly() { set_strided_regroup(false); }
+  ~GridWalkOnly() { set_strided_regroup(true); }
+};
+
+}  // namespace
+
+TEST_CASE("sparse: causal strided takes the regrouped walk, O(N·sqrt(N)) tiles instead of the grid's O(N²)",
+          "[attention][sparse]") {
+  AttentionOptions o;
+  o.causal = true;
+  o.pattern = make(Pattern::strided);  // s = l = 64 at N = 4096
+  const PatternStats st = pattern_stats({1, 1, 1, 4096, 4096}, o);
+  // The walk's tiles are 16 rows tall; visited_tiles is the logits it computes in 64×64 tiles.
+  // Band: rows [i0, i0 + 16) compute keys [max(0, i0 - 63), i0 + 16): 16, 32, 48, 64 wide for the
+  // first four blocks, 79 for the other 252. Stride: 64 residue groups of 64 rows; rows
+  // [n0, n0 + 16) of a group see its keys m <= n0 + 14: 15, 31, 47, 63 wide.
+  const int64_t band = 16 * (16 + 32 + 48 + 64) + 16 * 79 * 252, stride = 64 * 16 * (15 + 31 + 47 + 63);
+  CHECK(st.visited_tiles == (band + stride + 4095) / 4096);  // 118, against the grid's 2080
+  CHECK(st.full_tiles == 0);
+  CHECK(st.total_tiles == 64 * 64);
+  // The grid would visit every tile on or below the diagonal: each holds a stride column.
+  CHECK(grid_tiles_with_pairs({1, 1, 1, 1024, 1024}, o) == 16 * 17 / 2);
+  // At N = 1024 (s = l = 32): band blocks 16, 32, then 62 × 47 keys wide; 32 groups of 32 rows
+  // whose two row blocks see 15 and 31 keys.
+  CHECK(pattern_stats({1, 1, 1, 1024, 1024}, o).visited_tiles ==
+        (16 * (16 + 32) + 16 * 47 * 62 + 32 * 16 * (15 + 31) + 4095) / 4096);
+  // Several tiles per group: s = 10, l = 25 at N = 1303 gives 10 groups of 130 or 131 rows
+  // (3 row blocks); the walk must stay far below the grid's count.
+  o.pattern = make(Pattern::strided, [](SparsePattern& p) {
+    p.stride = 10;
+    p.local = 25;
+  });
+  const int64_t grid = grid_tiles_with_pairs({1, 1, 1, 1303, 1303}, o);
+  const int64_t walk = pattern_stats({1, 1, 1, 1303, 1303}, o).visited_tiles;
+  CHECK(grid == 21 * 22 / 2);
+  CHECK(walk < grid / 2);
+  // Non-causal strided keeps the grid walk (the regrouped one is for causal rules only).
+  o.causal = false;
+  CHECK(pattern_stats({1, 1, 1, 1303, 1303}, o).visited_tiles == grid_tiles_with_pairs({1, 1, 1, 1303, 1303}, o));
+}
+
+TEST_CASE("sparse: the regrouped strided walk matches the float64 brute force (many groups, several tiles each)",
+          "[attention][sparse][slow]") {
+  const int64_t B = 2, Nk = 1303, D = 8;
+  const std::vector<Case> cases = {
+      {"strided s=10 l=25", make(Pattern::strided,
+                                 [](SparsePattern& p) {
+                                   p.stride = 10;
+                                   p.local = 25;
+                                 })},
+      {"strided s=30 l=7", make(Pattern::strided,
+                                [](SparsePattern& p) {
+                                  p.stride = 30;
+                                  p.local = 7;
+                                })},
+      {"strided auto (s=l=37)", make(Pattern::strided)},
+  };
+  for (const Case& c : cases)
+    for (int64_t Nq : {Nk, int64_t(333)})  // 333: q_offset = 970, not a multiple of s or 64
+      for (int gqa = 0; gqa < 2; ++gqa)
+        for (int padding = 0; padding < 2; ++padding)
+          for (int drop = 0; drop < 2; ++drop) {
+            if (Nq != Nk && (gqa || padding)) continue;  // keep the case count down
+            const int64_t Hq = 2, Hkv = gqa ? 1 : 2;
+            AttentionOptions o;
+            o.causal = true;
+            o.pattern = c.pattern;
+            REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
+                    grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, o));  // the walk is taken
+            std::vector<int> pad;
+            if (padding) {  // batch 0: the last 101 keys padded; batch 1: the first 90 (left padding)
+              pad.assign(size_t(B * Nk), 1);
+              for (int64_t j = 0; j < Nk; ++j) {
+                if (j >= Nk - 101) pad[j] = 0;
+                if (j < 90) pad[Nk + j] = 0;
+              }
+              Tensor kp = Tensor::empty({B, Nk}, DType::boolean);
+              for (int64_t e = 0; e < B * Nk; ++e) kp.data<bool>()[e] = pad[e];
+              o.key_padding = kp;
+            }
+            if (drop) {
+              o.dropout_p = 0.2;
+              o.dropout_seed = 23;
+              o.dropout_offset = 9;
+            }
+            const Tensor q0 = randn({B, Hq, Nq, D}, 200, 0, 0.0, 4.0), k0 = randn({B, Hkv, Nk, D}, 201),
+                         v0 = randn({B, Hkv, Nk, D}, 202), g = randn({B, Hq, Nq, D}, 203);
+            const Grads want = brute(q0.to_vector(), k0.to_vector(), v0.to_vector(), g.to_vector(), B, Hq, Hkv, Nq, Nk,
+                                     D, *c.pattern, true, pad, o);
+            INFO(c.name << " Nq " << Nq << (gqa ? " GQA" : " MHA") << (padding ? " padding" : "")
+                        << (drop ? " dropout" : ""));
+            Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+                   v = v0.clone().set_requires_grad(true);
+            const Tensor out = attention(q, k, v, o);
+            autograd::backward(out, g);
+            CHECK(rel_err(out.to_vector(), want.out) <= 1e-5);
+            CHECK(rel_err(q.grad().to_vector(), want.dq) <= 1e-5);
+            CHECK(rel_err(k.grad().to_vector(), want.dk) <= 1e-5);
+            CHECK(rel_err(v.grad().to_vector(), want.dv) <= 1e-5);
+          }
+}
+
+TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strided composes with",
+          "[attention][sparse]") {
+  // float64, so both walks (different summation orders) agree to ~1e-12 and any masking
+  // difference shows. Window, key_lengths, segments, ALiBi, a bias, GQA, dropout, q_offset > 0.
+  const int64_t B = 2, Hq = 4, Hkv = 2, Nk = 700, D = 8;
+  const auto pattern = make(Pattern::strided, [](SparsePattern& p) {
+    p.stride = 9;
+    p.local = 12;
+  });
+  Tensor seg = Tensor::empty({B, Nk}, DType::i64);
+  for (int64_t j = 0; j < Nk; ++j) {
+    seg.data<int64_t>()[j] = j < 250 ? 0 : 1;
+    seg.data<int64_t>()[Nk + j] = j / 300;
+  }
+  for (int variant = 0; variant < 6; ++variant)
+    for (int64_t Nq : {Nk, int64_t(130)}) {
+      AttentionOptions o;
+      o.causal = true;
+      o.pattern = pattern;
+      std::string what;
+      switch (variant) {
+        case 0:
+          what = "plain";
+          break;
+        case 1:
+          what = "window 300";
+          o.window = 300;
+          break;
+        case 2:
+          what = "key_lengths + dropout";
+          o.key_lengths = {700, 411};
+          o.dropout_p = 0.3;
+          o.dropout_seed = 5;
+          break;
+        case 3:
+          what = "segments";
+          o.segment_ids = seg;
+          break;
+        case 4:
+          what = "alibi + bias";
+          o.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+          o.bias = randn({Nq, Nk}, 55).to(DType::f64);
+          break;
+        case 5:
+          what = "allow_mask";
+          o.allow_mask = Tensor::empty({B, 1, Nq, Nk}, DType::boolean);
+          for (int64_t e = 0; e < B * Nq * Nk; ++e) o.allow_mask.data<bool>()[e] = (e * 2654435761u) % 7 != 0;
+          break;
+      }
+      INFO(what << " Nq " << Nq);
+      AttentionOptions structural;  // the grid walk visits the layout's tiles: pattern and structural rules
+      structural.causal = true;
+      structural.window = o.window;
+      structural.pattern = pattern;
+      REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
+              grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, structural));
+      const Tensor q0 = randn({B, Hq, Nq, D}, 300, 0, 0.0, 4.0).to(DType::f64),
+                   k0 = randn({B, Hkv, Nk, D}, 301).to(DType::f64), v0 = randn({B, Hkv, Nk, D}, 302).to(DType::f64),
+                   g = randn({B, Hq, Nq, D}, 303).to(DType::f64);
+      std::vector<std::vector<double>> got[3];
+      for (int path = 0; path < 3; ++path) {  // regrouped, grid, reference kernel
+        std::unique_ptr<GridWalkOnly> grid_only;
+        if (path == 1) grid_only = std::make_unique<GridWalkOnly>();
+        o.kernel = path == 2 ? Kernel::reference : Kernel::fused;
+        Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+               v = v0.clone().set_requires_grad(true);
+        const Tensor out = attention(q, k, v, o);
+        autograd::backward(out, g);
+        got[path] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+      }
+      for (int e = 0; e < 4; ++e) {
+        CHECK(rel_err(got[0][e], got[1][e]) <= 1e-10);
+        CHECK(rel_err(got[0][e], got[2][e]) <= 1e-10);
+      }
+    }
 }
 
 TEST_CASE("sparse: bigbird's random blocks are a function of (seed, block) only", "[attention][sparse]") {
