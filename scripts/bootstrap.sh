@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev catch2 libcli11-dev
           nlohmann-json3-dev libtomlplusplus-dev libpng-dev python3 python3-numpy python3-h5py
-          openmpi-bin libopenmpi-dev)  # MPI: data-parallel `mpirun -np N qkv train` (docs/distributed.md)
+          openmpi-bin libopenmpi-dev  # MPI: data-parallel `mpirun -np N qkv train` (docs/distributed.md)
+          clang-format)               # scripts/check_format.sh (the layout of .clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

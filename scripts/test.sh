@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+# The sources keep the layout of .clang-format (clang-format 14); FORMAT_CHECK=0 skips this.
+if [[ ${FORMAT_CHECK:-1} == 1 ]]; then scripts/check_format.sh; fi
 
 # The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
 # against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,

@@ -841,7 +841,7 @@ TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse pro
   }
 }
 
-TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the reference path there)",
+TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the tiled CUDA kernels walk its layout)",
           "[attention][sparse][cuda]") {
   if (!test::cuda_device_present()) return;
   for (const Case& c : patterns_at_300())
