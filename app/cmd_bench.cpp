@@ -87,7 +87,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                             {"cpu_ms_per_step", r.cpu_ms_per_step},
                             {"os_allocations_per_step", r.os_allocations_per_step},
                             {"allocator_peak_bytes", r.allocator_peak_bytes}};
-        if (cfg.train.device == "cuda") {
+        if (cfg.train.device == Device::cuda) {
           // MFU: model FLOP/s over the card's dense bf16 peak, for float32 and bf16 runs alike.
           const cuda::DeviceInfo dev = cuda::device_info();
           const double peak = peak_tflops > 0 ? peak_tflops : dev.peak_bf16_tflops;
@@ -150,7 +150,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       } catch (const Error& e) { fail("[bench] --pattern-*: ", e.what()); }
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
-      if (!config.empty() && cfg.train.device == "cuda") {
+      if (!config.empty() && cfg.train.device == Device::cuda) {
         // The GPU: the config's batch and heads (B1 H8 would leave most SMs idle), its dtype (bf16:
         // the tensor-core kernels), and the reference kernel's N×N weights only up to N = 1024.
         QKV_CHECK(cuda::device_count() > 0, config, ": train.device = \"cuda\" but no CUDA device is visible");
@@ -158,7 +158,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         o.batch = cfg.train.batch_size;
         o.heads = cfg.model.n_head;
         o.hkvs = {cfg.model.n_head};
-        o.bf16_autocast = cfg.train.dtype == "bf16";
+        o.bf16_autocast = cfg.train.dtype == DType::bf16;
         o.reference_max_n = 1024;
       }
       for (const auto& r : attn::bench_attention(o)) {
