@@ -16,6 +16,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"
 #include "train/bench.h"
+#include "train/config_schema.h"
 
 namespace qkv::app {
 
@@ -123,7 +124,10 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       }
     } else if (what == "attention") {
       attn::AttentionBenchOptions o;
-      o.linear = pattern == "linear";
+      const AttentionChoice* choice = find_choice(kAttentionPatterns, pattern);
+      QKV_CHECK(choice, "[bench] --pattern must be ", names_or(kAttentionPatterns), ", got '", pattern, "'");
+      o.linear = choice->linear();
+      o.pattern.kind = choice->sparse;
       o.linear_feature = attn::parse_linear_feature(linear_feature, "--linear-feature");
       if (o.linear) {
         o.ns = {1024, 2048, 4096, 8192, 16384, 32768, 65536};
@@ -132,14 +136,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
       if (p_hkv > 0) o.hkvs = {p_hkv};
-      QKV_CHECK(kernel == "both" || kernel == "fused" || kernel == "reference",
-                "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
-      if (kernel == "fused") o.kernels = {attn::Kernel::fused};
-      if (kernel == "reference") o.kernels = {attn::Kernel::reference};
-      QKV_CHECK(o.linear || attn::parse_pattern(pattern, &o.pattern.kind),
-                "[bench] --pattern must be full, window, "
-                "strided, global, bigbird, block_sparse or linear, got '",
-                pattern, "'");
+      const attn::Kernel* k = find_choice(kAttnKernels, kernel);
+      QKV_CHECK(k || kernel == "both", "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
+      if (k) o.kernels = {*k};
       o.pattern.stride = p_stride;
       o.pattern.local = p_local;
       o.pattern.global = p_global;

@@ -72,10 +72,7 @@ std::string absolute_path(const std::string& p) {
 
 DocSeparator parse_separator(std::string_view name) {
   if (const DocSeparator* sep = find_choice(kDocSeparators, name)) return *sep;
-  std::string expected;
-  for (size_t i = 0; i < kDocSeparators.size(); ++i)
-    expected += cat(i == 0 ? "" : i + 1 == kDocSeparators.size() ? " or " : ", ", kDocSeparators[i].name);
-  fail("[data] unknown document separator '", name, "' (expected ", expected, ")");
+  fail("[data] unknown document separator '", name, "' (expected ", names_or(kDocSeparators), ")");
 }
 
 const char* separator_name(DocSeparator sep) { return choice_name(kDocSeparators, sep).data(); }
