@@ -284,7 +284,9 @@ ConfigGradcheck run_config_gradcheck(const Config& cfg, const ModelGradcheckOpti
   r.vocab_stand_in = cfg.model.vocab_size == 0;
   int64_t vocab = 1;
   if (r.vocab_stand_in)
-    vocab = cfg.data.tokenizer == "bpe" ? cfg.data.bpe_vocab_size : cfg.data.tokenizer == "byte" ? 256 : kStandInVocab;
+    vocab = cfg.data.tokenizer == TokenizerKind::bpe    ? cfg.data.bpe_vocab_size
+            : cfg.data.tokenizer == TokenizerKind::byte ? 256
+                                                        : kStandInVocab;
   r.model = train::model_config(cfg, vocab);
   const auto model = build_float64_model(r.model, static_cast<uint64_t>(cfg.train.seed));
   if (ops) model->set_attention_ops(std::move(ops));

@@ -16,6 +16,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"
 #include "train/bench.h"
+#include "train/config_schema.h"
 
 namespace qkv::app {
 
@@ -87,7 +88,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                             {"cpu_ms_per_step", r.cpu_ms_per_step},
                             {"os_allocations_per_step", r.os_allocations_per_step},
                             {"allocator_peak_bytes", r.allocator_peak_bytes}};
-        if (cfg.train.device == "cuda") {
+        if (cfg.train.device == Device::cuda) {
           // MFU: model FLOP/s over the card's dense bf16 peak, for float32 and bf16 runs alike.
           const cuda::DeviceInfo dev = cuda::device_info();
           const double peak = peak_tflops > 0 ? peak_tflops : dev.peak_bf16_tflops;
@@ -123,7 +124,10 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       }
     } else if (what == "attention") {
       attn::AttentionBenchOptions o;
-      o.linear = pattern == "linear";
+      const AttentionChoice* choice = find_choice(kAttentionPatterns, pattern);
+      QKV_CHECK(choice, "[bench] --pattern must be ", names_or(kAttentionPatterns), ", got '", pattern, "'");
+      o.linear = choice->linear();
+      o.pattern.kind = choice->sparse;
       o.linear_feature = attn::parse_linear_feature(linear_feature, "--linear-feature");
       if (o.linear) {
         o.ns = {1024, 2048, 4096, 8192, 16384, 32768, 65536};
@@ -132,14 +136,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
       if (p_hkv > 0) o.hkvs = {p_hkv};
-      QKV_CHECK(kernel == "both" || kernel == "fused" || kernel == "reference",
-                "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
-      if (kernel == "fused") o.kernels = {attn::Kernel::fused};
-      if (kernel == "reference") o.kernels = {attn::Kernel::reference};
-      QKV_CHECK(o.linear || attn::parse_pattern(pattern, &o.pattern.kind),
-                "[bench] --pattern must be full, window, "
-                "strided, global, bigbird, block_sparse or linear, got '",
-                pattern, "'");
+      const attn::Kernel* k = find_choice(kAttnKernels, kernel);
+      QKV_CHECK(k || kernel == "both", "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
+      if (k) o.kernels = {*k};
       o.pattern.stride = p_stride;
       o.pattern.local = p_local;
       o.pattern.global = p_global;
@@ -150,7 +149,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       } catch (const Error& e) { fail("[bench] --pattern-*: ", e.what()); }
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
-      if (!config.empty() && cfg.train.device == "cuda") {
+      if (!config.empty() && cfg.train.device == Device::cuda) {
         // The GPU: the config's batch and heads (B1 H8 would leave most SMs idle), its dtype (bf16:
         // the tensor-core kernels), and the reference kernel's N×N weights only up to N = 1024.
         QKV_CHECK(cuda::device_count() > 0, config, ": train.device = \"cuda\" but no CUDA device is visible");
@@ -158,7 +157,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         o.batch = cfg.train.batch_size;
         o.heads = cfg.model.n_head;
         o.hkvs = {cfg.model.n_head};
-        o.bf16_autocast = cfg.train.dtype == "bf16";
+        o.bf16_autocast = cfg.train.dtype == DType::bf16;
         o.reference_max_n = 1024;
       }
       for (const auto& r : attn::bench_attention(o)) {

@@ -50,11 +50,11 @@ int run_model(const std::string& config, const std::vector<std::string>& sets, a
     if (threads.train.threads == 0) threads.train.threads = 1;
     train::apply_thread_setting(threads);
   }
-  if (cfg.train.device != "cpu" || cfg.train.dtype != "float32")
+  if (cfg.train.device != Device::cpu || cfg.train.dtype != DType::f32)
     std::fprintf(
         stderr,
         "gradcheck: train.device = %s and train.dtype = %s do not apply: the check runs on the CPU in float64\n",
-        cfg.train.device.c_str(), cfg.train.dtype.c_str());
+        std::string(name_of(cfg.train.device)).c_str(), std::string(name_of(cfg.train.dtype)).c_str());
   const analysis::ConfigGradcheck run = analysis::run_config_gradcheck(cfg, opt);
   const nn::ModelConfig& mc = run.model;
   const analysis::ModelGradcheckReport& rep = run.report;

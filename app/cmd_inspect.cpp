@@ -52,8 +52,8 @@ void add_inspect_command(CLI::App& root, int& exit_code) {
     std::printf("step         %lld\n", static_cast<long long>(meta.state.step));
     std::printf("tokens_seen  %lld\n", static_cast<long long>(meta.state.tokens_seen));
     std::printf("tokenizer    %s, vocab %d\n", meta.tokenizer->kind(), meta.tokenizer->vocab_size());
-    std::printf("model        %s: %lld layers, %lld heads (%lld kv), n_embd %lld, block_size %lld\n", m.family.c_str(),
-                static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
+    std::printf("model        %s: %lld layers, %lld heads (%lld kv), n_embd %lld, block_size %lld\n",
+                nn::family_name(m.family), static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
                 static_cast<long long>(m.resolved_n_kv_head()), static_cast<long long>(m.n_embd),
                 static_cast<long long>(m.block_size));
     std::printf("optimizer    %s\n", meta.has_optimizer ? "AdamW moments stored" : "none (weights only)");

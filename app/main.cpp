@@ -15,6 +15,7 @@
 #include "app/commands.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
+#include "train/config_schema.h"
 
 namespace qkv::app {
 // Invalid UTF-8 in a string (generated text, a file name given on the command line) is written
@@ -28,8 +29,9 @@ void print_error_json(const std::string& message, int exit_status) {
 }
 
 Device device_option(const std::string& name) {
-  QKV_CHECK(name == "cpu" || name == "cuda", "--device must be cpu or cuda, got '", name, "'");
-  if (name == "cpu") return Device::cpu;
+  const Device* dev = find_choice(kDevices, name);
+  QKV_CHECK(dev, "--device must be ", names_or(kDevices), ", got '", name, "'");
+  if (*dev == Device::cpu) return Device::cpu;
   QKV_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (or this build has no CUDA backend)");
   return Device::cuda;
 }

@@ -71,23 +71,11 @@ std::string absolute_path(const std::string& p) {
 }  // namespace
 
 DocSeparator parse_separator(std::string_view name) {
-  if (name == "blank_line") return DocSeparator::blank_line;
-  if (name == "percent_line") return DocSeparator::percent_line;
-  if (name == "none") return DocSeparator::none;
-  fail("[data] unknown document separator '", name, "' (expected blank_line, percent_line or none)");
+  if (const DocSeparator* sep = find_choice(kDocSeparators, name)) return *sep;
+  fail("[data] unknown document separator '", name, "' (expected ", names_or(kDocSeparators), ")");
 }
 
-const char* separator_name(DocSeparator sep) {
-  switch (sep) {
-    case DocSeparator::blank_line:
-      return "blank_line";
-    case DocSeparator::percent_line:
-      return "percent_line";
-    case DocSeparator::none:
-      return "none";
-  }
-  return "?";
-}
+const char* separator_name(DocSeparator sep) { return choice_name(kDocSeparators, sep).data(); }
 
 std::vector<std::string_view> split_documents(std::string_view text, DocSeparator sep) {
   std::vector<std::string_view> docs;

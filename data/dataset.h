@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "tensor/choice.h"
 
 namespace qkv {
 
@@ -35,7 +36,12 @@ namespace qkv {
 //   percent_line  documents are separated by lines that are exactly "%" (fortune files)
 //   none          the whole text is one document
 enum class DocSeparator { blank_line, percent_line, none };
-DocSeparator parse_separator(std::string_view name);  // "blank_line" | "percent_line" | "none"
+// The one table of their spellings: `qkv prepare --separator`, the config key data.separator and
+// the "separator" attribute of a prepared dataset all read and write these names.
+inline constexpr std::array kDocSeparators = {Choice<DocSeparator>{"blank_line", DocSeparator::blank_line},
+                                              Choice<DocSeparator>{"percent_line", DocSeparator::percent_line},
+                                              Choice<DocSeparator>{"none", DocSeparator::none}};
+DocSeparator parse_separator(std::string_view name);  // a name in kDocSeparators
 const char* separator_name(DocSeparator sep);
 
 // The documents of `text`, each a view of its lines with their line ends (separator lines and

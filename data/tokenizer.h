@@ -22,7 +22,16 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/choice.h"
+
 namespace qkv {
+
+// The tokenizer kinds, spelt as Tokenizer::kind() returns them and as the config key
+// data.tokenizer takes them (`char` is a keyword: its enumerator is `character`).
+enum class TokenizerKind { character, byte, bpe, gpt2_bpe };
+inline constexpr std::array kTokenizerKinds = {
+    Choice<TokenizerKind>{"char", TokenizerKind::character}, Choice<TokenizerKind>{"byte", TokenizerKind::byte},
+    Choice<TokenizerKind>{"bpe", TokenizerKind::bpe}, Choice<TokenizerKind>{"gpt2_bpe", TokenizerKind::gpt2_bpe}};
 
 namespace h5 {
 class File;

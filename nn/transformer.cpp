@@ -12,8 +12,6 @@
 
 namespace qkv::nn {
 
-const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
-
 void ModelConfig::validate() const {
   auto positive = [](const char* key, int64_t v) { QKV_CHECK(v > 0, key, " must be > 0, got ", v); };
   auto positive_real = [](const char* key, double v) {

@@ -14,6 +14,7 @@
 #include "attention/kv_cache.h"
 #include "attention/linear_attention.h"
 #include "nn/layers.h"
+#include "tensor/choice.h"
 
 namespace qkv::nn {
 
@@ -23,6 +24,19 @@ enum class NormKind { layernorm, rmsnorm };
 enum class Activation { gelu_tanh, gelu, swiglu, relu };
 // full: softmax attention (attention/attention.h); linear: attention/linear_attention.h.
 enum class AttentionPattern { full, linear };
+
+// The spellings of the enums above: the names the config keys model.family, model.position,
+// model.norm and model.activation take (train/config_schema.h), and that checkpoints store.
+inline constexpr std::array kFamilies = {Choice<Family>{"gpt2", Family::gpt2}, Choice<Family>{"llama", Family::llama}};
+inline constexpr std::array kPositions = {
+    Choice<Position>{"learned", Position::learned}, Choice<Position>{"rope", Position::rope},
+    Choice<Position>{"sinusoidal", Position::sinusoidal}, Choice<Position>{"alibi", Position::alibi},
+    Choice<Position>{"none", Position::none}};
+inline constexpr std::array kNorms = {Choice<NormKind>{"layernorm", NormKind::layernorm},
+                                      Choice<NormKind>{"rmsnorm", NormKind::rmsnorm}};
+inline constexpr std::array kActivations = {
+    Choice<Activation>{"gelu_tanh", Activation::gelu_tanh}, Choice<Activation>{"gelu", Activation::gelu},
+    Choice<Activation>{"swiglu", Activation::swiglu}, Choice<Activation>{"relu", Activation::relu}};
 
 struct ModelConfig {
   Family family = Family::gpt2;
@@ -142,6 +156,7 @@ class DecoderModel : public Module {
   Tensor sinusoid_;  // [block_size, C] when position == sinusoidal
 };
 
-const char* family_name(Family f);
+// The family's spelling in kFamilies ("gpt2", "llama").
+inline const char* family_name(Family f) { return choice_name(kFamilies, f).data(); }
 
 }  // namespace qkv::nn

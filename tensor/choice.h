@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace qkv {
@@ -28,6 +29,17 @@ constexpr std::string_view choice_name(const std::array<Choice<E>, N>& choices, 
   for (const Choice<E>& c : choices)
     if (c.value == value) return c.name;
   return "?";
+}
+
+// The spellings as a command-line message lists them: "a, b or c".
+template <class E, size_t N>
+std::string names_or(const std::array<Choice<E>, N>& choices) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) {
+    out += i == 0 ? "" : i + 1 == N ? " or " : ", ";
+    out += choices[i].name;
+  }
+  return out;
 }
 
 }  // namespace qkv

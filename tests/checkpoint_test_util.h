@@ -46,13 +46,13 @@ inline const char* kCorpus = "It was the best of times, it was the worst of time
 // 2 layers, 4 heads, C = 32, T = 16; llama with 2 kv heads (GQA 2:1), so hd = 8.
 inline Config tiny_config(const std::string& family, int64_t n_embd = 32, int64_t n_layer = 2) {
   Config cfg;
-  cfg.model.family = family;
+  apply_override(cfg, "model.family=" + family);
   cfg.model.n_layer = n_layer;
   cfg.model.n_head = 4;
   cfg.model.n_kv_head = family == "llama" ? 2 : 0;
   cfg.model.n_embd = n_embd;
   cfg.model.block_size = 16;
-  cfg.data.tokenizer = "char";
+  cfg.data.tokenizer = TokenizerKind::character;
   cfg.train.seed = 4242;
   cfg.train.lr = 3e-3;
   validate(cfg, "test");

@@ -367,7 +367,7 @@ namespace {
 // gpt2 (learned positions, packed c_attn).
 Config linear_config(const std::string& family, const std::string& feature, int64_t chunk = 5) {
   Config cfg;
-  cfg.model.family = family;
+  apply_override(cfg, "model.family=" + family);
   cfg.model.vocab_size = 37;
   cfg.model.n_layer = 2;
   cfg.model.n_head = 4;
@@ -376,8 +376,8 @@ Config linear_config(const std::string& family, const std::string& feature, int6
   cfg.model.block_size = 32;
   cfg.model.ffn_multiple_of = 16;
   cfg.model.init_std = 0.2;
-  cfg.model.attention_pattern = "linear";
-  cfg.model.linear_feature = feature;
+  apply_override(cfg, "model.attention_pattern=linear");
+  apply_override(cfg, "model.linear_feature=" + feature);
   cfg.model.linear_chunk = chunk;
   return cfg;
 }
@@ -415,7 +415,7 @@ TEST_CASE("model.attention_pattern = linear: keys, defaults and refused combinat
   CHECK(m.linear_chunk == 5);
   // Defaults: full softmax attention, elu1, chunk 64 (what an old checkpoint's config reads as).
   CHECK(train::model_config(Config{}, 65).attention_pattern == nn::AttentionPattern::full);
-  CHECK(Config{}.model.linear_feature == "elu1");
+  CHECK(Config{}.model.linear_feature == attn::LinearFeature::elu1);
   CHECK(Config{}.model.linear_chunk == 64);
   // A changed linear setting is a different model (checkpoints and --resume compare it).
   Config other = cfg;
@@ -424,7 +424,7 @@ TEST_CASE("model.attention_pattern = linear: keys, defaults and refused combinat
   REQUIRE(d);
   CHECK(d->key == "model.linear_chunk");
   other = cfg;
-  other.model.attention_pattern = "full";
+  other.model.attention_pattern = AttentionChoice{};
   d = train::model_difference(m, train::model_config(other, 37));
   REQUIRE(d);
   CHECK(d->key == "model.attention_pattern");
@@ -434,13 +434,16 @@ TEST_CASE("model.attention_pattern = linear: keys, defaults and refused combinat
     set(bad);
     CHECK_THROWS_WITH(train::model_config(bad, 37), Catch::Contains(key));
   };
-  refuses([](Config& c) { c.model.position = "alibi"; }, "model.position");
+  refuses([](Config& c) { c.model.position = nn::Position::alibi; }, "model.position");
   refuses([](Config& c) { c.model.attn_dropout = 0.1; }, "model.attn_dropout");
   refuses([](Config& c) { c.model.window = 4; }, "model.window");
-  refuses([](Config& c) { c.model.attn_kernel = "reference"; }, "model.attn_kernel");
+  refuses([](Config& c) { c.model.attn_kernel = attn::Kernel::reference; }, "model.attn_kernel");
   refuses([](Config& c) { c.model.linear_chunk = 0; }, "model.linear_chunk");
-  refuses([](Config& c) { c.model.linear_feature = "softmax"; }, "model.linear_feature");
-  refuses([](Config& c) { c.model.attention_pattern = "quadratic"; }, "model.attention_pattern");
+  // Unknown spellings are refused as they are read, naming the key.
+  Config bad = linear_config("llama", "elu1");
+  CHECK_THROWS_WITH(apply_override(bad, "model.linear_feature=softmax"), Catch::Contains("model.linear_feature"));
+  CHECK_THROWS_WITH(apply_override(bad, "model.attention_pattern=quadratic"),
+                    Catch::Contains("model.attention_pattern"));
 }
 
 TEST_CASE("a linear model decodes through its recurrent state: equal to the parallel forward, constant memory",

@@ -680,7 +680,7 @@ TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones na
                     Contains("model.pattern_layout"));
   // A checkpoint's model without the keys (an old one) is full attention; the keys round-trip.
   const Config back = parse_config_text(to_toml(sparse_config("bigbird", {"model.pattern_seed=7"}).resolved()), "rt");
-  CHECK(back.model.attention_pattern == "bigbird");
+  CHECK(name_of(back.model.attention_pattern) == "bigbird");
   CHECK(back.model.pattern_seed == 7);
   const auto d = train::model_difference(cfg("full"), cfg("window"));
   REQUIRE(d);
@@ -762,15 +762,15 @@ TEST_CASE("sparse: a tiny model per pattern trains (the loss falls)", "[attentio
   for (const char* pattern : {"window", "strided", "global", "bigbird", "block_sparse"}) {
     INFO(pattern);
     Config c;
-    c.model.family = "gpt2";
+    c.model.family = nn::Family::gpt2;
     c.model.n_layer = 1;
     c.model.n_head = 2;
     c.model.n_embd = 16;
     c.model.block_size = 32;
-    c.model.attention_pattern = pattern;
+    c.model.attention_pattern = choose(kAttentionPatterns, pattern, "model.attention_pattern");
     c.data.path = (dir / "corpus.txt").string();
-    c.data.tokenizer = "char";
-    c.data.separator = "none";
+    c.data.tokenizer = TokenizerKind::character;
+    c.data.separator = DocSeparator::none;
     c.train.batch_size = 4;
     c.train.max_steps = 40;
     c.train.lr = 1e-2;

@@ -148,7 +148,7 @@ TEST_CASE("attention under bf16 autocast meets FlashAttention's rule: error at m
 
 TEST_CASE("a tiny gpt2 trained with bf16 autocast follows the float32 run", "[autocast]") {
   Config cfg;
-  cfg.model.family = "gpt2";
+  cfg.model.family = nn::Family::gpt2;
   cfg.model.vocab_size = 32;
   cfg.model.n_layer = 2;
   cfg.model.n_head = 4;

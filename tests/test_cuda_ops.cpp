@@ -282,7 +282,7 @@ TEST_CASE("a tiny gpt2 and llama on the device: logits, loss, gradients and Adam
   for (const std::string family : {"gpt2", "llama"}) {
     INFO(family);
     Config cfg;
-    cfg.model.family = family;
+    apply_override(cfg, "model.family=" + family);
     cfg.model.vocab_size = 37;
     cfg.model.n_layer = 2;
     cfg.model.n_head = 4;
@@ -461,7 +461,7 @@ TEST_CASE("attention_packed on the device: its own node, equal to attention on t
 TEST_CASE("KV-cached decoding on the device reproduces the device's full forward", "[cuda]") {
   if (!test::cuda_device_present()) return;
   Config cfg;
-  cfg.model.family = "llama";  // RoPE at absolute positions, GQA
+  cfg.model.family = nn::Family::llama;  // RoPE at absolute positions, GQA
   cfg.model.vocab_size = 29;
   cfg.model.n_layer = 2;
   cfg.model.n_head = 4;

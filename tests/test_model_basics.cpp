@@ -30,7 +30,7 @@ namespace {
 // (Hkv 2), llama with MQA (Hkv 1) and ffn 48 (int(2*64/3) rounded up to 16).
 nn::ModelConfig tiny(const std::string& family, int64_t n_layer, const std::string& kernel = "fused") {
   Config cfg;
-  cfg.model.family = family;
+  apply_override(cfg, "model.family=" + family);
   cfg.model.vocab_size = 37;
   cfg.model.n_layer = n_layer;
   cfg.model.n_head = 4;
@@ -39,7 +39,7 @@ nn::ModelConfig tiny(const std::string& family, int64_t n_layer, const std::stri
   cfg.model.block_size = 8;
   cfg.model.ffn_multiple_of = 16;
   cfg.model.init_std = 0.2;  // far from uniform attention, so position and mask mistakes show
-  cfg.model.attn_kernel = kernel;
+  apply_override(cfg, "model.attn_kernel=" + kernel);
   return train::model_config(cfg, 37);
 }
 
@@ -106,7 +106,7 @@ Tensor cached_logits(const nn::DecoderModel& m, const Tensor& ids, int64_t chunk
 
 TEST_CASE("a tiny gpt2 overfits one batch from ln V to under 0.1 with AdamW", "[model]") {
   Config cfg;
-  cfg.model.family = "gpt2";
+  cfg.model.family = nn::Family::gpt2;
   cfg.model.vocab_size = 32;
   cfg.model.n_layer = 2;
   cfg.model.n_head = 4;

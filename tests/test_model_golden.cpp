@@ -44,7 +44,7 @@ nlohmann::json load_golden(const std::string& family) {
 Config golden_config(const nlohmann::json& fx, const std::string& kernel) {
   const auto& c = fx["config"];
   Config cfg;
-  cfg.model.family = c["family"];
+  apply_override(cfg, "model.family=" + c["family"].get<std::string>());
   cfg.model.vocab_size = c["vocab_size"];
   cfg.model.n_layer = c["n_layer"];
   cfg.model.n_head = c["n_head"];
@@ -54,7 +54,7 @@ Config golden_config(const nlohmann::json& fx, const std::string& kernel) {
   cfg.model.norm_eps = c["norm_eps"];
   cfg.model.rope_theta = c["rope_theta"];
   if (c.contains("ffn_multiple_of")) cfg.model.ffn_multiple_of = c["ffn_multiple_of"];
-  cfg.model.attn_kernel = kernel;
+  apply_override(cfg, "model.attn_kernel=" + kernel);
   return cfg;
 }
 

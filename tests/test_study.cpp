@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "analysis/study.h"
+#include "train/config_schema.h"
 
 using namespace qkv;
 
@@ -126,18 +127,18 @@ TEST_CASE("study: every pattern variant, bare or with its parameter, gives a con
     REQUIRE_NOTHROW(validate(c, "variant " + v.name));
     cfgs.push_back(c);
   }
-  CHECK(cfgs[0].model.attention_pattern == "full");
+  CHECK(name_of(cfgs[0].model.attention_pattern) == "full");
   CHECK(cfgs[1].model.window == 16);
-  CHECK(cfgs[2].model.attention_pattern == "strided");
+  CHECK(name_of(cfgs[2].model.attention_pattern) == "strided");
   CHECK(cfgs[2].model.pattern_stride == 0);  // auto
   CHECK(cfgs[3].model.pattern_stride == 8);
-  CHECK(cfgs[5].model.attention_pattern == "global");
+  CHECK(name_of(cfgs[5].model.attention_pattern) == "global");
   CHECK(cfgs[5].model.pattern_global == 3);
-  CHECK(cfgs[7].model.attention_pattern == "bigbird");
+  CHECK(name_of(cfgs[7].model.attention_pattern) == "bigbird");
   CHECK(cfgs[7].model.pattern_block_size == 8);
-  CHECK(cfgs[9].model.attention_pattern == "block_sparse");
+  CHECK(name_of(cfgs[9].model.attention_pattern) == "block_sparse");
   CHECK(cfgs[9].model.pattern_block_size == 8);
-  CHECK(cfgs[10].model.attention_pattern == "linear");
+  CHECK(name_of(cfgs[10].model.attention_pattern) == "linear");
   CHECK(cfgs[10].model.window == 0);
   // An unknown variant still fails, in one line, before any training.
   try {

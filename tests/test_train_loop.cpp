@@ -42,14 +42,14 @@ std::string write_corpus(const std::string& dir) {
 
 Config tiny_config(const std::string& dir) {
   Config c;
-  c.model.family = "gpt2";
+  c.model.family = nn::Family::gpt2;
   c.model.n_layer = 2;
   c.model.n_head = 2;
   c.model.n_embd = 16;
   c.model.block_size = 16;
   c.data.path = write_corpus(dir);
-  c.data.tokenizer = "char";
-  c.data.separator = "none";
+  c.data.tokenizer = TokenizerKind::character;
+  c.data.separator = DocSeparator::none;
   c.train.batch_size = 4;
   c.train.max_steps = 20;
   c.train.lr = 3e-3;
@@ -108,7 +108,7 @@ namespace {
 void expect_bitwise_resume(const std::string& device) {
   const std::string dir = temp_dir("resume_" + device);
   Config c = tiny_config(dir);
-  c.train.device = device;
+  apply_override(c, "train.device=" + device);
   c.model.dropout = 0.1;
   c.model.attn_dropout = 0.1;
   c.train.checkpoint_interval = 10;
@@ -205,7 +205,7 @@ TEST_CASE("non-finite gradients skip steps and stop the run after max_bad_steps"
   const std::string dir = temp_dir("nan");
   Config c = tiny_config(dir);
   c.train.lr = 1e30;  // the first update overflows the weights: every later loss is non-finite
-  c.train.lr_schedule = "constant";
+  c.train.lr_schedule = train::LrScheduleKind::constant;
   c.train.grad_clip = 0;
   c.train.max_bad_steps = 3;
   CHECK_THROWS_WITH(train::run_training(c, {.progress = false}), Catch::Contains("non-finite steps in a row"));

@@ -47,8 +47,8 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   // train.device = "cuda": the whole step on the GPU. Each step ends in loss.item(), a copy to the
   // host that waits for every kernel queued before it (the AdamW update included), so the wall
   // clock measures the device's work.
-  const Device device = cfg.train.device == "cuda" ? Device::cuda : Device::cpu;
-  const autograd::AutocastGuard autocast(cfg.train.dtype == "bf16");  // as in the trainer
+  const Device device = cfg.train.device;
+  const autograd::AutocastGuard autocast(cfg.train.dtype == DType::bf16);  // as in the trainer
   if (device == Device::cuda) {
     QKV_CHECK(cuda::device_count() > 0,
               "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
@@ -114,7 +114,7 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
 DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
   const Config cfg = cfg_in.resolved();
   QKV_CHECK(tokens >= 1, "[bench] decode needs at least 1 token, got ", tokens);
-  QKV_CHECK(cfg.train.device != "cuda",
+  QKV_CHECK(cfg.train.device != Device::cuda,
             "[bench] --what decode runs on the CPU (train.device = \"cuda\" is not supported)");
   QKV_CHECK(tokens + 1 <= cfg.model.block_size, "[bench] --tokens ", tokens,
             " plus the 1-token prompt exceeds model.block_size ", cfg.model.block_size,
@@ -170,7 +170,7 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
   std::vector<GemmBenchResult> out;
   double total_flops = 0, total_s = 0, total_s_bf16 = 0;
   // train.device = "cuda": the same shapes on cuBLAS (the MFU denominator of a GPU run).
-  const bool gpu = cfg.train.device == "cuda";
+  const bool gpu = cfg.train.device == Device::cuda;
   QKV_CHECK(!gpu || cuda::device_count() > 0,
             "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");
   for (const auto& l : layers) {

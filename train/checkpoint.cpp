@@ -55,15 +55,6 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-// GPT-2's Conv1D weights, which Hugging Face stores [in, out].
-bool is_conv1d_weight(nn::Family family, const std::string& name) {
-  return family == nn::Family::gpt2 &&
-         (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
-          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
-}
-
-nn::Family family_of(const Config& cfg) { return choose(kFamilies, cfg.model.family, "model.family"); }
-
 Shape stored_shape(const Shape& s, bool conv1d) { return conv1d ? Shape{s.at(1), s.at(0)} : s; }
 
 // Our layout <-> the stored one, as a contiguous CPU float32 tensor. Without a transpose and for
@@ -239,6 +230,12 @@ bool natural_less(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+bool is_conv1d_weight(nn::Family family, const std::string& name) {
+  return family == nn::Family::gpt2 &&
+         (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+          ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
+}
+
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
@@ -364,7 +361,7 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
 
 void load_optimizer_state(const std::string& path, AdamW& opt) {
   const h5::File f = open_checkpoint(path);
-  const nn::Family family = family_of(stored_config(f));
+  const nn::Family family = stored_config(f).model.family;
   if (!f.has("optimizer")) ckpt_fail(path, "has no optimizer state (group /optimizer is missing)");
   const int64_t step = f.attr_int("optimizer", "step");
   if (step < 0) ckpt_fail(path, "negative optimizer step ", step);

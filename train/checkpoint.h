@@ -74,6 +74,10 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
 // Loads /optimizer into `opt` (names and shapes must match) and its step count.
 void load_optimizer_state(const std::string& path, AdamW& opt);
 
+// GPT-2's Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), which Hugging Face
+// and qkv checkpoints store [in, out]; qkv's Linear is [out, in].
+bool is_conv1d_weight(nn::Family family, const std::string& name);
+
 // The stored (Hugging Face) name and layout of each model parameter, in the model's order.
 struct StoredTensor {
   std::string name;

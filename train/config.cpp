@@ -25,11 +25,18 @@
 namespace qkv {
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, BatchMode*, Padding*>;
+// Every enumerated setting is one of these: an enum spelt by its table (spellings(E)), or an
+// optional one whose "" is the family default.
+using FieldPtr =
+    std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, nn::Family*,
+                 std::optional<nn::Position>*, std::optional<nn::NormKind>*, std::optional<nn::Activation>*,
+                 attn::Kernel*, AttentionChoice*, attn::LinearFeature*, TokenizerKind*, DocSeparator*, BatchMode*,
+                 Padding*, Device*, DType*, train::LrScheduleKind*>;
 
-// The spellings of an enum-typed field.
-const auto& table_of(const BatchMode*) { return kBatchModes; }
-const auto& table_of(const Padding*) { return kPaddingSides; }
+template <class T>
+struct IsOptionalEnum : std::false_type {};
+template <class E>
+struct IsOptionalEnum<std::optional<E>> : std::bool_constant<!std::is_same_v<E, bool>> {};
 
 // A field written as a TOML string: text, or an enum spelt by name.
 bool is_text(const FieldPtr& p) {
@@ -200,11 +207,18 @@ void assign(const Field& f, const toml::node& n, const std::string& origin) {
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (auto v = n.as_string()) *p = v->get();
           else wrong("a string");
+        } else if constexpr (IsOptionalEnum<T>::value) {  // as below; "" = the family default
+          const auto* v = n.as_string();
+          const auto& table = spellings(typename T::value_type{});
+          if (!v) wrong("a string");
+          else if (v->get().empty()) p->reset();
+          else if (const auto* e = find_choice(table, v->get())) *p = *e;
+          else fail(origin, ": ", not_one_of(f.name(), v->get(), names_of(table), true));
         } else {  // an enumerated setting: one of its table's spellings, read into the enum here
           const auto* v = n.as_string();
           if (!v) wrong("a string");
-          else if (const T* e = find_choice(table_of(p), v->get())) *p = *e;
-          else fail(origin, ": ", not_one_of(f.name(), v->get(), names_of(table_of(p)), false));
+          else if (const T* e = find_choice(spellings(*p), v->get())) *p = *e;
+          else fail(origin, ": ", not_one_of(f.name(), v->get(), names_of(spellings(*p)), false));
         }
       },
       f.ptr);
@@ -302,7 +316,8 @@ std::string field_text(const Field& f) {
         else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
         else if constexpr (std::is_same_v<T, std::optional<bool>>) os << (p->value_or(false) ? "true" : "false");
         else if constexpr (std::is_same_v<T, std::string>) os << quote(*p);
-        else os << quote(std::string(choice_name(table_of(p), *p)));
+        else if constexpr (IsOptionalEnum<T>::value) os << quote(*p ? std::string(name_of(**p)) : "");
+        else os << quote(std::string(name_of(*p)));
       },
       f.ptr);
   return os.str();
@@ -311,15 +326,6 @@ std::string field_text(const Field& f) {
 // ---- validation helpers: each throws "<origin>: <key> ..." ----
 struct Checker {
   const std::string& origin;
-  // One of the key's spellings (config_schema.h).
-  template <class Table>
-  void enumeration(const char* key, const std::string& v, const Table& table, bool empty_ok = false) const {
-    if (empty_ok && v.empty()) return;
-    const std::vector<std::string_view> names = names_of(table);
-    for (std::string_view a : names)
-      if (v == a) return;
-    fail(origin, ": ", not_one_of(key, v, names, empty_ok));
-  }
   void positive(const char* key, int64_t v) const {
     if (v <= 0) fail(origin, ": ", key, " must be > 0, got ", v);
   }
@@ -343,21 +349,21 @@ struct Checker {
 
 // ---- resolved values ----
 
-std::string ModelSettings::resolved_position() const {
-  return !position.empty() ? position : family == "llama" ? "rope" : "learned";
+nn::Position ModelSettings::resolved_position() const {
+  return position.value_or(family == nn::Family::llama ? nn::Position::rope : nn::Position::learned);
 }
-std::string ModelSettings::resolved_norm() const {
-  return !norm.empty() ? norm : family == "llama" ? "rmsnorm" : "layernorm";
+nn::NormKind ModelSettings::resolved_norm() const {
+  return norm.value_or(family == nn::Family::llama ? nn::NormKind::rmsnorm : nn::NormKind::layernorm);
 }
-std::string ModelSettings::resolved_activation() const {
-  return !activation.empty() ? activation : family == "llama" ? "swiglu" : "gelu_tanh";
+nn::Activation ModelSettings::resolved_activation() const {
+  return activation.value_or(family == nn::Family::llama ? nn::Activation::swiglu : nn::Activation::gelu_tanh);
 }
-bool ModelSettings::resolved_bias() const { return bias.value_or(family != "llama"); }
-bool ModelSettings::resolved_tie_embeddings() const { return tie_embeddings.value_or(family != "llama"); }
+bool ModelSettings::resolved_bias() const { return bias.value_or(family != nn::Family::llama); }
+bool ModelSettings::resolved_tie_embeddings() const { return tie_embeddings.value_or(family != nn::Family::llama); }
 int64_t ModelSettings::resolved_n_kv_head() const { return n_kv_head > 0 ? n_kv_head : n_head; }
 int64_t ModelSettings::resolved_ffn_hidden() const {
   if (ffn_hidden > 0) return ffn_hidden;
-  if (family != "llama") return 4 * n_embd;
+  if (family != nn::Family::llama) return 4 * n_embd;
   int64_t h = 2 * (4 * n_embd) / 3;
   int64_t m = ffn_multiple_of > 0 ? ffn_multiple_of : 1;
   return m * ((h + m - 1) / m);
@@ -441,18 +447,11 @@ void apply_override(Config& cfg, const std::string& assignment) {
 void validate(const Config& cfg, const std::string& origin) {
   const Checker c{origin};
   const ModelSettings& m = cfg.model;
-  // What only the settings have: spellings, and the 0 / "" that stand for a family default.
-  c.enumeration("model.family", m.family, kFamilies);
+  // What only the settings have: the 0 that stands for a family default.
   c.non_negative("model.n_kv_head", m.n_kv_head);
   c.non_negative("model.vocab_size", m.vocab_size);
   c.non_negative("model.ffn_hidden", m.ffn_hidden);
   c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
-  c.enumeration("model.position", m.position, kPositions, true);
-  c.enumeration("model.norm", m.norm, kNorms, true);
-  c.enumeration("model.activation", m.activation, kActivations, true);
-  c.enumeration("model.attn_kernel", m.attn_kernel, kAttnKernels);
-  c.enumeration("model.attention_pattern", m.attention_pattern, kAttentionPatterns);
-  c.enumeration("model.linear_feature", m.linear_feature, kLinearFeatures);
   c.non_negative("model.linear_features", m.linear_features);
   // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
@@ -461,15 +460,13 @@ void validate(const Config& cfg, const std::string& origin) {
   } catch (const Error& e) { fail(origin, ": ", e.what()); }
 
   const DataSettings& d = cfg.data;
-  c.enumeration("data.tokenizer", d.tokenizer, kTokenizers);
   if (d.bpe_vocab_size < 256)
     fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
-  c.enumeration("data.separator", d.separator, kSeparators);
   c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
   if (!d.random_tokens && m.vocab_size > 0) {
-    if (d.tokenizer == "byte" && m.vocab_size < 256)
+    if (d.tokenizer == TokenizerKind::byte && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");
-    if (d.tokenizer == "bpe" && m.vocab_size < d.bpe_vocab_size)
+    if (d.tokenizer == TokenizerKind::bpe && m.vocab_size < d.bpe_vocab_size)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than data.bpe_vocab_size (", d.bpe_vocab_size,
            ")");
   }
@@ -477,8 +474,6 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": data.random_tokens needs model.vocab_size > 0 (there is no tokenizer to ask)");
 
   const TrainSettings& t = cfg.train;
-  c.enumeration("train.device", t.device, kDevices);
-  c.enumeration("train.dtype", t.dtype, kDtypes);
   c.positive("train.batch_size", t.batch_size);
   c.positive("train.grad_accum", t.grad_accum);
   c.non_negative("train.seq_len", t.seq_len);
@@ -488,7 +483,6 @@ void validate(const Config& cfg, const std::string& origin) {
   c.non_negative("train.lr", t.lr);
   c.non_negative("train.min_lr", t.min_lr);
   c.non_negative("train.warmup_steps", t.warmup_steps);
-  c.enumeration("train.lr_schedule", t.lr_schedule, kLrSchedules);
   c.non_negative("train.weight_decay", t.weight_decay);
   c.in_range("train.beta1", t.beta1, 0.0, 1.0, false);
   c.in_range("train.beta2", t.beta2, 0.0, 1.0, false);

@@ -7,23 +7,40 @@
 // model.n_layer?)", "configs/x.toml: model.n_head must be an integer, got string"), so a typo
 // never silently trains the default model.
 //
-// Most enumerated settings are kept as written (strings, checked against their tables in
-// config_schema.h); data.batching and data.padding_side are read into their enum types at load.
-// Empty strings / 0 / unset optionals mean "the family default"; the resolved_*() accessors give
-// the value actually used, and to_toml() writes the resolved values, so a checkpoint's config
-// does not depend on what the defaults were when it was trained.
+// Every enumerated setting is read into its enum type at load (spellings: one table per enum,
+// listed in config_schema.h), so the rest of the program compares enums, never spellings; parsing,
+// to_toml and the error messages all go through that one table. 0 / unset optionals mean "the
+// family default" (written "" for model.position, norm and activation); the resolved_*()
+// accessors give the value actually used, and to_toml() writes the resolved values, so a
+// checkpoint's config does not depend on what the defaults were when it was trained.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "attention/attention.h"
+#include "attention/linear_attention.h"
 #include "data/batcher.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "nn/transformer.h"
+#include "tensor/dtype.h"
+#include "train/schedule.h"
 
 namespace qkv {
 
+// model.attention_pattern: softmax attention under one of the sparse patterns (attention/patterns.h),
+// or linear attention (whose pattern is full). Spellings: kAttentionPatterns (config_schema.h).
+struct AttentionChoice {
+  nn::AttentionPattern attention = nn::AttentionPattern::full;
+  attn::Pattern sparse = attn::Pattern::full;
+  constexpr bool operator==(const AttentionChoice&) const = default;
+  constexpr bool linear() const { return attention == nn::AttentionPattern::linear; }
+};
+
 struct ModelSettings {
-  std::string family = "gpt2";  // a preset for the switches below (spellings of every enumerated key: config_schema.h)
+  nn::Family family = nn::Family::gpt2;  // a preset for the switches below (spellings: config_schema.h)
   int64_t n_layer = 4;
   int64_t n_head = 4;
   int64_t n_kv_head = 0;  // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
@@ -37,14 +54,14 @@ struct ModelSettings {
   int64_t ffn_hidden = 0;        // 0 = family default (gpt2: 4C; llama: 2/3 of 4C rounded up)
   int64_t ffn_multiple_of = 64;  // llama's rounding of the default ffn_hidden
   // Preset switches; "" / unset = the family's choice.
-  std::string position;    // "learned" | "rope" | "sinusoidal" | "alibi" | "none"
-  std::string norm;        // "layernorm" | "rmsnorm"
-  std::string activation;  // "gelu_tanh" | "gelu" | "swiglu" | "relu"
+  std::optional<nn::Position> position;      // "learned" | "rope" | "sinusoidal" | "alibi" | "none"
+  std::optional<nn::NormKind> norm;          // "layernorm" | "rmsnorm"
+  std::optional<nn::Activation> activation;  // "gelu_tanh" | "gelu" | "swiglu" | "relu"
   std::optional<bool> bias;
   std::optional<bool> tie_embeddings;
   int64_t window = 0;  // sliding attention window; 0 = none
   double init_std = 0.02;
-  std::string attn_kernel = "fused";  // "fused" | "reference"
+  attn::Kernel attn_kernel = attn::Kernel::fused;  // "fused" | "reference"
   // Which attention (old checkpoints load as "full"):
   //   full (softmax, the default) | window | strided | global | bigbird | block_sparse: softmax
   //     attention under that sparse pattern (definitions: attention/attention.h), ANDed with the
@@ -52,9 +69,9 @@ struct ModelSettings {
   //   linear (attention/linear_attention.h): O(N) time and memory, a recurrent decode state; it
   //     refuses ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a
   //     linear meaning), and every model.pattern_* key.
-  std::string attention_pattern = "full";
-  std::string linear_feature = "elu1";          // linear's φ: "elu1" | "relu" | "favor"
-  int64_t linear_features = 0;                  // favor's m random features; 0 = the head size
+  AttentionChoice attention_pattern;
+  attn::LinearFeature linear_feature = attn::LinearFeature::elu1;  // linear's φ: "elu1" | "relu" | "favor"
+  int64_t linear_features = 0;                                     // favor's m random features; 0 = the head size
   int64_t linear_chunk = 64;                    // keys per chunk of the causal (training) form; any value is exact
   int64_t pattern_stride = 0;                   // strided: s; 0 = ceil(sqrt(block_size))
   int64_t pattern_local = 0;                    // local width l; 0 = the pattern's default (window, bigbird: the
@@ -66,12 +83,12 @@ struct ModelSettings {
   std::string pattern_layout = "local_global";  // block_sparse: local_global | fixed | a file of 0/1 rows
   int64_t pattern_seed = 0;                     // bigbird: seed of the random blocks
 
-  std::string resolved_position() const;    // gpt2: learned, llama: rope
-  std::string resolved_norm() const;        // gpt2: layernorm, llama: rmsnorm
-  std::string resolved_activation() const;  // gpt2: gelu_tanh, llama: swiglu
-  bool resolved_bias() const;               // gpt2: true, llama: false
-  bool resolved_tie_embeddings() const;     // gpt2: true, llama: false
-  int64_t resolved_n_kv_head() const;       // n_kv_head or n_head
+  nn::Position resolved_position() const;      // gpt2: learned, llama: rope
+  nn::NormKind resolved_norm() const;          // gpt2: layernorm, llama: rmsnorm
+  nn::Activation resolved_activation() const;  // gpt2: gelu_tanh, llama: swiglu
+  bool resolved_bias() const;                  // gpt2: true, llama: false
+  bool resolved_tie_embeddings() const;        // gpt2: true, llama: false
+  int64_t resolved_n_kv_head() const;          // n_kv_head or n_head
   // gpt2: 4C. llama: h = int(2 * 4C / 3), rounded up to a multiple of ffn_multiple_of
   // (as Meta's Llama reference computes it; C = 128 gives 384).
   int64_t resolved_ffn_hidden() const;
@@ -80,13 +97,13 @@ struct ModelSettings {
 };
 
 struct DataSettings {
-  std::string path;                // a text file or a prepared .h5; may be empty with random_tokens
-  std::string tokenizer = "char";  // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF files:
-                                   // a checkpoint made by `qkv import`; not built from a corpus)
+  std::string path;                                    // a text file or a prepared .h5; may be empty with random_tokens
+  TokenizerKind tokenizer = TokenizerKind::character;  // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF
+                                                       // files: a checkpoint made by `qkv import`; not built
+                                                       // from a corpus)
   int64_t bpe_vocab_size = 512;
-  std::string separator = "blank_line";  // "blank_line" | "percent_line" | "none"
+  DocSeparator separator = DocSeparator::blank_line;  // "blank_line" | "percent_line" | "none"
   double val_fraction = 0.1;
-  // Enumerated settings read into their enum at load (spellings: data/batcher.h's tables).
   BatchMode batching = BatchMode::random_windows;  // kBatchModes
   Padding padding_side = Padding::right;           // kPaddingSides
   bool random_tokens = false;                      // train on uniform random tokens (benchmarks), no corpus needed
@@ -94,8 +111,8 @@ struct DataSettings {
 };
 
 struct TrainSettings {
-  std::string device = "cpu";     // "cpu" | "cuda"
-  std::string dtype = "float32";  // "float32" | "bf16"
+  Device device = Device::cpu;  // "cpu" | "cuda"
+  DType dtype = DType::f32;     // "float32" | "bf16" (autocast: matmuls and attention in bf16)
   int64_t batch_size = 12;
   int64_t grad_accum = 1;
   int64_t seq_len = 0;  // tokens per training row; 0 = model.block_size
@@ -104,7 +121,7 @@ struct TrainSettings {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 0;
-  std::string lr_schedule = "cosine";  // "cosine" | "constant"
+  train::LrScheduleKind lr_schedule = train::LrScheduleKind::cosine;  // "cosine" | "constant"
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -160,7 +177,7 @@ Config parse_config_text(const std::string& text, const std::string& origin,
 void apply_override(Config& cfg, const std::string& assignment);
 
 // Range and consistency checks (n_embd % n_head, n_head % n_kv_head, probabilities in range,
-// known enum strings from the tables in config_schema.h, ...): the one validator of a config.
+// the model's rules, ...): the one validator of a config. (Spellings are checked as they are read.)
 // Throws "<origin>: <message>".
 void validate(const Config& cfg, const std::string& origin);
 

@@ -1,14 +1,12 @@
 // What each enumerated setting may be, and how two configs compare: the one place both are
 // defined.
 //
-// Enumerated settings. Each key's spellings are listed once, with the enum value each one stands
-// for: here, or for data.batching and data.padding_side in data/batcher.h (data/ owns that enum
-// and checkpoints read it too). validate() (config.cpp) accepts exactly these names; the string
-// -> enum mapping goes through the same table: at use through choose() (model_factory: the
-// model's family, position, norm, activation, attention kernel), or at load (data.batching and
-// data.padding_side are enum-typed in config.h), so a spelling can never be accepted by one and
-// unknown to the other. Keys whose value is not turned into an enum type (data.tokenizer,
-// data.separator, train.device, train.dtype, train.lr_schedule) have a list of names only.
+// Enumerated settings. Each enum has one table of spellings (name <-> value): the enum's owner
+// keeps it where one exists (nn/transformer.h: family, position, norm, activation; data/: batching,
+// padding side, separator, tokenizer), the rest are here. Everything that turns a spelling into a
+// value or back goes through that table: config parsing (at load, so Config holds enums), to_toml
+// and first_difference (name_of), the "must be one of" messages, model_difference, and the
+// checkpoint's config text, so a spelling can never be accepted by one and unknown to another.
 //
 // Comparison. first_difference() walks the one key table (config.cpp) and compares values with
 // their types' ==, so anything asking "did this setting change?" uses the same field list
@@ -32,41 +30,54 @@
 
 namespace qkv {
 
-inline constexpr std::array kFamilies = {Choice<nn::Family>{"gpt2", nn::Family::gpt2},
-                                         Choice<nn::Family>{"llama", nn::Family::llama}};
-inline constexpr std::array kPositions = {
-    Choice<nn::Position>{"learned", nn::Position::learned}, Choice<nn::Position>{"rope", nn::Position::rope},
-    Choice<nn::Position>{"sinusoidal", nn::Position::sinusoidal}, Choice<nn::Position>{"alibi", nn::Position::alibi},
-    Choice<nn::Position>{"none", nn::Position::none}};
-inline constexpr std::array kNorms = {Choice<nn::NormKind>{"layernorm", nn::NormKind::layernorm},
-                                      Choice<nn::NormKind>{"rmsnorm", nn::NormKind::rmsnorm}};
-inline constexpr std::array kActivations = {Choice<nn::Activation>{"gelu_tanh", nn::Activation::gelu_tanh},
-                                            Choice<nn::Activation>{"gelu", nn::Activation::gelu},
-                                            Choice<nn::Activation>{"swiglu", nn::Activation::swiglu},
-                                            Choice<nn::Activation>{"relu", nn::Activation::relu}};
+using nn::kActivations;
+using nn::kFamilies;
+using nn::kNorms;
+using nn::kPositions;
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
-// model.attention_pattern: full, the sparse patterns (attention/patterns.h, attn::parse_pattern's
-// names) and linear. Every name but linear is softmax attention (nn::AttentionPattern::full) whose
-// mask the resolved attn::SparsePattern (nn::ModelConfig::pattern) carries.
+// model.attention_pattern: full, the sparse patterns (attention/patterns.h: softmax attention under
+// that pattern) and linear.
 inline constexpr std::array kAttentionPatterns = {
-    Choice<nn::AttentionPattern>{"full", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"window", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"strided", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"global", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"bigbird", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"block_sparse", nn::AttentionPattern::full},
-    Choice<nn::AttentionPattern>{"linear", nn::AttentionPattern::linear}};
+    Choice<AttentionChoice>{"full", {nn::AttentionPattern::full, attn::Pattern::full}},
+    Choice<AttentionChoice>{"window", {nn::AttentionPattern::full, attn::Pattern::window}},
+    Choice<AttentionChoice>{"strided", {nn::AttentionPattern::full, attn::Pattern::strided}},
+    Choice<AttentionChoice>{"global", {nn::AttentionPattern::full, attn::Pattern::global}},
+    Choice<AttentionChoice>{"bigbird", {nn::AttentionPattern::full, attn::Pattern::bigbird}},
+    Choice<AttentionChoice>{"block_sparse", {nn::AttentionPattern::full, attn::Pattern::block_sparse}},
+    Choice<AttentionChoice>{"linear", {nn::AttentionPattern::linear, attn::Pattern::full}}};
 inline constexpr std::array kLinearFeatures = {Choice<attn::LinearFeature>{"elu1", attn::LinearFeature::elu1},
                                                Choice<attn::LinearFeature>{"relu", attn::LinearFeature::relu},
                                                Choice<attn::LinearFeature>{"favor", attn::LinearFeature::favor}};
-// data.batching and data.padding_side: kBatchModes and kPaddingSides, owned by data/batcher.h
-// (which checkpoints and the batcher read too).
-inline constexpr std::array<std::string_view, 4> kTokenizers = {"char", "byte", "bpe", "gpt2_bpe"};
-inline constexpr std::array<std::string_view, 3> kSeparators = {"blank_line", "percent_line", "none"};
-inline constexpr std::array<std::string_view, 2> kDevices = {"cpu", "cuda"};
-inline constexpr std::array<std::string_view, 2> kDtypes = {"float32", "bf16"};
-inline constexpr std::array<std::string_view, 2> kLrSchedules = {"cosine", "constant"};
+inline constexpr std::array kDevices = {Choice<Device>{"cpu", Device::cpu}, Choice<Device>{"cuda", Device::cuda}};
+inline constexpr std::array kDtypes = {Choice<DType>{"float32", DType::f32}, Choice<DType>{"bf16", DType::bf16}};
+inline constexpr std::array kLrSchedules = {Choice<train::LrScheduleKind>{"cosine", train::LrScheduleKind::cosine},
+                                            Choice<train::LrScheduleKind>{"constant", train::LrScheduleKind::constant}};
+// data.batching, data.padding_side, data.separator, data.tokenizer: kBatchModes, kPaddingSides
+// (data/batcher.h), kDocSeparators (data/dataset.h), kTokenizerKinds (data/tokenizer.h).
+
+// The table of an enumerated setting's type (overloads on the value's type).
+constexpr const auto& spellings(nn::Family) { return kFamilies; }
+constexpr const auto& spellings(nn::Position) { return kPositions; }
+constexpr const auto& spellings(nn::NormKind) { return kNorms; }
+constexpr const auto& spellings(nn::Activation) { return kActivations; }
+constexpr const auto& spellings(attn::Kernel) { return kAttnKernels; }
+constexpr const auto& spellings(AttentionChoice) { return kAttentionPatterns; }
+constexpr const auto& spellings(attn::LinearFeature) { return kLinearFeatures; }
+constexpr const auto& spellings(TokenizerKind) { return kTokenizerKinds; }
+constexpr const auto& spellings(DocSeparator) { return kDocSeparators; }
+constexpr const auto& spellings(BatchMode) { return kBatchModes; }
+constexpr const auto& spellings(Padding) { return kPaddingSides; }
+constexpr const auto& spellings(Device) { return kDevices; }
+constexpr const auto& spellings(DType) { return kDtypes; }
+constexpr const auto& spellings(train::LrScheduleKind) { return kLrSchedules; }
+
+// The spelling of an enumerated setting's value, as config files and checkpoints write it.
+template <class E>
+constexpr std::string_view name_of(E value) {
+  return choice_name(spellings(value), value);
+}
+
 // train.zero: 0 = replicated optimizer, 1 = moments sharded across ranks (ZeRO stage 1).
 inline constexpr int64_t kMaxZeroStage = 1;
 
@@ -75,10 +86,6 @@ std::vector<std::string_view> names_of(const std::array<Choice<E>, N>& choices) 
   std::vector<std::string_view> out;
   for (const Choice<E>& c : choices) out.push_back(c.name);
   return out;
-}
-template <size_t N>
-std::vector<std::string_view> names_of(const std::array<std::string_view, N>& names) {
-  return {names.begin(), names.end()};
 }
 
 // A double as to_toml writes it: the shortest text that reads back to the same value, plain

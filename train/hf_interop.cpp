@@ -36,12 +36,6 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// GPT-2's Conv1D weights, stored [in, out] by HF (and by qkv checkpoints); qkv's Linear is [out, in].
-bool is_conv1d_weight(const std::string& family, const std::string& name) {
-  return family == "gpt2" && (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
-                              ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight"));
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   QKV_CHECK(in.is_open(), path, ": cannot open");
@@ -70,18 +64,19 @@ std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handl
 // Refuses, naming the [model] key, what the family's HF class cannot express.
 std::string check_exportable(const Config& cfg, const std::string& ckpt) {
   const ModelSettings& m = cfg.model;
-  const auto refuse = [&](const std::string& key, const std::string& value, const char* cls, const char* why) {
+  const auto refuse = [&](const std::string& key, std::string_view value, const char* cls, const char* why) {
     fail(ckpt, ": model.", key, " = ", value, " cannot be exported: ", cls, " ", why);
   };
   if (m.window > 0)
-    refuse("window", std::to_string(m.window), m.family == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM",
+    refuse("window", std::to_string(m.window), m.family == nn::Family::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM",
            "has no sliding-window attention");
-  if (m.family == "gpt2") {
+  if (m.family == nn::Family::gpt2) {
     const char* cls = "GPT2LMHeadModel";
-    if (m.resolved_position() != "learned")
-      refuse("position", m.resolved_position(), cls, "has learned positions only");
-    if (m.resolved_norm() != "layernorm") refuse("norm", m.resolved_norm(), cls, "has LayerNorm only");
-    if (m.resolved_activation() == "swiglu") refuse("activation", "swiglu", cls, "has no gated MLP");
+    if (m.resolved_position() != nn::Position::learned)
+      refuse("position", name_of(m.resolved_position()), cls, "has learned positions only");
+    if (m.resolved_norm() != nn::NormKind::layernorm)
+      refuse("norm", name_of(m.resolved_norm()), cls, "has LayerNorm only");
+    if (m.resolved_activation() == nn::Activation::swiglu) refuse("activation", "swiglu", cls, "has no gated MLP");
     if (!m.resolved_bias()) refuse("bias", "false", cls, "always has biases");
     if (m.resolved_n_kv_head() != m.n_head)
       refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls,
@@ -89,17 +84,19 @@ std::string check_exportable(const Config& cfg, const std::string& ckpt) {
     return "GPT2LMHeadModel";
   }
   const char* cls = "LlamaForCausalLM";
-  if (m.resolved_position() != "rope") refuse("position", m.resolved_position(), cls, "has RoPE positions only");
-  if (m.resolved_norm() != "rmsnorm") refuse("norm", m.resolved_norm(), cls, "has RMSNorm only");
-  if (m.resolved_activation() != "swiglu") refuse("activation", m.resolved_activation(), cls, "has a SwiGLU MLP only");
+  if (m.resolved_position() != nn::Position::rope)
+    refuse("position", name_of(m.resolved_position()), cls, "has RoPE positions only");
+  if (m.resolved_norm() != nn::NormKind::rmsnorm) refuse("norm", name_of(m.resolved_norm()), cls, "has RMSNorm only");
+  if (m.resolved_activation() != nn::Activation::swiglu)
+    refuse("activation", name_of(m.resolved_activation()), cls, "has a SwiGLU MLP only");
   if (m.resolved_bias())
     refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
   return "LlamaForCausalLM";
 }
 
-const char* gpt2_activation_name(const std::string& a) {
-  if (a == "gelu_tanh") return "gelu_new";
-  if (a == "gelu") return "gelu";
+const char* gpt2_activation_name(nn::Activation a) {
+  if (a == nn::Activation::gelu_tanh) return "gelu_new";
+  if (a == nn::Activation::gelu) return "gelu";
   return "relu";
 }
 
@@ -351,7 +348,7 @@ bool is_hf_directory(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec);
 }
 
-HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_kind) {
+HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind) {
   std::error_code ec;
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory");
   const std::string where = dir + "/config.json";
@@ -372,7 +369,7 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     fail(where, ": \"", key, "\" = ", value.dump(), " cannot be imported: ", why);
   };
   if (arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2")) {
-    m.family = "gpt2";
+    m.family = nn::Family::gpt2;
     m.vocab_size = get_int(j, "vocab_size", where);
     m.block_size = get_int(j, "n_positions", where);
     m.n_embd = get_int(j, "n_embd", where);
@@ -381,8 +378,9 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
     m.n_kv_head = m.n_head;
     m.ffn_hidden = get_int(j, "n_inner", where, 4 * m.n_embd);
     const std::string act = get_string(j, "activation_function", where, "gelu_new");
-    if (act == "gelu_new" || act == "gelu_pytorch_tanh") m.activation = "gelu_tanh";
-    else if (act == "gelu" || act == "relu") m.activation = act;
+    if (act == "gelu_new" || act == "gelu_pytorch_tanh") m.activation = nn::Activation::gelu_tanh;
+    else if (act == "gelu") m.activation = nn::Activation::gelu;
+    else if (act == "relu") m.activation = nn::Activation::relu;
     else refuse("activation_function", act, "qkv has gelu_new (tanh), gelu and relu");
     m.norm_eps = get_real(j, "layer_norm_epsilon", where, 1e-5);
     m.dropout = get_real(j, "resid_pdrop", where, 0.1);
@@ -395,12 +393,12 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
       refuse("scale_attn_by_inverse_layer_idx", true, "qkv has no per-layer attention scale");
     if (get_bool(j, "add_cross_attention", where, false)) refuse("add_cross_attention", true, "qkv is decoder-only");
     m.tie_embeddings = get_bool(j, "tie_word_embeddings", where, true);
-    m.position = "learned";
-    m.norm = "layernorm";
+    m.position = nn::Position::learned;
+    m.norm = nn::NormKind::layernorm;
     m.bias = true;
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
              (arch.empty() && (type == "llama" || type == "mistral"))) {
-    m.family = "llama";
+    m.family = nn::Family::llama;
     m.vocab_size = get_int(j, "vocab_size", where);
     m.n_embd = get_int(j, "hidden_size", where);
     m.ffn_hidden = get_int(j, "intermediate_size", where);
@@ -424,9 +422,9 @@ HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_
         get_int(j, "head_dim", where) * m.n_head != m.n_embd)
       refuse("head_dim", j["head_dim"], "qkv's head size is hidden_size / num_attention_heads");
     m.tie_embeddings = get_bool(j, "tie_word_embeddings", where, false);
-    m.position = "rope";
-    m.norm = "rmsnorm";
-    m.activation = "swiglu";
+    m.position = nn::Position::rope;
+    m.norm = nn::NormKind::rmsnorm;
+    m.activation = nn::Activation::swiglu;
     m.bias = false;
   } else {
     fail(where, ": architecture ", json(info.architecture).dump(),
@@ -514,7 +512,7 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
     used.insert(name);
     st::Reader& r = *it->second.first;
     const st::TensorInfo& t = *it->second.second;
-    const bool conv1d = is_conv1d_weight(family, p.name);
+    const bool conv1d = is_conv1d_weight(model.config().family, p.name);
     Shape want = p.tensor.shape();
     if (conv1d) want = Shape{want.at(1), want.at(0)};
     const std::vector<int64_t> want_v(want.begin(), want.end());
@@ -554,7 +552,7 @@ HfImportResult import_hf(const std::string& dir, const std::string& out, const H
   std::error_code ec;
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (qkv import reads a Hugging Face model directory)");
   std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
-  HfModelInfo info = read_hf_config(dir, tok->kind());
+  HfModelInfo info = read_hf_config(dir, choose(kTokenizerKinds, tok->kind(), "the tokenizer's kind"));
   const int64_t vocab = info.config.model.vocab_size;
   QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(),
             " tokens but config.json's vocab_size is ", vocab);

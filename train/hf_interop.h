@@ -64,7 +64,7 @@ struct HfModelInfo {
   std::vector<std::string> weight_files;
 };
 // Reads DIR/config.json; `tokenizer_kind` is what data.tokenizer will say.
-HfModelInfo read_hf_config(const std::string& dir, const std::string& tokenizer_kind = "byte");
+HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind = TokenizerKind::byte);
 // The tokenizer of DIR (rules above); `fallback` "byte" allows a directory without tokenizer
 // files, "" refuses it naming the files looked for.
 std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::string& fallback = "");

@@ -47,6 +47,17 @@ const ModelField kModelFields[] = {
     {"model.linear_chunk", &ModelConfig::linear_chunk},
 };
 
+// A value as to_toml writes it.
+std::string toml_text(int64_t v) { return std::to_string(v); }
+std::string toml_text(double v) { return format_double(v); }
+std::string toml_text(bool v) { return v ? "true" : "false"; }
+template <class E>
+std::string toml_text(E v) {
+  std::string out(1, '"');  // appended, not "\"" + name: g++ 12 warns falsely (-Wrestrict) on that
+  out += name_of(v);
+  return out += '"';
+}
+
 // The pattern's first differing setting, named by its model.pattern_* key (values as TOML text).
 std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a, const attn::SparsePattern& b) {
   auto q = [](const std::string& s) { return '"' + s + '"'; };
@@ -56,7 +67,8 @@ std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a,
     return s;
   };
   if (a.kind != b.kind)
-    return ConfigDifference{"model.attention_pattern", q(attn::pattern_name(a.kind)), q(attn::pattern_name(b.kind))};
+    return ConfigDifference{"model.attention_pattern", toml_text(AttentionChoice{nn::AttentionPattern::full, a.kind}),
+                            toml_text(AttentionChoice{nn::AttentionPattern::full, b.kind})};
   auto num = [](const char* key, int64_t x, int64_t y) -> std::optional<ConfigDifference> {
     if (x == y) return std::nullopt;
     return ConfigDifference{key, std::to_string(x), std::to_string(y)};
@@ -75,23 +87,6 @@ std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a,
   return std::nullopt;
 }
 
-// A value as to_toml writes it.
-std::string toml_text(int64_t v) { return std::to_string(v); }
-std::string toml_text(double v) { return format_double(v); }
-std::string toml_text(bool v) { return v ? "true" : "false"; }
-template <class E, size_t N>
-std::string toml_text(const std::array<Choice<E>, N>& table, E v) {
-  std::string out(1, '"');  // appended, not "\"" + name: g++ 12 warns falsely (-Wrestrict) on that
-  out += choice_name(table, v);
-  return out += '"';
-}
-std::string toml_text(nn::Family v) { return toml_text(kFamilies, v); }
-std::string toml_text(nn::Position v) { return toml_text(kPositions, v); }
-std::string toml_text(nn::NormKind v) { return toml_text(kNorms, v); }
-std::string toml_text(nn::Activation v) { return toml_text(kActivations, v); }
-std::string toml_text(attn::Kernel v) { return toml_text(kAttnKernels, v); }
-std::string toml_text(attn::LinearFeature v) { return toml_text(kLinearFeatures, v); }
-
 int64_t ceil_sqrt(int64_t n) {
   int64_t s = 1;
   while (s * s < n) ++s;
@@ -104,10 +99,8 @@ int64_t ceil_sqrt(int64_t n) {
 attn::SparsePattern sparse_pattern(const ModelSettings& m) {
   attn::SparsePattern p;
   // linear attention forms no weights to mask: its pattern is full, and every pattern_* key is refused below.
-  const std::string softmax_name = m.attention_pattern == "linear" ? "full" : m.attention_pattern;
-  QKV_CHECK(attn::parse_pattern(softmax_name, &p.kind),
-            not_one_of("model.attention_pattern", m.attention_pattern, names_of(kAttentionPatterns), false));
-  const std::string name = m.attention_pattern;
+  p.kind = m.attention_pattern.sparse;
+  const std::string_view name = name_of(m.attention_pattern);
   const bool strided = p.kind == attn::Pattern::strided,
              globals = p.kind == attn::Pattern::global || p.kind == attn::Pattern::bigbird;
   const bool blocks = p.kind == attn::Pattern::bigbird || p.kind == attn::Pattern::block_sparse;
@@ -166,7 +159,7 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
 nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   const ModelSettings& m = cfg.model;
   nn::ModelConfig c;
-  c.family = choose(kFamilies, m.family, "model.family");
+  c.family = m.family;
   c.n_layer = m.n_layer;
   c.n_head = m.n_head;
   c.n_kv_head = m.resolved_n_kv_head();
@@ -181,15 +174,15 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   c.norm_eps = m.norm_eps;
   c.rope_theta = m.rope_theta;
   c.init_std = m.init_std;
-  c.position = choose(kPositions, m.resolved_position(), "model.position");
-  c.norm = choose(kNorms, m.resolved_norm(), "model.norm");
-  c.activation = choose(kActivations, m.resolved_activation(), "model.activation");
+  c.position = m.resolved_position();
+  c.norm = m.resolved_norm();
+  c.activation = m.resolved_activation();
   c.bias = m.resolved_bias();
   c.tie_embeddings = m.resolved_tie_embeddings();
   c.window = m.window;
-  c.attn_kernel = choose(kAttnKernels, m.attn_kernel, "model.attn_kernel");
-  c.attention_pattern = choose(kAttentionPatterns, m.attention_pattern, "model.attention_pattern");
-  c.linear_feature = choose(kLinearFeatures, m.linear_feature, "model.linear_feature");
+  c.attn_kernel = m.attn_kernel;
+  c.attention_pattern = m.attention_pattern.attention;
+  c.linear_feature = m.linear_feature;
   c.linear_features = m.linear_features > 0 ? m.linear_features : (c.n_head > 0 ? c.head_dim() : 0);
   c.linear_chunk = m.linear_chunk;
   c.pattern = sparse_pattern(m);
@@ -205,10 +198,7 @@ std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokeniz
 std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const nn::ModelConfig& b) {
   // model.attention_pattern is two fields (softmax or linear; the sparse pattern): named as written.
   auto pattern_text = [](const ModelConfig& c) {
-    return '"' +
-           std::string(c.attention_pattern == nn::AttentionPattern::linear ? "linear"
-                                                                           : attn::pattern_name(c.pattern.kind)) +
-           '"';
+    return toml_text(AttentionChoice{c.attention_pattern, c.pattern.kind});
   };
   if (a.attention_pattern != b.attention_pattern)
     return ConfigDifference{"model.attention_pattern", pattern_text(a), pattern_text(b)};

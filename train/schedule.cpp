@@ -4,16 +4,13 @@
 #include <cmath>
 #include <numbers>
 
-#include "tensor/error.h"
 #include "train/config.h"
 
 namespace qkv::train {
 
 LrSchedule LrSchedule::from(const TrainSettings& t) {
   LrSchedule s;
-  if (t.lr_schedule == "cosine") s.kind = LrScheduleKind::cosine;
-  else if (t.lr_schedule == "constant") s.kind = LrScheduleKind::constant;
-  else fail("[lr_schedule] unknown train.lr_schedule \"", t.lr_schedule, "\"");
+  s.kind = t.lr_schedule;
   s.lr = t.lr;
   s.min_lr = t.min_lr;
   s.warmup_steps = t.warmup_steps;

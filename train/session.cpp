@@ -54,9 +54,9 @@ RunData load_run_data(const Config& cfg) {
   }
   QKV_CHECK(!cfg.data.path.empty(), "data.path is empty (set it in the config or with --set data.path=FILE)");
   PrepareOptions p;
-  p.tokenizer = cfg.data.tokenizer;
+  p.tokenizer = name_of(cfg.data.tokenizer);
   p.bpe_vocab_size = static_cast<int32_t>(cfg.data.bpe_vocab_size);
-  p.separator = parse_separator(cfg.data.separator);
+  p.separator = cfg.data.separator;
   p.val_fraction = cfg.data.val_fraction;
   p.split_seed = static_cast<uint64_t>(cfg.train.seed);
   Dataset ds = load_or_prepare(cfg.data.path, p);

@@ -327,11 +327,10 @@ void load_optimizer_state(const std::string& path, dist::DataParallel& dp, AdamW
 
 TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const Config cfg = cfg_in.resolved();
-  QKV_CHECK(cfg.train.device == "cpu" || cfg.train.device == "cuda", "train.device must be cpu or cuda");
-  const bool on_gpu = cfg.train.device == "cuda";
+  const bool on_gpu = cfg.train.device == Device::cuda;
   // train.dtype = "bf16": matmuls and attention in bf16 (float32 accumulation) for every forward,
   // backward and evaluation of this run; weights, gradients and AdamW state stay float32.
-  const autograd::AutocastGuard autocast(cfg.train.dtype == "bf16");
+  const autograd::AutocastGuard autocast(cfg.train.dtype == DType::bf16);
   QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
   apply_thread_setting(cfg);
   // [dist] One rank per process (dist::world(): MPI under mpirun, else one process); only rank 0
