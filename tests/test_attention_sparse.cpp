@@ -211,6 +211,32 @@ double rel_err(const std::vector<double>& got, const std::vector<double>& want) 
   return den > 0 ? num / den : num;
 }
 
+// Key padding for batches of 2: batch 0 pads its last `tail` keys, batch 1 its first `head` (left
+// padding). Fills `pad` (1 = a real key) for the brute force and returns the boolean mask.
+Tensor tail_and_head_padding(int64_t Nk, int64_t tail, int64_t head, std::vector<int>& pad) {
+  pad.assign(size_t(2 * Nk), 1);
+  for (int64_t j = 0; j < Nk; ++j) {
+    if (j >= Nk - tail) pad[j] = 0;
+    if (j < head) pad[Nk + j] = 0;
+  }
+  Tensor kp = Tensor::empty({2, Nk}, DType::boolean);
+  for (int64_t e = 0; e < 2 * Nk; ++e) kp.data<bool>()[e] = pad[e];
+  return kp;
+}
+
+// attention(q0, k0, v0, o) and its gradients for upstream g, each within 1e-5 of the brute force.
+void check_against_brute(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& g,
+                         const AttentionOptions& o, const Grads& want) {
+  Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+         v = v0.clone().set_requires_grad(true);
+  const Tensor out = attention(q, k, v, o);
+  autograd::backward(out, g);
+  CHECK(rel_err(out.to_vector(), want.out) <= 1e-5);
+  CHECK(rel_err(q.grad().to_vector(), want.dq) <= 1e-5);
+  CHECK(rel_err(k.grad().to_vector(), want.dk) <= 1e-5);
+  CHECK(rel_err(v.grad().to_vector(), want.dv) <= 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("sparse: strided s=l=3 at N=10 is the hand-written layout", "[attention][sparse]") {
@@ -366,16 +392,7 @@ TEST_CASE("sparse: fused and reference kernels match the float64 brute force, fo
             o.causal = causal;
             o.pattern = c.pattern;
             std::vector<int> pad;
-            if (padding) {  // batch 0: the last 40 keys padded; batch 1: the first 70 (left padding)
-              pad.assign(size_t(B * Nk), 1);
-              for (int64_t j = 0; j < Nk; ++j) {
-                if (j >= Nk - 40) pad[j] = 0;
-                if (j < 70) pad[Nk + j] = 0;
-              }
-              Tensor kp = Tensor::empty({B, Nk}, DType::boolean);
-              for (int64_t e = 0; e < B * Nk; ++e) kp.data<bool>()[e] = pad[e];
-              o.key_padding = kp;
-            }
+            if (padding) o.key_padding = tail_and_head_padding(Nk, 40, 70, pad);
             if (drop) {
               o.dropout_p = 0.2;
               o.dropout_seed = 17;
@@ -390,14 +407,7 @@ TEST_CASE("sparse: fused and reference kernels match the float64 brute force, fo
               INFO(c.name << (causal ? " causal" : "") << (gqa ? " GQA" : " MHA") << (padding ? " padding" : "")
                           << (drop ? " dropout" : "") << (kern == Kernel::fused ? " fused" : " reference"));
               o.kernel = kern;
-              Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
-                     v = v0.clone().set_requires_grad(true);
-              const Tensor out = attention(q, k, v, o);
-              autograd::backward(out, g);
-              CHECK(rel_err(out.to_vector(), want.out) <= 1e-5);
-              CHECK(rel_err(q.grad().to_vector(), want.dq) <= 1e-5);
-              CHECK(rel_err(k.grad().to_vector(), want.dk) <= 1e-5);
-              CHECK(rel_err(v.grad().to_vector(), want.dv) <= 1e-5);
+              check_against_brute(q0, k0, v0, g, o, want);
             }
           }
 }
@@ -509,16 +519,7 @@ TEST_CASE("sparse: the regrouped strided walk matches the float64 brute force (m
             REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
                     grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, o));  // the walk is taken
             std::vector<int> pad;
-            if (padding) {  // batch 0: the last 101 keys padded; batch 1: the first 90 (left padding)
-              pad.assign(size_t(B * Nk), 1);
-              for (int64_t j = 0; j < Nk; ++j) {
-                if (j >= Nk - 101) pad[j] = 0;
-                if (j < 90) pad[Nk + j] = 0;
-              }
-              Tensor kp = Tensor::empty({B, Nk}, DType::boolean);
-              for (int64_t e = 0; e < B * Nk; ++e) kp.data<bool>()[e] = pad[e];
-              o.key_padding = kp;
-            }
+            if (padding) o.key_padding = tail_and_head_padding(Nk, 101, 90, pad);
             if (drop) {
               o.dropout_p = 0.2;
               o.dropout_seed = 23;
@@ -530,14 +531,7 @@ TEST_CASE("sparse: the regrouped strided walk matches the float64 brute force (m
                                      D, *c.pattern, true, pad, o);
             INFO(c.name << " Nq " << Nq << (gqa ? " GQA" : " MHA") << (padding ? " padding" : "")
                         << (drop ? " dropout" : ""));
-            Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
-                   v = v0.clone().set_requires_grad(true);
-            const Tensor out = attention(q, k, v, o);
-            autograd::backward(out, g);
-            CHECK(rel_err(out.to_vector(), want.out) <= 1e-5);
-            CHECK(rel_err(q.grad().to_vector(), want.dq) <= 1e-5);
-            CHECK(rel_err(k.grad().to_vector(), want.dk) <= 1e-5);
-            CHECK(rel_err(v.grad().to_vector(), want.dv) <= 1e-5);
+            check_against_brute(q0, k0, v0, g, o, want);
           }
 }
 
