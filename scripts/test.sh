@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test (ctest).
 # QUICK=1 skips the tests tagged [slow]. The bitwise-exact cases then run once more under each
-# OpenBLAS kernel the CPU can run (below). With SANITIZE=1 the non-slow CPU suite runs once more under
+# OpenBLAS kernel the CPU can run (below). Then the non-slow CPU suite runs once more under
 # AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer (-DQKV_SANITIZE=address,undefined,
-# in build-sanitize/, or SANITIZE_BUILD_DIR). Then the GPU tests ([cuda]) run
+# in build-sanitize/, or SANITIZE_BUILD_DIR; SANITIZE=0 skips it). Then the GPU tests ([cuda]) run
 # again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
 # Before ctest, torch and transformers are installed for the interop test (INTEROP=0 skips that);
@@ -70,9 +70,9 @@ fi
 # The CPU suite once more under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer
 # (-DQKV_SANITIZE=address,undefined, in build-sanitize/): any report fails its test. Leaks that are
 # inside libraries (OpenMPI's init/finalize, ...) are suppressed in tests/sanitizer/lsan.supp, each
-# with its reason; a leak in qkv's own code is a bug. Opt-in for now (SANITIZE=1): the sanitized
-# build takes ~10 min of 2 cores on its own.
-if [[ ${SANITIZE:-0} == 1 ]]; then
+# with its reason; a leak in qkv's own code is a bug. The sanitized build takes ~10 min of 2 cores
+# and its run ~4 min; SANITIZE=0 skips the stage.
+if [[ ${SANITIZE:-1} == 1 ]]; then
   san_dir=${SANITIZE_BUILD_DIR:-build-sanitize}
   cmake -S . -B "$san_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=OFF -DQKV_MPI=OFF \
     -DQKV_SANITIZE=address,undefined >&2
