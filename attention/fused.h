@@ -52,6 +52,11 @@ inline bool use_strided_walk(const MaskPlan& plan) {
 // each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a
 // fifth, for more but still large GEMMs (16 × up to 64 keys × D).
 constexpr int64_t kWalkQ = 16;
+// Keys per tile of the regrouped walk: as many as a Bq×Bk scratch holds at kWalkQ rows, so the
+// band (l + kWalkQ − 1 keys) and a residue group's keys are one GEMM each up to l, n/s ≈ 240,
+// not two calls of which the second is a thin tail. The walk's scratch rows are kWalkK apart.
+constexpr int64_t kWalkK = kBlockQ * kBlockK / kWalkQ;
+static_assert(kWalkQ * kWalkK <= kBlockQ * kBlockK, "a walk tile must fit the Bq×Bk scratch");
 
 // One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);
 // `band` says which of the walk's two key sets it belongs to (the band, kstep 1, or a residue

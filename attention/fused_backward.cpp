@@ -61,38 +61,38 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.do_sn,
                 lddq = t.qstep * a.dq_sn, lddk = t.kstep * a.dk_sn, lddv = t.kstep * a.dv_sn;
   const int64_t nr = t.nr, nc = t.nc;
-  tile::gemm(false, true, nr, nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kBlockK);
-  strided_tile_mask<T>(plan, w, b, h, t, s, kBlockK);
+  tile::gemm(false, true, nr, nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kWalkK);
+  strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {
     const T lse = a.lse[row0 + t.i0 + t.qstep * r];
-    T* sr = s + r * kBlockK;
+    T* sr = s + r * kWalkK;
     if (lse == ninf) std::fill_n(sr, nc, T(0));
     else tile::exp_shift(sr, nc, lse);
   }
   const T* pd = s;
   if (drop.on()) {
     for (int64_t r = 0; r < nr; ++r) {
-      T* zr = z + r * kBlockK;
+      T* zr = z + r * kWalkK;
       strided_dropout_row(drop, a.Hq, b, h, t.i0 + t.qstep * r, t.j0, t.kstep, nc, zr);
-      for (int64_t c = 0; c < nc; ++c) pz[r * kBlockK + c] = s[r * kBlockK + c] * zr[c];
+      for (int64_t c = 0; c < nc; ++c) pz[r * kWalkK + c] = s[r * kWalkK + c] * zr[c];
     }
     pd = pz;
   }
-  tile::gemm(true, false, nc, a.Dv, nr, T(1), pd, kBlockK, dot, ldo, T(1), dvt, lddv);
-  tile::gemm(false, true, nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, T(0), dp, kBlockK);
+  tile::gemm(true, false, nc, a.Dv, nr, T(1), pd, kWalkK, dot, ldo, T(1), dvt, lddv);
+  tile::gemm(false, true, nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, T(0), dp, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {
     const T di = a.di[row0 + t.i0 + t.qstep * r];
-    const T* sr = s + r * kBlockK;
-    T* dr = dp + r * kBlockK;
+    const T* sr = s + r * kWalkK;
+    T* dr = dp + r * kWalkK;
     if (drop.on()) {
-      const T* zr = z + r * kBlockK;
+      const T* zr = z + r * kWalkK;
       for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
     } else {
       for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] - di);
     }
   }
-  tile::gemm(true, false, nc, a.D, nr, T(1), dp, kBlockK, qt, ldq, T(1), dkt, lddk);
-  tile::gemm(false, false, nr, a.D, nc, T(1), dp, kBlockK, kt, ldk, T(1), dqt, lddq);
+  tile::gemm(true, false, nc, a.D, nr, T(1), dp, kWalkK, qt, ldq, T(1), dkt, lddk);
+  tile::gemm(false, false, nr, a.D, nc, T(1), dp, kWalkK, kt, ldk, T(1), dqt, lddq);
 }
 
 // The regrouped walk of one (b, h), in the forward's order (residue groups, then the band).
@@ -108,17 +108,17 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
       const int64_t n1 = std::min(rows, n0 + kWalkQ);
       w.residue(r, n0, n1, cap, &ka, &ke);
-      for (int64_t m0 = ka; m0 < ke; m0 += kBlockK)
+      for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
         strided_tile_backward<T>(a, plan, drop, w, b, h,
-                                 {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kBlockK, ke - m0), false}, dqh,
+                                 {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false}, dqh,
                                  dkh, dvh, s, dp, pz, z);
     }
   }
   for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
     const int64_t i1 = std::min(Nq, i0 + kWalkQ);
     w.band(i0, i1, cap, &ka, &ke);
-    for (int64_t j0 = ka; j0 < ke; j0 += kBlockK)
-      strided_tile_backward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kBlockK, ke - j0), true}, dqh,
+    for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
+      strided_tile_backward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true}, dqh,
                                dkh, dvh, s, dp, pz, z);
   }
 }

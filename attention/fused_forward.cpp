@@ -128,10 +128,10 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
   const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
   T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
-  tile::gemm(false, true, t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kBlockK);
-  strided_tile_mask<T>(plan, w, b, h, t, s, kBlockK);
+  tile::gemm(false, true, t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kWalkK);
+  strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
   for (int64_t r = 0; r < t.nr; ++r) {
-    T* sr = s + r * kBlockK;
+    T* sr = s + r * kWalkK;
     const int64_t i = t.i0 + t.qstep * r;
     const T mx = tile::row_max(sr, t.nc);
     const T m_new = mx > m[i] ? mx : m[i];
@@ -152,7 +152,7 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
       for (int64_t c = 0; c < t.nc; ++c) sr[c] *= z[c];
     }
   }
-  tile::gemm(false, false, t.nr, a.Dv, t.nc, T(1), s, kBlockK, vt, ldv, T(1), ot, ldo);
+  tile::gemm(false, false, t.nr, a.Dv, t.nc, T(1), s, kWalkK, vt, ldv, T(1), ot, ldo);
 }
 
 // One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running
@@ -176,18 +176,18 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
     for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
       const int64_t n1 = std::min(rows, n0 + kWalkQ);
       w.residue(r, n0, n1, cap, &ka, &ke);
-      for (int64_t m0 = ka; m0 < ke; m0 += kBlockK)
+      for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
         strided_tile_forward<T>(a, plan, drop, w, b, h,
-                                {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kBlockK, ke - m0), false}, s, z, m,
+                                {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false}, s, z, m,
                                 l);
     }
   }
   for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
     const int64_t i1 = std::min(Nq, i0 + kWalkQ);
     w.band(i0, i1, cap, &ka, &ke);
-    for (int64_t j0 = ka; j0 < ke; j0 += kBlockK)
-      strided_tile_forward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kBlockK, ke - j0), true}, s, z,
-                              m, l);
+    for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
+      strided_tile_forward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true}, s, z, m,
+                              l);
   }
   int64_t first_masked = -1;
   for (int64_t i = 0; i < Nq; ++i) {
@@ -222,15 +222,15 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     const int64_t tasks = p.B * p.Hq;
     const double flops = 2.0 * tasks * plan.layout().visited_tiles * kBlockQ * kBlockK * (p.D + p.Dv);
     const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
-    const int64_t per_thread = kBlockQ * kBlockK + kBlockK + 2 * p.Nq;
+    const int64_t per_thread = kWalkQ * kWalkK + kWalkK + 2 * p.Nq;
     Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
     std::atomic<int64_t> first_masked{INT64_MAX};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t t = 0; t < tasks; ++t) {
       T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
-      T* z = s + kBlockQ * kBlockK;
+      T* z = s + kWalkQ * kWalkK;
       const int64_t fm =
-          strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kBlockK, z + kBlockK + p.Nq);
+          strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kWalkK, z + kWalkK + p.Nq);
       if (fm >= 0) {
         const int64_t idx = t * p.Nq + fm;
         int64_t cur = first_masked.load();

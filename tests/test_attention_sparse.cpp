@@ -539,77 +539,89 @@ TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strid
           "[attention][sparse]") {
   // float64, so both walks (different summation orders) agree to ~1e-12 and any masking
   // difference shows. Window, key_lengths, segments, ALiBi, a bias, GQA, dropout, q_offset > 0.
-  const int64_t B = 2, Hq = 4, Hkv = 2, Nk = 700, D = 8;
-  const auto pattern = make(Pattern::strided, [](SparsePattern& p) {
+  // s = 3, l = 260 at Nk = 1000: the band (l + kWalkQ − 1 keys) and each residue group (~Nk/3
+  // keys) are wider than one walk tile, so both are split into key tiles (plain and key_lengths +
+  // dropout only).
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 8;
+  const auto narrow = make(Pattern::strided, [](SparsePattern& p) {
     p.stride = 9;
     p.local = 12;
   });
-  Tensor seg = Tensor::empty({B, Nk}, DType::i64);
-  for (int64_t j = 0; j < Nk; ++j) {
-    seg.data<int64_t>()[j] = j < 250 ? 0 : 1;
-    seg.data<int64_t>()[Nk + j] = j / 300;
-  }
-  for (int variant = 0; variant < 6; ++variant)
-    for (int64_t Nq : {Nk, int64_t(130)}) {
-      AttentionOptions o;
-      o.causal = true;
-      o.pattern = pattern;
-      std::string what;
-      switch (variant) {
-        case 0:
-          what = "plain";
-          break;
-        case 1:
-          what = "window 300";
-          o.window = 300;
-          break;
-        case 2:
-          what = "key_lengths + dropout";
-          o.key_lengths = {700, 411};
-          o.dropout_p = 0.3;
-          o.dropout_seed = 5;
-          break;
-        case 3:
-          what = "segments";
-          o.segment_ids = seg;
-          break;
-        case 4:
-          what = "alibi + bias";
-          o.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
-          o.bias = randn({Nq, Nk}, 55).to(DType::f64);
-          break;
-        case 5:
-          what = "allow_mask";
-          o.allow_mask = Tensor::empty({B, 1, Nq, Nk}, DType::boolean);
-          for (int64_t e = 0; e < B * Nq * Nk; ++e) o.allow_mask.data<bool>()[e] = (e * 2654435761u) % 7 != 0;
-          break;
-      }
-      INFO(what << " Nq " << Nq);
-      AttentionOptions structural;  // the grid walk visits the layout's tiles: pattern and structural rules
-      structural.causal = true;
-      structural.window = o.window;
-      structural.pattern = pattern;
-      REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
-              grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, structural));
-      const Tensor q0 = randn({B, Hq, Nq, D}, 300, 0, 0.0, 4.0).to(DType::f64),
-                   k0 = randn({B, Hkv, Nk, D}, 301).to(DType::f64), v0 = randn({B, Hkv, Nk, D}, 302).to(DType::f64),
-                   g = randn({B, Hq, Nq, D}, 303).to(DType::f64);
-      std::vector<std::vector<double>> got[3];
-      for (int path = 0; path < 3; ++path) {  // regrouped, grid, reference kernel
-        std::unique_ptr<GridWalkOnly> grid_only;
-        if (path == 1) grid_only = std::make_unique<GridWalkOnly>();
-        o.kernel = path == 2 ? Kernel::reference : Kernel::fused;
-        Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
-               v = v0.clone().set_requires_grad(true);
-        const Tensor out = attention(q, k, v, o);
-        autograd::backward(out, g);
-        got[path] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
-      }
-      for (int e = 0; e < 4; ++e) {
-        CHECK(rel_err(got[0][e], got[1][e]) <= 1e-10);
-        CHECK(rel_err(got[0][e], got[2][e]) <= 1e-10);
-      }
+  const auto wide = make(Pattern::strided, [](SparsePattern& p) {
+    p.stride = 3;
+    p.local = 260;
+  });
+  REQUIRE(260 + kWalkQ - 1 > kWalkK);
+  REQUIRE(1000 / 3 > kWalkK);
+  for (const auto& [pattern, Nk] : {std::pair{narrow, int64_t(700)}, std::pair{wide, int64_t(1000)}}) {
+    Tensor seg = Tensor::empty({B, Nk}, DType::i64);
+    for (int64_t j = 0; j < Nk; ++j) {
+      seg.data<int64_t>()[j] = j < 250 ? 0 : 1;
+      seg.data<int64_t>()[Nk + j] = j / 300;
     }
+    for (int variant = 0; variant < 6; ++variant)
+      for (int64_t Nq : {Nk, int64_t(130)}) {
+        if (pattern == wide && variant != 0 && variant != 2) continue;
+        AttentionOptions o;
+        o.causal = true;
+        o.pattern = pattern;
+        std::string what;
+        switch (variant) {
+          case 0:
+            what = "plain";
+            break;
+          case 1:
+            what = "window 300";
+            o.window = 300;
+            break;
+          case 2:
+            what = "key_lengths + dropout";
+            o.key_lengths = {700, 411};
+            o.dropout_p = 0.3;
+            o.dropout_seed = 5;
+            break;
+          case 3:
+            what = "segments";
+            o.segment_ids = seg;
+            break;
+          case 4:
+            what = "alibi + bias";
+            o.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+            o.bias = randn({Nq, Nk}, 55).to(DType::f64);
+            break;
+          case 5:
+            what = "allow_mask";
+            o.allow_mask = Tensor::empty({B, 1, Nq, Nk}, DType::boolean);
+            for (int64_t e = 0; e < B * Nq * Nk; ++e) o.allow_mask.data<bool>()[e] = (e * 2654435761u) % 7 != 0;
+            break;
+        }
+        INFO(what << " Nq " << Nq << " s " << pattern->stride << " l " << pattern->local);
+        AttentionOptions structural;  // the grid walk visits the layout's tiles: pattern and structural rules
+        structural.causal = true;
+        structural.window = o.window;
+        structural.pattern = pattern;
+        REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
+                grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, structural));
+        const Tensor q0 = randn({B, Hq, Nq, D}, 300, 0, 0.0, 4.0).to(DType::f64),
+                     k0 = randn({B, Hkv, Nk, D}, 301).to(DType::f64), v0 = randn({B, Hkv, Nk, D}, 302).to(DType::f64),
+                     g = randn({B, Hq, Nq, D}, 303).to(DType::f64);
+        std::vector<std::vector<double>> got[3];
+        for (int path = 0; path < 3; ++path) {  // regrouped, grid, reference kernel
+          std::unique_ptr<GridWalkOnly> grid_only;
+          if (path == 1) grid_only = std::make_unique<GridWalkOnly>();
+          o.kernel = path == 2 ? Kernel::reference : Kernel::fused;
+          Tensor q = q0.clone().set_requires_grad(true), k = k0.clone().set_requires_grad(true),
+                 v = v0.clone().set_requires_grad(true);
+          const Tensor out = attention(q, k, v, o);
+          autograd::backward(out, g);
+          got[path] = {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector()};
+        }
+        for (int e = 0; e < 4; ++e) {
+          CHECK(rel_err(got[0][e], got[1][e]) <= 1e-10);
+          CHECK(rel_err(got[0][e], got[2][e]) <= 1e-10);
+        }
+      }
+  }
 }
 
 TEST_CASE("sparse: bigbird's random blocks are a function of (seed, block) only", "[attention][sparse]") {
