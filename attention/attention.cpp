@@ -41,7 +41,8 @@ struct Kernels {
   Kernels(Backend b, const AttentionOptions& o, const Problem& problem) : backend(b), p(problem) {
 #ifdef QKV_WITH_CUDA
     if (b != Backend::cpu) {
-      device = cuda_fused::make_plan(o, p);
+      device = cuda_fused::make_plan(
+          o, p, b == Backend::cuda_mma ? cuda_fused::KernelSet::tensor_core : cuda_fused::KernelSet::tiled);
       return;
     }
 #endif

@@ -7,9 +7,11 @@
 // report "skipped: no CUDA device" where none is present.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +42,7 @@ struct Case {
   bool causal;
   int64_t window = 0;
   std::vector<int64_t> key_lengths = {};
+  std::shared_ptr<const attn::SparsePattern> pattern = nullptr;
 };
 
 attn::AttentionOptions options_of(const Case& c) {
@@ -47,6 +50,7 @@ attn::AttentionOptions options_of(const Case& c) {
   o.causal = c.causal;
   o.window = c.window;
   o.key_lengths = c.key_lengths;
+  o.pattern = c.pattern;
   return o;
 }
 
@@ -68,6 +72,10 @@ Result attention_f64(const Case& c, const std::vector<double>& q, const std::vec
   res.lse.assign(static_cast<size_t>(c.B * c.Hq * c.Nq), 0.0);
   res.dk.assign(static_cast<size_t>(c.B * c.Hkv * c.Nk * D), 0.0);
   res.dv.assign(res.dk.size(), 0.0);
+  // A sparse pattern's visibility (visibility_mask, itself checked against the pattern's predicate
+  // by the [sparse] tests), ANDed with the structural mask below.
+  std::vector<double> pattern_mask;
+  if (c.pattern) pattern_mask = attn::visibility_mask({c.B, c.Hq, c.Hkv, c.Nq, c.Nk}, options_of(c)).to_vector();
   auto dot = [D](const double* a, const double* b) {
     double s = 0;
     for (int64_t t = 0; t < D; ++t) s += a[t] * b[t];
@@ -84,7 +92,9 @@ Result attention_f64(const Case& c, const std::vector<double>& q, const std::vec
         auto kv_row = [&](int64_t j) { return ((b * c.Hkv + hk) * c.Nk + j) * D; };
         std::vector<int64_t> js;
         for (int64_t j = 0; j < c.Nk; ++j)
-          if (j < len && (!causal_like || j <= pos) && (c.window <= 0 || j > pos - c.window)) js.push_back(j);
+          if (j < len && (!causal_like || j <= pos) && (c.window <= 0 || j > pos - c.window) &&
+              (pattern_mask.empty() || pattern_mask[row * c.Nk + j] != 0))
+            js.push_back(j);
         if (js.empty()) {
           res.lse[row] = -std::numeric_limits<double>::infinity();
           continue;
@@ -181,7 +191,8 @@ Result run_device(const Case& c, const Inputs& in) {
   const attn::AttentionOptions o = options_of(c);
   const Tensor q = gpu(in.q), k = gpu(in.k), v = gpu(in.v);
   const attn::Problem p = attn::check_problem(q, k, v, o);
-  const attn::FusedForward f = attn::cuda_mma::forward(q, k, v, *attn::cuda_fused::make_plan(o, p));
+  const attn::FusedForward f =
+      attn::cuda_mma::forward(q, k, v, *attn::cuda_fused::make_plan(o, p, attn::cuda_fused::KernelSet::tensor_core));
   if (attn::cuda_mma::enabled()) CHECK(f.out.to(Device::cpu).to_vector() == r[0]);  // the kernel autocast ran
   return {r[0], f.lse.to(Device::cpu).to_vector(), r[1], r[2], r[3]};
 }
@@ -189,7 +200,8 @@ Result run_device(const Case& c, const Inputs& in) {
 // The accuracy rule for one case; returns the device result.
 Result check_against_float64(const Case& c, uint64_t seed) {
   INFO(c.name << ": B " << c.B << ", Hq " << c.Hq << ", Hkv " << c.Hkv << ", Nq " << c.Nq << ", Nk " << c.Nk << ", D "
-              << c.D << (c.causal ? ", causal" : "") << ", window " << c.window);
+              << c.D << (c.causal ? ", causal" : "") << ", window " << c.window
+              << (c.pattern ? ", " + c.pattern->describe() : std::string()));
   const Inputs in = inputs_of(c, seed);
   const auto q = in.q.to_vector(), k = in.k.to_vector(), v = in.v.to_vector(), d = in.dout.to_vector();
   const Result exact = attention_f64(c, q, k, v, d, false), naive = attention_f64(c, q, k, v, d, true);
@@ -255,6 +267,96 @@ TEST_CASE("tensor-core attention: fully masked rows give O = 0, lse = -inf and z
         CHECK(r.dk[e] == 0.0);
         CHECK(r.dv[e] == 0.0);
       }
+#endif
+}
+
+// Sparse patterns on the tensor-core kernels: each case spans several 64 × 64 layout tiles, some
+// empty (never staged), some full (no per-element test), some partial; D = 128 splits each layout
+// tile into the backward's 32-wide tiles.
+std::vector<Case> pattern_cases() {
+  auto make = [](attn::Pattern kind, auto&& set) {
+    auto sp = std::make_shared<attn::SparsePattern>();
+    sp->kind = kind;
+    set(*sp);
+    return std::shared_ptr<const attn::SparsePattern>(sp);
+  };
+  const auto strided = make(attn::Pattern::strided, [](attn::SparsePattern& p) {
+    p.stride = 7;
+    p.local = 20;
+  });
+  const auto strided_auto = make(attn::Pattern::strided, [](attn::SparsePattern&) {});
+  const auto longformer = make(attn::Pattern::global, [](attn::SparsePattern& p) {
+    p.global = 3;
+    p.local = 16;
+  });
+  const auto bigbird = make(attn::Pattern::bigbird, [](attn::SparsePattern& p) {
+    p.local = 16;
+    p.random_blocks = 2;
+    p.block_size = 32;
+    p.seed = 5;
+  });
+  const auto block_sparse = make(attn::Pattern::block_sparse, [](attn::SparsePattern& p) { p.block_size = 64; });
+  const auto band = make(attn::Pattern::window, [](attn::SparsePattern& p) { p.local = 40; });
+  return {
+      {"strided s=7 l=20, GQA 4:2", 1, 4, 2, 200, 200, 64, true, 0, {}, strided},
+      {"strided auto, no causal", 1, 2, 1, 150, 150, 128, false, 0, {}, strided_auto},
+      {"global g=3 l=16 (Longformer), key lengths", 2, 2, 1, 260, 260, 64, true, 0, {260, 130}, longformer},
+      {"bigbird l=16 r=2 bs=32", 1, 2, 2, 200, 200, 128, true, 0, {}, bigbird},
+      {"block_sparse local_global bs=64, no causal", 1, 2, 1, 256, 256, 64, false, 0, {}, block_sparse},
+      {"window pattern l=40, no causal", 1, 2, 2, 190, 190, 64, false, 0, {}, band},
+      {"strided, decode-shaped Nq < Nk", 2, 4, 2, 5, 200, 64, true, 0, {}, strided},
+  };
+}
+
+TEST_CASE(
+    "tensor-core attention walks sparse patterns and meets the accuracy rule: strided, global, bigbird, "
+    "block_sparse, window",
+    "[cuda][mma][sparse]") {
+  if (!test::cuda_device_present()) return;
+#ifdef QKV_WITH_CUDA
+  uint64_t seed = 700;
+  int64_t skipped = 0, full = 0, partial = 0;
+  for (const Case& c : pattern_cases()) {
+    INFO(c.name);
+    const attn::AttentionOptions o = options_of(c);
+    attn::Problem p;
+    p.B = c.B;
+    p.Hq = c.Hq;
+    p.Hkv = c.Hkv;
+    p.G = c.Hq / c.Hkv;
+    p.Nq = c.Nq;
+    p.Nk = c.Nk;
+    p.D = p.Dv = c.D;
+    REQUIRE(attn::cuda_mma::supported(o, p));
+    // The layout the kernels walk: the 64 × 64 tiles holding a visible pair, counted here from
+    // the elementwise mask (the layout leaves key lengths to the kernels, so does this count).
+    attn::AttentionOptions structural = o;
+    structural.key_lengths.clear();
+    const std::vector<double> vis = attn::visibility_mask({1, 1, 1, c.Nq, c.Nk}, structural).to_vector();
+    const int64_t nqt = (c.Nq + 63) / 64, nkt = (c.Nk + 63) / 64;
+    int64_t nonempty = 0;
+    for (int64_t qt = 0; qt < nqt; ++qt)
+      for (int64_t kt = 0; kt < nkt; ++kt) {
+        bool any = false;
+        for (int64_t i = qt * 64; i < std::min(c.Nq, qt * 64 + 64); ++i)
+          for (int64_t j = kt * 64; j < std::min(c.Nk, kt * 64 + 64); ++j) any = any || vis[i * c.Nk + j] != 0;
+        nonempty += any;
+      }
+    const auto plan = attn::cuda_fused::make_plan(o, p, attn::cuda_fused::KernelSet::tensor_core);
+    for (bool by_key : {false, true}) {
+      const attn::cuda_fused::TileWalk w = attn::cuda_fused::tile_walk(*plan, by_key);
+      CHECK(w.tq == 64);
+      CHECK(w.tk == 64);
+      CHECK(w.visited == nonempty);
+      skipped += w.total - w.visited;
+      full += w.full;
+      partial += w.visited - w.full;
+    }
+    check_against_float64(c, seed += 10);
+  }
+  CHECK(skipped > 0);  // the walk skips tiles, ...
+  CHECK(full > 0);     // ... takes some without a per-element test ...
+  CHECK(partial > 0);  // ... and tests the pattern in others
 #endif
 }
 
@@ -333,7 +435,8 @@ TEST_CASE("the float64 attention of the tensor-core tests is the CPU kernel's; C
   }
 }
 
-TEST_CASE("the tensor-core kernels' supported() takes head dims 64/128 with structural masks only", "[attention]") {
+TEST_CASE("the tensor-core kernels' supported() takes head dims 64/128 with structural masks and patterns",
+          "[attention]") {
 #ifdef QKV_WITH_CUDA
   attn::Problem p;
   p.B = 2;
@@ -369,5 +472,10 @@ TEST_CASE("the tensor-core kernels' supported() takes head dims 64/128 with stru
   d = o;
   d.segment_ids = from_vector_i64(std::vector<int64_t>(200, 0), {2, 100});
   CHECK_FALSE(attn::cuda_mma::supported(d, p));
+  d = o;
+  auto strided = std::make_shared<attn::SparsePattern>();
+  strided->kind = attn::Pattern::strided;
+  d.pattern = strided;
+  CHECK(attn::cuda_mma::supported(d, p));  // sparse patterns: the kernels walk their layout
 #endif
 }

@@ -338,7 +338,7 @@ bool supported(const AttentionOptions& o, const Problem& p) {
          p.D <= kMaxPerLane * kWarp && p.Dv <= kMaxPerLane * kWarp;
 }
 
-std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p) {
+std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p, KernelSet kernels) {
   const MaskPlan host(p.shape(), o, p.dtype);  // validates every option, names what is wrong
   auto plan = std::make_shared<Plan>();
   plan->p = p;
@@ -377,12 +377,15 @@ std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& 
   m.thr = key.thr;
   m.keep_scale = draw.keep_scale();
   if (o.pattern && o.pattern->sparse()) {
-    // The layouts on the kernels' tile grids: forward/dQ blocks of kTileWarps query rows × key
-    // tiles, dK/dV blocks of kTileWarps keys × query tiles (the tile sizes the launches use).
+    // The layouts on the kernels' tile grids. Tiled: forward/dQ blocks of kTileWarps query rows ×
+    // key tiles, dK/dV blocks of kTileWarps keys × query tiles (the tile sizes the launches use).
+    // Tensor-core: one 64 × 64 grid for all three (their 32-wide tiles at D = 128 split it).
     const int64_t elem = static_cast<int64_t>(dtype_size(p.dtype));
     const MaskRules rules = mask_rules(p.shape(), o);
-    const auto lq = block_layout(*o.pattern, rules, p.Nq, p.Nk, kTileWarps, tile_rows(p.D + p.Dv, elem));
-    const auto lk = block_layout(*o.pattern, rules, p.Nq, p.Nk, tile_rows(p.D + p.Dv + 2, elem), kTileWarps);
+    const bool tc = kernels == KernelSet::tensor_core;
+    const auto lq = block_layout(*o.pattern, rules, p.Nq, p.Nk, tc ? kTensorCoreTile : kTileWarps,
+                                 tc ? kTensorCoreTile : tile_rows(p.D + p.Dv, elem));
+    const auto lk = tc ? lq : block_layout(*o.pattern, rules, p.Nq, p.Nk, tile_rows(p.D + p.Dv + 2, elem), kTileWarps);
     const auto dev = device_pattern(*o.pattern, rules, lq, lk);
     m.pat = dev->pat;
     m.by_q = dev->by_q;

@@ -15,41 +15,19 @@
 // host once per (pattern, shape) and uploaded once (an LRU of device copies beside the CPU's layout
 // cache). Empty tiles are never staged; full tiles apply no pattern or structural mask per element
 // (key lengths and the elementwise masks still apply); partial tiles evaluate the pattern's
-// predicate per element on the device (pattern_allows in fused_rows.cuh: arithmetic on positions,
+// predicate per element on the device (pattern_allows in pattern_predicate.cuh: arithmetic on positions,
 // plus small tables for bigbird's random blocks and block_sparse layout files). The tensor-core
-// kernels (mma_attention.h) do not take patterns: a patterned call under bf16 autocast runs here.
+// kernels (mma_attention.h) walk the same kind of layout on their own 64 × 64 grid.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/cuda/device_pattern.h"
 #include "attention/fused.h"
 #include "attention/mask.h"
 
 namespace qkv::attn::cuda_fused {
-
-// A sparse pattern's predicate on the device: its parameters with "auto" resolved (PatternPredicate)
-// and device tables (owned by the plan) for what is not arithmetic. kind = static_cast<int>(Pattern);
-// 0 (full) is no pattern.
-struct DevicePattern {
-  int kind = 0;
-  int64_t s = 1, l = 1, g = 0, bs = 64, r = 0;
-  const int64_t* globals = nullptr;  // sorted explicit global positions (replace g when set)
-  int64_t n_globals = 0;
-  const int64_t* rand = nullptr;   // bigbird: [query block, r] random key block, for the Nk / bs blocks
-  int layout = 0;                  // block_sparse: 0 local_global, 1 fixed, 2 the table below
-  const int64_t* table = nullptr;  // block_sparse layout file [rows, cols], 1 = visible block pair
-  int64_t rows = 0, cols = 0;
-};
-
-// One kernel's walk of the block layout: for each outer tile o (query tile for forward and dQ, key
-// tile for dK/dV), entries tiles[ptr[o] .. ptr[o + 1]) = (inner tile << 1) | full, inner tiles in
-// increasing order; empty tiles are absent.
-struct DeviceLayout {
-  int64_t tq = 0, tk = 0;
-  const int64_t* ptr = nullptr;
-  const int64_t* tiles = nullptr;
-};
 
 // The device-side mask, plain values and device pointers (owned by `keep`).
 struct DeviceMask {
@@ -75,7 +53,12 @@ struct Plan {
 
 // True when the CUDA kernels handle these options (else the caller uses the reference path).
 bool supported(const AttentionOptions& o, const Problem& p);
-std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p);
+// The kernels a plan is made for: a sparse pattern's layout walks are on their tile grids (the
+// tiled kernels' above; the tensor-core kernels' kTensorCoreTile × kTensorCoreTile).
+enum class KernelSet { tiled, tensor_core };
+constexpr int64_t kTensorCoreTile = 64;
+std::shared_ptr<const Plan> make_plan(const AttentionOptions& o, const Problem& p,
+                                      KernelSet kernels = KernelSet::tiled);
 
 // The tiles one kernel visits under the plan's sparse pattern, counted from the device copy of its
 // walk (tests: the count of the independent brute-force layout). by_key: the dK/dV walk.

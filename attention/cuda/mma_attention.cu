@@ -52,6 +52,17 @@ Params params_of(const Tensor& q, const Tensor& k, const Tensor& v, const cuda_f
   a.key_len = m.key_len;
   a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  if (m.pat.kind != 0) {
+    static_assert(kLayoutTile == cuda_fused::kTensorCoreTile, "one layout grid for plan and kernels");
+    QKV_CHECK(
+        m.by_q.tq == kLayoutTile && m.by_q.tk == kLayoutTile && m.by_k.tq == kLayoutTile && m.by_k.tk == kLayoutTile,
+        "[attention] the tensor-core kernels need a plan made for them (cuda_fused::make_plan with "
+        "KernelSet::tensor_core): its pattern layout is on a ",
+        m.by_q.tq, "x", m.by_q.tk, " grid");
+    a.pat = m.pat;
+    a.by_q = m.by_q;
+    a.by_k = m.by_k;
+  }
   return a;
 }
 
@@ -99,7 +110,7 @@ bool supported(const AttentionOptions& o, const Problem& p) {
   constexpr int64_t kMaxLen = INT_MAX / 4;  // positions and tile bounds are int in the kernels
   return p.dtype == DType::f32 && p.D == p.Dv && (p.D == 64 || p.D == 128) && !o.bias.defined() &&
          !o.allow_mask.defined() && !o.key_padding.defined() && !o.segment_ids.defined() && o.alibi_slopes.empty() &&
-         o.dropout_p == 0 && !o.rules && !(o.pattern && o.pattern->sparse()) && p.Nq <= kMaxLen && p.Nk <= kMaxLen &&
+         o.dropout_p == 0 && !o.rules && p.Nq <= kMaxLen && p.Nk <= kMaxLen &&
          (p.Nq + kBlockRows - 1) / kBlockRows <= 65535 && (p.Nk + kBlockRows - 1) / kBlockRows <= 65535 &&
          p.B * p.Hq <= INT_MAX;
 }

@@ -13,7 +13,10 @@
 //             a fixed order, into dK, dV; a query-block kernel recomputes them again into dQ. No
 //             atomics: every gradient element is summed by one thread in one order (deterministic).
 // Supported: head dim D = Dv ∈ {64, 128}, float32 tensors, causal (bottom-right), sliding window,
-// key_lengths, GQA/MQA (kv head h / G, never copied). Everything else keeps the float32 kernels.
+// key_lengths, GQA/MQA (kv head h / G, never copied), and every sparse pattern: the kernels walk
+// its block layout on a 64 × 64 grid (cuda_fused::make_plan with KernelSet::tensor_core), never
+// staging an empty tile, testing the pattern per element only in partial ones (pattern_predicate.cuh).
+// Everything else keeps the float32 kernels.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -39,6 +39,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/cuda/pattern_predicate.cuh"
+
 #ifndef QKV_MMA_EMULATION
 #include <cuda_bf16.h>
 
@@ -57,6 +59,7 @@ constexpr int kThreads = kWarps * kWarp;
 constexpr int kWarpRows = 16;                   // MMA rows per warp
 constexpr int kBlockRows = kWarps * kWarpRows;  // query rows (forward, dQ) or keys (dK/dV) per CTA
 constexpr int kPad = 8;                         // bf16 per shared-memory row beyond the tile width
+constexpr int kLayoutTile = 64;                 // a sparse pattern's layout grid: 64 query rows × 64 keys
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.69314718055994531f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -83,6 +86,10 @@ struct Params {
   bool causal_like = false;
   const int64_t* key_len = nullptr;  // [B] on the device, or null
   float scale = 1, scale_log2 = kLog2e;
+  // A sparse pattern (pat.kind 0: none) and its block layout on the kBlockRows × kKeyTile grid:
+  // by_q (CSR, per 64-row query block: forward, dQ), by_k (CSC, per 64-key block: dK/dV).
+  DevicePattern pat;
+  DeviceLayout by_q, by_k;
 };
 
 // The structural mask of one batch row (documented at the top of the file).
@@ -110,6 +117,31 @@ __device__ __forceinline__ Visibility visibility_of(const Params& a, int64_t b) 
   if (a.key_len) key_end = static_cast<int>(a.key_len[b] < 0 ? 0 : (a.key_len[b] < a.Nk ? a.key_len[b] : a.Nk));
   return {a.Nq, key_end, a.q_offset, a.window, a.causal_like};
 }
+
+// The inner tiles (of `tile` rows, a divisor of 64) that outer block o (64 query rows, or 64 keys
+// for dK/dV) visits within [begin, end): every tile from `begin` without a pattern; with one, the
+// sub-tiles of the layout's non-empty 64-wide tiles in `walk`, aligned at multiples of 64 (rows
+// outside [begin, end) are masked by Visibility). Step `step` gives the first row (or -1: nothing
+// to do, uniform across the block) and whether the layout tile is full (no pattern test needed).
+struct LayoutWalk {
+  const Params* a;
+  const DeviceLayout* walk;
+  int o, begin, end, tile;
+  __device__ __forceinline__ int steps() const {
+    if (a->pat.kind != 0) return static_cast<int>(walk->ptr[o + 1] - walk->ptr[o]) * (kLayoutTile / tile);
+    return end > begin ? (end - begin + tile - 1) / tile : 0;
+  }
+  __device__ __forceinline__ int first(int step, bool* full) const {
+    if (a->pat.kind == 0) {
+      *full = true;
+      return begin + step * tile;
+    }
+    const int64_t t = walk->tiles[walk->ptr[o] + step / (kLayoutTile / tile)];
+    *full = (t & 1) != 0;
+    const int r0 = static_cast<int>(t >> 1) * kLayoutTile + (step % (kLayoutTile / tile)) * tile;
+    return r0 < end && r0 + tile > begin ? r0 : -1;
+  }
+};
 
 // ---- MMA building blocks (layouts at the top of the file).
 
@@ -291,6 +323,7 @@ __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ?
 // ---- Kernels.
 
 constexpr int kKeyTile = 64;  // keys per shared-memory tile in the forward kernel
+static_assert(kBlockRows == kLayoutTile && kKeyTile == kLayoutTile, "the layout grid is the forward's tiles");
 
 template <int D>
 constexpr size_t forward_smem() {
@@ -320,7 +353,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params a) {
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // l_run: this lane's part of the row sum
   const float* kh = head_of(a.k, b, hk);
   const float* vh = head_of(a.v, b, hk);
-  for (int j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
+  const LayoutWalk walk{&a, &a.by_q, static_cast<int>(blockIdx.y), j_begin, j_end, kKeyTile};
+  for (int step = 0, steps = walk.steps(); step < steps; ++step) {
+    bool full;
+    const int j0 = walk.first(step, &full);
+    if (j0 < 0) continue;
     const int nk = imin(kKeyTile, j_end - j0);
     __syncthreads();  // the previous tile is consumed
     stage_rows<D>(ks, ldk, kh + j0 * a.k.sn, a.k.sn, nk, kKeyTile);
@@ -333,8 +370,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params a) {
     for (int n = 0; n < NS; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int j = j0 + n * 8 + 2 * (lane & 3) + (c & 1);
-        s[n][c] = vis(rows[c >> 1], j) ? s[n][c] * a.scale_log2 : -INFINITY;
+        const int j = j0 + n * 8 + 2 * (lane & 3) + (c & 1), i = rows[c >> 1];
+        const bool keep = vis(i, j) && (full || pattern_allows(a.pat, a.q_offset + i, j));
+        s[n][c] = keep ? s[n][c] * a.scale_log2 : -INFINITY;
         mx[c >> 1] = fmaxf(mx[c >> 1], s[n][c]);
       }
     float base[2];
@@ -423,7 +461,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params a) {
   float dq[NO][4] = {};
   const float* kh = head_of(a.k, b, hk);
   const float* vh = head_of(a.v, b, hk);
-  for (int j0 = j_begin; j0 < j_end; j0 += BK) {
+  const LayoutWalk walk{&a, &a.by_q, static_cast<int>(blockIdx.y), j_begin, j_end, BK};
+  for (int step = 0, steps = walk.steps(); step < steps; ++step) {
+    bool full;
+    const int j0 = walk.first(step, &full);
+    if (j0 < 0) continue;
     const int nk = imin(BK, j_end - j0);
     __syncthreads();
     stage_rows<D>(ks, ldk, kh + j0 * a.k.sn, a.k.sn, nk, BK);
@@ -438,7 +480,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params a) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int r = c >> 1, j = j0 + n * 8 + 2 * (lane & 3) + (c & 1);
-        const float p = vis(rows[r], j) ? exp2f(s[n][c] * a.scale_log2 - lse2[r]) : 0.f;
+        const bool keep = vis(rows[r], j) && (full || pattern_allows(a.pat, a.q_offset + rows[r], j));
+        const float p = keep ? exp2f(s[n][c] * a.scale_log2 - lse2[r]) : 0.f;
         s[n][c] = p * (dp[n][c] - di[r]);  // dS
       }
     gemm_pbt<NO, NS>(dq, s, kt, ldt, lane);  // dS·K
@@ -485,7 +528,11 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(Params a) {
     const int64_t h = hk * a.G + g, row0 = (b * a.Hq + h) * a.Nq;
     const float* qh = head_of(a.q, b, h);
     const float* dh = head_of(a.dout, b, h);
-    for (int i0 = i_begin; i0 < i_end; i0 += BQ) {
+    const LayoutWalk walk{&a, &a.by_k, static_cast<int>(blockIdx.y), i_begin, i_end, BQ};
+    for (int step = 0, steps = walk.steps(); step < steps; ++step) {
+      bool full;
+      const int i0 = walk.first(step, &full);
+      if (i0 < 0) continue;
       const int nq = imin(BQ, i_end - i0);
       __syncthreads();  // the previous tile is consumed (and, the first time, K and V are staged)
       stage_rows<D>(qs, ldk, qh + i0 * a.q.sn, a.q.sn, nq, BQ);
@@ -504,8 +551,9 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(Params a) {
       for (int n = 0; n < NS; ++n)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const int col = n * 8 + 2 * (lane & 3) + (c & 1);
-          const float p = vis(i0 + col, keys[c >> 1]) ? exp2f(st[n][c] * a.scale_log2 - lse2s[col]) : 0.f;
+          const int col = n * 8 + 2 * (lane & 3) + (c & 1), i = i0 + col, j = keys[c >> 1];
+          const bool keep = vis(i, j) && (full || pattern_allows(a.pat, a.q_offset + i, j));
+          const float p = keep ? exp2f(st[n][c] * a.scale_log2 - lse2s[col]) : 0.f;
           st[n][c] = p;                            // Pᵀ
           dpt[n][c] = p * (dpt[n][c] - dis[col]);  // dSᵀ
         }
