@@ -13,7 +13,7 @@ namespace qkv::app {
 
 void add_prepare_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("prepare", "tokenize a text file into train/val splits (HDF5)");
-  static std::string input, tokenizer = "char", tokenizer_from, out, separator = "none";
+  static std::string input, tokenizer, tokenizer_from, out, separator = "none";
   static int32_t bpe_vocab = 512;
   static double val_fraction = 0.1;
   static int64_t seed = 1337;
@@ -33,7 +33,6 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
   cmd->add_flag("--json", json, "print a summary as one JSON line");
   cmd->callback([&exit_code, kind] {
     PrepareOptions o;
-    o.tokenizer = tokenizer;
     o.bpe_vocab_size = bpe_vocab;
     o.separator = parse_separator(separator);
     o.val_fraction = val_fraction;
@@ -43,7 +42,9 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
       o.given = train::is_hf_directory(tokenizer_from)
                     ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
                     : std::shared_ptr<const Tokenizer>(train::read_checkpoint_meta(tokenizer_from).tokenizer);
-      o.tokenizer = o.given->kind();
+      o.tokenizer.reset();  // `given` is the tokenizer, whatever its kind
+    } else {
+      o.tokenizer = parse_tokenizer_kind(tokenizer);
     }
     const Dataset ds = prepare_dataset(input, out, o);
     std::fprintf(

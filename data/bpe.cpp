@@ -271,7 +271,7 @@ void BpeTokenizer::append_token(int32_t id, std::string& out) const {
 std::string BpeTokenizer::serialize() const {
   nlohmann::json m = nlohmann::json::array();
   for (const auto& [a, b] : merges_) m.push_back({a, b});
-  return nlohmann::json{{"kind", "bpe"}, {"version", 1}, {"pre_split", kPreSplit}, {"merges", m}}.dump();
+  return nlohmann::json{{"kind", kind()}, {"version", 1}, {"pre_split", kPreSplit}, {"merges", m}}.dump();
 }
 
 }  // namespace qkv

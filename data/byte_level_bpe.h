@@ -47,7 +47,7 @@ std::vector<std::string_view> pre_split(std::string_view text);
 
 class Gpt2BpeTokenizer final : public Tokenizer {
  public:
-  static constexpr const char* kKind = "gpt2_bpe";
+  static constexpr const char* kKind = tokenizer_kind_name(TokenizerKind::gpt2_bpe);
   // vocab[id] = the token's text (byte-level alphabet; an added token's text as is);
   // merges[rank] = the two parts' texts; added = the ids of added tokens.
   Gpt2BpeTokenizer(std::vector<std::string> vocab, std::vector<std::pair<std::string, std::string>> merges,

@@ -150,8 +150,9 @@ Dataset prepare_text(std::string_view text, const std::string& name, const Prepa
   std::string corpus;
   corpus.reserve(total);
   for (const std::string& d : docs) corpus += d;
-  std::shared_ptr<const Tokenizer> tok =
-      opts.given ? opts.given : make_tokenizer(opts.tokenizer, corpus, TokenizerOptions{opts.bpe_vocab_size});
+  std::shared_ptr<const Tokenizer> tok = opts.given ? opts.given
+                                                    : make_tokenizer(opts.tokenizer.value_or(TokenizerKind::byte),
+                                                                     corpus, TokenizerOptions{opts.bpe_vocab_size});
 
   const std::vector<std::vector<int32_t>> ids = tok->encode_each(docs);
 
@@ -308,10 +309,9 @@ Dataset load_dataset(const std::string& h5_path) {
   return ds;
 }
 
-std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer,
-                               const std::string& cache_dir) {
+std::string dataset_cache_path(const std::string& text_path, TokenizerKind tokenizer, const std::string& cache_dir) {
   const fs::path text(text_path);
-  const std::string name = text.filename().string() + "." + tokenizer + ".h5";
+  const std::string name = text.filename().string() + "." + tokenizer_kind_name(tokenizer) + ".h5";
   if (!cache_dir.empty()) return (fs::path(cache_dir) / name).string();
   const fs::path dir = text.parent_path().empty() ? fs::path(".") : text.parent_path();
   if (::access(dir.c_str(), W_OK) == 0) return (dir / name).string();
@@ -324,7 +324,8 @@ std::string dataset_cache_path(const std::string& text_path, const std::string& 
 
 namespace {
 
-// True when the cached preparation at `cache` was made from this text with these options.
+// True when the cached preparation at `cache` was made from this text with these options
+// (`opts.tokenizer` is set).
 bool cache_is_fresh(const std::string& cache, const std::string& text_path, const PrepareOptions& opts) {
   std::error_code ec;
   if (!fs::exists(cache, ec)) return false;
@@ -332,7 +333,7 @@ bool cache_is_fresh(const std::string& cache, const std::string& text_path, cons
   try {
     const h5::File f = h5::File::open(cache);
     return f.attr_string("/", "format") == kFormat && f.attr_int("/", "format_version") == kFormatVersion &&
-           f.attr_string("/", "tokenizer") == opts.tokenizer &&
+           f.attr_string("/", "tokenizer") == tokenizer_kind_name(*opts.tokenizer) &&
            f.attr_int("/", "source_bytes") == static_cast<int64_t>(fs::file_size(text_path, ec)) && !ec &&
            f.attr_string("/", "source_path") == absolute_path(text_path) &&
            f.attr_string("/", "separator") == separator_name(opts.separator) &&
@@ -340,7 +341,7 @@ bool cache_is_fresh(const std::string& cache, const std::string& text_path, cons
            f.attr_int("/", "dedupe") == static_cast<int64_t>(opts.dedupe) &&
            f.attr_double("/", "val_fraction") == opts.val_fraction &&
            f.attr_int("/", "split_seed") == static_cast<int64_t>(opts.split_seed) &&
-           (opts.tokenizer != "bpe" || f.attr_int("/", "bpe_vocab_size") == opts.bpe_vocab_size);
+           (*opts.tokenizer != TokenizerKind::bpe || f.attr_int("/", "bpe_vocab_size") == opts.bpe_vocab_size);
   } catch (const Error&) {
     return false;  // unreadable or incomplete cache: prepare again
   }
@@ -353,7 +354,7 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
   if (!fs::exists(path, ec)) fail("[data] data file not found: ", path);
   if (is_stream(path)) {  // prepared in memory, not cached (the cache is keyed on a file's size and time)
     PrepareOptions o = opts;
-    if (o.tokenizer.empty()) o.tokenizer = "byte";
+    o.tokenizer = o.tokenizer.value_or(TokenizerKind::byte);
     const std::string text = read_stream(path);
     QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
     Dataset ds = prepare_text(text, path, o);
@@ -363,14 +364,14 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
   }
   if (h5::is_hdf5(path)) {
     Dataset ds = load_dataset(path);
-    if (!opts.tokenizer.empty() && opts.tokenizer != ds.tokenizer->kind())
+    if (opts.tokenizer && tokenizer_kind_name(*opts.tokenizer) != std::string_view(ds.tokenizer->kind()))
       fail("[data] ", path, " was prepared with the ", ds.tokenizer->kind(), " tokenizer, but data.tokenizer is ",
-           opts.tokenizer);
+           tokenizer_kind_name(*opts.tokenizer));
     return ds;
   }
   PrepareOptions o = opts;
-  if (o.tokenizer.empty()) o.tokenizer = "byte";
-  const std::string cache = dataset_cache_path(path, o.tokenizer, cache_dir);
+  o.tokenizer = o.tokenizer.value_or(TokenizerKind::byte);
+  const std::string cache = dataset_cache_path(path, *o.tokenizer, cache_dir);
   if (cache_is_fresh(cache, path, o)) {
     try {
       return load_dataset(cache);

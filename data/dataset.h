@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,7 +79,9 @@ struct Dataset {
 };
 
 struct PrepareOptions {
-  std::string tokenizer = "byte";  // byte | char | bpe
+  // The kind to build from the corpus (gpt2_bpe is refused: use `given`). Unset: a prepared .h5
+  // may hold any tokenizer, and text is tokenized with byte.
+  std::optional<TokenizerKind> tokenizer = TokenizerKind::byte;
   int32_t bpe_vocab_size = 512;
   DocSeparator separator = DocSeparator::none;
   bool keep_separator = true;
@@ -106,11 +109,10 @@ Dataset load_dataset(const std::string& h5_path);
 // The cache is rebuilt when the text is newer, its size changed, or the options differ.
 // A pipe or FIFO (`<(zcat corpus.gz)`) is read once and prepared in memory, without a cache; an
 // HDF5 file arriving through one is refused (HDF5 needs a regular file).
-// A prepared .h5 must hold an `opts.tokenizer` tokenizer unless opts.tokenizer is empty.
+// A prepared .h5 must hold an `opts.tokenizer` tokenizer unless opts.tokenizer is unset.
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir = "");
-// Where load_or_prepare caches a text file's preparation.
-std::string dataset_cache_path(const std::string& text_path, const std::string& tokenizer,
-                               const std::string& cache_dir);
+// Where load_or_prepare caches a text file's preparation (`<tokenizer>` is its kTokenizerKinds spelling).
+std::string dataset_cache_path(const std::string& text_path, TokenizerKind tokenizer, const std::string& cache_dir);
 
 // All tokens of a file for `qkv eval` (no split): a text file is encoded whole with `tok`; a
 // prepared .h5 gives its train tokens then its val tokens and must have been made with the same

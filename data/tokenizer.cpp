@@ -150,7 +150,7 @@ void ByteTokenizer::append_token(int32_t id, std::string& out) const {
   out.push_back(static_cast<char>(id));
 }
 
-std::string ByteTokenizer::serialize() const { return json{{"kind", "byte"}, {"version", kFormatVersion}}.dump(); }
+std::string ByteTokenizer::serialize() const { return json{{"kind", kind()}, {"version", kFormatVersion}}.dump(); }
 
 // ---- char ----
 
@@ -227,21 +227,30 @@ std::string CharTokenizer::serialize() const {
     if (u.size() == 1 && static_cast<unsigned char>(u[0]) >= 0x80) vocab.push_back(static_cast<unsigned char>(u[0]));
     else vocab.push_back(u);
   }
-  return json{{"kind", "char"}, {"version", kFormatVersion}, {"vocab", vocab}}.dump();
+  return json{{"kind", kind()}, {"version", kFormatVersion}, {"vocab", vocab}}.dump();
 }
 
 // ---- factories and storage ----
 
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, std::string_view corpus,
-                                          const TokenizerOptions& opts) {
-  if (kind == "byte") return std::make_unique<ByteTokenizer>();
-  if (kind == "char") return CharTokenizer::train(corpus);
-  if (kind == "bpe") return BpeTokenizer::train(corpus, opts.bpe_vocab_size);
-  if (kind == Gpt2BpeTokenizer::kKind)
-    fail(
-        "[tokenizer] a gpt2_bpe tokenizer is read from Hugging Face files (qkv import), not learned from a corpus: "
-        "tokenize the text with `qkv prepare --tokenizer-from CKPT` and set data.path to the prepared .h5");
-  fail("[tokenizer] unknown tokenizer '", kind, "' (expected byte, char or bpe)");
+TokenizerKind parse_tokenizer_kind(std::string_view name) {
+  if (const TokenizerKind* k = find_choice(kTokenizerKinds, name)) return *k;
+  fail("[tokenizer] unknown tokenizer '", name, "' (expected ", names_or(kTokenizerKinds), ")");
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, std::string_view corpus, const TokenizerOptions& opts) {
+  switch (kind) {
+    case TokenizerKind::byte:
+      return std::make_unique<ByteTokenizer>();
+    case TokenizerKind::character:
+      return CharTokenizer::train(corpus);
+    case TokenizerKind::bpe:
+      return BpeTokenizer::train(corpus, opts.bpe_vocab_size);
+    case TokenizerKind::gpt2_bpe:
+      fail(
+          "[tokenizer] a gpt2_bpe tokenizer is read from Hugging Face files (qkv import), not learned from a corpus: "
+          "tokenize the text with `qkv prepare --tokenizer-from CKPT` and set data.path to the prepared .h5");
+  }
+  fail("[tokenizer] tokenizer kind ", static_cast<int>(kind), " is not in kTokenizerKinds");
 }
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
@@ -254,34 +263,40 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
   const std::string kind = j["kind"];
   QKV_CHECK(j.value("version", 0) == kFormatVersion, "[tokenizer] stored ", kind, " tokenizer has version ",
             j.value("version", 0), ", this build reads version ", kFormatVersion);
+  const TokenizerKind* known = find_choice(kTokenizerKinds, kind);
+  if (!known) fail("[tokenizer] unknown stored tokenizer kind '", kind, "'");
   try {
-    if (kind == "byte") return std::make_unique<ByteTokenizer>();
-    if (kind == "char") {
-      QKV_CHECK(j.contains("vocab") && j["vocab"].is_array(),
-                "[tokenizer] stored char tokenizer has no \"vocab\" array");
-      std::vector<std::string> vocab;
-      for (const json& e : j["vocab"]) {
-        if (e.is_number_unsigned() && e.get<unsigned>() < 256)
-          vocab.emplace_back(1, static_cast<char>(e.get<unsigned>()));
-        else if (e.is_string()) vocab.push_back(e.get<std::string>());
-        else fail("[tokenizer] stored char vocabulary entry ", vocab.size(), " is neither a string nor a byte value");
+    switch (*known) {
+      case TokenizerKind::byte:
+        return std::make_unique<ByteTokenizer>();
+      case TokenizerKind::character: {
+        QKV_CHECK(j.contains("vocab") && j["vocab"].is_array(),
+                  "[tokenizer] stored char tokenizer has no \"vocab\" array");
+        std::vector<std::string> vocab;
+        for (const json& e : j["vocab"]) {
+          if (e.is_number_unsigned() && e.get<unsigned>() < 256)
+            vocab.emplace_back(1, static_cast<char>(e.get<unsigned>()));
+          else if (e.is_string()) vocab.push_back(e.get<std::string>());
+          else fail("[tokenizer] stored char vocabulary entry ", vocab.size(), " is neither a string nor a byte value");
+        }
+        return std::make_unique<CharTokenizer>(std::move(vocab));
       }
-      return std::make_unique<CharTokenizer>(std::move(vocab));
-    }
-    if (kind == Gpt2BpeTokenizer::kKind) return Gpt2BpeTokenizer::from_serialized(text);
-    if (kind == "bpe") {
-      QKV_CHECK(j.contains("merges") && j["merges"].is_array(),
-                "[tokenizer] stored bpe tokenizer has no \"merges\" array");
-      const std::string pre = j.value("pre_split", std::string());
-      QKV_CHECK(pre == BpeTokenizer::kPreSplit, "[tokenizer] stored bpe tokenizer uses pre-split rule '", pre,
-                "', this build has '", BpeTokenizer::kPreSplit, "'");
-      std::vector<BpeTokenizer::Pair> merges;
-      for (const json& m : j["merges"]) {
-        QKV_CHECK(m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer(),
-                  "[tokenizer] stored bpe merge ", merges.size(), " is not a pair of token ids");
-        merges.emplace_back(m[0].get<int32_t>(), m[1].get<int32_t>());
+      case TokenizerKind::gpt2_bpe:
+        return Gpt2BpeTokenizer::from_serialized(text);
+      case TokenizerKind::bpe: {
+        QKV_CHECK(j.contains("merges") && j["merges"].is_array(),
+                  "[tokenizer] stored bpe tokenizer has no \"merges\" array");
+        const std::string pre = j.value("pre_split", std::string());
+        QKV_CHECK(pre == BpeTokenizer::kPreSplit, "[tokenizer] stored bpe tokenizer uses pre-split rule '", pre,
+                  "', this build has '", BpeTokenizer::kPreSplit, "'");
+        std::vector<BpeTokenizer::Pair> merges;
+        for (const json& m : j["merges"]) {
+          QKV_CHECK(m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer(),
+                    "[tokenizer] stored bpe merge ", merges.size(), " is not a pair of token ids");
+          merges.emplace_back(m[0].get<int32_t>(), m[1].get<int32_t>());
+        }
+        return std::make_unique<BpeTokenizer>(std::move(merges));
       }
-      return std::make_unique<BpeTokenizer>(std::move(merges));
     }
   } catch (const json::exception& e) { fail("[tokenizer] stored ", kind, " tokenizer is malformed: ", e.what()); }
   fail("[tokenizer] unknown stored tokenizer kind '", kind, "'");

@@ -32,6 +32,10 @@ enum class TokenizerKind { character, byte, bpe, gpt2_bpe };
 inline constexpr std::array kTokenizerKinds = {
     Choice<TokenizerKind>{"char", TokenizerKind::character}, Choice<TokenizerKind>{"byte", TokenizerKind::byte},
     Choice<TokenizerKind>{"bpe", TokenizerKind::bpe}, Choice<TokenizerKind>{"gpt2_bpe", TokenizerKind::gpt2_bpe}};
+// The spelling of `kind` in kTokenizerKinds (what kind() returns and files store).
+constexpr const char* tokenizer_kind_name(TokenizerKind kind) { return choice_name(kTokenizerKinds, kind).data(); }
+// The kind spelt `name`; any other name is an error listing the spellings.
+TokenizerKind parse_tokenizer_kind(std::string_view name);
 
 namespace h5 {
 class File;
@@ -40,7 +44,7 @@ class File;
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual const char* kind() const = 0;  // "byte" | "char" | "bpe" | "gpt2_bpe"
+  virtual const char* kind() const = 0;  // its spelling in kTokenizerKinds
   virtual int32_t vocab_size() const = 0;
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // encode() of each text (BPE shares its per-word work across them).
@@ -56,7 +60,7 @@ class Tokenizer {
 
 class ByteTokenizer final : public Tokenizer {
  public:
-  const char* kind() const override { return "byte"; }
+  const char* kind() const override { return tokenizer_kind_name(TokenizerKind::byte); }
   int32_t vocab_size() const override { return 256; }
   std::vector<int32_t> encode(std::string_view text) const override;
   void append_token(int32_t id, std::string& out) const override;
@@ -70,7 +74,7 @@ class CharTokenizer final : public Tokenizer {
   // Rebuilds from an explicit vocabulary (strictly increasing, each entry one character).
   explicit CharTokenizer(std::vector<std::string> vocab);
 
-  const char* kind() const override { return "char"; }
+  const char* kind() const override { return tokenizer_kind_name(TokenizerKind::character); }
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_.size()); }
   std::vector<int32_t> encode(std::string_view text) const override;
   void append_token(int32_t id, std::string& out) const override;
@@ -94,7 +98,7 @@ class BpeTokenizer final : public Tokenizer {
   // Merge i creates token 256 + i from the pair merges[i]; each part must already exist.
   explicit BpeTokenizer(std::vector<Pair> merges);
 
-  const char* kind() const override { return "bpe"; }
+  const char* kind() const override { return tokenizer_kind_name(TokenizerKind::bpe); }
   int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
   std::vector<int32_t> encode(std::string_view text) const override;
   std::vector<std::vector<int32_t>> encode_each(std::span<const std::string> texts) const override;
@@ -128,8 +132,9 @@ struct TokenizerOptions {
   int32_t bpe_vocab_size = 512;
 };
 
-// Builds a tokenizer of `kind` ("byte" | "char" | "bpe") for `corpus`.
-std::unique_ptr<Tokenizer> make_tokenizer(std::string_view kind, std::string_view corpus,
+// Builds a tokenizer of `kind` (byte, char or bpe) for `corpus`; gpt2_bpe is refused (it comes
+// from Hugging Face files, not from a corpus).
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, std::string_view corpus,
                                           const TokenizerOptions& opts = {});
 // Rebuilds a tokenizer from serialize()'s JSON; names the first problem found.
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& json);

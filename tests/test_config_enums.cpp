@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "data/byte_level_bpe.h"
 #include "data/dataset.h"
 #include "data/h5.h"
 #include "tensor/error.h"
@@ -170,6 +173,41 @@ TEST_CASE("data.separator is spelt once: prepare, the config and datasets share 
   // `qkv prepare --separator` keeps its message.
   CHECK_THROWS_WITH(parse_separator("dash"),
                     "[data] unknown document separator 'dash' (expected blank_line, percent_line or none)");
+}
+
+TEST_CASE(
+    "data.tokenizer is spelt once: prepare, make_tokenizer, stored tokenizers and cache names share "
+    "kTokenizerKinds",
+    "[config][enums][data][tokenizer]") {
+  const std::vector<std::pair<const char*, TokenizerKind>> expected = {{"char", TokenizerKind::character},
+                                                                       {"byte", TokenizerKind::byte},
+                                                                       {"bpe", TokenizerKind::bpe},
+                                                                       {"gpt2_bpe", TokenizerKind::gpt2_bpe}};
+  REQUIRE(kTokenizerKinds.size() == expected.size());
+  for (const auto& [spelling, value] : expected) {
+    CAPTURE(spelling);
+    CHECK(parse_tokenizer_kind(spelling) == value);
+    CHECK(std::string(tokenizer_kind_name(value)) == spelling);
+    CHECK(parse("", {std::string("data.tokenizer=") + spelling}).data.tokenizer == value);
+    // The cache file of `qkv train` on a text file is named with the spelling, as before.
+    CHECK(dataset_cache_path("/texts/story.txt", value, "/cache") ==
+          std::string("/cache/story.txt.") + spelling + ".h5");
+    if (value == TokenizerKind::gpt2_bpe) {
+      CHECK(std::string(Gpt2BpeTokenizer::kKind) == spelling);
+      CHECK_THROWS_WITH(make_tokenizer(value, "abc"), Contains("read from Hugging Face files"));
+      continue;
+    }
+    // What kind() says, what serialize() stores and what rebuilds it are the spelling.
+    const std::unique_ptr<Tokenizer> tok = make_tokenizer(value, "abc", TokenizerOptions{260});
+    CHECK(std::string(tok->kind()) == spelling);
+    CHECK(nlohmann::json::parse(tok->serialize())["kind"] == spelling);
+    CHECK(std::string(tokenizer_from_json(tok->serialize())->kind()) == spelling);
+  }
+  // `qkv prepare --tokenizer` reads through the same table; a wrong spelling lists them all.
+  CHECK_THROWS_WITH(parse_tokenizer_kind("words"),
+                    "[tokenizer] unknown tokenizer 'words' (expected char, byte, bpe or gpt2_bpe)");
+  CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"words","version":1})"),
+                    "[tokenizer] unknown stored tokenizer kind 'words'");
 }
 
 TEST_CASE("a checkpoint written before the settings were enums loads with the same values and config text",

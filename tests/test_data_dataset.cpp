@@ -173,7 +173,7 @@ TEST_CASE("a prepared dataset round-trips through HDF5 with its attributes", "[d
   const std::string txt = dir / "story.txt", out = dir / "story.h5";
   write_file(txt, "Once upon a time.\n\nThere was a cat.\n\nIt sat. ✓\n\nThe end.\n");
   PrepareOptions o;
-  o.tokenizer = "char";
+  o.tokenizer = TokenizerKind::character;
   o.separator = DocSeparator::blank_line;
   o.val_fraction = 0.25;
   const Dataset ds = prepare_dataset(txt, out, o);
@@ -290,7 +290,7 @@ TEST_CASE("load_or_prepare caches a text file and prepares again when it changes
 
   // A prepared file is used as it is, and must match the requested tokenizer.
   CHECK(load_or_prepare(cache, o).train->tokens == load_dataset(cache).train->tokens);
-  o.tokenizer = "char";
+  o.tokenizer = TokenizerKind::character;
   CHECK_THROWS_WITH(load_or_prepare(cache, o),
                     Catch::Contains("prepared with the byte tokenizer, but data.tokenizer is char"));
   // An explicit cache directory.
@@ -298,6 +298,15 @@ TEST_CASE("load_or_prepare caches a text file and prepares again when it changes
   const Dataset d = load_or_prepare(txt, o, dir / "cache");
   CHECK(d.path == dir / "cache/corpus.txt.char.h5");
   CHECK(d.tokenizer->kind() == std::string("char"));
+  // No tokenizer asked for: a prepared file is taken with whichever it holds, and a text file is
+  // tokenized (here: found cached) with byte.
+  PrepareOptions any = o;
+  any.tokenizer.reset();
+  CHECK(load_or_prepare(d.path, any).tokenizer->kind() == std::string("char"));
+  CHECK(load_or_prepare(cache, any).tokenizer->kind() == std::string("byte"));
+  const Dataset e = load_or_prepare(txt, any);
+  CHECK(e.path == cache);
+  CHECK_FALSE(e.prepared_now);
   CHECK_THROWS_WITH(load_or_prepare(dir / "missing.txt", o),
                     Catch::Contains("data file not found") && Catch::Contains("missing.txt"));
 }

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "autograd/grad_mode.h"
+#include "data/h5.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -511,6 +512,32 @@ TEST_CASE("with --json every failing command ends stdout with {error, exit: 2}",
     CHECK(plain.rc == 2);
     CHECK(plain.out.find("\"error\"") == std::string::npos);
   }
+}
+
+TEST_CASE("qkv prepare --tokenizer reads through kTokenizerKinds: a wrong spelling is exit 2, one line listing them",
+          "[faults][cli][prepare]") {
+  if (!have_cli()) {
+    WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  const std::string dir = temp_dir("prepare_kind");
+  const std::string corpus = write_corpus(dir);
+  const std::string args = "prepare --input " + corpus + " --tokenizer words --out " + dir + "/d.h5";
+  const std::string message = "[tokenizer] unknown tokenizer 'words' (expected char, byte, bpe or gpt2_bpe)";
+  const CliResult plain = run_cli(args);
+  CHECK(plain.rc == 2);
+  CHECK(plain.out.empty());
+  CHECK(plain.err == "qkv: " + message + "\n");
+  const CliResult json = run_cli(args + " --json");
+  CHECK(json.rc == 2);
+  CHECK(json.last_json() == nlohmann::json{{"error", message}, {"exit", 2}});
+  CHECK_FALSE(fs::exists(dir + "/d.h5"));
+  // A spelling from the table prepares, and the file says the same spelling.
+  const CliResult ok =
+      run_cli("prepare --input " + corpus + " --tokenizer bpe --bpe-vocab-size 300 --out " + dir + "/d.h5 --json");
+  REQUIRE(ok.rc == 0);
+  CHECK(ok.last_json()["tokenizer"] == "bpe");
+  CHECK(h5::File::open(dir + "/d.h5").attr_string("/", "tokenizer") == "bpe");
 }
 
 TEST_CASE("output that cannot be written to stdout is exit 2, not success", "[faults][cli]") {

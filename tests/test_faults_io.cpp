@@ -145,7 +145,7 @@ TEST_CASE("a prepared dataset or data cache that runs out of disk space throws o
   const std::string txt = dir.file("corpus.txt"), out = dir.file("corpus.h5");
   std::ofstream(txt) << corpus_text();
   PrepareOptions o;
-  o.tokenizer = "char";
+  o.tokenizer = TokenizerKind::character;
   for (const int64_t budget : {int64_t{0}, int64_t{3000}, int64_t{9000}}) {
     INFO("the disk fills after " << budget << " bytes");
     std::string msg;
@@ -315,7 +315,7 @@ TEST_CASE("eval and training data through a FIFO are read once and give what the
   CHECK(got == want);  // the format sniffing used to eat the first bytes
 
   PrepareOptions o;
-  o.tokenizer = "char";
+  o.tokenizer = TokenizerKind::character;
   const Dataset from_file = load_or_prepare(txt, o, dir.file("cache"));
   w = feed_fifo(fifo, corpus_text());
   const Dataset from_fifo = load_or_prepare(fifo, o, dir.file("cache"));

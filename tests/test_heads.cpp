@@ -149,7 +149,7 @@ TEST_CASE("heads: label rules and thresholds", "[heads]") {
 }
 
 TEST_CASE("heads: separator table and windows", "[heads]") {
-  const auto tok = make_tokenizer("char", "ab c\n.d");
+  const auto tok = make_tokenizer(TokenizerKind::character, "ab c\n.d");
   const auto sep = analysis::separator_ids(*tok, analysis::default_separators());
   int n = 0;
   for (int32_t id = 0; id < tok->vocab_size(); ++id) {

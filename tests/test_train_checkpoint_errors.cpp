@@ -222,6 +222,29 @@ TEST_CASE("checkpoint rejects a foreign format, a newer version and non-HDF5 fil
   CHECK_THAT(error_of([&] { read_checkpoint_meta(dir.file("text.h5")); }), Contains("not an HDF5 file"));
 }
 
+TEST_CASE("checkpoint /data mode is the batching mode's spelling: each round-trips, an unknown one is refused",
+          "[checkpoint][enums]") {
+  TempDir dir;
+  const std::string path = dir.file("ckpt.h5");
+  Run r = make_run("gpt2");
+  const std::pair<BatchMode, const char*> modes[] = {{BatchMode::random_windows, "random_windows"},
+                                                     {BatchMode::padded_docs, "padded_docs"},
+                                                     {BatchMode::packed_docs, "packed_docs"}};
+  for (const auto& [mode, spelling] : modes) {
+    CAPTURE(spelling);
+    r.state.batch_mode = mode;
+    save(r, path);
+    CHECK(h5::File::open(path).attr_string("data", "mode") == spelling);
+    CHECK(read_checkpoint_meta(path).state.batch_mode == mode);
+  }
+  {
+    h5::File f = h5::File::open(path, true);
+    f.set_attr("data", "mode", "shuffled");
+  }
+  CHECK(error_of([&] { read_checkpoint_meta(path); }) ==
+        "[checkpoint] " + path + ": unknown batching mode 'shuffled' in /data");
+}
+
 TEST_CASE("checkpoint load into a model of another config names the first mismatched tensor and both shapes",
           "[checkpoint]") {
   TempDir dir;

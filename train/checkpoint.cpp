@@ -239,7 +239,6 @@ bool is_conv1d_weight(nn::Family family, const std::string& name) {
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
-  if (!find_choice(kBatchModes, state.batch_mode)) ckpt_fail(path, "unknown batching mode '", state.batch_mode, "'");
   const nn::Family family = model.config().family;
   h5::AtomicWriter writer(path);
   h5::File& f = writer.file();
@@ -256,7 +255,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const nn::Decod
   f.set_attr("rng", "seed", static_cast<int64_t>(state.seed));
   const std::array<int64_t, 5> data_state = state.data.to_array();
   f.write("data/state", data_state.data(), Shape{5});
-  f.set_attr("data", "mode", state.batch_mode);
+  f.set_attr("data", "mode", batch_mode_name(state.batch_mode));
   if (state.corpus) {
     f.set_attr("data", "corpus_tokens", state.corpus->tokens);
     f.set_attr("data", "corpus_fnv1a64", static_cast<int64_t>(state.corpus->fnv1a64));
@@ -304,8 +303,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   s.seed = static_cast<uint64_t>(f.attr_int("rng", "seed"));
   const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
   s.data = BatcherState::from_array(data_state);
-  s.batch_mode = f.attr_string("data", "mode");
-  if (!find_choice(kBatchModes, s.batch_mode)) ckpt_fail(path, "unknown batching mode '", s.batch_mode, "' in /data");
+  const std::string mode = f.attr_string("data", "mode");
+  const BatchMode* batch_mode = find_choice(kBatchModes, mode);
+  if (!batch_mode) ckpt_fail(path, "unknown batching mode '", mode, "' in /data");
+  s.batch_mode = *batch_mode;
   if (f.has_attr("data", "corpus_tokens"))
     s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),
                                  static_cast<uint64_t>(f.attr_int("data", "corpus_fnv1a64"))};

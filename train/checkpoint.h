@@ -46,7 +46,7 @@ struct TrainState {
   int64_t tokens_seen = 0;
   uint64_t seed = 0;  // the run's Philox key (init, dropout, batches)
   BatcherState data;
-  std::string batch_mode = "random_windows";
+  BatchMode batch_mode = BatchMode::random_windows;  // stored as its kBatchModes spelling
   double best_val_loss = INFINITY;
   int64_t bad_steps_in_a_row = 0, skipped_steps = 0;
   std::optional<CorpusFingerprint> corpus;  // unset: not recorded (older checkpoint, or a test)

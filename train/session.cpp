@@ -54,7 +54,7 @@ RunData load_run_data(const Config& cfg) {
   }
   QKV_CHECK(!cfg.data.path.empty(), "data.path is empty (set it in the config or with --set data.path=FILE)");
   PrepareOptions p;
-  p.tokenizer = name_of(cfg.data.tokenizer);
+  p.tokenizer = cfg.data.tokenizer;
   p.bpe_vocab_size = static_cast<int32_t>(cfg.data.bpe_vocab_size);
   p.separator = cfg.data.separator;
   p.val_fraction = cfg.data.val_fraction;

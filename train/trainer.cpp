@@ -246,7 +246,7 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
                        Batcher& batcher) {
   TrainState state;
   state.seed = static_cast<uint64_t>(cfg.train.seed);
-  state.batch_mode = batch_mode_name(cfg.data.batching);
+  state.batch_mode = cfg.data.batching;
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
     check_resumable(cfg, model.config(), meta.config.resolved(), data.vocab_size, opts.resume);
