@@ -414,43 +414,22 @@ TileWalk tile_walk(const Plan& plan, bool by_key) {
   return w;
 }
 
-FusedForward forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Plan& plan) {
+FusedForward forward(const Tensor& q, const Tensor& k, const Tensor& v, const Plan& plan) {
   const Problem& p = plan.p;
-  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
-  FusedForward r;
-  r.out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype, Device::cuda);
-  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype, Device::cuda);
-  const int64_t rows = p.B * p.Hq * p.Nq;
-  if (rows == 0) return r;
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    Args<T> a = args_of<T>(q, k, v, p);
-    a.o_w = ptr<T>(r.out);
-    a.lse_w = ptr<T>(r.lse);
+  return run_forward(q, k, v, p, [&](const auto& a) {
+    using T = typename std::decay_t<decltype(a)>::Scalar;
     const int tile = tile_rows(p.D + p.Dv, sizeof(T));
     forward_tiled_kernel<T>
         <<<tiled_blocks(p.B * p.Hq, p.Nq), kTileWarps * kWarp, tile*(p.D + p.Dv) * sizeof(T)>>>(a, plan.m, tile);
-  };
-  if (p.dtype == DType::f32) run(float{});
-  else run(double{});
-  QKV_CUDA_LAUNCHED("forward_kernel");
-  return r;
+    QKV_CUDA_LAUNCHED("forward_kernel");
+  });
 }
 
-FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                    const Tensor& out_in, const Tensor& lse, const Plan& plan) {
+FusedGrads backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor& lse, const Plan& plan) {
   const Problem& p = plan.p;
-  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), out = rows_ok(out_in), dout = rows_ok(dout_in);
-  FusedGrads g;
-  g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype, Device::cuda);
-  g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype, Device::cuda);
-  g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype, Device::cuda);
-  const int64_t qrows = p.B * p.Hq * p.Nq, krows = p.B * p.Hkv * p.Nk;
-  Tensor di = Tensor::empty({std::max<int64_t>(qrows, 1)}, p.dtype, Device::cuda);
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    Args<T> a = args_of<T>(q, k, v, p);
-    set_backward(a, out, dout, lse, di, g);
+  return run_backward(dout, q, k, v, out, lse, p, [&](const auto& a, int64_t qrows, int64_t krows) {
+    using T = typename std::decay_t<decltype(a)>::Scalar;
     if (qrows > 0) {
       di_kernel<T><<<blocks_for_rows(qrows), kWarpsPerBlock * kWarp>>>(a, plan.m);
       QKV_CUDA_LAUNCHED("di_kernel");
@@ -465,10 +444,7 @@ FusedGrads backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_i
           <<<tiled_blocks(p.B * p.Hkv, p.Nk), kTileWarps * kWarp, tile*(p.D + p.Dv + 2) * sizeof(T)>>>(a, plan.m, tile);
       QKV_CUDA_LAUNCHED("dkv_tiled_kernel");
     }
-  };
-  if (p.dtype == DType::f32) run(float{});
-  else run(double{});
-  return g;
+  });
 }
 
 }  // namespace qkv::attn::cuda_fused

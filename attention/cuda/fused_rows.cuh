@@ -7,8 +7,10 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/cuda/fused_cuda.h"
 #include "attention/cuda/pattern_predicate.cuh"
@@ -82,6 +84,7 @@ __device__ __forceinline__ T dot_row(const T* reg, const T* row, int64_t D, int 
 
 template <class T>
 struct Args {
+  using Scalar = T;
   const T *q, *k, *v, *out, *dout, *lse, *di;
   View vq, vk, vv, vo, vdo;
   T *o_w, *lse_w, *di_w, *dq, *dk, *dv;  // outputs (contiguous)
@@ -236,5 +239,52 @@ void set_backward(Args<T>& a, const Tensor& out, const Tensor& dout, const Tenso
 
 // q, k, v with unit stride along D (the kernels index rows directly).
 inline Tensor rows_ok(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+// One forward call's set-up, the same for every kernel set: operands with unit stride along D, O
+// and lse allocated; launch(a) gets the Args of the problem's dtype (a.o_w, a.lse_w set; the
+// kernel's element type is Args::Scalar). Returns O and lse.
+template <class Launch>
+FusedForward run_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Problem& p,
+                         Launch&& launch) {
+  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
+  FusedForward r;
+  r.out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.dtype, Device::cuda);
+  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, p.dtype, Device::cuda);
+  if (p.B * p.Hq * p.Nq == 0) return r;
+  auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a = args_of<T>(q, k, v, p);
+    a.o_w = ptr<T>(r.out);
+    a.lse_w = ptr<T>(r.lse);
+    launch(a);
+  };
+  if (p.dtype == DType::f32) typed(float{});
+  else typed(double{});
+  return r;
+}
+
+// One backward call's set-up: operands with unit stride along D, dq, dk, dv and the Di scratch
+// allocated; launch(a, qrows, krows) gets the Args of the problem's dtype with every backward
+// operand set (qrows = B·Hq·Nq, krows = B·Hkv·Nk). Returns dq, dk, dv.
+template <class Launch>
+FusedGrads run_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                        const Tensor& out_in, const Tensor& lse, const Problem& p, Launch&& launch) {
+  const Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), out = rows_ok(out_in), dout = rows_ok(dout_in);
+  FusedGrads g;
+  g.dq = Tensor::empty({p.B, p.Hq, p.Nq, p.D}, p.dtype, Device::cuda);
+  g.dk = Tensor::empty({p.B, p.Hkv, p.Nk, p.D}, p.dtype, Device::cuda);
+  g.dv = Tensor::empty({p.B, p.Hkv, p.Nk, p.Dv}, p.dtype, Device::cuda);
+  const int64_t qrows = p.B * p.Hq * p.Nq, krows = p.B * p.Hkv * p.Nk;
+  Tensor di = Tensor::empty({std::max<int64_t>(qrows, 1)}, p.dtype, Device::cuda);
+  auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    Args<T> a = args_of<T>(q, k, v, p);
+    set_backward(a, out, dout, lse, di, g);
+    launch(a, qrows, krows);
+  };
+  if (p.dtype == DType::f32) typed(float{});
+  else typed(double{});
+  return g;
+}
 
 }  // namespace qkv::attn::cuda_fused::rows
