@@ -66,6 +66,30 @@ struct StridedTile {
   bool band;
 };
 
+// Calls visit(tile) for every tile of the regrouped walk of one (b, h) whose batch row has `cap`
+// keys, in the one order forward and backward share: each residue group (the one whose first row
+// is i, i < s) in kWalkQ-row × kWalkK-key tiles, then the band along the diagonal.
+template <class Visit>
+void for_each_walk_tile(const StridedWalk& w, int64_t cap, Visit&& visit) {
+  const int64_t Nq = w.nq, sw = w.s;
+  int64_t ka, ke;
+  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
+    const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
+    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
+      const int64_t n1 = std::min(rows, n0 + kWalkQ);
+      w.residue(r, n0, n1, cap, &ka, &ke);
+      for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
+        visit(StridedTile{i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false});
+    }
+  }
+  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
+    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
+    w.band(i0, i1, cap, &ka, &ke);
+    for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
+      visit(StridedTile{i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true});
+  }
+}
+
 // Bias, ALiBi and the mask on the tile's logits s[r·lds + c]: each row keeps the keys of its
 // interval (the band's (p − l, hi) or the group's [lo, min(hi, p − l + 1))), then the
 // elementwise masks; everything else becomes −inf.

@@ -100,27 +100,10 @@ template <class T>
 void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
                            T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z) {
   const StridedWalk& w = plan.layout().walk;
-  const int64_t Nq = a.Nq, sw = w.s;
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);
-  int64_t ka, ke;
-  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
-    const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
-    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
-      const int64_t n1 = std::min(rows, n0 + kWalkQ);
-      w.residue(r, n0, n1, cap, &ka, &ke);
-      for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
-        strided_tile_backward<T>(a, plan, drop, w, b, h,
-                                 {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false}, dqh,
-                                 dkh, dvh, s, dp, pz, z);
-    }
-  }
-  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
-    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
-    w.band(i0, i1, cap, &ka, &ke);
-    for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
-      strided_tile_backward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true}, dqh,
-                               dkh, dvh, s, dp, pz, z);
-  }
+  for_each_walk_tile(w, cap, [&](const StridedTile& t) {
+    strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, dkh, dvh, s, dp, pz, z);
+  });
 }
 
 // s, dp, pz, z: Bq×Bk scratch.

@@ -163,32 +163,15 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
                              T* s, T* z, T* m, T* l) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
-  const int64_t Nq = a.Nq, Dv = a.Dv, sw = w.s;
+  const int64_t Nq = a.Nq, Dv = a.Dv;
   T* oh = a.out + b * a.o_sb + h * a.o_sh;
   T* lh = a.lse + (b * a.Hq + h) * Nq;
   for (int64_t i = 0; i < Nq; ++i) std::fill_n(oh + i * a.o_sn, Dv, T(0));
   std::fill_n(m, Nq, ninf);
   std::fill_n(l, Nq, T(0));
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
-  int64_t ka, ke;
-  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {  // residue group whose first row is i
-    const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
-    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
-      const int64_t n1 = std::min(rows, n0 + kWalkQ);
-      w.residue(r, n0, n1, cap, &ka, &ke);
-      for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
-        strided_tile_forward<T>(a, plan, drop, w, b, h,
-                                {i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false}, s, z, m,
-                                l);
-    }
-  }
-  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
-    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
-    w.band(i0, i1, cap, &ka, &ke);
-    for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
-      strided_tile_forward<T>(a, plan, drop, w, b, h, {i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true}, s, z, m,
-                              l);
-  }
+  for_each_walk_tile(w, cap,
+                     [&](const StridedTile& t) { strided_tile_forward<T>(a, plan, drop, w, b, h, t, s, z, m, l); });
   int64_t first_masked = -1;
   for (int64_t i = 0; i < Nq; ++i) {
     T* orow = oh + i * a.o_sn;
