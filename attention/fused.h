@@ -50,12 +50,13 @@ inline bool use_strided_walk(const MaskPlan& plan) {
 
 // Query rows per tile of the regrouped walk. Its tiles sit on triangles (the band's parallelogram,
 // each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a
-// fifth, for more but still large GEMMs (16 × up to 64 keys × D).
-constexpr int64_t kWalkQ = 16;
-// Keys per tile of the regrouped walk: as many as a Bq×Bk scratch holds at kWalkQ rows, so the
-// band (l + kWalkQ − 1 keys) and a residue group's keys are one GEMM each up to l, n/s ≈ 240,
-// not two calls of which the second is a thin tail. The walk's scratch rows are kWalkK apart.
-constexpr int64_t kWalkK = kBlockQ * kBlockK / kWalkQ;
+// fifth, at 8 about a tenth. The tile products (tile_products.h) keep their speed down to a few
+// rows, so 8 computes the fewest logits for the least time (4 rows: more per-tile work than it saves).
+constexpr int64_t kWalkQ = 8;
+// Keys per tile of the regrouped walk, so the band (l + kWalkQ − 1 keys) and a residue group's
+// keys are one product each up to l, n/s ≈ 250 (N = 64K), not two of which the second is a
+// thin tail. The walk's scratch rows are kWalkK apart.
+constexpr int64_t kWalkK = 256;
 static_assert(kWalkQ * kWalkK <= kBlockQ * kBlockK, "a walk tile must fit the Bq×Bk scratch");
 
 // One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);

@@ -23,6 +23,7 @@
 
 #include "attention/fused.h"
 #include "attention/tile_math.h"
+#include "attention/tile_products.h"
 
 namespace qkv::attn {
 
@@ -61,7 +62,7 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.do_sn,
                 lddq = t.qstep * a.dq_sn, lddk = t.kstep * a.dk_sn, lddv = t.kstep * a.dv_sn;
   const int64_t nr = t.nr, nc = t.nc;
-  tile::gemm(false, true, nr, nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kWalkK);
+  tile::nt(nr, nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
   strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {
     const T lse = a.lse[row0 + t.i0 + t.qstep * r];
@@ -78,8 +79,8 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     }
     pd = pz;
   }
-  tile::gemm(true, false, nc, a.Dv, nr, T(1), pd, kWalkK, dot, ldo, T(1), dvt, lddv);
-  tile::gemm(false, true, nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, T(0), dp, kWalkK);
+  tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, dvt, lddv);
+  tile::nt(nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, dp, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {
     const T di = a.di[row0 + t.i0 + t.qstep * r];
     const T* sr = s + r * kWalkK;
@@ -91,8 +92,8 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
       for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] - di);
     }
   }
-  tile::gemm(true, false, nc, a.D, nr, T(1), dp, kWalkK, qt, ldq, T(1), dkt, lddk);
-  tile::gemm(false, false, nr, a.D, nc, T(1), dp, kWalkK, kt, ldk, T(1), dqt, lddq);
+  tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, dkt, lddk);
+  tile::add_nn(nr, a.D, nc, dp, kWalkK, kt, ldk, dqt, lddq);
 }
 
 // The regrouped walk of one (b, h), in the forward's order (residue groups, then the band).
@@ -170,7 +171,7 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
       int64_t j_lo, j_hi;  // the block's own key range may exclude this tile entirely
       plan.key_range(b, i0, i1, &j_lo, &j_hi);
       if (j_hi <= j0 || j_lo >= j0 + bk) continue;
-      tile::gemm(false, true, bq, bk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kj, a.k_sn, T(0), s, kBlockK);
+      tile::nt(bq, bk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kj, a.k_sn, s, kBlockK);
       const bool full = layout ? plan.tile_full(b, i0 / kBlockQ, kt, j0 + bk) && j0 >= j_lo && j0 + bk <= j_hi
                                : plan.block_all_visible(b, i0, i1, j0, j0 + bk);
       if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
@@ -189,8 +190,8 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
         }
         pd = pz;
       }
-      tile::gemm(true, false, bk, Dv, bq, T(1), pd, kBlockK, doh + i0 * dos, dos, T(1), dvj, dvs);
-      tile::gemm(false, true, bq, bk, Dv, T(1), doh + i0 * dos, dos, vj, a.v_sn, T(0), dp, kBlockK);
+      tile::add_tn(bk, Dv, bq, pd, kBlockK, doh + i0 * dos, dos, dvj, dvs);
+      tile::nt(bq, bk, Dv, T(1), doh + i0 * dos, dos, vj, a.v_sn, dp, kBlockK);
       for (int64_t r = 0; r < bq; ++r) {
         const T di = dih[i0 + r];
         const T* sr = s + r * kBlockK;
@@ -202,8 +203,8 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
           for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] - di);
         }
       }
-      tile::gemm(true, false, bk, D, bq, T(1), dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, T(1), dkj, dks);
-      tile::gemm(false, false, bq, D, bk, T(1), dp, kBlockK, kj, a.k_sn, T(1), dqh + i0 * dqs, dqs);
+      tile::add_tn(bk, D, bq, dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, dkj, dks);
+      tile::add_nn(bq, D, bk, dp, kBlockK, kj, a.k_sn, dqh + i0 * dqs, dqs);
     }
   }
   for (int64_t i = 0; i < a.Nq; ++i) tile::scale_row(dqh + i * dqs, D, a.scale);

@@ -21,6 +21,7 @@
 
 #include "attention/fused.h"
 #include "attention/tile_math.h"
+#include "attention/tile_products.h"
 
 namespace qkv::attn {
 
@@ -77,7 +78,7 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
       bk = std::min(kBlockK, j_hi - j0);
       full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
     }
-    tile::gemm(false, true, bq, bk, D, a.scale, qb, a.q_sn, kh + j0 * a.k_sn, a.k_sn, T(0), s, kBlockK);
+    tile::nt(bq, bk, D, a.scale, qb, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
     if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
     for (int64_t r = 0; r < bq; ++r) {
       T* sr = s + r * kBlockK;
@@ -100,7 +101,7 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
         for (int64_t c = 0; c < bk; ++c) sr[c] *= z[c];
       }
     }
-    tile::gemm(false, false, bq, Dv, bk, T(1), s, kBlockK, vh + j0 * a.v_sn, a.v_sn, T(1), ob, os);
+    tile::add_nn(bq, Dv, bk, s, kBlockK, vh + j0 * a.v_sn, a.v_sn, ob, os);
   }
   int64_t first_masked = -1;
   for (int64_t r = 0; r < bq; ++r) {
@@ -128,7 +129,7 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
   const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
   T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
-  tile::gemm(false, true, t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, T(0), s, kWalkK);
+  tile::nt(t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
   strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
   for (int64_t r = 0; r < t.nr; ++r) {
     T* sr = s + r * kWalkK;
@@ -152,7 +153,7 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
       for (int64_t c = 0; c < t.nc; ++c) sr[c] *= z[c];
     }
   }
-  tile::gemm(false, false, t.nr, a.Dv, t.nc, T(1), s, kWalkK, vt, ldv, T(1), ot, ldo);
+  tile::add_nn(t.nr, a.Dv, t.nc, s, kWalkK, vt, ldv, ot, ldo);
 }
 
 // One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running

@@ -1,7 +1,8 @@
-// Internal to attention/: the per-tile arithmetic of the fused kernels. GEMMs on tiles go to BLAS
-// (inside the kernels' OpenMP region the OpenMP build of OpenBLAS runs single-threaded, so each
-// thread multiplies its own tiles); the row loops below are branch-free so -O3 -march=native turns
-// them into vector code.
+// Internal to attention/: the per-row arithmetic of the fused kernels, and the BLAS GEMM the
+// linear-attention kernels use for their larger products (inside the kernels' OpenMP region the
+// OpenMP build of OpenBLAS runs single-threaded, so each thread multiplies its own blocks). The
+// softmax kernels' tile products are hand-written (tile_products.h). The row loops below are
+// branch-free so -O3 -march=native turns them into vector code.
 #pragma once
 #include <cblas.h>
 

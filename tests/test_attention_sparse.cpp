@@ -461,20 +461,22 @@ TEST_CASE("sparse: causal strided takes the regrouped walk, O(N·sqrt(N)) tiles 
   o.causal = true;
   o.pattern = make(Pattern::strided);  // s = l = 64 at N = 4096
   const PatternStats st = pattern_stats({1, 1, 1, 4096, 4096}, o);
-  // The walk's tiles are 16 rows tall; visited_tiles is the logits it computes in 64×64 tiles.
-  // Band: rows [i0, i0 + 16) compute keys [max(0, i0 - 63), i0 + 16): 16, 32, 48, 64 wide for the
-  // first four blocks, 79 for the other 252. Stride: 64 residue groups of 64 rows; rows
-  // [n0, n0 + 16) of a group see its keys m <= n0 + 14: 15, 31, 47, 63 wide.
-  const int64_t band = 16 * (16 + 32 + 48 + 64) + 16 * 79 * 252, stride = 64 * 16 * (15 + 31 + 47 + 63);
-  CHECK(st.visited_tiles == (band + stride + 4095) / 4096);  // 118, against the grid's 2080
+  // The walk's tiles are 8 rows tall; visited_tiles is the logits it computes in 64×64 tiles.
+  // Band: rows [i0, i0 + 8) compute keys [max(0, i0 - 63), i0 + 8): 8, 16, …, 64 wide for the
+  // first eight blocks, 71 for the other 504. Stride: 64 residue groups of 64 rows; rows
+  // [n0, n0 + 8) of a group see its keys m <= n0 + 6: 7, 15, …, 63 wide.
+  REQUIRE(kWalkQ == 8);
+  const int64_t band = 8 * (8 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8) + 71 * 504),
+                stride = 64 * 8 * (7 + 15 + 23 + 31 + 39 + 47 + 55 + 63);
+  CHECK(st.visited_tiles == (band + stride + 4095) / 4096);  // 106, against the grid's 2080
   CHECK(st.full_tiles == 0);
   CHECK(st.total_tiles == 64 * 64);
   // The grid would visit every tile on or below the diagonal: each holds a stride column.
   CHECK(grid_tiles_with_pairs({1, 1, 1, 1024, 1024}, o) == 16 * 17 / 2);
-  // At N = 1024 (s = l = 32): band blocks 16, 32, then 62 × 47 keys wide; 32 groups of 32 rows
-  // whose two row blocks see 15 and 31 keys.
+  // At N = 1024 (s = l = 32): band blocks 8, 16, 24, 32, then 124 × 39 keys wide; 32 groups of 32
+  // rows whose four row blocks see 7, 15, 23 and 31 keys.
   CHECK(pattern_stats({1, 1, 1, 1024, 1024}, o).visited_tiles ==
-        (16 * (16 + 32) + 16 * 47 * 62 + 32 * 16 * (15 + 31) + 4095) / 4096);
+        (8 * (8 + 16 + 24 + 32) + 8 * 39 * 124 + 32 * 8 * (7 + 15 + 23 + 31) + 4095) / 4096);
   // Several tiles per group: s = 10, l = 25 at N = 1303 gives 10 groups of 130 or 131 rows
   // (3 row blocks); the walk must stay far below the grid's count.
   o.pattern = make(Pattern::strided, [](SparsePattern& p) {
