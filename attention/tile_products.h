@@ -43,8 +43,7 @@ inline void store(T* p, const V& v) {
 // C's block of R rows × NV vectors of columns += A·B over k steps, with a(i, p) = a[i·a_rs + p·a_ks]
 // (A itself, or Aᵀ) and b(p, j) = b[p·ldb + j]. Each element is c + Σ_p a·b added in p order.
 template <class T, int R, int NV>
-inline void micro_tile(int64_t k, const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t ldb, T* c,
-                       int64_t ldc) {
+inline void micro_tile(int64_t k, const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t ldb, T* c, int64_t ldc) {
   using V = typename Lanes<T>::vec;
   constexpr int64_t W = Lanes<T>::width;
   V acc[R][NV];
@@ -74,8 +73,8 @@ inline void column_block(int64_t m, int64_t k, const T* a, int64_t a_rs, int64_t
 // vectors (then one, then one at a time: which path a column takes depends on n alone), each block
 // over all rows, so the block's slice of B stays in L1 while the rows pass over it.
 template <class T>
-void add_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t ldb,
-                 T* c, int64_t ldc) {
+void add_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t a_rs, int64_t a_ks, const T* b, int64_t ldb, T* c,
+                 int64_t ldc) {
   constexpr int64_t W = Lanes<T>::width;
   const int64_t n2 = n / (2 * W) * (2 * W), n1 = n / W * W;  // n1 − n2 is 0 or W
   for (int64_t j = 0; j < n2; j += 2 * W) column_block<T, 2>(m, k, a, a_rs, a_ks, b + j, ldb, c + j, ldc);
@@ -135,8 +134,7 @@ inline Lanes<double>::vec sum_each(const Lanes<double>::vec* a) {
 // rows and keys reuse the last valid one (computed, not stored), so every element takes the same
 // path.
 template <class T>
-void nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
-        int64_t ldc) {
+void nt(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
   using V = typename Lanes<T>::vec;
   constexpr int64_t W = Lanes<T>::width, KC = W / 2;
   const int64_t kv = k / W * W;

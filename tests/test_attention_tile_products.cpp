@@ -171,12 +171,14 @@ TEST_CASE("a tile product's element does not depend on where in the tile it sits
   std::vector<float> v(n * dv), o_whole(m * dv, 0.5f), o_rows(m * dv, 0.5f);
   for (float& x : v) x = u(gen);
   tile::add_nn(m, dv, n, whole.data(), n, v.data(), dv, o_whole.data(), dv);
-  for (int64_t i = 0; i < m; ++i) tile::add_nn(1, dv, n, whole.data() + i * n, n, v.data(), dv, o_rows.data() + i * dv, dv);
+  for (int64_t i = 0; i < m; ++i)
+    tile::add_nn(1, dv, n, whole.data() + i * n, n, v.data(), dv, o_rows.data() + i * dv, dv);
   CHECK(std::memcmp(o_whole.data(), o_rows.data(), o_whole.size() * sizeof(float)) == 0);
   // add_tn: dV (n × 40) += Pᵀ (n × m) · dO (m × 40), all keys at once against one key at a time.
   std::vector<float> dout(m * dv), dv_whole(n * dv, -0.25f), dv_keys(n * dv, -0.25f);
   for (float& x : dout) x = u(gen);
   tile::add_tn(n, dv, m, whole.data(), n, dout.data(), dv, dv_whole.data(), dv);
-  for (int64_t j = 0; j < n; ++j) tile::add_tn(1, dv, m, whole.data() + j, n, dout.data(), dv, dv_keys.data() + j * dv, dv);
+  for (int64_t j = 0; j < n; ++j)
+    tile::add_tn(1, dv, m, whole.data() + j, n, dout.data(), dv, dv_keys.data() + j * dv, dv);
   CHECK(std::memcmp(dv_whole.data(), dv_keys.data(), dv_whole.size() * sizeof(float)) == 0);
 }
