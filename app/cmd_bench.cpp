@@ -170,9 +170,11 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         if (o.pattern.sparse())
           std::fprintf(
               out,
-              "          %s: kept %lld pairs, %lld of %lld tiles visited, %.2f ns/kept pair, %.1f GFLOP/s on kept\n",
+              "          %s: kept %lld pairs, %lld of %lld %lldx%lld tiles visited, %.2f ns/kept pair, %.1f GFLOP/s on "
+              "kept\n",
               r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
-              static_cast<long long>(r.total_tiles), r.ns_per_kept_pair, r.kept_gflops);
+              static_cast<long long>(r.total_tiles), static_cast<long long>(r.tile_q), static_cast<long long>(r.tile_k),
+              r.ns_per_kept_pair, r.kept_gflops);
         results.push_back({{"name", "attention"},
                            {"kernel", r.kernel},
                            {"n", r.n},
@@ -187,6 +189,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                            {"kept_pairs", r.kept_pairs},
                            {"visited_tiles", r.visited_tiles},
                            {"total_tiles", r.total_tiles},
+                           {"tile_q", r.tile_q},
+                           {"tile_k", r.tile_k},
                            {"kept_gflops", r.kept_gflops},
                            {"ns_per_kept_pair", r.ns_per_kept_pair}});
       }

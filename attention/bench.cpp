@@ -100,6 +100,8 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             res.kept_pairs = st.kept_pairs;
             res.visited_tiles = linear ? 0 : st.visited_tiles;
             res.total_tiles = linear ? 0 : st.total_tiles;
+            res.tile_q = linear ? 0 : st.tile_q;
+            res.tile_k = linear ? 0 : st.tile_k;
             res.kept_gflops =
                 14.0 * static_cast<double>(D) * static_cast<double>(st.kept_pairs) / (res.ms * 1e-3) * 1e-9;
             res.ns_per_kept_pair = res.ms * 1e6 / std::max<double>(1.0, static_cast<double>(st.kept_pairs));

@@ -42,12 +42,13 @@ struct AttentionBenchResult {
   double forward_tflops = 0, backward_tflops = 0;  // causal work: fwd 2·B·H·N²·D, bwd 2.5x that
   int64_t peak_bytes = 0;                          // allocator peak during one step, above what was in use before it
   // The pattern's figures (pattern_stats): visible pairs over the whole problem, the fused kernel's
-  // visited / total 64×64 tiles, and the rate on kept pairs: 14·D FLOPs per kept pair (forward
+  // visited / total tiles of tile_q × tile_k (the CPU kernels' grid, mask.h's kTileQ × kTileK;
+  // the strided walk reports the logits it computes in such tiles), and the rate on kept pairs: 14·D FLOPs per kept pair (forward
   // QKᵀ and PV: 4·D; backward, five products: 10·D) over the fwd+bwd time. Linear attention
   // reports the causal pairs its state stands for (every one reaches O, none is formed), so time
   // per kept pair compares it with full attention at equal context.
   std::string pattern = "full";
-  int64_t kept_pairs = 0, visited_tiles = 0, total_tiles = 0;
+  int64_t kept_pairs = 0, visited_tiles = 0, total_tiles = 0, tile_q = 0, tile_k = 0;
   double kept_gflops = 0, ns_per_kept_pair = 0;
 };
 

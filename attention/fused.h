@@ -57,7 +57,6 @@ constexpr int64_t kWalkQ = 8;
 // keys are one product each up to l, n/s ≈ 250 (N = 64K), not two of which the second is a
 // thin tail. The walk's scratch rows are kWalkK apart.
 constexpr int64_t kWalkK = 256;
-static_assert(kWalkQ * kWalkK <= kBlockQ * kBlockK, "a walk tile must fit the Bq×Bk scratch");
 
 // One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);
 // `band` says which of the walk's two key sets it belongs to (the band, kstep 1, or a residue

@@ -268,13 +268,13 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t tasks = p.B * p.Hq;
   const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
-  const int64_t per_thread = 4 * kBlockQ * kBlockK;
+  const int64_t tile = std::max(kBlockQ * kBlockK, kWalkQ * kWalkK);
+  const int64_t per_thread = 4 * tile;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
-    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + kBlockQ * kBlockK, s + 2 * kBlockQ * kBlockK,
-                     s + 3 * kBlockQ * kBlockK);
+    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile);
   }
   if (!partial) return;
   // dK, dV of kv head hk = Σ over the query heads that read it, in head order.

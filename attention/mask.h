@@ -31,8 +31,8 @@ Problem check_problem(const Tensor& q, const Tensor& k, const Tensor& v, const A
 
 // The tile grid of the fused CPU kernels, in which a sparse pattern's block layout is computed
 // (fused.h's kBlockQ / kBlockK are these).
-constexpr int64_t kTileQ = 64;
-constexpr int64_t kTileK = 64;
+constexpr int64_t kTileQ = 32;
+constexpr int64_t kTileK = 32;
 
 class MaskPlan {
  public:

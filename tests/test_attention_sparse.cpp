@@ -1,7 +1,7 @@
 // Sparse attention patterns (attention.h, attention/patterns.h): hand-written layouts, the mask
 // against a predicate written out again here from the formulas alone, and both kernels' forward
 // and backward against a float64 brute force built from that predicate (naive loops, no mask code
-// of the library) over inputs spanning several 64×64 kernel tiles.
+// of the library) over inputs spanning several of the kernels' tiles (kTileQ × kTileK, mask.h).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -27,6 +27,10 @@
 
 using namespace qkv;
 using namespace qkv::attn;
+
+// The CPU kernels' (square) tile grid, in which layouts and visited tiles are counted.
+static_assert(kTileQ == kTileK);
+constexpr int64_t kT = kTileQ;
 
 namespace {
 
@@ -364,18 +368,18 @@ TEST_CASE("sparse: visibility_mask, kept pairs and the layout agree with the doc
         const PatternStats st = pattern_stats(s, o);
         CHECK(st.kept_pairs == kept);
         CHECK(st.visited_tiles <= st.total_tiles);
-        CHECK(st.total_tiles == ((nq + 63) / 64) * 5);
+        CHECK(st.total_tiles == ((nq + kT - 1) / kT) * ((300 + kT - 1) / kT));
       }
   // The window skips tiles; a wide window has full tiles (no per-element mask there).
   AttentionOptions o;
   o.causal = true;
   o.pattern = make(Pattern::window, [](SparsePattern& p) { p.local = 200; });
   const PatternStats st = pattern_stats({1, 1, 1, 640, 640}, o);
-  CHECK(st.total_tiles == 100);
+  CHECK(st.total_tiles == (640 / kT) * (640 / kT));
   CHECK(st.full_tiles > 0);
-  // visited: per query tile r (0..9), key tiles from the one holding r*64 - 199 to r
+  // visited: per query tile r, key tiles from the one holding r·kT − 199 to r
   int64_t want = 0;
-  for (int64_t r = 0; r < 10; ++r) want += r - std::max<int64_t>(0, r * 64 - 199) / 64 + 1;
+  for (int64_t r = 0; r < 640 / kT; ++r) want += r - std::max<int64_t>(0, r * kT - 199) / kT + 1;
   CHECK(st.visited_tiles == want);
 }
 
@@ -433,15 +437,15 @@ TEST_CASE("sparse: decode rows (Nq = 1 over a growing cache) equal the full forw
 
 namespace {
 
-// 64×64 grid tiles holding at least one visible pair of the first (b, h) slice: what a walk over the
-// block layout's grid visits, counted from the mask alone.
+// Grid tiles (kT × kT) holding at least one visible pair of the first (b, h) slice: what a walk over
+// the block layout's grid visits, counted from the mask alone.
 int64_t grid_tiles_with_pairs(const AttentionShape& s, const AttentionOptions& o) {
   const Tensor m = visibility_mask(s, o);
-  const int64_t nqt = (s.nq + 63) / 64, nkt = (s.nk + 63) / 64;
+  const int64_t nqt = (s.nq + kT - 1) / kT, nkt = (s.nk + kT - 1) / kT;
   std::vector<char> hit(size_t(nqt * nkt), 0);
   for (int64_t i = 0; i < s.nq; ++i)
     for (int64_t j = 0; j < s.nk; ++j)
-      if (m.data<bool>()[i * s.nk + j]) hit[(i / 64) * nkt + j / 64] = 1;
+      if (m.data<bool>()[i * s.nk + j]) hit[(i / kT) * nkt + j / kT] = 1;
   int64_t n = 0;
   for (char c : hit) n += c;
   return n;
@@ -461,22 +465,23 @@ TEST_CASE("sparse: causal strided takes the regrouped walk, O(N·sqrt(N)) tiles 
   o.causal = true;
   o.pattern = make(Pattern::strided);  // s = l = 64 at N = 4096
   const PatternStats st = pattern_stats({1, 1, 1, 4096, 4096}, o);
-  // The walk's tiles are 8 rows tall; visited_tiles is the logits it computes in 64×64 tiles.
+  // The walk's tiles are 8 rows tall; visited_tiles is the logits it computes in kT × kT tiles.
   // Band: rows [i0, i0 + 8) compute keys [max(0, i0 - 63), i0 + 8): 8, 16, …, 64 wide for the
   // first eight blocks, 71 for the other 504. Stride: 64 residue groups of 64 rows; rows
   // [n0, n0 + 8) of a group see its keys m <= n0 + 6: 7, 15, …, 63 wide.
   REQUIRE(kWalkQ == 8);
   const int64_t band = 8 * (8 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8) + 71 * 504),
                 stride = 64 * 8 * (7 + 15 + 23 + 31 + 39 + 47 + 55 + 63);
-  CHECK(st.visited_tiles == (band + stride + 4095) / 4096);  // 106, against the grid's 2080
+  const int64_t area = kT * kT, n4k = 4096 / kT, n1k = 1024 / kT;
+  CHECK(st.visited_tiles == (band + stride + area - 1) / area);  // 422 of 32×32, the grid's 8256
   CHECK(st.full_tiles == 0);
-  CHECK(st.total_tiles == 64 * 64);
+  CHECK(st.total_tiles == n4k * n4k);
   // The grid would visit every tile on or below the diagonal: each holds a stride column.
-  CHECK(grid_tiles_with_pairs({1, 1, 1, 1024, 1024}, o) == 16 * 17 / 2);
+  CHECK(grid_tiles_with_pairs({1, 1, 1, 1024, 1024}, o) == n1k * (n1k + 1) / 2);
   // At N = 1024 (s = l = 32): band blocks 8, 16, 24, 32, then 124 × 39 keys wide; 32 groups of 32
   // rows whose four row blocks see 7, 15, 23 and 31 keys.
   CHECK(pattern_stats({1, 1, 1, 1024, 1024}, o).visited_tiles ==
-        (8 * (8 + 16 + 24 + 32) + 8 * 39 * 124 + 32 * 8 * (7 + 15 + 23 + 31) + 4095) / 4096);
+        (8 * (8 + 16 + 24 + 32) + 8 * 39 * 124 + 32 * 8 * (7 + 15 + 23 + 31) + area - 1) / area);
   // Several tiles per group: s = 10, l = 25 at N = 1303 gives 10 groups of 130 or 131 rows
   // (3 row blocks); the walk must stay far below the grid's count.
   o.pattern = make(Pattern::strided, [](SparsePattern& p) {
@@ -485,7 +490,8 @@ TEST_CASE("sparse: causal strided takes the regrouped walk, O(N·sqrt(N)) tiles 
   });
   const int64_t grid = grid_tiles_with_pairs({1, 1, 1, 1303, 1303}, o);
   const int64_t walk = pattern_stats({1, 1, 1, 1303, 1303}, o).visited_tiles;
-  CHECK(grid == 21 * 22 / 2);
+  const int64_t n1303 = (1303 + kT - 1) / kT;
+  CHECK(grid == n1303 * (n1303 + 1) / 2);
   CHECK(walk < grid / 2);
   // Non-causal strided keeps the grid walk (the regrouped one is for causal rules only).
   o.causal = false;
@@ -876,7 +882,7 @@ TEST_CASE("sparse: on the GPU a pattern gives the CPU kernel's values (the tiled
 
 TEST_CASE("sparse: full tiles cut by key_lengths or an elementwise mask are still masked (fused = reference)",
           "[attention][sparse]") {
-  // window l=200 and block_sparse bs=64 have full 64x64 tiles; key_lengths ends inside one, and
+  // window l=200 and block_sparse bs=64 have full kernel tiles; key_lengths ends inside one, and
   // segment ids split them, so the fused kernel must not take the no-mask path there.
   for (auto pat : {make(Pattern::window, [](SparsePattern& p) { p.local = 200; }),
                    make(Pattern::block_sparse, [](SparsePattern& p) { p.block_size = 64; })}) {
