@@ -132,50 +132,80 @@ typename Lanes<T, Bytes>::vec sum_each(const typename Lanes<T, Bytes>::vec* a) {
 }
 
 // The dot products stay on 256-bit vectors under AVX-512 too: at D = 64 a 16-lane dot has 4 steps
-// to its 4-level lane-sum tree, and measured 22 GFLOP/s against 28-46 at 8 lanes.
+// to its 4-level lane-sum tree and a block fits one row pair, not two; measured alone (32×32×64)
+// it was no faster, 49-60 GFLOP/s against 55-60 at 8 lanes.
 constexpr int kDotBytes = 32;
 
-// C[m×n] = alpha·A[m×k]·B[n×k]ᵀ as dot products along k, two rows of A by W/2 rows of B at a
-// time (W accumulators, each a vector of partial sums, then one sum_each). Neither operand is
-// packed: on 8-row tiles, transposing B would cost a copy of B for every 8 rows of work. Edge
-// rows and keys reuse the last valid one (computed, not stored), so every element takes the same
-// path.
-template <class T>
-void nt_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
-             int64_t ldc) {
+// Row pairs per block of the dot products: two where the vector register file has 32 entries
+// (AVX-512 encodings reach ymm16-31), so 2 × W accumulators, the A rows and a B row fit; one with
+// 16 registers.
+#if defined(__AVX512F__)
+constexpr int kDotRowPairs = 2;
+#else
+constexpr int kDotRowPairs = 1;
+#endif
+
+// C[m×n] = alpha·A[m×k]·B[n×k]ᵀ as dot products along k: 2·kDotRowPairs rows of A by W/2 rows of
+// B at a time (W accumulators per row pair, each a vector of partial sums, then one sum_each per
+// pair). Neither operand is packed: on 8-row tiles, transposing B would cost a copy of B for every
+// 8 rows of work. Edge rows and keys reuse the last valid one (computed, not stored), so every
+// element takes the same path.
+template <class T, bool kTail>
+void nt_blocks(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+               int64_t ldc) {
   using V = typename Lanes<T, kDotBytes>::vec;
-  constexpr int64_t W = Lanes<T, kDotBytes>::width, KC = W / 2;
+  constexpr int64_t W = Lanes<T, kDotBytes>::width, KC = W / 2, RB = 2 * kDotRowPairs;
   const int64_t kv = k / W * W;
-  for (int64_t i = 0; i < m; i += 2) {
-    const T* a0 = a + i * lda;
-    const T* a1 = i + 1 < m ? a0 + lda : a0;
+  for (int64_t i = 0; i < m; i += RB) {
+    const T* ar[RB];
+    for (int64_t r = 0; r < RB; ++r) ar[r] = a + std::min(i + r, m - 1) * lda;
     for (int64_t j = 0; j < n; j += KC) {
       const T* br[KC];
       for (int64_t t = 0; t < KC; ++t) br[t] = b + std::min(j + t, n - 1) * ldb;
-      V acc[W] = {};
+      V acc[kDotRowPairs][W];
+      for (int64_t q = 0; q < kDotRowPairs; ++q)  // not `= {}`: g++ zeroes an array with `rep stos`
+        for (int64_t t = 0; t < W; ++t) acc[q][t] = V{};
       for (int64_t p = 0; p < kv; p += W) {
-        const V x0 = load<V>(a0 + p), x1 = load<V>(a1 + p);
+        V x[RB];
+        for (int64_t r = 0; r < RB; ++r) x[r] = load<V>(ar[r] + p);
         for (int64_t t = 0; t < KC; ++t) {
           const V y = load<V>(br[t] + p);
-          acc[t] += x0 * y;
-          acc[KC + t] += x1 * y;
+          for (int64_t q = 0; q < kDotRowPairs; ++q) {
+            acc[q][t] += x[2 * q] * y;
+            acc[q][KC + t] += x[2 * q + 1] * y;
+          }
         }
       }
-      if (kv < k) {  // the last k − kv steps as one more vector step, zero-padded
-        const V x0 = load_head<V>(a0 + kv, k - kv), x1 = load_head<V>(a1 + kv, k - kv);
+      if constexpr (kTail) {  // the last k − kv steps as one more vector step, zero-padded
+        V x[RB];
+        for (int64_t r = 0; r < RB; ++r) x[r] = load_head<V>(ar[r] + kv, k - kv);
         for (int64_t t = 0; t < KC; ++t) {
           const V y = load_head<V>(br[t] + kv, k - kv);
-          acc[t] += x0 * y;
-          acc[KC + t] += x1 * y;
+          for (int64_t q = 0; q < kDotRowPairs; ++q) {
+            acc[q][t] += x[2 * q] * y;
+            acc[q][KC + t] += x[2 * q + 1] * y;
+          }
         }
       }
-      const V sum = sum_each<T, kDotBytes>(acc);
       const int64_t cols = std::min(KC, n - j);
-      for (int64_t t = 0; t < cols; ++t) c[i * ldc + j + t] = alpha * sum[t];
-      if (i + 1 < m)
-        for (int64_t t = 0; t < cols; ++t) c[(i + 1) * ldc + j + t] = alpha * sum[KC + t];
+      for (int64_t q = 0; q < kDotRowPairs; ++q) {
+        const V sum = sum_each<T, kDotBytes>(acc[q]);
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t row = i + 2 * q + h;
+          if (row >= m) break;
+          for (int64_t t = 0; t < cols; ++t) c[row * ldc + j + t] = alpha * sum[h * KC + t];
+        }
+      }
     }
   }
+}
+
+// The tail step is a template choice so the accumulators stay in registers through the main loop.
+template <class T>
+void nt_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+             int64_t ldc) {
+  if (k % Lanes<T, kDotBytes>::width) nt_blocks<T, true>(m, n, k, alpha, a, lda, b, ldb, c, ldc);
+  else nt_blocks<T, false>(m, n, k, alpha, a, lda, b, ldb, c, ldc);
 }
 
 }  // namespace
