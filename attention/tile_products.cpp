@@ -235,6 +235,4 @@ void add_tn(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const
   add_tn_impl(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
-int vector_bytes() { return kVectorBytes; }
-
 }  // namespace qkv::attn::tile

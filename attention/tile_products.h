@@ -40,7 +40,4 @@ void add_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const 
 void add_tn(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb, double* c,
             int64_t ldc);
 
-// The vector width the products were compiled for, in bytes (64 with AVX-512, else 32).
-int vector_bytes();
-
 }  // namespace qkv::attn::tile

@@ -68,6 +68,26 @@ void check_block(const std::vector<T>& c, int64_t m, int64_t n, int64_t ldc, con
   CHECK(touched == 0);
 }
 
+// The accumulating products' check: C's block, started at kStart, against kStart + Σ_p a(i, p)·b(p, j)
+// in long double, with a(i, p) = a[i·a_rs + p·a_ks].
+template <class T>
+void check_accumulated(const Operands<T>& o, int64_t a_rs, int64_t a_ks, double tol, const std::string& what) {
+  const int64_t m = o.m, n = o.n, k = o.k;
+  std::vector<long double> want(m * n), mag(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      long double s = kStart, g = kStart;
+      for (int64_t p = 0; p < k; ++p) {
+        const long double x = static_cast<long double>(o.a[i * a_rs + p * a_ks]) * o.b[p * o.ldb + j];
+        s += x;
+        g += std::fabs(x);
+      }
+      want[i * n + j] = s;
+      mag[i * n + j] = g;
+    }
+  check_block(o.c, m, n, o.ldc, want, mag, tol, what);
+}
+
 template <class T>
 void check_all_shapes(double tol) {
   const std::string type = sizeof(T) == 4 ? "float" : "double";
@@ -99,38 +119,14 @@ void check_all_shapes(double tol) {
           Operands<T> o = make_operands<T>(m, n, k, k, n, seed++);
           start_block(o);
           tile::add_nn(m, n, k, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
-          std::vector<long double> want(m * n), mag(m * n);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              long double s = kStart, g = kStart;
-              for (int64_t p = 0; p < k; ++p) {
-                const long double x = static_cast<long double>(o.a[i * o.lda + p]) * o.b[p * o.ldb + j];
-                s += x;
-                g += std::fabs(x);
-              }
-              want[i * n + j] = s;
-              mag[i * n + j] = g;
-            }
-          check_block(o.c, m, n, o.ldc, want, mag, tol, "add_nn " + shape);
+          check_accumulated(o, o.lda, 1, tol, "add_nn " + shape);
         }
         {  // add_tn: C += Aᵀ·B, A k × m (stride lda), B k × n
           Operands<T> o = make_operands<T>(m, n, k, k, n, seed++);
           o.lda = m + 3;  // a holds max(m, k)·(k + 3) ≥ k·(m + 3) values
           start_block(o);
           tile::add_tn(m, n, k, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
-          std::vector<long double> want(m * n), mag(m * n);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              long double s = kStart, g = kStart;
-              for (int64_t p = 0; p < k; ++p) {
-                const long double x = static_cast<long double>(o.a[p * o.lda + i]) * o.b[p * o.ldb + j];
-                s += x;
-                g += std::fabs(x);
-              }
-              want[i * n + j] = s;
-              mag[i * n + j] = g;
-            }
-          check_block(o.c, m, n, o.ldc, want, mag, tol, "add_tn " + shape);
+          check_accumulated(o, 1, o.lda, tol, "add_tn " + shape);
         }
       }
 }
