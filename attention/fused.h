@@ -58,6 +58,13 @@ constexpr int64_t kWalkQ = 8;
 // thin tail. The walk's scratch rows are kWalkK apart.
 constexpr int64_t kWalkK = 256;
 
+// The row loops of a walk tile (mask, max, exp) run over its nc logits rounded up to a multiple of
+// 8, the extra columns masked: exp and max then take whole vectors (8 floats under AVX2), where
+// the band's 71 columns and the residue groups' 7, 15, … 63 left 7 for a scalar tail loop —
+// which made the walk's exp cost twice full attention's per logit. The scratch rows are kWalkK
+// wide, a multiple of 8; the products read the first nc columns only.
+inline int64_t walk_row_width(int64_t nc) { return std::min(kWalkK, (nc + 7) / 8 * 8); }
+
 // One tile of the regrouped walk: rows i = i0 + qstep·r (r < nr), keys j = j0 + kstep·c (c < nc);
 // `band` says which of the walk's two key sets it belongs to (the band, kstep 1, or a residue
 // group, qstep = kstep = s).
@@ -68,9 +75,13 @@ struct StridedTile {
 
 // Calls visit(tile) for every tile of the regrouped walk of one (b, h) whose batch row has `cap`
 // keys, in the one order forward and backward share: each residue group (the one whose first row
-// is i, i < s) in kWalkQ-row × kWalkK-key tiles, then the band along the diagonal.
-template <class Visit>
-void for_each_walk_tile(const StridedWalk& w, int64_t cap, Visit&& visit) {
+// is i, i < s) in kWalkQ-row × kWalkK-key tiles, then the band along the diagonal in blocks of
+// kWalkQ rows. After each band block's tiles, band_done(i0, i1): rows [i0, i1) have all their
+// terms (the band comes last), so the forward finishes them there, while they are in cache,
+// rather than in one more pass over N rows: at ~100 logits per row, the walk's passes over O(N·D)
+// memory weigh far more than full attention's.
+template <class Visit, class Done>
+void for_each_walk_tile(const StridedWalk& w, int64_t cap, Visit&& visit, Done&& band_done) {
   const int64_t Nq = w.nq, sw = w.s;
   int64_t ka, ke;
   for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
@@ -87,18 +98,48 @@ void for_each_walk_tile(const StridedWalk& w, int64_t cap, Visit&& visit) {
     w.band(i0, i1, cap, &ka, &ke);
     for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
       visit(StridedTile{i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true});
+    band_done(i0, i1);
   }
 }
 
+// The rows of an output a walk accumulates into (O of the strided walk; dQ, dK, dV of both walks),
+// zeroed as a tile first reaches them — in cache, just before its product adds into them —
+// instead of in a pass over all N rows first: the sparse patterns compute ~100-300 logits per row,
+// so such a pass costs them what it does not cost full attention. `reached` holds one flag per
+// row (the caller's scratch); finish() zeroes the rows no tile reached.
+template <class T>
+struct ZeroOnFirstTouch {
+  T* rows;
+  int64_t ld, cols;
+  uint8_t* reached;
+  int64_t count;
+
+  ZeroOnFirstTouch(T* rows_, int64_t ld_, int64_t cols_, uint8_t* reached_, int64_t count_)
+      : rows(rows_), ld(ld_), cols(cols_), reached(reached_), count(count_) {
+    std::fill_n(reached, count, uint8_t(0));
+  }
+  // Rows first + step·r, r < n.
+  void touch(int64_t first, int64_t step, int64_t n) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = first + step * r;
+      if (!reached[i]) {
+        std::fill_n(rows + i * ld, cols, T(0));
+        reached[i] = 1;
+      }
+    }
+  }
+  void finish() { touch(0, 1, count); }
+};
+
 // Bias, ALiBi and the mask on the tile's logits s[r·lds + c]: each row keeps the keys of its
 // interval (the band's (p − l, hi) or the group's [lo, min(hi, p − l + 1))), then the
-// elementwise masks; everything else becomes −inf.
+// elementwise masks; everything else, and the padding columns up to walk_row_width(nc), becomes −inf.
 template <class T>
 void strided_tile_mask(const MaskPlan& plan, const StridedWalk& w, int64_t b, int64_t h, const StridedTile& t, T* s,
                        int64_t lds) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const bool bias = plan.has_bias(), alibi = plan.has_alibi(), elementwise = plan.elementwise();
-  const int64_t bcs = plan.bias_col_stride();
+  const int64_t bcs = plan.bias_col_stride(), ncp = walk_row_width(t.nc);
   for (int64_t r = 0; r < t.nr; ++r) {
     T* row = s + r * lds;
     const int64_t i = t.i0 + t.qstep * r, p = plan.pos(i);
@@ -116,7 +157,7 @@ void strided_tile_mask(const MaskPlan& plan, const StridedWalk& w, int64_t b, in
     const int64_t ca = std::clamp<int64_t>(StridedWalk::ceil_div(lo - t.j0, t.kstep), 0, t.nc);
     const int64_t ce = std::clamp<int64_t>(StridedWalk::ceil_div(hi - t.j0, t.kstep), ca, t.nc);
     for (int64_t c = 0; c < ca; ++c) row[c] = ninf;
-    for (int64_t c = ce; c < t.nc; ++c) row[c] = ninf;
+    for (int64_t c = ce; c < ncp; ++c) row[c] = ninf;
     if (elementwise)
       for (int64_t c = ca; c < ce; ++c)
         if (!plan.visible_elementwise(b, h, i, t.j0 + t.kstep * c)) row[c] = ninf;

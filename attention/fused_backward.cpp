@@ -5,9 +5,11 @@
 //   per (b, h), per key tile j, per query block i that can see it:
 //     S   = s·Q_i·K_jᵀ + bias + alibi, masked −inf         P  = exp(S − lse_i)  (0 on masked rows)
 //     dV_j += (P∘Z)ᵀ·dO_i                                  dP = (dO_i·V_jᵀ) ∘ Z
-//     dS  = P ∘ (dP − Di)
+//     dS  = s·P ∘ (dP − Di)                                 (the logits' gradient times the scale s)
 //     dK_j += dSᵀ·Q_i                                      dQ_i += dS·K_j
-//   then dQ ·= s, dK ·= s.
+// (s folded into dS, one multiply per logit, instead of a pass over dQ and dK at the end: the
+// sparse walks compute ~100 logits per row, so a pass over N rows costs them what it does not
+// cost full attention.)
 // Shapes: dO, O [B,Hq,Nq,Dv]; dq [B,Hq,Nq,D]; dk [B,Hkv,Nk,D]; dv [B,Hkv,Nk,Dv]; 5 GEMMs per tile.
 // Every operand may be a view with contiguous rows (any batch/head/row strides): attention_packed
 // reads a token-major dO and writes dq/dk/dv straight into the slices of one packed gradient.
@@ -64,11 +66,12 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   const int64_t nr = t.nr, nc = t.nc;
   tile::nt(nr, nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
   strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
+  const int64_t ncp = walk_row_width(nc);
   for (int64_t r = 0; r < nr; ++r) {
     const T lse = a.lse[row0 + t.i0 + t.qstep * r];
     T* sr = s + r * kWalkK;
     if (lse == ninf) std::fill_n(sr, nc, T(0));
-    else tile::exp_shift(sr, nc, lse);
+    else tile::exp_shift(sr, ncp, lse);
   }
   const T* pd = s;
   if (drop.on()) {
@@ -87,30 +90,43 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     T* dr = dp + r * kWalkK;
     if (drop.on()) {
       const T* zr = z + r * kWalkK;
-      for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
+      for (int64_t c = 0; c < nc; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
     } else {
-      for (int64_t c = 0; c < nc; ++c) dr[c] = sr[c] * (dr[c] - di);
+      for (int64_t c = 0; c < nc; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
     }
   }
   tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, dkt, lddk);
   tile::add_nn(nr, a.D, nc, dp, kWalkK, kt, ldk, dqt, lddq);
 }
 
-// The regrouped walk of one (b, h), in the forward's order (residue groups, then the band).
+// The regrouped walk of one (b, h), in the forward's order (residue groups, then the band). dQ,
+// dK and dV rows are zeroed as the walk first reaches them. reached: Nq + 2·Nk flags.
 template <class T>
 void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z) {
+                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, uint8_t* reached) {
   const StridedWalk& w = plan.layout().walk;
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);
-  for_each_walk_tile(w, cap, [&](const StridedTile& t) {
-    strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, dkh, dvh, s, dp, pz, z);
-  });
+  ZeroOnFirstTouch<T> dq_rows(dqh, a.dq_sn, a.D, reached, a.Nq), dk_rows(dkh, a.dk_sn, a.D, reached + a.Nq, a.Nk),
+      dv_rows(dvh, a.dv_sn, a.Dv, reached + a.Nq + a.Nk, a.Nk);
+  for_each_walk_tile(
+      w, cap,
+      [&](const StridedTile& t) {
+        dq_rows.touch(t.i0, t.qstep, t.nr);
+        dk_rows.touch(t.j0, t.kstep, t.nc);
+        dv_rows.touch(t.j0, t.kstep, t.nc);
+        strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, dkh, dvh, s, dp, pz, z);
+      },
+      [](int64_t, int64_t) {});
+  dq_rows.finish();
+  dk_rows.finish();
+  dv_rows.finish();
 }
 
-// s, dp, pz, z: Bq×Bk scratch.
+// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkQ×kWalkK); reached: Nq + 2·Nk flags
+// (dQ, dK, dV rows are zeroed as a tile first reaches them, fused.h ZeroOnFirstTouch).
 template <class T>
 void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
-                   T* dp, T* pz, T* z) {
+                   T* dp, T* pz, T* z, uint8_t* reached) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
@@ -135,14 +151,12 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   const int64_t kv_slot = a.partial ? h : hk;
   T* dkh = a.dk + b * a.dk_sb + kv_slot * a.dk_sh;
   T* dvh = a.dv + b * a.dv_sb + kv_slot * a.dv_sh;
-  for (int64_t i = 0; i < a.Nq; ++i) std::fill_n(dqh + i * dqs, D, T(0));
-  for (int64_t j = 0; j < a.Nk; ++j) std::fill_n(dkh + j * dks, D, T(0));
-  for (int64_t j = 0; j < a.Nk; ++j) std::fill_n(dvh + j * dvs, Dv, T(0));
+  if (use_strided_walk(plan))
+    return strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, reached);
+  ZeroOnFirstTouch<T> dq_rows(dqh, dqs, D, reached, a.Nq), dk_rows(dkh, dks, D, reached + a.Nq, a.Nk),
+      dv_rows(dvh, dvs, Dv, reached + a.Nq + a.Nk, a.Nk);
   const bool additive = plan.has_bias() || plan.has_alibi();
-
-  const bool walk = use_strided_walk(plan);
-  if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z);
-  for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {
+  for (int64_t j0 = 0; j0 < a.Nk; j0 += kBlockK) {
     const int64_t bk = std::min(kBlockK, a.Nk - j0);
     int64_t i_lo, i_hi;
     plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);
@@ -190,6 +204,9 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
         }
         pd = pz;
       }
+      dq_rows.touch(i0, 1, bq);
+      dk_rows.touch(j0, 1, bk);
+      dv_rows.touch(j0, 1, bk);
       tile::add_tn(bk, Dv, bq, pd, kBlockK, doh + i0 * dos, dos, dvj, dvs);
       tile::nt(bq, bk, Dv, T(1), doh + i0 * dos, dos, vj, a.v_sn, dp, kBlockK);
       for (int64_t r = 0; r < bq; ++r) {
@@ -198,17 +215,18 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
         T* dr = dp + r * kBlockK;
         if (drop.on()) {
           const T* zr = z + r * kBlockK;
-          for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] * zr[c] - di);
+          for (int64_t c = 0; c < bk; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
         } else {
-          for (int64_t c = 0; c < bk; ++c) dr[c] = sr[c] * (dr[c] - di);
+          for (int64_t c = 0; c < bk; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
         }
       }
       tile::add_tn(bk, D, bq, dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, dkj, dks);
       tile::add_nn(bq, D, bk, dp, kBlockK, kj, a.k_sn, dqh + i0 * dqs, dqs);
     }
   }
-  for (int64_t i = 0; i < a.Nq; ++i) tile::scale_row(dqh + i * dqs, D, a.scale);
-  for (int64_t j = 0; j < a.Nk; ++j) tile::scale_row(dkh + j * dks, D, a.scale);
+  dq_rows.finish();
+  dk_rows.finish();
+  dv_rows.finish();
 }
 
 template <class T>
@@ -271,10 +289,13 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t tile = std::max(kBlockQ * kBlockK, kWalkQ * kWalkK);
   const int64_t per_thread = 4 * tile;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
+  const int64_t flags = p.Nq + 2 * p.Nk;
+  std::vector<uint8_t> reached(static_cast<size_t>(nthreads * flags));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
-    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile);
+    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile,
+                     reached.data() + omp_get_thread_num() * flags);
   }
   if (!partial) return;
   // dK, dV of kv head hk = Σ over the query heads that read it, in head order.

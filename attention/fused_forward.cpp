@@ -131,16 +131,17 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
   tile::nt(t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
   strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
+  const int64_t ncp = walk_row_width(t.nc);
   for (int64_t r = 0; r < t.nr; ++r) {
     T* sr = s + r * kWalkK;
     const int64_t i = t.i0 + t.qstep * r;
-    const T mx = tile::row_max(sr, t.nc);
+    const T mx = tile::row_max(sr, ncp);
     const T m_new = mx > m[i] ? mx : m[i];
     if (m_new == ninf) {
       std::fill_n(sr, t.nc, T(0));
       continue;
     }
-    const T sum = tile::exp_shift_sum(sr, t.nc, m_new);
+    const T sum = tile::exp_shift_sum(sr, ncp, m_new);
     if (m[i] != m_new) {
       const T alpha = m[i] == ninf ? T(0) : tile::exp_fast(m[i] - m_new);
       l[i] *= alpha;
@@ -157,34 +158,42 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
 }
 
 // One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running
-// max / sum / output per row across both (the order of tiles does not change the softmax). m, l:
-// Nq scratch each. Returns the first fully masked row or -1.
+// max / sum / output per row across both (the order of tiles does not change the softmax); each
+// band block's rows are normalised as the block finishes. m, l: Nq scratch each; reached: Nq
+// flags. Returns the first fully masked row or -1.
 template <class T>
 int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                             T* s, T* z, T* m, T* l) {
+                             T* s, T* z, T* m, T* l, uint8_t* reached) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
   const int64_t Nq = a.Nq, Dv = a.Dv;
   T* oh = a.out + b * a.o_sb + h * a.o_sh;
   T* lh = a.lse + (b * a.Hq + h) * Nq;
-  for (int64_t i = 0; i < Nq; ++i) std::fill_n(oh + i * a.o_sn, Dv, T(0));
   std::fill_n(m, Nq, ninf);
   std::fill_n(l, Nq, T(0));
+  // O's rows are zeroed as the walk reaches them; the band blocks then write every row.
+  ZeroOnFirstTouch<T> o_rows(oh, a.o_sn, Dv, reached, Nq);
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
-  for_each_walk_tile(w, cap,
-                     [&](const StridedTile& t) { strided_tile_forward<T>(a, plan, drop, w, b, h, t, s, z, m, l); });
   int64_t first_masked = -1;
-  for (int64_t i = 0; i < Nq; ++i) {
-    T* orow = oh + i * a.o_sn;
-    if (m[i] == ninf) {
-      std::fill_n(orow, Dv, T(0));
-      lh[i] = ninf;
-      if (first_masked < 0) first_masked = i;
-    } else {
-      tile::scale_row(orow, Dv, T(1) / l[i]);
-      lh[i] = m[i] + std::log(l[i]);
-    }
-  }
+  for_each_walk_tile(
+      w, cap,
+      [&](const StridedTile& t) {
+        o_rows.touch(t.i0, t.qstep, t.nr);
+        strided_tile_forward<T>(a, plan, drop, w, b, h, t, s, z, m, l);
+      },
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          T* orow = oh + i * a.o_sn;
+          if (m[i] == ninf) {
+            std::fill_n(orow, Dv, T(0));
+            lh[i] = ninf;
+            if (first_masked < 0) first_masked = i;
+          } else {
+            tile::scale_row(orow, Dv, T(1) / l[i]);
+            lh[i] = m[i] + std::log(l[i]);
+          }
+        }
+      });
   return first_masked;
 }
 
@@ -208,13 +217,14 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
     const int64_t per_thread = kWalkQ * kWalkK + kWalkK + 2 * p.Nq;
     Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
+    std::vector<uint8_t> reached(static_cast<size_t>(nthreads * p.Nq));
     std::atomic<int64_t> first_masked{INT64_MAX};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t t = 0; t < tasks; ++t) {
       T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
       T* z = s + kWalkQ * kWalkK;
-      const int64_t fm =
-          strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kWalkK, z + kWalkK + p.Nq);
+      const int64_t fm = strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kWalkK, z + kWalkK + p.Nq,
+                                                 reached.data() + omp_get_thread_num() * p.Nq);
       if (fm >= 0) {
         const int64_t idx = t * p.Nq + fm;
         int64_t cur = first_masked.load();

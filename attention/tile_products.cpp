@@ -70,7 +70,23 @@ inline void column_block(int64_t m, int64_t k, const T* a, int64_t a_rs, int64_t
                          int64_t ldc) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) micro_tile<T, 4, NV>(k, a + i * a_rs, a_rs, a_ks, b, ldb, c + i * ldc, ldc);
-  for (; i < m; ++i) micro_tile<T, 1, NV>(k, a + i * a_rs, a_rs, a_ks, b, ldb, c + i * ldc, ldc);
+  // The last 1-3 rows as one block: the walk's tiles end on them often (the band's 71 keys, a
+  // residue group's 7, 15, … 63), and row by row each B vector loaded would feed only NV FMAs.
+  const T* ai = a + i * a_rs;
+  T* ci = c + i * ldc;
+  switch (m - i) {
+    case 3:
+      micro_tile<T, 3, NV>(k, ai, a_rs, a_ks, b, ldb, ci, ldc);
+      break;
+    case 2:
+      micro_tile<T, 2, NV>(k, ai, a_rs, a_ks, b, ldb, ci, ldc);
+      break;
+    case 1:
+      micro_tile<T, 1, NV>(k, ai, a_rs, a_ks, b, ldb, ci, ldc);
+      break;
+    default:
+      break;
+  }
 }
 
 // C[m×n] += A·B, A read through (a_rs, a_ks), B and C row-major. Columns go in blocks of two

@@ -92,7 +92,7 @@ template <class T>
 void check_all_shapes(double tol) {
   const std::string type = sizeof(T) == 4 ? "float" : "double";
   uint32_t seed = 1;
-  for (int64_t m : {1, 2, 3, 4, 5, 8, 9, 64})
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64})  // 4-row blocks, then a 1-, 2- or 3-row one
     for (int64_t n : {1, 3, 4, 7, 8, 9, 17, 64, 79})
       for (int64_t k : {1, 3, 8, 16, 67}) {
         const std::string shape =
@@ -162,19 +162,28 @@ TEST_CASE("a tile product's element does not depend on where in the tile it sits
           REQUIRE(std::memcmp(&part[r * n + c], &whole[(i0 + r) * n + j0 + c], sizeof(float)) == 0);
         }
     }
-  // add_nn: O (m × 40) += P (m × n) · V (n × 40); row by row must give the same bits.
+  // add_nn: O (rows × 40) += P (rows × n) · V (n × 40); row by row must give the same bits. The
+  // row counts end the 4-row blocks on a 1-, 2- and 3-row block.
   const int64_t dv = 40;
-  std::vector<float> v(n * dv), o_whole(m * dv, 0.5f), o_rows(m * dv, 0.5f);
+  std::vector<float> v(n * dv);
   for (float& x : v) x = u(gen);
-  tile::add_nn(m, dv, n, whole.data(), n, v.data(), dv, o_whole.data(), dv);
-  for (int64_t i = 0; i < m; ++i)
-    tile::add_nn(1, dv, n, whole.data() + i * n, n, v.data(), dv, o_rows.data() + i * dv, dv);
-  CHECK(std::memcmp(o_whole.data(), o_rows.data(), o_whole.size() * sizeof(float)) == 0);
-  // add_tn: dV (n × 40) += Pᵀ (n × m) · dO (m × 40), all keys at once against one key at a time.
-  std::vector<float> dout(m * dv), dv_whole(n * dv, -0.25f), dv_keys(n * dv, -0.25f);
+  for (int64_t rows : {m, m - 2, m - 3}) {
+    std::vector<float> o_whole(rows * dv, 0.5f), o_rows(rows * dv, 0.5f);
+    tile::add_nn(rows, dv, n, whole.data(), n, v.data(), dv, o_whole.data(), dv);
+    for (int64_t i = 0; i < rows; ++i)
+      tile::add_nn(1, dv, n, whole.data() + i * n, n, v.data(), dv, o_rows.data() + i * dv, dv);
+    INFO("add_nn over " << rows << " rows");
+    CHECK(std::memcmp(o_whole.data(), o_rows.data(), o_whole.size() * sizeof(float)) == 0);
+  }
+  // add_tn: dV (keys × 40) += Pᵀ (keys × m) · dO (m × 40), all keys at once against one at a time.
+  std::vector<float> dout(m * dv);
   for (float& x : dout) x = u(gen);
-  tile::add_tn(n, dv, m, whole.data(), n, dout.data(), dv, dv_whole.data(), dv);
-  for (int64_t j = 0; j < n; ++j)
-    tile::add_tn(1, dv, m, whole.data() + j, n, dout.data(), dv, dv_keys.data() + j * dv, dv);
-  CHECK(std::memcmp(dv_whole.data(), dv_keys.data(), dv_whole.size() * sizeof(float)) == 0);
+  for (int64_t keys : {n, n - 2, n - 3}) {
+    std::vector<float> dv_whole(keys * dv, -0.25f), dv_keys(keys * dv, -0.25f);
+    tile::add_tn(keys, dv, m, whole.data(), n, dout.data(), dv, dv_whole.data(), dv);
+    for (int64_t j = 0; j < keys; ++j)
+      tile::add_tn(1, dv, m, whole.data() + j, n, dout.data(), dv, dv_keys.data() + j * dv, dv);
+    INFO("add_tn over " << keys << " keys");
+    CHECK(std::memcmp(dv_whole.data(), dv_keys.data(), dv_whole.size() * sizeof(float)) == 0);
+  }
 }
