@@ -171,57 +171,64 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
     const int64_t n_blocks =
         layout ? layout->col_ptr[kt + 1] - layout->col_ptr[kt] : (i_hi - i_lo + kBlockQ - 1) / kBlockQ;
     for (int64_t t = 0; t < n_blocks; ++t) {
-      int64_t i0, i1;
-      if (layout) {
-        const int64_t qt = layout->col_tiles[layout->col_ptr[kt] + t];
-        i0 = std::max(qt * kBlockQ, i_lo);
-        i1 = std::min((qt + 1) * kBlockQ, i_hi);
-        if (i1 <= i0) continue;
+      int64_t i0, i1, c0 = 0, c1 = bk;  // rows [i0, i1), keys j0 + [c0, c1)
+      if (layout) {                     // clipped to the tile's box too
+        const int64_t e = layout->col_ptr[kt] + t, qt = layout->col_tiles[e];
+        const BlockLayout::Box& box = layout->col_boxes[e];
+        i0 = std::max(qt * kBlockQ + box.r0, i_lo);
+        i1 = std::min(qt * kBlockQ + box.r1, i_hi);
+        c0 = box.c0;
+        c1 = std::min<int64_t>(box.c1, bk);
+        if (i1 <= i0 || c1 <= c0) continue;
       } else {
         i0 = i_lo + t * kBlockQ;
         i1 = std::min(i_hi, i0 + kBlockQ);
       }
-      const int64_t bq = i1 - i0;
+      const int64_t bq = i1 - i0, tj0 = j0 + c0, tbk = c1 - c0;
       int64_t j_lo, j_hi;  // the block's own key range may exclude this tile entirely
       plan.key_range(b, i0, i1, &j_lo, &j_hi);
-      if (j_hi <= j0 || j_lo >= j0 + bk) continue;
-      tile::nt(bq, bk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kj, a.k_sn, s, kBlockK);
-      const bool full = layout ? plan.tile_full(b, i0 / kBlockQ, kt, j0 + bk) && j0 >= j_lo && j0 + bk <= j_hi
-                               : plan.block_all_visible(b, i0, i1, j0, j0 + bk);
-      if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
+      if (j_hi <= tj0 || j_lo >= tj0 + tbk) continue;
+      const T* tk = kj + c0 * a.k_sn;
+      const T* tv = vj + c0 * a.v_sn;
+      T* tdk = dkj + c0 * dks;
+      T* tdv = dvj + c0 * dvs;
+      tile::nt(bq, tbk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, tk, a.k_sn, s, kBlockK);
+      const bool full = layout ? plan.tile_full(b, i0 / kBlockQ, kt, tj0 + tbk) && tj0 >= j_lo && tj0 + tbk <= j_hi
+                               : plan.block_all_visible(b, i0, i1, tj0, tj0 + tbk);
+      if (additive || !full) plan.apply<T>(b, h, i0, bq, tj0, tbk, s, kBlockK, full);
       for (int64_t r = 0; r < bq; ++r) {
         const T lse = lseh[i0 + r];
         T* sr = s + r * kBlockK;
-        if (lse == ninf) std::fill_n(sr, bk, T(0));
-        else tile::exp_shift(sr, bk, lse);
+        if (lse == ninf) std::fill_n(sr, tbk, T(0));
+        else tile::exp_shift(sr, tbk, lse);
       }
       const T* pd = s;  // P∘Z, the weights the forward multiplied V by
       if (drop.on()) {
         for (int64_t r = 0; r < bq; ++r) {
           T* zr = z + r * kBlockK;
-          drop.row(b, h, i0 + r, j0, bk, zr);
-          for (int64_t c = 0; c < bk; ++c) pz[r * kBlockK + c] = s[r * kBlockK + c] * zr[c];
+          drop.row(b, h, i0 + r, tj0, tbk, zr);
+          for (int64_t c = 0; c < tbk; ++c) pz[r * kBlockK + c] = s[r * kBlockK + c] * zr[c];
         }
         pd = pz;
       }
       dq_rows.touch(i0, 1, bq);
-      dk_rows.touch(j0, 1, bk);
-      dv_rows.touch(j0, 1, bk);
-      tile::add_tn(bk, Dv, bq, pd, kBlockK, doh + i0 * dos, dos, dvj, dvs);
-      tile::nt(bq, bk, Dv, T(1), doh + i0 * dos, dos, vj, a.v_sn, dp, kBlockK);
+      dk_rows.touch(tj0, 1, tbk);
+      dv_rows.touch(tj0, 1, tbk);
+      tile::add_tn(tbk, Dv, bq, pd, kBlockK, doh + i0 * dos, dos, tdv, dvs);
+      tile::nt(bq, tbk, Dv, T(1), doh + i0 * dos, dos, tv, a.v_sn, dp, kBlockK);
       for (int64_t r = 0; r < bq; ++r) {
         const T di = dih[i0 + r];
         const T* sr = s + r * kBlockK;
         T* dr = dp + r * kBlockK;
         if (drop.on()) {
           const T* zr = z + r * kBlockK;
-          for (int64_t c = 0; c < bk; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
+          for (int64_t c = 0; c < tbk; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
         } else {
-          for (int64_t c = 0; c < bk; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
+          for (int64_t c = 0; c < tbk; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
         }
       }
-      tile::add_tn(bk, D, bq, dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, dkj, dks);
-      tile::add_nn(bq, D, bk, dp, kBlockK, kj, a.k_sn, dqh + i0 * dqs, dqs);
+      tile::add_tn(tbk, D, bq, dp, kBlockK, qh + i0 * a.q_sn, a.q_sn, tdk, dks);
+      tile::add_nn(bq, D, tbk, dp, kBlockK, tk, a.k_sn, dqh + i0 * dqs, dqs);
     }
   }
   dq_rows.finish();

@@ -65,43 +65,49 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
   const int64_t n_tiles =
       layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_lo + kBlockK - 1) / kBlockK;
   for (int64_t t = 0; t < n_tiles; ++t) {
-    int64_t j0, bk;
+    int64_t j0, bk, r0 = 0, nr = bq;  // the tile's keys [j0, j0 + bk) and block rows [r0, r0 + nr)
     bool full;
-    if (layout) {
-      const int64_t kt = layout->row_tiles[layout->row_ptr[qt] + t];
-      j0 = std::max(kt * kBlockK, j_lo);
-      bk = std::min((kt + 1) * kBlockK, j_hi) - j0;
+    if (layout) {  // clipped to the tile's box too
+      const int64_t e = layout->row_ptr[qt] + t, kt = layout->row_tiles[e];
+      const BlockLayout::Box& box = layout->row_boxes[e];
+      j0 = std::max(kt * kBlockK + box.c0, j_lo);
+      bk = std::min(kt * kBlockK + box.c1, j_hi) - j0;
       if (bk <= 0) continue;
+      r0 = box.r0;
+      nr = std::min<int64_t>(box.r1, bq) - r0;
+      if (nr <= 0) continue;
       full = plan.tile_full(b, qt, kt, j0 + bk);
     } else {
       j0 = j_lo + t * kBlockK;
       bk = std::min(kBlockK, j_hi - j0);
       full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
     }
-    tile::nt(bq, bk, D, a.scale, qb, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
-    if (additive || !full) plan.apply<T>(b, h, i0, bq, j0, bk, s, kBlockK, full);
-    for (int64_t r = 0; r < bq; ++r) {
+    T* ot = ob + r0 * os;
+    T *mt = m + r0, *lt = l + r0;
+    tile::nt(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
+    if (additive || !full) plan.apply<T>(b, h, i0 + r0, nr, j0, bk, s, kBlockK, full);
+    for (int64_t r = 0; r < nr; ++r) {
       T* sr = s + r * kBlockK;
       const T mx = tile::row_max(sr, bk);
-      const T m_new = mx > m[r] ? mx : m[r];
+      const T m_new = mx > mt[r] ? mx : mt[r];
       if (m_new == ninf) {  // nothing visible in this row so far
         std::fill_n(sr, bk, T(0));
         continue;
       }
       const T sum = tile::exp_shift_sum(sr, bk, m_new);
-      if (m[r] != m_new) {
-        const T alpha = m[r] == ninf ? T(0) : tile::exp_fast(m[r] - m_new);
-        l[r] *= alpha;
-        if (m[r] != ninf) tile::scale_row(ob + r * os, Dv, alpha);
-        m[r] = m_new;
+      if (mt[r] != m_new) {
+        const T alpha = mt[r] == ninf ? T(0) : tile::exp_fast(mt[r] - m_new);
+        lt[r] *= alpha;
+        if (mt[r] != ninf) tile::scale_row(ot + r * os, Dv, alpha);
+        mt[r] = m_new;
       }
-      l[r] += sum;
+      lt[r] += sum;
       if (drop.on()) {
-        drop.row(b, h, i0 + r, j0, bk, z);
+        drop.row(b, h, i0 + r0 + r, j0, bk, z);
         for (int64_t c = 0; c < bk; ++c) sr[c] *= z[c];
       }
     }
-    tile::add_nn(bq, Dv, bk, s, kBlockK, vh + j0 * a.v_sn, a.v_sn, ob, os);
+    tile::add_nn(nr, Dv, bk, s, kBlockK, vh + j0 * a.v_sn, a.v_sn, ot, os);
   }
   int64_t first_masked = -1;
   for (int64_t r = 0; r < bq; ++r) {

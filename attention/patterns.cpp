@@ -308,6 +308,8 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
   L->nkt = (nk + tk - 1) / tk;
   const PatternPredicate pred(pattern, nk, rules.has_hi);
   std::vector<int64_t> count(static_cast<size_t>(L->nqt * L->nkt), 0);
+  QKV_CHECK(tq <= 255 && tk <= 255, "[attention] block layout tiles of ", tq, "x", tk, " (at most 255 a side)");
+  std::vector<BlockLayout::Box> box(count.size(), BlockLayout::Box{255, 0, 255, 0});
   std::vector<int64_t> stamp(static_cast<size_t>(nk), -1), keys;
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t p = rules.q_offset + i;
@@ -317,11 +319,19 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
     keys.clear();
     pred.keys(p, a, e, keys);
     int64_t* row = count.data() + (i / tq) * L->nkt;
+    BlockLayout::Box* row_box = box.data() + (i / tq) * L->nkt;
+    const auto r = static_cast<uint8_t>(i % tq);
     for (int64_t j : keys) {
       if (stamp[j] == i) continue;
       stamp[j] = i;
       ++row[j / tk];
       ++L->kept_pairs;
+      BlockLayout::Box& b = row_box[j / tk];
+      const auto c = static_cast<uint8_t>(j % tk);
+      b.r0 = std::min(b.r0, r);
+      b.r1 = std::max<uint8_t>(b.r1, r + 1);
+      b.c0 = std::min(b.c0, c);
+      b.c1 = std::max<uint8_t>(b.c1, c + 1);
     }
   }
   int64_t grid_area = 0;  // logits the grid walk computes
@@ -338,15 +348,24 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       ++L->visited_tiles;
       L->full_tiles += c == area;
       L->row_tiles.push_back(kt);
+      BlockLayout::Box b = box[qt * L->nkt + kt];
+      b.c0 = static_cast<uint8_t>(b.c0 / 8 * 8);  // whole vectors of 8 keys for the kernels' row loops
+      b.c1 = static_cast<uint8_t>(std::min<int64_t>(tk, (b.c1 + 7) / 8 * 8));
+      L->row_boxes.push_back(b);
       ++L->row_ptr[qt + 1];
       ++L->col_ptr[kt + 1];
     }
   for (int64_t qt = 0; qt < L->nqt; ++qt) L->row_ptr[qt + 1] += L->row_ptr[qt];
   for (int64_t kt = 0; kt < L->nkt; ++kt) L->col_ptr[kt + 1] += L->col_ptr[kt];
   L->col_tiles.assign(L->row_tiles.size(), 0);
+  L->col_boxes.assign(L->row_tiles.size(), BlockLayout::Box{});
   std::vector<int64_t> fill(L->col_ptr.begin(), L->col_ptr.end() - 1);
   for (int64_t qt = 0; qt < L->nqt; ++qt)
-    for (int64_t e = L->row_ptr[qt]; e < L->row_ptr[qt + 1]; ++e) L->col_tiles[fill[L->row_tiles[e]]++] = qt;
+    for (int64_t e = L->row_ptr[qt]; e < L->row_ptr[qt + 1]; ++e) {
+      const int64_t at = fill[L->row_tiles[e]]++;
+      L->col_tiles[at] = qt;
+      L->col_boxes[at] = L->row_boxes[e];
+    }
   // Strided under a causal rule: the regrouped walk (patterns.h), when it visits fewer tiles. At
   // s = √N it visits O(N/64 + s·(N/s/64)²) tiles against the grid's O((N/64)²): every grid tile
   // below the diagonal holds a stride column once s <= 64, or N/s rows of them cut by columns.

@@ -147,7 +147,16 @@ struct BlockLayout {
   std::vector<uint8_t> state;               // [nqt, nkt]
   std::vector<int64_t> row_ptr, row_tiles;  // non-empty key tiles of each query tile (CSR)
   std::vector<int64_t> col_ptr, col_tiles;  // non-empty query tiles of each key tile (CSC)
-  int64_t kept_pairs = 0;                   // visible (i, j) pairs of one (b, h) slice
+  // The rows [r0, r1) and keys [c0, c1) of a non-empty tile, relative to its corner, that hold its
+  // visible pairs (their bounding box, keys rounded out to multiples of 8 so the kernels' row
+  // loops take whole vectors): the CPU kernels compute only that part. 16 global tokens fill 16
+  // of a 32-key tile's columns and of a 32-row tile's rows, so the grid alone computed two logits
+  // for each of their pairs. Aligned with row_tiles and with col_tiles.
+  struct Box {
+    uint8_t r0, r1, c0, c1;
+  };
+  std::vector<Box> row_boxes, col_boxes;
+  int64_t kept_pairs = 0;  // visible (i, j) pairs of one (b, h) slice
   int64_t visited_tiles = 0, full_tiles = 0;
   State at(int64_t qt, int64_t kt) const { return static_cast<State>(state[qt * nkt + kt]); }
 };

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -370,6 +371,44 @@ TEST_CASE("sparse: visibility_mask, kept pairs and the layout agree with the doc
         CHECK(st.visited_tiles <= st.total_tiles);
         CHECK(st.total_tiles == ((nq + kT - 1) / kT) * ((300 + kT - 1) / kT));
       }
+  // Each non-empty tile's box is the bounding box of its visible pairs (keys rounded out to
+  // multiples of 8), in both the CSR and the CSC order.
+  for (const Case& c : patterns_at_300())
+    for (int causal = 0; causal < 2; ++causal) {
+      INFO(c.name << " causal " << causal << " (boxes)");
+      AttentionOptions o;
+      o.causal = causal;
+      o.pattern = c.pattern;
+      const int64_t nq = 300, nk = 300;
+      const AttentionShape s{1, 1, 1, nq, nk};
+      const Tensor m = visibility_mask(s, o);
+      const auto L = block_layout(*c.pattern, mask_rules(s, o), nq, nk, kT, kT);
+      int64_t checked = 0;
+      for (int64_t qt = 0; qt < L->nqt; ++qt)
+        for (int64_t e = L->row_ptr[qt]; e < L->row_ptr[qt + 1]; ++e) {
+          const int64_t kt = L->row_tiles[e];
+          int64_t r0 = kT, r1 = 0, c0 = kT, c1 = 0;
+          for (int64_t i = qt * kT; i < std::min(nq, (qt + 1) * kT); ++i)
+            for (int64_t j = kt * kT; j < std::min(nk, (kt + 1) * kT); ++j)
+              if (m.data<bool>()[i * nk + j]) {
+                r0 = std::min(r0, i - qt * kT);
+                r1 = std::max(r1, i - qt * kT + 1);
+                c0 = std::min(c0, j - kt * kT);
+                c1 = std::max(c1, j - kt * kT + 1);
+              }
+          const BlockLayout::Box& box = L->row_boxes[e];
+          CHECK(box.r0 == r0);
+          CHECK(box.r1 == r1);
+          CHECK(box.c0 == c0 / 8 * 8);
+          CHECK(box.c1 == std::min<int64_t>(kT, (c1 + 7) / 8 * 8));
+          int64_t at = L->col_ptr[kt];
+          while (L->col_tiles[at] != qt) ++at;
+          CHECK(std::memcmp(&L->col_boxes[at], &box, sizeof box) == 0);
+          ++checked;
+        }
+      CHECK(checked == static_cast<int64_t>(L->row_tiles.size()));
+      CHECK(checked > 0);
+    }
   // The window skips tiles; a wide window has full tiles (no per-element mask there).
   AttentionOptions o;
   o.causal = true;
