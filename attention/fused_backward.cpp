@@ -99,15 +99,14 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   tile::add_nn(nr, a.D, nc, dp, kWalkK, kt, ldk, dqt, lddq);
 }
 
-// The regrouped walk of one (b, h), in the forward's order (residue groups, then the band). dQ,
-// dK and dV rows are zeroed as the walk first reaches them. reached: Nq + 2·Nk flags.
+// The regrouped walk of one (b, h), in the forward's order (residue groups, then the band),
+// zeroing dQ, dK and dV rows as a tile first reaches them.
 template <class T>
 void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, uint8_t* reached) {
+                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, ZeroOnFirstTouch<T>& dq_rows,
+                           ZeroOnFirstTouch<T>& dk_rows, ZeroOnFirstTouch<T>& dv_rows) {
   const StridedWalk& w = plan.layout().walk;
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);
-  ZeroOnFirstTouch<T> dq_rows(dqh, a.dq_sn, a.D, reached, a.Nq), dk_rows(dkh, a.dk_sn, a.D, reached + a.Nq, a.Nk),
-      dv_rows(dvh, a.dv_sn, a.Dv, reached + a.Nq + a.Nk, a.Nk);
   for_each_walk_tile(
       w, cap,
       [&](const StridedTile& t) {
@@ -117,9 +116,6 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
         strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, dkh, dvh, s, dp, pz, z);
       },
       [](int64_t, int64_t) {});
-  dq_rows.finish();
-  dk_rows.finish();
-  dv_rows.finish();
 }
 
 // s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkQ×kWalkK); reached: Nq + 2·Nk flags
@@ -151,12 +147,12 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   const int64_t kv_slot = a.partial ? h : hk;
   T* dkh = a.dk + b * a.dk_sb + kv_slot * a.dk_sh;
   T* dvh = a.dv + b * a.dv_sb + kv_slot * a.dv_sh;
-  if (use_strided_walk(plan))
-    return strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, reached);
   ZeroOnFirstTouch<T> dq_rows(dqh, dqs, D, reached, a.Nq), dk_rows(dkh, dks, D, reached + a.Nq, a.Nk),
       dv_rows(dvh, dvs, Dv, reached + a.Nq + a.Nk, a.Nk);
+  const bool walk = use_strided_walk(plan);  // else the grid walk below
+  if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, dq_rows, dk_rows, dv_rows);
   const bool additive = plan.has_bias() || plan.has_alibi();
-  for (int64_t j0 = 0; j0 < a.Nk; j0 += kBlockK) {
+  for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {
     const int64_t bk = std::min(kBlockK, a.Nk - j0);
     int64_t i_lo, i_hi;
     plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);
