@@ -2,7 +2,7 @@
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
 //           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
 //           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
-//           [--pattern-block-size BS]; a config with train.device = "cuda" selects the GPU
+//           [--pattern-block-size BS] [--versus-full [--rounds R]]; a config with train.device = "cuda" selects the GPU
 //           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
 //           datasheet peak, tensor/device_peaks.cpp)
 #include <omp.h>
@@ -49,6 +49,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--pattern-random-blocks", p_random, "attention: bigbird random blocks")->capture_default_str();
   cmd->add_option("--pattern-block-size", p_bs, "attention: bigbird / block_sparse block size")->capture_default_str();
   cmd->add_option("--hkv", p_hkv, "attention: kv heads (default: 8 and 2)");
+  static bool versus_full = false;
+  static int rounds = 0;
+  cmd->add_flag("--versus-full", versus_full,
+                "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
+                "the same process, and report the ratio of their times per kept pair");
+  cmd->add_option("--rounds", rounds, "attention --versus-full: alternated rounds (0: about 10 s of full steps)");
   static std::string kernel = "both";
   cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
   cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")
@@ -147,6 +153,11 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       try {
         o.pattern.validate();
       } catch (const Error& e) { fail("[bench] --pattern-*: ", e.what()); }
+      QKV_CHECK(!versus_full || o.pattern.sparse(), "[bench] --versus-full needs a sparse --pattern, got '", pattern,
+                "'");
+      QKV_CHECK(rounds >= 0, "[bench] --rounds must be >= 0, got ", rounds);
+      o.versus_full = versus_full;
+      o.rounds = rounds;
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
       if (!config.empty() && cfg.train.device == Device::cuda) {
@@ -175,24 +186,36 @@ void add_bench_command(CLI::App& root, int& exit_code) {
               r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
               static_cast<long long>(r.total_tiles), static_cast<long long>(r.tile_q), static_cast<long long>(r.tile_k),
               r.ns_per_kept_pair, r.kept_gflops);
-        results.push_back({{"name", "attention"},
-                           {"kernel", r.kernel},
-                           {"n", r.n},
-                           {"hkv", r.hkv},
-                           {"head_dim", r.head_dim},
-                           {"ms", r.ms},
-                           {"forward_ms", r.forward_ms},
-                           {"forward_tflops", r.forward_tflops},
-                           {"backward_tflops", r.backward_tflops},
-                           {"peak_bytes", r.peak_bytes},
-                           {"pattern", r.pattern},
-                           {"kept_pairs", r.kept_pairs},
-                           {"visited_tiles", r.visited_tiles},
-                           {"total_tiles", r.total_tiles},
-                           {"tile_q", r.tile_q},
-                           {"tile_k", r.tile_k},
-                           {"kept_gflops", r.kept_gflops},
-                           {"ns_per_kept_pair", r.ns_per_kept_pair}});
+        if (r.rounds > 0)
+          std::fprintf(out,
+                       "          vs full causal, %d alternated rounds: full %.2f ms, %.2f ns/kept pair; pattern/full "
+                       "per kept pair %.3f\n",
+                       r.rounds, r.full_ms, r.full_ns_per_kept_pair, r.ratio_vs_full);
+        nlohmann::json row = {{"name", "attention"},
+                              {"kernel", r.kernel},
+                              {"n", r.n},
+                              {"hkv", r.hkv},
+                              {"head_dim", r.head_dim},
+                              {"ms", r.ms},
+                              {"forward_ms", r.forward_ms},
+                              {"forward_tflops", r.forward_tflops},
+                              {"backward_tflops", r.backward_tflops},
+                              {"peak_bytes", r.peak_bytes},
+                              {"pattern", r.pattern},
+                              {"kept_pairs", r.kept_pairs},
+                              {"visited_tiles", r.visited_tiles},
+                              {"total_tiles", r.total_tiles},
+                              {"tile_q", r.tile_q},
+                              {"tile_k", r.tile_k},
+                              {"kept_gflops", r.kept_gflops},
+                              {"ns_per_kept_pair", r.ns_per_kept_pair}};
+        if (r.rounds > 0) {
+          row["rounds"] = r.rounds;
+          row["full_ms"] = r.full_ms;
+          row["full_ns_per_kept_pair"] = r.full_ns_per_kept_pair;
+          row["ratio_vs_full"] = r.ratio_vs_full;
+        }
+        results.push_back(row);
       }
     } else if (what == "decode") {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");

@@ -50,16 +50,19 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
             if (lo.feature == LinearFeature::favor) lo.projection = favor_projection_for_layer(D, D, 0).to(dev);
             if (opt.pattern.sparse()) o.pattern = std::make_shared<const SparsePattern>(opt.pattern);
             double fwd_ms = 0;
-            auto step = [&] {
+            // One forward + backward under `opts` (ms); fwd_ms gets the forward's share.
+            auto step_with = [&](const AttentionOptions& opts) {
               autograd::AutocastGuard autocast(opt.bf16_autocast);
               const auto t0 = std::chrono::steady_clock::now();
-              Tensor out = linear ? linear_attention(q, k, v, lo) : attention(q, k, v, o);
+              Tensor out = linear ? linear_attention(q, k, v, lo) : attention(q, k, v, opts);
               sync();
               fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
               autograd::backward(out, g);
               sync();
               autograd::zero_grad({q, k, v});
+              return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             };
+            auto step = [&] { step_with(o); };
             const auto w0 = std::chrono::steady_clock::now();
             step();  // warm-up: fills the caching allocator and BLAS buffers
             const double warm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
@@ -112,6 +115,33 @@ std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& o
                           (static_cast<double>(std::min(opt.linear_chunk, n)) * 2.0 * D + 2.0 * D * D);
             res.forward_tflops = fwd_flops / (res.forward_ms * 1e-3) * 1e-12;
             res.backward_tflops = 2.5 * fwd_flops / (std::max(res.ms - res.forward_ms, 1e-9) * 1e-3) * 1e-12;
+            if (opt.versus_full && !linear && o.pattern) {
+              AttentionOptions full = o;
+              full.pattern.reset();
+              const double full_kept =
+                  static_cast<double>(std::max<int64_t>(1, pattern_stats({B, H, hkv, n, n}, full).kept_pairs));
+              const double pattern_kept = static_cast<double>(std::max<int64_t>(1, st.kept_pairs));
+              const double full_warm_ms = step_with(full);
+              res.rounds = opt.rounds > 0
+                               ? opt.rounds
+                               : std::clamp(static_cast<int>(std::ceil(1e4 / std::max(full_warm_ms, 1.0))), 3, 15);
+              const int per_round =
+                  std::clamp(static_cast<int>(std::lround(full_warm_ms / std::max(res.ms, 1e-3))), 1, 25);
+              std::vector<double> full_ms, ratios;
+              for (int r = 0; r < res.rounds; ++r) {
+                const double f = step_with(full);
+                std::vector<double> p;
+                for (int i = 0; i < per_round; ++i) p.push_back(step_with(o));
+                std::sort(p.begin(), p.end());
+                full_ms.push_back(f);
+                ratios.push_back((p[p.size() / 2] / pattern_kept) / (f / full_kept));
+              }
+              std::sort(full_ms.begin(), full_ms.end());
+              std::sort(ratios.begin(), ratios.end());
+              res.full_ms = full_ms[full_ms.size() / 2];
+              res.full_ns_per_kept_pair = res.full_ms * 1e6 / full_kept;
+              res.ratio_vs_full = ratios[ratios.size() / 2];
+            }
             results.push_back(res);
           }
   } catch (...) {

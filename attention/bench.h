@@ -32,6 +32,12 @@ struct AttentionBenchOptions {
   bool linear = false;
   LinearFeature linear_feature = LinearFeature::elu1;
   int64_t linear_chunk = 64;
+  // A sparse pattern also measured against full causal attention in the same process, on the same
+  // tensors, alternating (`--versus-full`): each round one full step, then as many pattern steps as
+  // take about as long. On a shared machine whose load drifts by tens of percent within seconds,
+  // two separate runs seconds apart compare two different machines; alternated rounds see the same one.
+  bool versus_full = false;
+  int rounds = 0;  // versus_full rounds; 0: about 10 s of full steps (at least 3, at most 15)
 };
 
 struct AttentionBenchResult {
@@ -50,6 +56,11 @@ struct AttentionBenchResult {
   std::string pattern = "full";
   int64_t kept_pairs = 0, visited_tiles = 0, total_tiles = 0, tile_q = 0, tile_k = 0;
   double kept_gflops = 0, ns_per_kept_pair = 0;
+  // versus_full: full causal attention's median fwd+bwd over the rounds and its time per kept pair,
+  // and the median over rounds of (the pattern's time per kept pair) / (full's), each round's ratio
+  // taken from steps run within about a second of each other (the pattern's median in the round).
+  int rounds = 0;
+  double full_ms = 0, full_ns_per_kept_pair = 0, ratio_vs_full = 0;
 };
 
 std::vector<AttentionBenchResult> bench_attention(const AttentionBenchOptions& opt = {});

@@ -2,6 +2,7 @@
 // attention() and its FusedAttentionBackward node.
 #pragma once
 #include "attention/mask.h"
+#include "attention/tile_products.h"
 
 namespace qkv::attn {
 
@@ -131,11 +132,58 @@ struct ZeroOnFirstTouch {
   void finish() { touch(0, 1, count); }
 };
 
+// Each row's kept columns of a walk tile, [ca[r], ce[r]) (the band's (p − l, hi) or the group's
+// [lo, min(hi, p − l + 1))), computed once per tile for the mask and the products; and the rows in
+// groups of kWalkSpanRows, each with the columns [a, e) some row of the group keeps. The tile's dot
+// products (S = Q·Kᵀ, dP = dO·Vᵀ) are computed on those columns only: a tile's rows are staggered
+// (each band row sees the keys of the row above shifted by one, each residue-group row one more
+// key), so each group of 4 skips the columns only the other group keeps, ~8 % of the products'
+// logits, all of them masked.
+constexpr int64_t kWalkSpanRows = 4;
+struct WalkRows {
+  int64_t ca[kWalkQ], ce[kWalkQ];
+  int64_t a[kWalkQ / kWalkSpanRows], e[kWalkQ / kWalkSpanRows];
+
+  WalkRows(const MaskPlan& plan, const StridedWalk& w, int64_t b, const StridedTile& t) {
+    for (int64_t r = 0; r < t.nr; ++r) {
+      const int64_t p = plan.pos(t.i0 + t.qstep * r);
+      const int64_t lo = t.band ? w.band_lo(p) : plan.lo(p);
+      const int64_t hi = t.band ? plan.hi(b, p) : std::min(plan.hi(b, p), p - w.l + 1);
+      ca[r] = std::clamp<int64_t>(StridedWalk::ceil_div(lo - t.j0, t.kstep), 0, t.nc);
+      ce[r] = std::clamp<int64_t>(StridedWalk::ceil_div(hi - t.j0, t.kstep), ca[r], t.nc);
+    }
+    for (int64_t g = 0; g * kWalkSpanRows < t.nr; ++g) {
+      a[g] = t.nc;
+      e[g] = 0;
+      for (int64_t r = g * kWalkSpanRows; r < std::min(t.nr, (g + 1) * kWalkSpanRows); ++r)
+        if (ce[r] > ca[r]) {
+          a[g] = std::min(a[g], ca[r]);
+          e[g] = std::max(e[g], ce[r]);
+        }
+      if (e[g] <= a[g]) a[g] = e[g] = 0;
+    }
+  }
+  // C = alpha·A·Bᵀ on each group's columns (A: the tile's nr rows, lda apart; B: its nc rows, ldb
+  // apart; C: rows ldc apart); the other columns of C are left as they were.
+  template <class T>
+  void nt(int64_t nr, int64_t k, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) const {
+    for (int64_t g = 0; g * kWalkSpanRows < nr; ++g) {
+      const int64_t r0 = g * kWalkSpanRows;
+      if (e[g] > a[g])
+        tile::nt(std::min(kWalkSpanRows, nr - r0), e[g] - a[g], k, alpha, A + r0 * lda, lda, B + a[g] * ldb, ldb,
+                 C + r0 * ldc + a[g], ldc);
+    }
+  }
+  // The columns of row r that nt formed.
+  int64_t span_begin(int64_t r) const { return a[r / kWalkSpanRows]; }
+  int64_t span_end(int64_t r) const { return e[r / kWalkSpanRows]; }
+};
+
 // Bias, ALiBi and the mask on the tile's logits s[r·lds + c]: each row keeps the keys of its
 // interval (the band's (p − l, hi) or the group's [lo, min(hi, p − l + 1))), then the
 // elementwise masks; everything else, and the padding columns up to walk_row_width(nc), becomes −inf.
 template <class T>
-void strided_tile_mask(const MaskPlan& plan, const StridedWalk& w, int64_t b, int64_t h, const StridedTile& t, T* s,
+void strided_tile_mask(const MaskPlan& plan, const WalkRows& rows, int64_t b, int64_t h, const StridedTile& t, T* s,
                        int64_t lds) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const bool bias = plan.has_bias(), alibi = plan.has_alibi(), elementwise = plan.elementwise();
@@ -152,10 +200,7 @@ void strided_tile_mask(const MaskPlan& plan, const StridedWalk& w, int64_t b, in
       const T slope = static_cast<T>(plan.alibi_slope(h));
       for (int64_t c = 0; c < t.nc; ++c) row[c] -= slope * static_cast<T>(p - (t.j0 + t.kstep * c));
     }
-    const int64_t lo = t.band ? w.band_lo(p) : plan.lo(p);
-    const int64_t hi = t.band ? plan.hi(b, p) : std::min(plan.hi(b, p), p - w.l + 1);
-    const int64_t ca = std::clamp<int64_t>(StridedWalk::ceil_div(lo - t.j0, t.kstep), 0, t.nc);
-    const int64_t ce = std::clamp<int64_t>(StridedWalk::ceil_div(hi - t.j0, t.kstep), ca, t.nc);
+    const int64_t ca = rows.ca[r], ce = rows.ce[r];
     for (int64_t c = 0; c < ca; ++c) row[c] = ninf;
     for (int64_t c = ce; c < ncp; ++c) row[c] = ninf;
     if (elementwise)

@@ -64,8 +64,9 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.do_sn,
                 lddq = t.qstep * a.dq_sn, lddk = t.kstep * a.dk_sn, lddv = t.kstep * a.dv_sn;
   const int64_t nr = t.nr, nc = t.nc;
-  tile::nt(nr, nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
-  strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
+  const WalkRows rows(plan, w, b, t);
+  rows.nt(nr, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
+  strided_tile_mask<T>(plan, rows, b, h, t, s, kWalkK);
   const int64_t ncp = walk_row_width(nc);
   for (int64_t r = 0; r < nr; ++r) {
     const T lse = a.lse[row0 + t.i0 + t.qstep * r];
@@ -83,17 +84,20 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     pd = pz;
   }
   tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, dvt, lddv);
-  tile::nt(nr, nc, a.Dv, T(1), dot, ldo, vt, ldv, dp, kWalkK);
-  for (int64_t r = 0; r < nr; ++r) {
+  rows.nt(nr, a.Dv, T(1), dot, ldo, vt, ldv, dp, kWalkK);
+  for (int64_t r = 0; r < nr; ++r) {  // dS; 0 outside the row's span, where P is 0 and dP was not formed
     const T di = a.di[row0 + t.i0 + t.qstep * r];
     const T* sr = s + r * kWalkK;
     T* dr = dp + r * kWalkK;
+    const int64_t ca = rows.span_begin(r), ce = rows.span_end(r);
+    std::fill(dr, dr + ca, T(0));
     if (drop.on()) {
       const T* zr = z + r * kWalkK;
-      for (int64_t c = 0; c < nc; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
+      for (int64_t c = ca; c < ce; ++c) dr[c] = a.scale * sr[c] * (dr[c] * zr[c] - di);
     } else {
-      for (int64_t c = 0; c < nc; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
+      for (int64_t c = ca; c < ce; ++c) dr[c] = a.scale * sr[c] * (dr[c] - di);
     }
+    std::fill(dr + ce, dr + nc, T(0));
   }
   tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, dkt, lddk);
   tile::add_nn(nr, a.D, nc, dp, kWalkK, kt, ldk, dqt, lddq);

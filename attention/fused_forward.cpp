@@ -135,8 +135,9 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
   const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
   T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
   const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
-  tile::nt(t.nr, t.nc, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
-  strided_tile_mask<T>(plan, w, b, h, t, s, kWalkK);
+  const WalkRows rows(plan, w, b, t);
+  rows.nt(t.nr, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
+  strided_tile_mask<T>(plan, rows, b, h, t, s, kWalkK);
   const int64_t ncp = walk_row_width(t.nc);
   for (int64_t r = 0; r < t.nr; ++r) {
     T* sr = s + r * kWalkK;

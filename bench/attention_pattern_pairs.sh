@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Sparse attention patterns against full causal attention, side by side: for each N, one
-# `qkv bench --what attention --pattern full` then one `--pattern P` per pattern given, so every
-# ratio compares two runs taken seconds apart (the 2-core machine is shared and its load drifts).
+# Sparse attention patterns against full causal attention, side by side: for each N and pattern,
+# one `qkv bench --what attention --pattern P --versus-full`, which times full causal attention in
+# the same process on the same tensors, alternating with the pattern round by round (the 2-core
+# machine is shared and its load drifts by tens of percent within seconds: two runs seconds apart
+# compare two different machines).
 #
 #   bench/attention_pattern_pairs.sh "N..." "PATTERN[:extra bench flags]..."
 #   e.g. bench/attention_pattern_pairs.sh "1024 4096" "strided" "window:--pattern-local 256"
 #
-# Prints CSV rows pattern,n,seconds,kept_pairs,visited_tiles,ns_per_kept_pair,ratio where ratio is
-# the pattern's time per kept pair over full's at the same N in the same pass (full's own row: 1).
+# Prints CSV rows pattern,n,seconds,kept_pairs,visited_tiles,ns_per_kept_pair,ratio: one row per
+# pattern, where ratio is the median over the alternated rounds of the pattern's time per kept pair
+# over full's, then one row "full (vs P)" with full's own figures from the same run (ratio 1).
 # Fused CPU kernel, B 1, H 8, Hkv 8, D 64, float32, THREADS threads (default 2). Builds nothing.
-# Environment: BUILD_DIR (default build) locates qkv; SKIP_FULL_ABOVE=N drops full above N.
+# Environment: BUILD_DIR (default build) locates qkv; SKIP_FULL_ABOVE=N times the patterns alone
+# above N (full attention at 16K takes ~10 s a step here); ROUNDS (default: the bench's, about 10 s
+# of full steps) sets the alternated rounds.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-build}"
@@ -20,35 +25,29 @@ qkv="$build/qkv"
 ns=($1)
 shift
 threads="${THREADS:-2}"
+rounds="${ROUNDS:-0}"
 export OMP_WAIT_POLICY=PASSIVE
-row() {  # pattern-name n extra-flags... -> "describe,n,seconds,kept,visited,ns_per_pair"
-  local name="$1" n="$2"
-  shift 2
-  "$qkv" bench --what attention --pattern "$name" --kernel fused --hkv 8 --threads "$threads" --n "$n" "$@" --json |
-    tail -n 1 | /usr/bin/python3 -c '
-import json, sys
-r = json.load(sys.stdin)["results"][0]
-print("%s,%d,%.3f,%d,%d,%.2f" % (r["pattern"], r["n"], r["ms"] / 1000, r["kept_pairs"], r["visited_tiles"],
-                                 r["ns_per_kept_pair"]))'
-}
 echo "pattern,n,seconds,kept_pairs,visited_tiles,ns_per_kept_pair,ratio"
 for n in "${ns[@]}"; do
-  full_ns=""
-  if [[ -z "${SKIP_FULL_ABOVE:-}" || "$n" -le "${SKIP_FULL_ABOVE}" ]]; then
-    f="$(row full "$n")"
-    full_ns="${f##*,}"
-    echo "$f,1.00"
-  fi
+  versus=(--versus-full --rounds "$rounds")
+  [[ -n "${SKIP_FULL_ABOVE:-}" && "$n" -gt "${SKIP_FULL_ABOVE}" ]] && versus=()
   for spec in "$@"; do
     name="${spec%%:*}"
     flags=""
     [[ "$spec" == *:* ]] && flags="${spec#*:}"
     # shellcheck disable=SC2086
-    p="$(row "$name" "$n" $flags)"
-    if [[ -n "$full_ns" ]]; then
-      echo "$p,$(/usr/bin/python3 -c "print(f'{${p##*,} / $full_ns:.2f}')")"
-    else
-      echo "$p,"
-    fi
+    "$qkv" bench --what attention --pattern "$name" --kernel fused --hkv 8 --threads "$threads" --n "$n" $flags \
+      "${versus[@]}" --json | tail -n 1 | /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)["results"][0]
+row = "%s,%d,%.3f,%d,%d,%.2f" % (r["pattern"], r["n"], r["ms"] / 1000, r["kept_pairs"], r["visited_tiles"],
+                                 r["ns_per_kept_pair"])
+if r.get("rounds", 0) > 0:
+    print("%s,%.2f" % (row, r["ratio_vs_full"]))
+    full_kept = r["full_ms"] * 1e6 / r["full_ns_per_kept_pair"]
+    print("full (vs %s),%d,%.3f,%d,,%.2f,1.00" % (r["pattern"].split(" ")[0], r["n"], r["full_ms"] / 1000,
+                                                 round(full_kept), r["full_ns_per_kept_pair"]))
+else:
+    print(row + ",")'
   done
 done

@@ -495,6 +495,8 @@ TEST_CASE("with --json every failing command ends stdout with {error, exit: 2}",
       "plot --metrics " + dir + "/none.jsonl --out " + dir + "/l.svg",
       "prepare --input " + dir + "/none.txt --tokenizer char --out " + dir + "/d.h5",
       "bench --config " + dir + "/none.toml",
+      "bench --what attention --pattern full --versus-full",    // --versus-full needs a sparse pattern
+      "bench --what attention --pattern strided --rounds -1",   // negative rounds
       "gradcheck --no-such-flag",                               // parse error: unknown option
       "sample --checkpoint " + missing + " --temperature abc",  // parse error: not a number
   };
