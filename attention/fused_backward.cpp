@@ -85,7 +85,7 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   }
   tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, dvt, lddv);
   rows.nt(nr, a.Dv, T(1), dot, ldo, vt, ldv, dp, kWalkK);
-  for (int64_t r = 0; r < nr; ++r) {  // dS; 0 outside the row's span, where P is 0 and dP was not formed
+  for (int64_t r = 0; r < nr; ++r) {  // dS; 0 outside the row group's span, where P is 0 and dP was not formed
     const T di = a.di[row0 + t.i0 + t.qstep * r];
     const T* sr = s + r * kWalkK;
     T* dr = dp + r * kWalkK;

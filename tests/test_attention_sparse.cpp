@@ -17,7 +17,6 @@
 #include "analysis/leakcheck.h"
 #include "compare_util.h"
 #include "attention/attention.h"
-#include "attention/bench.h"
 #include "attention/fused.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -603,34 +602,6 @@ TEST_CASE("sparse: the strided walk's dot products cover each row group's kept k
   const WalkRows group(plan, w, 0, StridedTile{5 + 64 * 16, 64, 8, 5, 64, 23, false});
   CHECK((group.a[0] == 0 && group.e[0] == 19 && group.a[1] == 0 && group.e[1] == 23));
   for (int64_t r = 0; r < 8; ++r) CHECK((group.ca[r] == 0 && group.ce[r] == 16 + r));
-}
-
-TEST_CASE("sparse: qkv bench --versus-full times full causal attention alongside the pattern", "[attention][sparse]") {
-  AttentionBenchOptions o;
-  o.ns = {256};
-  o.hkvs = {2};
-  o.heads = 2;
-  o.head_dims = {16};
-  o.kernels = {Kernel::fused};
-  o.repeats = 1;
-  o.threads = 1;
-  o.pattern = *make(Pattern::strided);
-  const auto plain = bench_attention(o);
-  REQUIRE(plain.size() == 1);
-  CHECK(plain[0].rounds == 0);
-  CHECK(plain[0].ratio_vs_full == 0);
-  o.versus_full = true;
-  o.rounds = 2;
-  const auto rows = bench_attention(o);
-  REQUIRE(rows.size() == 1);
-  const AttentionBenchResult& r = rows[0];
-  CHECK(r.rounds == 2);
-  REQUIRE(r.full_ms > 0);
-  const double full_kept = 2.0 * 256 * 257 / 2;  // B 1, H 2, causal
-  CHECK(r.full_ns_per_kept_pair == Approx(r.full_ms * 1e6 / full_kept).epsilon(1e-12));
-  CHECK(std::isfinite(r.ratio_vs_full));
-  CHECK(r.ratio_vs_full > 0);
-  CHECK(r.kept_pairs < static_cast<int64_t>(full_kept));
 }
 
 TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strided composes with",

@@ -1,0 +1,38 @@
+// The attention benchmark's rows (attention/bench.h, `qkv bench --what attention`): the figures
+// scripts read from them, checked against counts written out here (B·H·N(N+1)/2 causal pairs).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "attention/bench.h"
+
+using namespace qkv;
+using namespace qkv::attn;
+
+TEST_CASE("attention bench: --versus-full times full causal attention alongside the pattern", "[attention][sparse]") {
+  AttentionBenchOptions o;
+  o.ns = {256};
+  o.hkvs = {2};
+  o.heads = 2;
+  o.head_dims = {16};
+  o.kernels = {Kernel::fused};
+  o.repeats = 1;
+  o.threads = 1;
+  o.pattern.kind = Pattern::strided;  // s = l = ceil(sqrt(N))
+  const auto plain = bench_attention(o);
+  REQUIRE(plain.size() == 1);
+  CHECK(plain[0].rounds == 0);
+  CHECK(plain[0].ratio_vs_full == 0);
+  o.versus_full = true;
+  o.rounds = 2;
+  const auto rows = bench_attention(o);
+  REQUIRE(rows.size() == 1);
+  const AttentionBenchResult& r = rows[0];
+  CHECK(r.rounds == 2);
+  REQUIRE(r.full_ms > 0);
+  const double full_kept = 2.0 * 256 * 257 / 2;  // B 1, H 2, causal
+  CHECK(r.full_ns_per_kept_pair == Approx(r.full_ms * 1e6 / full_kept).epsilon(1e-12));
+  CHECK(std::isfinite(r.ratio_vs_full));
+  CHECK(r.ratio_vs_full > 0);
+  CHECK(r.kept_pairs < static_cast<int64_t>(full_kept));
+}
