@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <utility>
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace qkv::attn::tile {
 
@@ -44,6 +48,49 @@ inline void store(T* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// acc + x·y, rounded once where the host has FMA, else twice (this file is compiled with
+// -ffp-contract=off, CMakeLists.txt). Spelt out rather than left to the compiler's contraction of
+// `acc += x * y`: g++ tuned for AMD Zen (what -march=native picks there) leaves some accumulation
+// chains unfused on purpose (its avoid_fma_chains tunings) and fuses others, so one element computed
+// under two blockings (in a tile, or its row alone at decode) rounded differently there.
+#if defined(__FMA__)
+inline float fmadd(float acc, float x, float y) { return __builtin_fmaf(x, y, acc); }
+inline double fmadd(double acc, double x, double y) { return __builtin_fma(x, y, acc); }
+template <class V>
+inline V fmadd(V acc, V x, V y) {
+  using T = std::remove_cv_t<std::remove_reference_t<decltype(acc[0])>>;
+  constexpr bool f32 = std::is_same_v<T, float>;
+  if constexpr (sizeof(V) == 32 && f32) return (V)_mm256_fmadd_ps((__m256)x, (__m256)y, (__m256)acc);
+  else if constexpr (sizeof(V) == 32) return (V)_mm256_fmadd_pd((__m256d)x, (__m256d)y, (__m256d)acc);
+#if defined(__AVX512F__)
+  else if constexpr (sizeof(V) == 64 && f32) return (V)_mm512_fmadd_ps((__m512)x, (__m512)y, (__m512)acc);
+  else if constexpr (sizeof(V) == 64) return (V)_mm512_fmadd_pd((__m512d)x, (__m512d)y, (__m512d)acc);
+#endif
+  else static_assert(sizeof(V) == 0, "fmadd: no FMA instruction for this vector width");
+}
+// acc + x·y with x one scalar for every lane.
+template <class V, class T>
+inline V fmadd_scalar(V acc, T x, V y) {
+  constexpr bool f32 = std::is_same_v<T, float>;
+  if constexpr (sizeof(V) == 32 && f32) return fmadd(acc, (V)_mm256_set1_ps(x), y);
+  else if constexpr (sizeof(V) == 32) return fmadd(acc, (V)_mm256_set1_pd(x), y);
+#if defined(__AVX512F__)
+  else if constexpr (sizeof(V) == 64 && f32) return fmadd(acc, (V)_mm512_set1_ps(x), y);
+  else if constexpr (sizeof(V) == 64) return fmadd(acc, (V)_mm512_set1_pd(x), y);
+#endif
+  else static_assert(sizeof(V) == 0, "fmadd_scalar: no FMA instruction for this vector width");
+}
+#else
+template <class V>
+inline V fmadd(V acc, V x, V y) {
+  return acc + x * y;
+}
+template <class V, class T>
+inline V fmadd_scalar(V acc, T x, V y) {
+  return acc + x * y;
+}
+#endif
+
 // C's block of R rows × NV vectors of columns += A·B over k steps, with a(i, p) = a[i·a_rs + p·a_ks]
 // (A itself, or Aᵀ) and b(p, j) = b[p·ldb + j]. Each element is c + Σ_p a·b added in p order.
 template <class T, int R, int NV>
@@ -58,7 +105,7 @@ inline void micro_tile(int64_t k, const T* a, int64_t a_rs, int64_t a_ks, const 
     for (int v = 0; v < NV; ++v) bv[v] = load<V>(b + p * ldb + v * W);
     for (int r = 0; r < R; ++r) {
       const T x = a[r * a_rs + p * a_ks];
-      for (int v = 0; v < NV; ++v) acc[r][v] += x * bv[v];
+      for (int v = 0; v < NV; ++v) acc[r][v] = fmadd_scalar(acc[r][v], x, bv[v]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -102,7 +149,7 @@ void add_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t a_rs, int6
   for (int64_t j = n1; j < n; ++j)
     for (int64_t i = 0; i < m; ++i) {
       T acc = c[i * ldc + j];
-      for (int64_t p = 0; p < k; ++p) acc += a[i * a_rs + p * a_ks] * b[p * ldb + j];
+      for (int64_t p = 0; p < k; ++p) acc = fmadd(acc, a[i * a_rs + p * a_ks], b[p * ldb + j]);
       c[i * ldc + j] = acc;
     }
 }
@@ -187,8 +234,8 @@ void nt_blocks(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda
         for (int64_t t = 0; t < KC; ++t) {
           const V y = load<V>(br[t] + p);
           for (int64_t q = 0; q < kDotRowPairs; ++q) {
-            acc[q][t] += x[2 * q] * y;
-            acc[q][KC + t] += x[2 * q + 1] * y;
+            acc[q][t] = fmadd(acc[q][t], x[2 * q], y);
+            acc[q][KC + t] = fmadd(acc[q][KC + t], x[2 * q + 1], y);
           }
         }
       }
@@ -198,8 +245,8 @@ void nt_blocks(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda
         for (int64_t t = 0; t < KC; ++t) {
           const V y = load_head<V>(br[t] + kv, k - kv);
           for (int64_t q = 0; q < kDotRowPairs; ++q) {
-            acc[q][t] += x[2 * q] * y;
-            acc[q][KC + t] += x[2 * q + 1] * y;
+            acc[q][t] = fmadd(acc[q][t], x[2 * q], y);
+            acc[q][KC + t] = fmadd(acc[q][KC + t], x[2 * q + 1], y);
           }
         }
       }
