@@ -74,25 +74,42 @@ struct StridedTile {
   bool band;
 };
 
+// One residue group of the walk: its rows are i + s·n, its tiles' keys j = r + s·m, m in [m_lo, m_hi).
+struct ResidueGroup {
+  int64_t r, m_lo, m_hi;
+  int64_t keys() const { return m_hi - m_lo; }
+};
+
 // Calls visit(tile) for every tile of the regrouped walk of one (b, h) whose batch row has `cap`
 // keys, in the one order forward and backward share: each residue group (the one whose first row
-// is i, i < s) in kWalkQ-row × kWalkK-key tiles, then the band along the diagonal in blocks of
-// kWalkQ rows. After each band block's tiles, band_done(i0, i1): rows [i0, i1) have all their
-// terms (the band comes last), so the forward finishes them there, while they are in cache,
-// rather than in one more pass over N rows: at ~100 logits per row, the walk's passes over O(N·D)
-// memory weigh far more than full attention's.
-template <class Visit, class Done>
-void for_each_walk_tile(const StridedWalk& w, int64_t cap, Visit&& visit, Done&& band_done) {
+// is i, i < s) in kWalkQ-row × kWalkK-key tiles, between group_begin(g) and group_end(g), then the
+// band along the diagonal in blocks of kWalkQ rows. After each band block's tiles,
+// band_done(i0, i1): rows [i0, i1) have all their terms (the band comes last), so the forward
+// finishes them there, while they are in cache, rather than in one more pass over N rows: at ~100
+// logits per row, the walk's passes over O(N·D) memory weigh far more than full attention's.
+template <class Begin, class Visit, class End, class Done>
+void for_each_walk_tile(const StridedWalk& w, int64_t cap, Begin&& group_begin, Visit&& visit, End&& group_end,
+                        Done&& band_done) {
   const int64_t Nq = w.nq, sw = w.s;
   int64_t ka, ke;
   for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
     const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
+    ResidueGroup g{r, 0, 0};
+    for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
+      w.residue(r, n0, std::min(rows, n0 + kWalkQ), cap, &ka, &ke);
+      if (ka >= ke) continue;
+      g.m_lo = g.m_hi > g.m_lo ? std::min(g.m_lo, ka) : ka;
+      g.m_hi = std::max(g.m_hi, ke);
+    }
+    if (g.keys() <= 0) continue;
+    group_begin(g);
     for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
       const int64_t n1 = std::min(rows, n0 + kWalkQ);
       w.residue(r, n0, n1, cap, &ka, &ke);
       for (int64_t m0 = ka; m0 < ke; m0 += kWalkK)
         visit(StridedTile{i + sw * n0, sw, n1 - n0, r + sw * m0, sw, std::min(kWalkK, ke - m0), false});
     }
+    group_end(g);
   }
   for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
     const int64_t i1 = std::min(Nq, i0 + kWalkQ);
@@ -130,6 +147,61 @@ struct ZeroOnFirstTouch {
     }
   }
   void finish() { touch(0, 1, count); }
+  // Rows first + step·r, r < n, copied to dst (rows ldd apart): their values so far, zeros where
+  // no tile has reached them; store() writes such a copy back and marks its rows reached.
+  void load(int64_t first, int64_t step, int64_t n, T* dst, int64_t ldd) const {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = first + step * r;
+      if (reached[i]) std::copy_n(rows + i * ld, cols, dst + r * ldd);
+      else std::fill_n(dst + r * ldd, cols, T(0));
+    }
+  }
+  void store(int64_t first, int64_t step, int64_t n, const T* src, int64_t lds) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t i = first + step * r;
+      std::copy_n(src + r * lds, cols, rows + i * ld);
+      reached[i] = 1;
+    }
+  }
+};
+
+// Why a residue group's key rows are copied: they are s rows apart in K and V (and dK, dV), and
+// at D = 64 floats and s = 64 that is 16 KiB, a multiple of the L1's and the L2's set strides, so
+// all of a group's ~64 rows fall in the same few cache sets and evict each other between the
+// group's tiles (at s = 65 the same walk ran ~12 % faster in all). So each group's key rows are
+// copied once into contiguous scratch, which its tiles read (and, backward, accumulate into),
+// when they number at most strided_pack_limit() (the scratch is that many rows per operand and
+// thread; larger groups, from a small s at a long N, are read in place). The copies change where
+// the products read, not what they compute: the results are the same bits either way. Tests set
+// the limit to 0 to compare.
+constexpr int64_t kMaxPackedKeys = 1024;  // the default limit
+void set_strided_pack_limit(int64_t keys);
+int64_t strided_pack_limit();
+inline int64_t packed_key_rows(const StridedWalk& w) { return std::min(strided_pack_limit(), w.keys(0)); }
+
+// Rows src + lds·r, r < n, of `cols` elements each, to dst + ldd·r.
+template <class T>
+void copy_rows(int64_t n, int64_t cols, const T* src, int64_t lds, T* dst, int64_t ldd) {
+  for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * lds, cols, dst + r * ldd);
+}
+
+// Where a walk tile reads its keys and values (and, backward, adds their gradients): the tile's
+// first key row and the step to the next, in place or in a group's packed copy.
+template <class T>
+struct TileKeys {
+  const T *k, *v;
+  int64_t ldk, ldv;
+};
+template <class T>
+struct TileQueries {  // backward: a tile's first rows of Q, dO, dQ and the steps to the next
+  const T *q, *dout;
+  T* dq;
+  int64_t ldq, ldo, lddq;
+};
+template <class T>
+struct TileKeyGrads {
+  T *dk, *dv;
+  int64_t lddk, lddv;
 };
 
 // Each row's kept columns of a walk tile, [ca[r], ce[r]) (the band's (p − l, hi) or the group's

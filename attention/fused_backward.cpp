@@ -47,25 +47,20 @@ struct BwdArgs {
 
 // One tile of the regrouped strided walk (fused.h): the five products of the loop in
 // backward_head on rows and keys t.qstep / t.kstep apart, so dQ, dK and dV land in their own
-// rows (the leading dimensions step over the other residues). dqh, dkh, dvh: the head's rows.
+// rows (the leading dimensions step over the other residues). qr, kv, kg: where the tile's rows
+// are (a residue group's keys in packed copies).
 template <class T>
 void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
-                           int64_t b, int64_t h, const StridedTile& t, T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz,
-                           T* z) {
+                           int64_t b, int64_t h, const StridedTile& t, const TileQueries<T>& qr, const TileKeys<T>& kv,
+                           const TileKeyGrads<T>& kg, T* s, T* dp, T* pz, T* z) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t hk = plan.kv_head(h), row0 = (b * a.Hq + h) * a.Nq;
-  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
-  const T* kt = a.k + b * a.k_sb + hk * a.k_sh + t.j0 * a.k_sn;
-  const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
-  const T* dot = a.dout + b * a.do_sb + h * a.do_sh + t.i0 * a.do_sn;
-  T* dqt = dqh + t.i0 * a.dq_sn;
-  T* dkt = dkh + t.j0 * a.dk_sn;
-  T* dvt = dvh + t.j0 * a.dv_sn;
-  const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.do_sn,
-                lddq = t.qstep * a.dq_sn, lddk = t.kstep * a.dk_sn, lddv = t.kstep * a.dv_sn;
+  const int64_t row0 = (b * a.Hq + h) * a.Nq;
+  const T *qt = qr.q, *dot = qr.dout;
+  T* dqt = qr.dq;
+  const int64_t ldq = qr.ldq, ldo = qr.ldo, lddq = qr.lddq;
   const int64_t nr = t.nr, nc = t.nc;
   const WalkRows rows(plan, w, b, t);
-  rows.nt(nr, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
+  rows.nt(nr, a.D, a.scale, qt, ldq, kv.k, kv.ldk, s, kWalkK);
   strided_tile_mask<T>(plan, rows, b, h, t, s, kWalkK);
   const int64_t ncp = walk_row_width(nc);
   for (int64_t r = 0; r < nr; ++r) {
@@ -83,8 +78,8 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     }
     pd = pz;
   }
-  tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, dvt, lddv);
-  rows.nt(nr, a.Dv, T(1), dot, ldo, vt, ldv, dp, kWalkK);
+  tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, kg.dv, kg.lddv);
+  rows.nt(nr, a.Dv, T(1), dot, ldo, kv.v, kv.ldv, dp, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {  // dS; 0 outside the row group's span, where P is 0 and dP was not formed
     const T di = a.di[row0 + t.i0 + t.qstep * r];
     const T* sr = s + r * kWalkK;
@@ -99,34 +94,74 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     }
     std::fill(dr + ce, dr + nc, T(0));
   }
-  tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, dkt, lddk);
-  tile::add_nn(nr, a.D, nc, dp, kWalkK, kt, ldk, dqt, lddq);
+  tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, kg.dk, kg.lddk);
+  tile::add_nn(nr, a.D, nc, dp, kWalkK, kv.k, kv.ldk, dqt, lddq);
 }
 
 // The regrouped walk of one (b, h), in the forward's order (residue groups, then the band),
-// zeroing dQ, dK and dV rows as a tile first reaches them.
+// zeroing dQ, dK and dV rows as a tile first reaches them. A residue group's K, V rows are read
+// from packed copies and its dK, dV rows accumulated in packed copies written back at the group's
+// end (fused.h, kMaxPackedKeys); `pack`: packed_key_rows(walk) rows each of K, V, dK, dV.
 template <class T>
 void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, ZeroOnFirstTouch<T>& dq_rows,
+                           T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, T* pack, ZeroOnFirstTouch<T>& dq_rows,
                            ZeroOnFirstTouch<T>& dk_rows, ZeroOnFirstTouch<T>& dv_rows) {
   const StridedWalk& w = plan.layout().walk;
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);
+  const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv, pack_rows = packed_key_rows(w);
+  const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
+  const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
+  T* kpack = pack;
+  T* vpack = kpack + pack_rows * D;
+  T* dkpack = vpack + pack_rows * Dv;
+  T* dvpack = dkpack + pack_rows * D;
+  const T* qh = a.q + b * a.q_sb + h * a.q_sh;
+  const T* doh = a.dout + b * a.do_sb + h * a.do_sh;
+  ResidueGroup group{};
+  bool packed = false;  // the group's keys are in the packs
   for_each_walk_tile(
       w, cap,
+      [&](const ResidueGroup& g) {
+        group = g;
+        packed = g.keys() <= pack_rows;
+        if (!packed) return;
+        const int64_t j = g.r + w.s * g.m_lo;
+        copy_rows(g.keys(), D, kh + j * a.k_sn, w.s * a.k_sn, kpack, D);
+        copy_rows(g.keys(), Dv, vh + j * a.v_sn, w.s * a.v_sn, vpack, Dv);
+        dk_rows.load(j, w.s, g.keys(), dkpack, D);
+        dv_rows.load(j, w.s, g.keys(), dvpack, Dv);
+      },
       [&](const StridedTile& t) {
         dq_rows.touch(t.i0, t.qstep, t.nr);
-        dk_rows.touch(t.j0, t.kstep, t.nc);
-        dv_rows.touch(t.j0, t.kstep, t.nc);
-        strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, dkh, dvh, s, dp, pz, z);
+        const TileQueries<T> qr{qh + t.i0 * a.q_sn, doh + t.i0 * a.do_sn, dqh + t.i0 * a.dq_sn,
+                                t.qstep * a.q_sn,   t.qstep * a.do_sn,    t.qstep * a.dq_sn};
+        TileKeys<T> kv{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn, t.kstep * a.k_sn, t.kstep * a.v_sn};
+        TileKeyGrads<T> kg{dkh + t.j0 * a.dk_sn, dvh + t.j0 * a.dv_sn, t.kstep * a.dk_sn, t.kstep * a.dv_sn};
+        if (!t.band && packed) {
+          const int64_t c = (t.j0 - group.r) / w.s - group.m_lo;  // the tile's first key in the copies
+          kv = TileKeys<T>{kpack + c * D, vpack + c * Dv, D, Dv};
+          kg = TileKeyGrads<T>{dkpack + c * D, dvpack + c * Dv, D, Dv};
+        } else {
+          dk_rows.touch(t.j0, t.kstep, t.nc);
+          dv_rows.touch(t.j0, t.kstep, t.nc);
+        }
+        strided_tile_backward<T>(a, plan, drop, w, b, h, t, qr, kv, kg, s, dp, pz, z);
+      },
+      [&](const ResidueGroup& g) {
+        if (!packed) return;
+        const int64_t j = g.r + w.s * g.m_lo;
+        dk_rows.store(j, w.s, g.keys(), dkpack, D);
+        dv_rows.store(j, w.s, g.keys(), dvpack, Dv);
       },
       [](int64_t, int64_t) {});
 }
 
-// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkQ×kWalkK); reached: Nq + 2·Nk flags
-// (dQ, dK, dV rows are zeroed as a tile first reaches them, fused.h ZeroOnFirstTouch).
+// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkQ×kWalkK); pack: the strided walk's
+// packed key rows (strided_head_backward); reached: Nq + 2·Nk flags (dQ, dK, dV rows are zeroed as
+// a tile first reaches them, fused.h ZeroOnFirstTouch).
 template <class T>
 void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
-                   T* dp, T* pz, T* z, uint8_t* reached) {
+                   T* dp, T* pz, T* z, T* pack, uint8_t* reached) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
@@ -154,7 +189,7 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   ZeroOnFirstTouch<T> dq_rows(dqh, dqs, D, reached, a.Nq), dk_rows(dkh, dks, D, reached + a.Nq, a.Nk),
       dv_rows(dvh, dvs, Dv, reached + a.Nq + a.Nk, a.Nk);
   const bool walk = use_strided_walk(plan);  // else the grid walk below
-  if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, dq_rows, dk_rows, dv_rows);
+  if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, pack, dq_rows, dk_rows, dv_rows);
   const bool additive = plan.has_bias() || plan.has_alibi();
   for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {
     const int64_t bk = std::min(kBlockK, a.Nk - j0);
@@ -294,14 +329,15 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
   const int64_t tile = std::max(kBlockQ * kBlockK, kWalkQ * kWalkK);
-  const int64_t per_thread = 4 * tile;
+  const int64_t pack_rows = use_strided_walk(plan) ? packed_key_rows(plan.layout().walk) : 0;
+  const int64_t per_thread = 4 * tile + 2 * pack_rows * (p.D + p.Dv);
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
   const int64_t flags = p.Nq + 2 * p.Nk;
   std::vector<uint8_t> reached(static_cast<size_t>(nthreads * flags));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
-    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile,
+    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile, s + 4 * tile,
                      reached.data() + omp_get_thread_num() * flags);
   }
   if (!partial) return;

@@ -124,19 +124,16 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
 }
 
 // One tile of the regrouped strided walk (fused.h): the same online-softmax step as forward_block,
-// on rows and keys t.qstep / t.kstep apart. m, l are the head's running max and sum, indexed by i.
+// on rows and keys t.qstep / t.kstep apart. qt, ot: the tile's first Q and O rows (ldq, ldo
+// apart); kv: its keys, in place or in a group's packed copy. m, l are the head's running max and
+// sum, indexed by i.
 template <class T>
 void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
-                          int64_t b, int64_t h, const StridedTile& t, T* s, T* z, T* m, T* l) {
+                          int64_t b, int64_t h, const StridedTile& t, const T* qt, int64_t ldq, T* ot, int64_t ldo,
+                          const TileKeys<T>& kv, T* s, T* z, T* m, T* l) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t hk = plan.kv_head(h);
-  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
-  const T* kt = a.k + b * a.k_sb + hk * a.k_sh + t.j0 * a.k_sn;
-  const T* vt = a.v + b * a.v_sb + hk * a.v_sh + t.j0 * a.v_sn;
-  T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
-  const int64_t ldq = t.qstep * a.q_sn, ldk = t.kstep * a.k_sn, ldv = t.kstep * a.v_sn, ldo = t.qstep * a.o_sn;
   const WalkRows rows(plan, w, b, t);
-  rows.nt(t.nr, a.D, a.scale, qt, ldq, kt, ldk, s, kWalkK);
+  rows.nt(t.nr, a.D, a.scale, qt, ldq, kv.k, kv.ldk, s, kWalkK);
   strided_tile_mask<T>(plan, rows, b, h, t, s, kWalkK);
   const int64_t ncp = walk_row_width(t.nc);
   for (int64_t r = 0; r < t.nr; ++r) {
@@ -161,19 +158,25 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
       for (int64_t c = 0; c < t.nc; ++c) sr[c] *= z[c];
     }
   }
-  tile::add_nn(t.nr, a.Dv, t.nc, s, kWalkK, vt, ldv, ot, ldo);
+  tile::add_nn(t.nr, a.Dv, t.nc, s, kWalkK, kv.v, kv.ldv, ot, ldo);
 }
 
 // One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running
 // max / sum / output per row across both (the order of tiles does not change the softmax); each
-// band block's rows are normalised as the block finishes. m, l: Nq scratch each; reached: Nq
+// band block's rows are normalised as the block finishes. m, l: Nq scratch each; pack: a residue
+// group's copies of its K and V rows (fused.h), packed_key_rows(walk) rows each; reached: Nq
 // flags. Returns the first fully masked row or -1.
 template <class T>
 int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                             T* s, T* z, T* m, T* l, uint8_t* reached) {
+                             T* s, T* z, T* m, T* l, T* pack, uint8_t* reached) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
-  const int64_t Nq = a.Nq, Dv = a.Dv;
+  const int64_t Nq = a.Nq, D = a.D, Dv = a.Dv, hk = plan.kv_head(h), pack_rows = packed_key_rows(w);
+  T* kpack = pack;
+  T* vpack = kpack + pack_rows * D;
+  const T* qh = a.q + b * a.q_sb + h * a.q_sh;
+  const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
+  const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
   T* oh = a.out + b * a.o_sb + h * a.o_sh;
   T* lh = a.lse + (b * a.Hq + h) * Nq;
   std::fill_n(m, Nq, ninf);
@@ -182,12 +185,29 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
   ZeroOnFirstTouch<T> o_rows(oh, a.o_sn, Dv, reached, Nq);
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
   int64_t first_masked = -1;
+  ResidueGroup group{};
+  bool packed = false;  // the group's keys are in kpack / vpack
   for_each_walk_tile(
       w, cap,
+      [&](const ResidueGroup& g) {
+        group = g;
+        packed = g.keys() <= pack_rows;
+        if (!packed) return;
+        const int64_t j = g.r + w.s * g.m_lo;
+        copy_rows(g.keys(), D, kh + j * a.k_sn, w.s * a.k_sn, kpack, D);
+        copy_rows(g.keys(), Dv, vh + j * a.v_sn, w.s * a.v_sn, vpack, Dv);
+      },
       [&](const StridedTile& t) {
         o_rows.touch(t.i0, t.qstep, t.nr);
-        strided_tile_forward<T>(a, plan, drop, w, b, h, t, s, z, m, l);
+        TileKeys<T> kv{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn, t.kstep * a.k_sn, t.kstep * a.v_sn};
+        if (!t.band && packed) {
+          const int64_t c = (t.j0 - group.r) / w.s - group.m_lo;  // the tile's first key in the copies
+          kv = TileKeys<T>{kpack + c * D, vpack + c * Dv, D, Dv};
+        }
+        strided_tile_forward<T>(a, plan, drop, w, b, h, t, qh + t.i0 * a.q_sn, t.qstep * a.q_sn, oh + t.i0 * a.o_sn,
+                                t.qstep * a.o_sn, kv, s, z, m, l);
       },
+      [](const ResidueGroup&) {},
       [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           T* orow = oh + i * a.o_sn;
@@ -222,7 +242,8 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     const int64_t tasks = p.B * p.Hq;
     const double flops = 2.0 * tasks * plan.layout().visited_tiles * kBlockQ * kBlockK * (p.D + p.Dv);
     const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
-    const int64_t per_thread = kWalkQ * kWalkK + kWalkK + 2 * p.Nq;
+    const int64_t pack_rows = packed_key_rows(plan.layout().walk);
+    const int64_t per_thread = kWalkQ * kWalkK + kWalkK + 2 * p.Nq + pack_rows * (p.D + p.Dv);
     Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
     std::vector<uint8_t> reached(static_cast<size_t>(nthreads * p.Nq));
     std::atomic<int64_t> first_masked{INT64_MAX};
@@ -230,7 +251,9 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     for (int64_t t = 0; t < tasks; ++t) {
       T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
       T* z = s + kWalkQ * kWalkK;
-      const int64_t fm = strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, z + kWalkK, z + kWalkK + p.Nq,
+      T* m = z + kWalkK;
+      T* l = m + p.Nq;
+      const int64_t fm = strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, m, l, l + p.Nq,
                                                  reached.data() + omp_get_thread_num() * p.Nq);
       if (fm >= 0) {
         const int64_t idx = t * p.Nq + fm;
@@ -266,11 +289,14 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
 }
 
 std::atomic<bool> g_strided_regroup{true};
+std::atomic<int64_t> g_strided_pack_limit{kMaxPackedKeys};
 
 }  // namespace
 
 void set_strided_regroup(bool on) { g_strided_regroup = on; }
 bool strided_regroup() { return g_strided_regroup; }
+void set_strided_pack_limit(int64_t keys) { g_strided_pack_limit = std::max<int64_t>(0, keys); }
+int64_t strided_pack_limit() { return g_strided_pack_limit; }
 
 FusedForward fused_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Problem& p,
                                      const MaskPlan& plan, const DropoutDraw& drop, FullyMasked policy,
