@@ -192,6 +192,31 @@ struct TileKeys {
   const T *k, *v;
   int64_t ldk, ldv;
 };
+
+// The current residue group's K and V rows, copied into `k` and `v` (capacity rows of D and Dv)
+// by begin() when the group has at most `capacity` keys (`packed`).
+template <class T>
+struct PackedGroupKeys {
+  T *k, *v;
+  int64_t capacity, D, Dv;
+  int64_t s = 1;
+  ResidueGroup group{};
+  bool packed = false;
+
+  // kh, vh: the head's K and V rows (key 0's row; rows k_sn, v_sn apart).
+  void begin(const StridedWalk& w, const ResidueGroup& g, const T* kh, int64_t k_sn, const T* vh, int64_t v_sn) {
+    s = w.s;
+    group = g;
+    packed = g.keys() <= capacity;
+    if (!packed) return;
+    copy_rows(g.keys(), D, kh + first_key() * k_sn, s * k_sn, k, D);
+    copy_rows(g.keys(), Dv, vh + first_key() * v_sn, s * v_sn, v, Dv);
+  }
+  int64_t first_key() const { return group.r + s * group.m_lo; }
+  // Row of the copies that holds the first key of `t`, a tile of the current group.
+  int64_t row(const StridedTile& t) const { return (t.j0 - group.r) / s - group.m_lo; }
+  TileKeys<T> keys(const StridedTile& t) const { return TileKeys<T>{k + row(t) * D, v + row(t) * Dv, D, Dv}; }
+};
 template <class T>
 struct TileQueries {  // backward: a tile's first rows of Q, dO, dQ and the steps to the next
   const T *q, *dout;

@@ -111,25 +111,18 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv, pack_rows = packed_key_rows(w);
   const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
-  T* kpack = pack;
-  T* vpack = kpack + pack_rows * D;
-  T* dkpack = vpack + pack_rows * Dv;
+  PackedGroupKeys<T> group{pack, pack + pack_rows * D, pack_rows, D, Dv};
+  T* dkpack = group.v + pack_rows * Dv;
   T* dvpack = dkpack + pack_rows * D;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
   const T* doh = a.dout + b * a.do_sb + h * a.do_sh;
-  ResidueGroup group{};
-  bool packed = false;  // the group's keys are in the packs
   for_each_walk_tile(
       w, cap,
       [&](const ResidueGroup& g) {
-        group = g;
-        packed = g.keys() <= pack_rows;
-        if (!packed) return;
-        const int64_t j = g.r + w.s * g.m_lo;
-        copy_rows(g.keys(), D, kh + j * a.k_sn, w.s * a.k_sn, kpack, D);
-        copy_rows(g.keys(), Dv, vh + j * a.v_sn, w.s * a.v_sn, vpack, Dv);
-        dk_rows.load(j, w.s, g.keys(), dkpack, D);
-        dv_rows.load(j, w.s, g.keys(), dvpack, Dv);
+        group.begin(w, g, kh, a.k_sn, vh, a.v_sn);
+        if (!group.packed) return;
+        dk_rows.load(group.first_key(), w.s, g.keys(), dkpack, D);
+        dv_rows.load(group.first_key(), w.s, g.keys(), dvpack, Dv);
       },
       [&](const StridedTile& t) {
         dq_rows.touch(t.i0, t.qstep, t.nr);
@@ -137,9 +130,9 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
                                 t.qstep * a.q_sn,   t.qstep * a.do_sn,    t.qstep * a.dq_sn};
         TileKeys<T> kv{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn, t.kstep * a.k_sn, t.kstep * a.v_sn};
         TileKeyGrads<T> kg{dkh + t.j0 * a.dk_sn, dvh + t.j0 * a.dv_sn, t.kstep * a.dk_sn, t.kstep * a.dv_sn};
-        if (!t.band && packed) {
-          const int64_t c = (t.j0 - group.r) / w.s - group.m_lo;  // the tile's first key in the copies
-          kv = TileKeys<T>{kpack + c * D, vpack + c * Dv, D, Dv};
+        if (!t.band && group.packed) {
+          const int64_t c = group.row(t);
+          kv = group.keys(t);
           kg = TileKeyGrads<T>{dkpack + c * D, dvpack + c * Dv, D, Dv};
         } else {
           dk_rows.touch(t.j0, t.kstep, t.nc);
@@ -148,10 +141,9 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
         strided_tile_backward<T>(a, plan, drop, w, b, h, t, qr, kv, kg, s, dp, pz, z);
       },
       [&](const ResidueGroup& g) {
-        if (!packed) return;
-        const int64_t j = g.r + w.s * g.m_lo;
-        dk_rows.store(j, w.s, g.keys(), dkpack, D);
-        dv_rows.store(j, w.s, g.keys(), dvpack, Dv);
+        if (!group.packed) return;
+        dk_rows.store(group.first_key(), w.s, g.keys(), dkpack, D);
+        dv_rows.store(group.first_key(), w.s, g.keys(), dvpack, Dv);
       },
       [](int64_t, int64_t) {});
 }

@@ -172,8 +172,6 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
   const int64_t Nq = a.Nq, D = a.D, Dv = a.Dv, hk = plan.kv_head(h), pack_rows = packed_key_rows(w);
-  T* kpack = pack;
-  T* vpack = kpack + pack_rows * D;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
   const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
@@ -185,25 +183,14 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
   ZeroOnFirstTouch<T> o_rows(oh, a.o_sn, Dv, reached, Nq);
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
   int64_t first_masked = -1;
-  ResidueGroup group{};
-  bool packed = false;  // the group's keys are in kpack / vpack
+  PackedGroupKeys<T> group{pack, pack + pack_rows * D, pack_rows, D, Dv};
   for_each_walk_tile(
-      w, cap,
-      [&](const ResidueGroup& g) {
-        group = g;
-        packed = g.keys() <= pack_rows;
-        if (!packed) return;
-        const int64_t j = g.r + w.s * g.m_lo;
-        copy_rows(g.keys(), D, kh + j * a.k_sn, w.s * a.k_sn, kpack, D);
-        copy_rows(g.keys(), Dv, vh + j * a.v_sn, w.s * a.v_sn, vpack, Dv);
-      },
+      w, cap, [&](const ResidueGroup& g) { group.begin(w, g, kh, a.k_sn, vh, a.v_sn); },
       [&](const StridedTile& t) {
         o_rows.touch(t.i0, t.qstep, t.nr);
-        TileKeys<T> kv{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn, t.kstep * a.k_sn, t.kstep * a.v_sn};
-        if (!t.band && packed) {
-          const int64_t c = (t.j0 - group.r) / w.s - group.m_lo;  // the tile's first key in the copies
-          kv = TileKeys<T>{kpack + c * D, vpack + c * Dv, D, Dv};
-        }
+        const TileKeys<T> kv = !t.band && group.packed ? group.keys(t)
+                                                       : TileKeys<T>{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn,
+                                                                     t.kstep * a.k_sn, t.kstep * a.v_sn};
         strided_tile_forward<T>(a, plan, drop, w, b, h, t, qh + t.i0 * a.q_sn, t.qstep * a.q_sn, oh + t.i0 * a.o_sn,
                                 t.qstep * a.o_sn, kv, s, z, m, l);
       },
