@@ -168,7 +168,7 @@ struct ZeroOnFirstTouch {
 // Why a residue group's key rows are copied: they are s rows apart in K and V (and dK, dV), and
 // at D = 64 floats and s = 64 that is 16 KiB, a multiple of the L1's and the L2's set strides, so
 // all of a group's ~64 rows fall in the same few cache sets and evict each other between the
-// group's tiles (at s = 65 the same walk ran ~12 % faster in all). So each group's key rows are
+// group's tiles (at s = 65 the same walk took 0.945× the time, alternated in one process). So each group's key rows are
 // copied once into contiguous scratch, which its tiles read (and, backward, accumulate into),
 // when they number at most strided_pack_limit() (the scratch is that many rows per operand and
 // thread; larger groups, from a small s at a long N, are read in place). The copies change where
@@ -216,12 +216,6 @@ struct PackedGroupKeys {
   // Row of the copies that holds the first key of `t`, a tile of the current group.
   int64_t row(const StridedTile& t) const { return (t.j0 - group.r) / s - group.m_lo; }
   TileKeys<T> keys(const StridedTile& t) const { return TileKeys<T>{k + row(t) * D, v + row(t) * Dv, D, Dv}; }
-};
-template <class T>
-struct TileQueries {  // backward: a tile's first rows of Q, dO, dQ and the steps to the next
-  const T *q, *dout;
-  T* dq;
-  int64_t ldq, ldo, lddq;
 };
 template <class T>
 struct TileKeyGrads {

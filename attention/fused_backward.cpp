@@ -47,17 +47,18 @@ struct BwdArgs {
 
 // One tile of the regrouped strided walk (fused.h): the five products of the loop in
 // backward_head on rows and keys t.qstep / t.kstep apart, so dQ, dK and dV land in their own
-// rows (the leading dimensions step over the other residues). qr, kv, kg: where the tile's rows
-// are (a residue group's keys in packed copies).
+// rows (the leading dimensions step over the other residues). dqh: the head's dQ rows; kv, kg:
+// where the tile's K, V rows and dK, dV rows are (in place, or a residue group's copies).
 template <class T>
 void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
-                           int64_t b, int64_t h, const StridedTile& t, const TileQueries<T>& qr, const TileKeys<T>& kv,
+                           int64_t b, int64_t h, const StridedTile& t, T* dqh, const TileKeys<T>& kv,
                            const TileKeyGrads<T>& kg, T* s, T* dp, T* pz, T* z) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t row0 = (b * a.Hq + h) * a.Nq;
-  const T *qt = qr.q, *dot = qr.dout;
-  T* dqt = qr.dq;
-  const int64_t ldq = qr.ldq, ldo = qr.ldo, lddq = qr.lddq;
+  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
+  const T* dot = a.dout + b * a.do_sb + h * a.do_sh + t.i0 * a.do_sn;
+  T* dqt = dqh + t.i0 * a.dq_sn;
+  const int64_t ldq = t.qstep * a.q_sn, ldo = t.qstep * a.do_sn, lddq = t.qstep * a.dq_sn;
   const int64_t nr = t.nr, nc = t.nc;
   const WalkRows rows(plan, w, b, t);
   rows.nt(nr, a.D, a.scale, qt, ldq, kv.k, kv.ldk, s, kWalkK);
@@ -101,7 +102,7 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
 // The regrouped walk of one (b, h), in the forward's order (residue groups, then the band),
 // zeroing dQ, dK and dV rows as a tile first reaches them. A residue group's K, V rows are read
 // from packed copies and its dK, dV rows accumulated in packed copies written back at the group's
-// end (fused.h, kMaxPackedKeys); `pack`: packed_key_rows(walk) rows each of K, V, dK, dV.
+// end (fused.h, strided_pack_limit); `pack`: packed_key_rows(walk) rows each of K, V, dK, dV.
 template <class T>
 void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
                            T* dqh, T* dkh, T* dvh, T* s, T* dp, T* pz, T* z, T* pack, ZeroOnFirstTouch<T>& dq_rows,
@@ -114,8 +115,6 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
   PackedGroupKeys<T> group{pack, pack + pack_rows * D, pack_rows, D, Dv};
   T* dkpack = group.v + pack_rows * Dv;
   T* dvpack = dkpack + pack_rows * D;
-  const T* qh = a.q + b * a.q_sb + h * a.q_sh;
-  const T* doh = a.dout + b * a.do_sb + h * a.do_sh;
   for_each_walk_tile(
       w, cap,
       [&](const ResidueGroup& g) {
@@ -126,8 +125,6 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
       },
       [&](const StridedTile& t) {
         dq_rows.touch(t.i0, t.qstep, t.nr);
-        const TileQueries<T> qr{qh + t.i0 * a.q_sn, doh + t.i0 * a.do_sn, dqh + t.i0 * a.dq_sn,
-                                t.qstep * a.q_sn,   t.qstep * a.do_sn,    t.qstep * a.dq_sn};
         TileKeys<T> kv{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn, t.kstep * a.k_sn, t.kstep * a.v_sn};
         TileKeyGrads<T> kg{dkh + t.j0 * a.dk_sn, dvh + t.j0 * a.dv_sn, t.kstep * a.dk_sn, t.kstep * a.dv_sn};
         if (!t.band && group.packed) {
@@ -138,7 +135,7 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
           dk_rows.touch(t.j0, t.kstep, t.nc);
           dv_rows.touch(t.j0, t.kstep, t.nc);
         }
-        strided_tile_backward<T>(a, plan, drop, w, b, h, t, qr, kv, kg, s, dp, pz, z);
+        strided_tile_backward<T>(a, plan, drop, w, b, h, t, dqh, kv, kg, s, dp, pz, z);
       },
       [&](const ResidueGroup& g) {
         if (!group.packed) return;

@@ -124,14 +124,15 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
 }
 
 // One tile of the regrouped strided walk (fused.h): the same online-softmax step as forward_block,
-// on rows and keys t.qstep / t.kstep apart. qt, ot: the tile's first Q and O rows (ldq, ldo
-// apart); kv: its keys, in place or in a group's packed copy. m, l are the head's running max and
-// sum, indexed by i.
+// on rows and keys t.qstep / t.kstep apart. kv: the tile's keys, in place or in a residue group's
+// copies. m, l are the head's running max and sum, indexed by i.
 template <class T>
 void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, const StridedWalk& w,
-                          int64_t b, int64_t h, const StridedTile& t, const T* qt, int64_t ldq, T* ot, int64_t ldo,
-                          const TileKeys<T>& kv, T* s, T* z, T* m, T* l) {
+                          int64_t b, int64_t h, const StridedTile& t, const TileKeys<T>& kv, T* s, T* z, T* m, T* l) {
   const T ninf = -std::numeric_limits<T>::infinity();
+  const T* qt = a.q + b * a.q_sb + h * a.q_sh + t.i0 * a.q_sn;
+  T* ot = a.out + b * a.o_sb + h * a.o_sh + t.i0 * a.o_sn;
+  const int64_t ldq = t.qstep * a.q_sn, ldo = t.qstep * a.o_sn;
   const WalkRows rows(plan, w, b, t);
   rows.nt(t.nr, a.D, a.scale, qt, ldq, kv.k, kv.ldk, s, kWalkK);
   strided_tile_mask<T>(plan, rows, b, h, t, s, kWalkK);
@@ -172,7 +173,6 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
   const int64_t Nq = a.Nq, D = a.D, Dv = a.Dv, hk = plan.kv_head(h), pack_rows = packed_key_rows(w);
-  const T* qh = a.q + b * a.q_sb + h * a.q_sh;
   const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
   T* oh = a.out + b * a.o_sb + h * a.o_sh;
@@ -191,8 +191,7 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
         const TileKeys<T> kv = !t.band && group.packed ? group.keys(t)
                                                        : TileKeys<T>{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn,
                                                                      t.kstep * a.k_sn, t.kstep * a.v_sn};
-        strided_tile_forward<T>(a, plan, drop, w, b, h, t, qh + t.i0 * a.q_sn, t.qstep * a.q_sn, oh + t.i0 * a.o_sn,
-                                t.qstep * a.o_sn, kv, s, z, m, l);
+        strided_tile_forward<T>(a, plan, drop, w, b, h, t, kv, s, z, m, l);
       },
       [](const ResidueGroup&) {},
       [&](int64_t i0, int64_t i1) {
