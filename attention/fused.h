@@ -54,6 +54,13 @@ inline bool use_strided_walk(const MaskPlan& plan) {
 // fifth, at 8 about a tenth. The tile products (tile_products.h) keep their speed down to a few
 // rows, so 8 computes the fewest logits for the least time (4 rows: more per-tile work than it saves).
 constexpr int64_t kWalkQ = 8;
+// The backward's band tiles are twice as tall: its dK and dV products (add_tn) run as deep as a
+// tile has rows, and at 8 they loaded and stored each dK, dV element once per 8 multiply-adds. At
+// 16 the walk took 0.98× the time (with dQ's product on the row groups' spans, below: 0.977×); at
+// 24 and 32 rows it took 0.994× and 0.987× (their tiles' staggered corners hold more masked logits).
+// The forward's band stays at kWalkQ (its product, P·V, runs as deep as a tile has keys).
+constexpr int64_t kWalkBandQBackward = 16;
+constexpr int64_t kWalkMaxQ = std::max(kWalkQ, kWalkBandQBackward);
 // Keys per tile of the regrouped walk, so the band (l + kWalkQ − 1 keys) and a residue group's
 // keys are one product each up to l, n/s ≈ 250 (N = 64K), not two of which the second is a
 // thin tail. The walk's scratch rows are kWalkK apart.
@@ -83,13 +90,13 @@ struct ResidueGroup {
 // Calls visit(tile) for every tile of the regrouped walk of one (b, h) whose batch row has `cap`
 // keys, in the one order forward and backward share: each residue group (the one whose first row
 // is i, i < s) in kWalkQ-row × kWalkK-key tiles, between group_begin(g) and group_end(g), then the
-// band along the diagonal in blocks of kWalkQ rows. After each band block's tiles,
+// band along the diagonal in blocks of band_rows (≤ kWalkMaxQ) rows. After each band block's tiles,
 // band_done(i0, i1): rows [i0, i1) have all their terms (the band comes last), so the forward
 // finishes them there, while they are in cache, rather than in one more pass over N rows: at ~100
 // logits per row, the walk's passes over O(N·D) memory weigh far more than full attention's.
 template <class Begin, class Visit, class End, class Done>
 void for_each_walk_tile(const StridedWalk& w, int64_t cap, Begin&& group_begin, Visit&& visit, End&& group_end,
-                        Done&& band_done) {
+                        Done&& band_done, int64_t band_rows) {
   const int64_t Nq = w.nq, sw = w.s;
   int64_t ka, ke;
   for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
@@ -111,8 +118,8 @@ void for_each_walk_tile(const StridedWalk& w, int64_t cap, Begin&& group_begin, 
     }
     group_end(g);
   }
-  for (int64_t i0 = 0; i0 < Nq; i0 += kWalkQ) {
-    const int64_t i1 = std::min(Nq, i0 + kWalkQ);
+  for (int64_t i0 = 0; i0 < Nq; i0 += band_rows) {
+    const int64_t i1 = std::min(Nq, i0 + band_rows);
     w.band(i0, i1, cap, &ka, &ke);
     for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
       visit(StridedTile{i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true});
@@ -232,8 +239,8 @@ struct TileKeyGrads {
 // logits, all of them masked.
 constexpr int64_t kWalkSpanRows = 4;
 struct WalkRows {
-  int64_t ca[kWalkQ], ce[kWalkQ];
-  int64_t a[kWalkQ / kWalkSpanRows], e[kWalkQ / kWalkSpanRows];
+  int64_t ca[kWalkMaxQ], ce[kWalkMaxQ];
+  int64_t a[kWalkMaxQ / kWalkSpanRows], e[kWalkMaxQ / kWalkSpanRows];
 
   WalkRows(const MaskPlan& plan, const StridedWalk& w, int64_t b, const StridedTile& t) {
     for (int64_t r = 0; r < t.nr; ++r) {
@@ -263,6 +270,18 @@ struct WalkRows {
       if (e[g] > a[g])
         tile::nt(std::min(kWalkSpanRows, nr - r0), e[g] - a[g], k, alpha, A + r0 * lda, lda, B + a[g] * ldb, ldb,
                  C + r0 * ldc + a[g], ldc);
+    }
+  }
+  // C += A·B on each group's columns (A: the tile's nr rows, lda apart; B: its nc rows, ldb apart;
+  // C: nr rows of n, ldc apart): what A·B adds where A is 0 outside each group's columns, without
+  // the multiply-adds by those zeros (dQ += dS·K on a band tile: a tenth of its terms).
+  template <class T>
+  void add_nn(int64_t nr, int64_t n, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) const {
+    for (int64_t g = 0; g * kWalkSpanRows < nr; ++g) {
+      const int64_t r0 = g * kWalkSpanRows;
+      if (e[g] > a[g])
+        tile::add_nn(std::min(kWalkSpanRows, nr - r0), n, e[g] - a[g], A + r0 * lda + a[g], lda, B + a[g] * ldb, ldb,
+                     C + r0 * ldc, ldc);
     }
   }
   // The columns of row r that nt formed.

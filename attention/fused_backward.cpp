@@ -96,7 +96,7 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     std::fill(dr + ce, dr + nc, T(0));
   }
   tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, kg.dk, kg.lddk);
-  tile::add_nn(nr, a.D, nc, dp, kWalkK, kv.k, kv.ldk, dqt, lddq);
+  rows.add_nn(nr, a.D, dp, kWalkK, kv.k, kv.ldk, dqt, lddq);
 }
 
 // The regrouped walk of one (b, h), in the forward's order (residue groups, then the band),
@@ -142,10 +142,10 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
         dk_rows.store(group.first_key(), w.s, g.keys(), dkpack, D);
         dv_rows.store(group.first_key(), w.s, g.keys(), dvpack, Dv);
       },
-      [](int64_t, int64_t) {});
+      [](int64_t, int64_t) {}, kWalkBandQBackward);
 }
 
-// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkQ×kWalkK); pack: the strided walk's
+// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkMaxQ×kWalkK); pack: the strided walk's
 // packed key rows (strided_head_backward); reached: Nq + 2·Nk flags (dQ, dK, dV rows are zeroed as
 // a tile first reaches them, fused.h ZeroOnFirstTouch).
 template <class T>
@@ -317,7 +317,7 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t tasks = p.B * p.Hq;
   const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
-  const int64_t tile = std::max(kBlockQ * kBlockK, kWalkQ * kWalkK);
+  const int64_t tile = std::max(kBlockQ * kBlockK, kWalkMaxQ * kWalkK);
   const int64_t pack_rows = use_strided_walk(plan) ? packed_key_rows(plan.layout().walk) : 0;
   const int64_t per_thread = 4 * tile + 2 * pack_rows * (p.D + p.Dv);
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);

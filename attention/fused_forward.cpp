@@ -206,7 +206,8 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
             lh[i] = m[i] + std::log(l[i]);
           }
         }
-      });
+      },
+      kWalkQ);
   return first_masked;
 }
 
