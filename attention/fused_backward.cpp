@@ -163,13 +163,7 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   T* dih = a.di + row0;
   {  // Di = rowsum(dO ∘ O) for this head's rows
     const T* oh = a.out + b * a.o_sb + h * a.o_sh;
-    for (int64_t i = 0; i < a.Nq; ++i) {
-      const T* d = doh + i * dos;
-      const T* o = oh + i * a.o_sn;
-      T acc = 0;
-      for (int64_t c = 0; c < Dv; ++c) acc += d[c] * o[c];
-      dih[i] = acc;
-    }
+    for (int64_t i = 0; i < a.Nq; ++i) dih[i] = tile::row_dot(doh + i * dos, oh + i * a.o_sn, Dv);
   }
   T* dqh = a.dq + b * a.dq_sb + h * a.dq_sh;
   const int64_t kv_slot = a.partial ? h : hk;

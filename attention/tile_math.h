@@ -44,6 +44,17 @@ T row_max(const T* x, int64_t n) {
   return m;
 }
 
+// Σ_c x[c]·y[c]. As a plain loop it was one chain of dependent adds per row: for the sparse
+// patterns' backward, which computes it for every row (Di = dO·O) but only ~100 logits per row,
+// that chain cost about 1 % of the step.
+template <class T>
+T row_dot(const T* x, const T* y, int64_t n) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < n; ++c) s += x[c] * y[c];
+  return s;
+}
+
 // x[c] = exp(x[c] - shift); returns the sum (shift finite).
 template <class T>
 T exp_shift_sum(T* x, int64_t n, T shift) {
