@@ -53,9 +53,9 @@ int main(int argc, char** argv) {
     int rows, keys;
   };
   for (const Shape sh : {Shape{"full tile", 32, 32}, Shape{"64x64 tile", 64, 64}, Shape{"strided band, l=64", 8, 71},
-                         Shape{"strided band, l=128", 8, 135}, Shape{"residue group, first", 8, 7},
-                         Shape{"residue group, second", 8, 15}, Shape{"residue group, median", 8, 31},
-                         Shape{"residue group, last", 8, 63}}) {
+                         Shape{"strided band, backward, l=64", 16, 79}, Shape{"strided band, l=128", 8, 135},
+                         Shape{"residue group, first", 8, 7}, Shape{"residue group, second", 8, 15},
+                         Shape{"residue group, median", 8, 31}, Shape{"residue group, last", 8, 63}}) {
     const int m = sh.rows, n = sh.keys, ld = 256;
     std::vector<float> q(m * D), k(n * D), v(n * D), s(m * ld), o(m * D), dv(n * D);
     for (auto* buf : {&q, &k, &v, &s, &o, &dv})
