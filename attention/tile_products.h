@@ -4,8 +4,8 @@
 //   add_nn: C += A·B          (O += P·V, dQ += dS·K)          outer products
 //   add_tn: C += Aᵀ·B         (dV += Pᵀ·dO, dK += dSᵀ·Q)      outer products
 //
-// Why not BLAS: the tiles are small (32×32×D for the grid walk; 8 rows by up to 256 keys for the
-// strided walk, whose backward has two products only 8 deep), BLAS packs both operands on every
+// Why not BLAS: the tiles are small (32×32×D for the grid walk; 8 or 16 rows by up to 256 keys for
+// the strided walk, whose backward has two products only as deep as that), BLAS packs both operands on every
 // call and tunes for large products, and which kernel it runs is the library's choice (OpenBLAS
 // 0.3.21 picks its SSE3 "Prescott" kernels on this project's Xeon machines). With the products here
 // a strided tile of 8 rows costs about what a full tile does per logit, and attention's values do
