@@ -97,7 +97,8 @@ inline V fmadd_scalar(V acc, T x, V y) {
 // on an AMD EPYC, znver3 tuning) instead folded the load into every FMA that used it, so the
 // products were bound by loads at half OpenBLAS's speed. qkv_bench_tiles there, before → after:
 // O += P·V 64×64 57.6 → 110.3 GFLOP/s, dV += Pᵀ·dO on a strided band tile (8×71) 50.1 → 96.9,
-// S = Q·Kᵀ 64×64 30.1 → 66.9; full causal attention's fwd+bwd at N = 4096 took 0.62× the time.
+// S = Q·Kᵀ 64×64 30.1 → 66.9. With the micro-tile's loop fix below, full causal attention's
+// fwd+bwd at N = 4096 took 0.62× the time.
 template <class V>
 inline V in_register(V v) {
 #if defined(__x86_64__) || defined(__i386__)
