@@ -261,28 +261,29 @@ struct WalkRows {
       if (e[g] <= a[g]) a[g] = e[g] = 0;
     }
   }
+  // f(r0, rows, c0, cols) for each group of the tile's nr rows that keeps a key: its rows
+  // [r0, r0 + rows) and its columns [c0, c0 + cols).
+  template <class F>
+  void for_each_span(int64_t nr, F&& f) const {
+    for (int64_t g = 0; g * kWalkSpanRows < nr; ++g)
+      if (e[g] > a[g]) f(g * kWalkSpanRows, std::min(kWalkSpanRows, nr - g * kWalkSpanRows), a[g], e[g] - a[g]);
+  }
   // C = alpha·A·Bᵀ on each group's columns (A: the tile's nr rows, lda apart; B: its nc rows, ldb
   // apart; C: rows ldc apart); the other columns of C are left as they were.
   template <class T>
   void nt(int64_t nr, int64_t k, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) const {
-    for (int64_t g = 0; g * kWalkSpanRows < nr; ++g) {
-      const int64_t r0 = g * kWalkSpanRows;
-      if (e[g] > a[g])
-        tile::nt(std::min(kWalkSpanRows, nr - r0), e[g] - a[g], k, alpha, A + r0 * lda, lda, B + a[g] * ldb, ldb,
-                 C + r0 * ldc + a[g], ldc);
-    }
+    for_each_span(nr, [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+      tile::nt(rows, cols, k, alpha, A + r0 * lda, lda, B + c0 * ldb, ldb, C + r0 * ldc + c0, ldc);
+    });
   }
   // C += A·B on each group's columns (A: the tile's nr rows, lda apart; B: its nc rows, ldb apart;
   // C: nr rows of n, ldc apart): what A·B adds where A is 0 outside each group's columns, without
   // the multiply-adds by those zeros (dQ += dS·K on a band tile: a tenth of its terms).
   template <class T>
   void add_nn(int64_t nr, int64_t n, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) const {
-    for (int64_t g = 0; g * kWalkSpanRows < nr; ++g) {
-      const int64_t r0 = g * kWalkSpanRows;
-      if (e[g] > a[g])
-        tile::add_nn(std::min(kWalkSpanRows, nr - r0), n, e[g] - a[g], A + r0 * lda + a[g], lda, B + a[g] * ldb, ldb,
-                     C + r0 * ldc, ldc);
-    }
+    for_each_span(nr, [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+      tile::add_nn(rows, n, cols, A + r0 * lda + c0, lda, B + c0 * ldb, ldb, C + r0 * ldc, ldc);
+    });
   }
   // The columns of row r that nt formed.
   int64_t span_begin(int64_t r) const { return a[r / kWalkSpanRows]; }

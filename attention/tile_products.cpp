@@ -129,7 +129,7 @@ inline void micro_tile(int64_t k, const T* a, int64_t lda, const T* b, int64_t l
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = load<V>(c + r * ldc + v * W);
   int64_t p = 0;
-  do {  // k ≥ 1: a loop that may run no step makes g++ keep acc in memory across the skip
+  do {  // k ≥ 1 (above)
     V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = in_register(load<V>(b + p * ldb + v * W));
     for (int r = 0; r < R; ++r) {
