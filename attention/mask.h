@@ -104,10 +104,13 @@ class MaskPlan {
   }
   // Elementwise-only part, for keys already inside the structural interval.
   bool visible_elementwise(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return visible_masks(b, h, i, j) && (!pat_ || pat_->allows(pos(i), j));
+  }
+  // The elementwise masks alone (key padding, segments, allow_mask), without the pattern.
+  bool visible_masks(int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (key_pad_ && !key_pad_[b * kp_sb_ + j * kp_sj_]) return false;
     if (seg_ && seg_[b * Nk + pos(i)] != seg_[b * Nk + j]) return false;
     if (allow_ && !allow_[b * al_s_[0] + h * al_s_[1] + i * al_s_[2] + j * al_s_[3]]) return false;
-    if (pat_ && !pat_->allows(pos(i), j)) return false;
     return true;
   }
   // True when a key inside the structural interval may still be masked (elementwise masks or a pattern).
@@ -179,9 +182,10 @@ void MaskPlan::apply(int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t j0, i
     const int64_t e = std::clamp<int64_t>(hi(b, p) - j0, a, nc);
     for (int64_t c = 0; c < a; ++c) row[c] = ninf;
     for (int64_t c = e; c < nc; ++c) row[c] = ninf;
-    if (elementwise_ || pat_)
+    if (pat_) pat_->mask_row(p, j0 + a, j0 + e, row + a);
+    if (elementwise_)
       for (int64_t c = a; c < e; ++c)
-        if (!visible_elementwise(b, h, i, j0 + c)) row[c] = ninf;
+        if (!visible_masks(b, h, i, j0 + c)) row[c] = ninf;
   }
 }
 

@@ -33,8 +33,6 @@ int64_t ceil_sqrt(int64_t n) {
   return std::max<int64_t>(s, 1);
 }
 
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
 }  // namespace
 
 const char* pattern_name(Pattern p) {
@@ -211,52 +209,9 @@ bool PatternPredicate::allows(int64_t p, int64_t j) const {
 }
 
 void PatternPredicate::keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t>& out) const {
-  auto range = [&](int64_t x0, int64_t x1) {
-    for (int64_t j = std::max(a, x0); j < std::min(e, x1); ++j) out.push_back(j);
-  };
-  if (a >= e) return;
-  switch (kind_) {
-    case Pattern::full:
-      range(a, e);
-      return;
-    case Pattern::window:
-      range(p - l_ + 1, p + l_);
-      return;
-    case Pattern::strided: {
-      range(p - l_ + 1, p + l_);
-      const int64_t first = a + (((p - a) % s_) + s_) % s_;  // smallest j >= a with (p - j) % s == 0
-      for (int64_t j = first; j < e; j += s_) out.push_back(j);
-      return;
-    }
-    case Pattern::global:
-    case Pattern::bigbird: {
-      if (is_global(p)) {
-        range(a, e);
-        return;
-      }
-      range(p - l_ + 1, p + l_);
-      if (globals_.empty()) {
-        range(0, g_);
-      } else {
-        for (auto it = std::lower_bound(globals_.begin(), globals_.end(), a); it != globals_.end() && *it < e; ++it)
-          out.push_back(*it);
-      }
-      if (kind_ == Pattern::bigbird) {
-        const int64_t qb = floor_div(p, bs_);
-        for (int64_t k = 0; k < r_; ++k) {
-          const int64_t kb = random_block(qb, k);
-          range(kb * bs_, (kb + 1) * bs_);
-        }
-      }
-      return;
-    }
-    case Pattern::block_sparse: {
-      const int64_t qb = floor_div(p, bs_);
-      for (int64_t kb = floor_div(a, bs_); kb * bs_ < e; ++kb)
-        if (block_allowed(qb, kb)) range(kb * bs_, (kb + 1) * bs_);
-      return;
-    }
-  }
+  for_each_allowed(p, a, e, [&](int64_t x0, int64_t x1) {
+    for (int64_t j = x0; j < x1; ++j) out.push_back(j);
+  });
 }
 
 int64_t StridedWalk::tiles(int64_t tq, int64_t tk) const {

@@ -17,6 +17,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -72,8 +73,18 @@ class PatternPredicate {
  public:
   PatternPredicate(const SparsePattern& p, int64_t nk, bool causal);
   bool allows(int64_t p, int64_t j) const;
+  // Calls f(x0, x1) for intervals [x0, x1) inside [a, e) whose union is exactly the keys of
+  // position p in [a, e) that allows(p, ·) keeps (intervals may overlap; a strided residue or a
+  // listed global token is an interval of one key). keys() and mask_row() are built on it.
+  template <class F>
+  void for_each_allowed(int64_t p, int64_t a, int64_t e, F&& f) const;
   // Appends the keys of position p in [a, e) that the pattern allows (duplicates possible).
   void keys(int64_t p, int64_t a, int64_t e, std::vector<int64_t>& out) const;
+  // row[c] = −inf for each key a + c (c < e − a) that the pattern does not allow at position p; the
+  // rest of the row is left as it was. The kernels' masks on partial tiles: per key, allows()
+  // costs a call and, for bigbird, r Philox draws; this costs r draws per row.
+  template <class T>
+  void mask_row(int64_t p, int64_t a, int64_t e, T* row) const;
   int64_t stride() const { return s_; }
   int64_t local() const { return l_; }
   // bigbird: the k-th random key block of query block qb (k < r).
@@ -82,6 +93,7 @@ class PatternPredicate {
  private:
   bool is_global(int64_t x) const;
   bool block_allowed(int64_t qb, int64_t kb) const;
+  static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
   Pattern kind_;
   int64_t s_ = 1, l_ = 1, g_ = 0, r_ = 0, bs_ = 64, nk_ = 0, nkb_ = 1;
   bool causal_ = false;
@@ -91,6 +103,73 @@ class PatternPredicate {
   int64_t rows_ = 0, cols_ = 0;
   std::vector<uint8_t> table_;
 };
+
+template <class F>
+void PatternPredicate::for_each_allowed(int64_t p, int64_t a, int64_t e, F&& f) const {
+  if (a >= e) return;
+  auto clipped = [&](int64_t x0, int64_t x1) {
+    x0 = std::max(a, x0);
+    x1 = std::min(e, x1);
+    if (x0 < x1) f(x0, x1);
+  };
+  switch (kind_) {
+    case Pattern::full:
+      f(a, e);
+      return;
+    case Pattern::window:
+      clipped(p - l_ + 1, p + l_);
+      return;
+    case Pattern::strided: {
+      clipped(p - l_ + 1, p + l_);
+      const int64_t first = a + (((p - a) % s_) + s_) % s_;  // smallest j >= a with (p - j) % s == 0
+      for (int64_t j = first; j < e; j += s_) f(j, j + 1);
+      return;
+    }
+    case Pattern::global:
+    case Pattern::bigbird: {
+      if (is_global(p)) {
+        f(a, e);
+        return;
+      }
+      clipped(p - l_ + 1, p + l_);
+      if (globals_.empty()) {
+        clipped(0, g_);
+      } else {
+        for (auto it = std::lower_bound(globals_.begin(), globals_.end(), a); it != globals_.end() && *it < e; ++it)
+          f(*it, *it + 1);
+      }
+      if (kind_ == Pattern::bigbird) {
+        const int64_t qb = floor_div(p, bs_);
+        for (int64_t k = 0; k < r_; ++k) {
+          const int64_t kb = random_block(qb, k);
+          clipped(kb * bs_, (kb + 1) * bs_);
+        }
+      }
+      return;
+    }
+    case Pattern::block_sparse: {
+      const int64_t qb = floor_div(p, bs_);
+      for (int64_t kb = floor_div(a, bs_); kb * bs_ < e; ++kb)
+        if (block_allowed(qb, kb)) clipped(kb * bs_, (kb + 1) * bs_);
+      return;
+    }
+  }
+}
+
+template <class T>
+void PatternPredicate::mask_row(int64_t p, int64_t a, int64_t e, T* row) const {
+  if (kind_ == Pattern::full) return;
+  constexpr int64_t kChunk = 256;  // keys marked per pass, in a byte array on the stack
+  uint8_t keep[kChunk];
+  for (int64_t c0 = a; c0 < e; c0 += kChunk) {
+    const int64_t c1 = std::min(e, c0 + kChunk);
+    std::fill_n(keep, c1 - c0, uint8_t(0));
+    for_each_allowed(p, c0, c1,
+                     [&](int64_t x0, int64_t x1) { std::fill(keep + (x0 - c0), keep + (x1 - c0), uint8_t(1)); });
+    T* r = row + (c0 - a);
+    for (int64_t c = 0; c < c1 - c0; ++c) r[c] = keep[c] ? r[c] : -std::numeric_limits<T>::infinity();
+  }
+}
 
 // The regrouped walk of a causal strided pattern (fused CPU kernels). Under a causal rule the
 // pattern is the union of two disjoint key sets per position p:

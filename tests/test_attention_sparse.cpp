@@ -422,6 +422,67 @@ TEST_CASE("sparse: visibility_mask, kept pairs and the layout agree with the doc
   CHECK(st.visited_tiles == want);
 }
 
+// The kernels mask a partial tile's row through PatternPredicate::mask_row (intervals), not through
+// allows() per key: each row it leaves must be exactly the documented predicate's, for ranges that
+// start anywhere, cross block edges and exceed mask_row's 256-key pass, and keep the values it keeps.
+TEST_CASE("sparse: mask_row masks exactly the keys the documented predicate drops", "[attention][sparse]") {
+  std::vector<Case> cases = patterns_at_300();
+  cases.push_back({"strided s=1 l=1 (every key)", make(Pattern::strided, [](SparsePattern& p) {
+                     p.stride = 1;
+                     p.local = 1;
+                   })});
+  cases.push_back({"bigbird list r=3", make(Pattern::bigbird, [](SparsePattern& p) {
+                     p.block_size = 16;
+                     p.global_tokens = {0, 31, 299};
+                     p.random_blocks = 3;
+                     p.seed = 11;
+                   })});
+  const int64_t nk = 300;
+  uint64_t state = 12345;
+  auto next = [&](int64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(n));
+  };
+  for (const Case& c : cases)
+    for (int causal = 0; causal < 2; ++causal) {
+      INFO(c.name << " causal " << causal);
+      const PatternPredicate pred(*c.pattern, nk, causal);
+      int64_t wrong = 0, dropped = 0, kept = 0;
+      std::vector<float> row;
+      for (int trial = 0; trial < 400; ++trial) {
+        const int64_t p = next(nk), a = next(nk), e = a + next(nk - a + 1);
+        row.assign(static_cast<size_t>(e - a), 0.f);
+        for (int64_t j = a; j < e; ++j) row[j - a] = static_cast<float>(j) + 0.5f;
+        pred.mask_row(p, a, e, row.data());
+        for (int64_t j = a; j < e; ++j) {
+          const bool want = doc_allows(*c.pattern, nk, causal, p, j);
+          const float got = row[j - a];
+          wrong += want ? got != static_cast<float>(j) + 0.5f : !(std::isinf(got) && got < 0);
+          (want ? kept : dropped) += 1;
+        }
+      }
+      CHECK(wrong == 0);
+      CHECK(kept > 0);
+      if (c.pattern->kind != Pattern::strided || c.pattern->stride != 1) CHECK(dropped > 0);
+    }
+  // A range longer than one 256-key pass, in double.
+  const PatternPredicate pred(*make(Pattern::strided,
+                                    [](SparsePattern& p) {
+                                      p.stride = 5;
+                                      p.local = 3;
+                                    }),
+                              1000, true);
+  std::vector<double> row(700, 1.0);
+  pred.mask_row(900, 100, 800, row.data());
+  int64_t wrong = 0;
+  for (int64_t j = 100; j < 800; ++j) {
+    const int64_t d = 900 - j;
+    const bool want = std::abs(d) < 3 || d % 5 == 0;
+    wrong += want ? row[j - 100] != 1.0 : !std::isinf(row[j - 100]);
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("sparse: fused and reference kernels match the float64 brute force, forward and backward",
           "[attention][sparse][slow]") {
   const int64_t B = 2, Nq = 300, Nk = 300, D = 8;
