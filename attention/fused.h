@@ -293,6 +293,8 @@ struct WalkRows {
 // Bias, ALiBi and the mask on the tile's logits s[r·lds + c]: each row keeps the keys of its
 // interval (the band's (p − l, hi) or the group's [lo, min(hi, p − l + 1))), then the
 // elementwise masks; everything else, and the padding columns up to walk_row_width(nc), becomes −inf.
+// The intervals are the strided pattern itself (patterns.h, StridedWalk), so the elementwise masks
+// are asked without it (visible_masks).
 template <class T>
 void strided_tile_mask(const MaskPlan& plan, const WalkRows& rows, int64_t b, int64_t h, const StridedTile& t, T* s,
                        int64_t lds) {
@@ -316,7 +318,7 @@ void strided_tile_mask(const MaskPlan& plan, const WalkRows& rows, int64_t b, in
     for (int64_t c = ce; c < ncp; ++c) row[c] = ninf;
     if (elementwise)
       for (int64_t c = ca; c < ce; ++c)
-        if (!plan.visible_elementwise(b, h, i, t.j0 + t.kstep * c)) row[c] = ninf;
+        if (!plan.visible_masks(b, h, i, t.j0 + t.kstep * c)) row[c] = ninf;
   }
 }
 
