@@ -90,6 +90,9 @@ struct MaskRules {
   bool has_lo = false, has_hi = false;
   int64_t lo = 0, hi = 0;
   std::vector<int64_t> kv_head;  // [Hq], entries in [0, Hkv)
+  // A causal sliding window that drops a key of some row of nq queries (a window at least as
+  // long as the last position cuts nothing: that is causal attention).
+  bool window_cuts(int64_t nq) const { return has_lo && has_hi && hi <= 1 && q_offset + nq - 1 + lo > 0; }
 };
 
 struct AttentionOptions {

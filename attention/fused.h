@@ -1,6 +1,8 @@
 // Internal to attention/: the fused CPU kernels (fused_forward.cpp, fused_backward.cpp) behind
 // attention() and its FusedAttentionBackward node.
 #pragma once
+#include <limits>
+
 #include "attention/mask.h"
 #include "attention/tile_products.h"
 
@@ -41,13 +43,12 @@ FusedGrads fused_attention_backward(const Tensor& dout, const Tensor& q, const T
                                     const Tensor& out, const Tensor& lse, const Problem& p, const MaskPlan& plan,
                                     const DropoutDraw& drop, const FusedGrads* into = nullptr);
 
-// The regrouped strided walk (patterns.h, StridedWalk) is taken where the layout chose it and this
-// switch is on (the default). Tests turn it off to compare against the grid walk.
+// The regrouped walk (patterns.h, StridedWalk: a causal strided pattern's band and residue groups,
+// or a causal window's band alone) is taken where the layout chose it and this switch is on (the
+// default). Tests turn it off to compare against the grid walk.
 void set_strided_regroup(bool on);
 bool strided_regroup();
-inline bool use_strided_walk(const MaskPlan& plan) {
-  return plan.has_pattern() && plan.layout().regrouped && strided_regroup();
-}
+inline bool use_strided_walk(const MaskPlan& plan) { return plan.has_walk() && strided_regroup(); }
 
 // Query rows per tile of the regrouped walk. Its tiles sit on triangles (the band's parallelogram,
 // each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a
@@ -65,6 +66,10 @@ constexpr int64_t kWalkMaxQ = std::max(kWalkQ, kWalkBandQBackward);
 // keys are one product each up to l, n/s ≈ 250 (N = 64K), not two of which the second is a
 // thin tail. The walk's scratch rows are kWalkK apart.
 constexpr int64_t kWalkK = 256;
+// Rows per forward task of a band-only walk (a multiple of kWalkQ, so a chunk's band blocks are
+// the whole head's and the values do not depend on the chunking).
+constexpr int64_t kWalkChunkRows = 256;
+static_assert(kWalkChunkRows % kWalkQ == 0);
 
 // The row loops of a walk tile (mask, max, exp) run over its nc logits rounded up to a multiple of
 // 8, the extra columns masked: exp and max then take whole vectors (8 floats under AVX2), where
@@ -94,12 +99,15 @@ struct ResidueGroup {
 // band_done(i0, i1): rows [i0, i1) have all their terms (the band comes last), so the forward
 // finishes them there, while they are in cache, rather than in one more pass over N rows: at ~100
 // logits per row, the walk's passes over O(N·D) memory weigh far more than full attention's.
+// With a row range [row_begin, row_end) (a band-only walk's chunk of rows; row_begin a multiple of
+// band_rows, so the chunk's tiles are the whole walk's) only the band blocks of those rows.
 template <class Begin, class Visit, class End, class Done>
 void for_each_walk_tile(const StridedWalk& w, int64_t cap, Begin&& group_begin, Visit&& visit, End&& group_end,
-                        Done&& band_done, int64_t band_rows) {
+                        Done&& band_done, int64_t band_rows, int64_t row_begin = 0,
+                        int64_t row_end = std::numeric_limits<int64_t>::max()) {
   const int64_t Nq = w.nq, sw = w.s;
   int64_t ka, ke;
-  for (int64_t i = 0; i < std::min(sw, Nq); ++i) {
+  for (int64_t i = 0; i < w.groups(); ++i) {
     const int64_t r = ((w.pos(i) % sw) + sw) % sw, rows = w.rows(r);
     ResidueGroup g{r, 0, 0};
     for (int64_t n0 = 0; n0 < rows; n0 += kWalkQ) {
@@ -118,8 +126,9 @@ void for_each_walk_tile(const StridedWalk& w, int64_t cap, Begin&& group_begin, 
     }
     group_end(g);
   }
-  for (int64_t i0 = 0; i0 < Nq; i0 += band_rows) {
-    const int64_t i1 = std::min(Nq, i0 + band_rows);
+  const int64_t band_end = std::min(Nq, row_end);
+  for (int64_t i0 = row_begin; i0 < band_end; i0 += band_rows) {
+    const int64_t i1 = std::min(band_end, i0 + band_rows);
     w.band(i0, i1, cap, &ka, &ke);
     for (int64_t j0 = ka; j0 < ke; j0 += kWalkK)
       visit(StridedTile{i0, 1, i1 - i0, j0, 1, std::min(kWalkK, ke - j0), true});

@@ -162,14 +162,15 @@ void strided_tile_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dropo
   tile::add_nn(t.nr, a.Dv, t.nc, s, kWalkK, kv.v, kv.ldv, ot, ldo);
 }
 
-// One (b, h) over the regrouped walk: the residue groups first, then the band, with ONE running
-// max / sum / output per row across both (the order of tiles does not change the softmax); each
-// band block's rows are normalised as the block finishes. m, l: Nq scratch each; pack: a residue
-// group's copies of its K and V rows (fused.h), packed_key_rows(walk) rows each; reached: Nq
-// flags. Returns the first fully masked row or -1.
+// One (b, h) over the regrouped walk, or the rows [i_begin, i_end) of a band-only walk (a causal
+// window; a strided walk takes the whole head): the residue groups first, then the band, with ONE
+// running max / sum / output per row across both (the order of tiles does not change the
+// softmax); each band block's rows are normalised as the block finishes. m, l: Nq scratch each,
+// indexed by row; pack: a residue group's copies of its K and V rows (fused.h),
+// packed_key_rows(walk) rows each; reached: Nq flags. Returns the first fully masked row or -1.
 template <class T>
 int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
-                             T* s, T* z, T* m, T* l, T* pack, uint8_t* reached) {
+                             int64_t i_begin, int64_t i_end, T* s, T* z, T* m, T* l, T* pack, uint8_t* reached) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const StridedWalk& w = plan.layout().walk;
   const int64_t Nq = a.Nq, D = a.D, Dv = a.Dv, hk = plan.kv_head(h), pack_rows = packed_key_rows(w);
@@ -177,17 +178,17 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
   T* oh = a.out + b * a.o_sb + h * a.o_sh;
   T* lh = a.lse + (b * a.Hq + h) * Nq;
-  std::fill_n(m, Nq, ninf);
-  std::fill_n(l, Nq, T(0));
+  std::fill(m + i_begin, m + i_end, ninf);
+  std::fill(l + i_begin, l + i_end, T(0));
   // O's rows are zeroed as the walk reaches them; the band blocks then write every row.
-  ZeroOnFirstTouch<T> o_rows(oh, a.o_sn, Dv, reached, Nq);
+  ZeroOnFirstTouch<T> o_rows(oh + i_begin * a.o_sn, a.o_sn, Dv, reached, i_end - i_begin);
   const int64_t cap = plan.hi(b, std::numeric_limits<int64_t>::max() / 2);  // this row's key count
   int64_t first_masked = -1;
   PackedGroupKeys<T> group{pack, pack + pack_rows * D, pack_rows, D, Dv};
   for_each_walk_tile(
       w, cap, [&](const ResidueGroup& g) { group.begin(w, g, kh, a.k_sn, vh, a.v_sn); },
       [&](const StridedTile& t) {
-        o_rows.touch(t.i0, t.qstep, t.nr);
+        o_rows.touch(t.i0 - i_begin, t.qstep, t.nr);
         const TileKeys<T> kv = !t.band && group.packed ? group.keys(t)
                                                        : TileKeys<T>{kh + t.j0 * a.k_sn, vh + t.j0 * a.v_sn,
                                                                      t.kstep * a.k_sn, t.kstep * a.v_sn};
@@ -207,7 +208,7 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
           }
         }
       },
-      kWalkQ);
+      kWalkQ, i_begin, i_end);
   return first_masked;
 }
 
@@ -225,9 +226,15 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                      out.stride(2), p.Hq,
                      p.Nq,          p.D,
                      p.Dv,          static_cast<T>(p.scale)};
-  if (use_strided_walk(plan)) {  // one task per (b, h): its rows' softmax state spans the whole walk
-    const int64_t tasks = p.B * p.Hq;
-    const double flops = 2.0 * tasks * plan.layout().visited_tiles * kBlockQ * kBlockK * (p.D + p.Dv);
+  if (use_strided_walk(plan)) {
+    // A strided walk is one task per (b, h): its rows' softmax state spans the residue groups and
+    // the band. The band alone (a causal window) goes in chunks of kWalkChunkRows rows, so that a
+    // call with fewer heads than threads still keeps them all busy (as the grid walk's query
+    // blocks do).
+    const int64_t chunk = plan.layout().walk.residues ? p.Nq : kWalkChunkRows;
+    const int64_t chunks = (p.Nq + chunk - 1) / chunk;
+    const int64_t tasks = p.B * p.Hq * chunks;
+    const double flops = 2.0 * p.B * p.Hq * plan.layout().visited_tiles * kBlockQ * kBlockK * (p.D + p.Dv);
     const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
     const int64_t pack_rows = packed_key_rows(plan.layout().walk);
     const int64_t per_thread = kWalkQ * kWalkK + kWalkK + 2 * p.Nq + pack_rows * (p.D + p.Dv);
@@ -240,10 +247,11 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
       T* z = s + kWalkQ * kWalkK;
       T* m = z + kWalkK;
       T* l = m + p.Nq;
-      const int64_t fm = strided_head_forward<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, z, m, l, l + p.Nq,
-                                                 reached.data() + omp_get_thread_num() * p.Nq);
+      const int64_t bh = t / chunks, i_begin = t % chunks * chunk, i_end = std::min(p.Nq, i_begin + chunk);
+      const int64_t fm = strided_head_forward<T>(a, plan, drop, bh / p.Hq, bh % p.Hq, i_begin, i_end, s, z, m, l,
+                                                 l + p.Nq, reached.data() + omp_get_thread_num() * p.Nq);
       if (fm >= 0) {
-        const int64_t idx = t * p.Nq + fm;
+        const int64_t idx = bh * p.Nq + fm;
         int64_t cur = first_masked.load();
         while (idx < cur && !first_masked.compare_exchange_weak(cur, idx)) {}
       }

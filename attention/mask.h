@@ -82,6 +82,9 @@ class MaskPlan {
   }
   // Sparse pattern: its predicate and block layout on the kTileQ × kTileK grid (null without one).
   bool has_pattern() const { return pat_ != nullptr; }
+  // True when the fused CPU kernels may take a regrouped walk instead of the grid (fused.h): a
+  // causal strided pattern, or a causal window (the pattern's or the structural one).
+  bool has_walk() const { return layout_ && layout_->regrouped; }
   const PatternPredicate* pattern() const { return pat_.get(); }
   const BlockLayout& layout() const { return *layout_; }
   // True when the layout's tile (qt, kt) is full and no per-batch or elementwise mask cuts the

@@ -221,7 +221,7 @@ int64_t StridedWalk::tiles(int64_t tq, int64_t tk) const {
     n += (e - a + tk - 1) / tk;
   }
   // Each non-empty residue group once: the one whose first row is i (i < s).
-  for (int64_t i = 0; i < std::min(s, nq); ++i) {
+  for (int64_t i = 0; i < groups(); ++i) {
     const int64_t r = ((pos(i) % s) + s) % s, rows_r = rows(r);
     for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
       residue(r, n0, std::min(rows_r, n0 + tq), nk, &a, &e);
@@ -241,7 +241,7 @@ int64_t walk_area(const StridedWalk& w, int64_t tq) {
     w.band(i0, i1, w.nk, &a, &e);
     area += (i1 - i0) * (e - a);
   }
-  for (int64_t i = 0; i < std::min(w.s, w.nq); ++i) {
+  for (int64_t i = 0; i < w.groups(); ++i) {
     const int64_t r = ((w.pos(i) % w.s) + w.s) % w.s, rows_r = w.rows(r);
     for (int64_t n0 = 0; n0 < rows_r; n0 += tq) {
       const int64_t n1 = std::min(rows_r, n0 + tq);
@@ -321,13 +321,22 @@ std::shared_ptr<const BlockLayout> compute_layout(const SparsePattern& pattern, 
       L->col_tiles[at] = qt;
       L->col_boxes[at] = L->row_boxes[e];
     }
-  // Strided under a causal rule: the regrouped walk (patterns.h), when it visits fewer tiles. At
-  // s = √N it visits O(N/64 + s·(N/s/64)²) tiles against the grid's O((N/64)²): every grid tile
-  // below the diagonal holds a stride column once s <= 64, or N/s rows of them cut by columns.
-  if (pattern.kind == Pattern::strided && rules.has_hi && rules.hi <= 1) {
+  // Under a causal rule, the regrouped walk (patterns.h) when it computes fewer logits:
+  //  - strided: at s = √N it visits O(N/64 + s·(N/s/64)²) tiles against the grid's O((N/64)²):
+  //    every grid tile below the diagonal holds a stride column once s <= 64, or N/s rows of them
+  //    cut by columns;
+  //  - a window (the pattern, or the structural rule under the full pattern): the band alone, each
+  //    8-row tile clamped per row, ~l + 7 logits a row against the grid's l + 32 and its
+  //    per-element masks (1.1-1.5x faster at l = 32..3000, docs/perf.md).
+  // (A structural window that cuts nothing is causal attention, whose plain path is as fast.)
+  const bool structural_window = pattern.kind == Pattern::full && rules.window_cuts(nq);
+  const bool walkable = pattern.kind == Pattern::strided || pattern.kind == Pattern::window || structural_window;
+  if (walkable && rules.has_hi && rules.hi <= 1) {
     StridedWalk w;
-    w.s = pred.stride();
-    w.l = pred.local();
+    w.residues = pattern.kind == Pattern::strided;
+    w.s = w.residues ? pred.stride() : 1;
+    // The structural window's lower bound is the walk's lo; no pattern width of its own.
+    w.l = structural_window ? std::numeric_limits<int64_t>::max() / 4 : pred.local();
     w.q_offset = rules.q_offset;
     w.nq = nq;
     w.nk = nk;

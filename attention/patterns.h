@@ -179,11 +179,16 @@ void PatternPredicate::mask_row(int64_t p, int64_t a, int64_t e, T* row) const {
 // the stride part per residue r ∈ [0, s): rows i with (q_offset + i) mod s == r, the n-th of them
 // at i = first_row(r) + s·n, and keys j = r + s·m. Inside one residue group "j <= p − l" is a
 // causal triangle in (n, m), so the group is a dense attention problem over rows and keys that
-// lie s apart in memory: BLAS reads and writes them with a leading dimension of s rows, no copy.
-// Every set of keys below is an interval [a, e) (in j for the band, in m for a group), so the
-// kernels mask a tile by clamping each row to its interval.
+// lie s apart in memory: the tile products step s rows at a time (a group's K and V rows through
+// a packed copy, fused.h). Every set of keys below is an interval [a, e) (in j for the band, in m
+// for a group), so the kernels mask a tile by clamping each row to its interval.
+// A causal window is the band alone (residues = false): the same 8-row tiles clamped per row
+// compute ~l + 7 logits a row, where the grid's 32 × 32 tiles compute ~l + 32 and mask them.
 struct StridedWalk {
   int64_t s = 1, l = 1, q_offset = 0, nq = 0, nk = 0;
+  // false: the band alone, no residue groups: the walk of a causal window (the window pattern, l
+  // its width; or the structural window under no pattern, l unbounded and lo its bound).
+  bool residues = true;
   bool has_lo = false;
   int64_t lo = 0, hi = 1;  // the structural interval [p + lo, p + hi) (hi <= 1)
 
@@ -201,8 +206,10 @@ struct StridedWalk {
   // Stride keys of position p: j in [lo_at(p), min(hi_at(p, cap), p − l + 1)).
   int64_t stride_hi(int64_t p, int64_t cap) const { return std::min(hi_at(p, cap), p - l + 1); }
   int64_t first_row(int64_t r) const { return (((r - q_offset) % s) + s) % s; }
+  // Residue groups walked: s, or none for the band alone.
+  int64_t groups() const { return residues ? std::min(s, nq) : 0; }
   int64_t rows(int64_t r) const { return first_row(r) < nq ? (nq - 1 - first_row(r)) / s + 1 : 0; }
-  int64_t keys(int64_t r) const { return r < nk ? (nk - 1 - r) / s + 1 : 0; }
+  int64_t keys(int64_t r) const { return residues && r < nk ? (nk - 1 - r) / s + 1 : 0; }
   // Keys m of group r that its rows n ∈ [n0, n1) may see: [*a, *e).
   void residue(int64_t r, int64_t n0, int64_t n1, int64_t cap, int64_t* a, int64_t* e) const {
     const int64_t p0 = pos(first_row(r) + s * n0), p1 = pos(first_row(r) + s * (n1 - 1));

@@ -311,14 +311,16 @@ TEST_CASE("sparse: the strided walk's dot products cover each row group's kept k
   for (int64_t r = 0; r < 8; ++r) CHECK((group.ca[r] == 0 && group.ce[r] == 16 + r));
 }
 
-TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strided composes with",
+TEST_CASE("sparse: the strided walk and a causal window band-only walk agree with the grid under every mask",
           "[attention][sparse]") {
   // float64, so both walks (different summation orders) agree to ~1e-12 and any masking
   // difference shows. Window, key_lengths, segments, ALiBi, a bias, GQA, dropout, q_offset > 0,
   // fewer query rows than the stride.
   // s = 3, l = 260 at Nk = 1000: the band (l + kWalkQ − 1 keys) and each residue group (~Nk/3
   // keys) are wider than one walk tile, so both are split into key tiles (plain and key_lengths +
-  // dropout only).
+  // dropout only). A causal window, the pattern's or the structural one (AttentionOptions::window
+  // without a pattern), walks the band alone, its forward in chunks of kWalkChunkRows rows
+  // (Nq = 700, 1000: several chunks, the last one partial).
   const int64_t B = 2, Hq = 4, Hkv = 2, D = 8;
   const auto narrow = make(Pattern::strided, [](SparsePattern& p) {
     p.stride = 9;
@@ -328,9 +330,22 @@ TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strid
     p.stride = 3;
     p.local = 260;
   });
+  const auto narrow_window = make(Pattern::window, [](SparsePattern& p) { p.local = 12; });
+  const auto wide_window = make(Pattern::window, [](SparsePattern& p) { p.local = 260; });
+  const auto none = make(Pattern::full);  // with AttentionOptions::window: the structural window
   REQUIRE(260 + kWalkQ - 1 > kWalkK);
   REQUIRE(1000 / 3 > kWalkK);
-  for (const auto& [pattern, Nk] : {std::pair{narrow, int64_t(700)}, std::pair{wide, int64_t(1000)}}) {
+  REQUIRE(700 % kWalkChunkRows != 0);
+  struct Walked {
+    std::shared_ptr<const SparsePattern> pattern;
+    int64_t window, Nk;  // window: the structural one (0: none)
+    bool wide;
+  };
+  for (const Walked& c :
+       {Walked{narrow, 0, 700, false}, Walked{wide, 0, 1000, true}, Walked{narrow_window, 0, 700, false},
+        Walked{wide_window, 0, 1000, true}, Walked{none, 12, 700, false}, Walked{none, 260, 1000, true}}) {
+    const auto& pattern = c.pattern;
+    const int64_t Nk = c.Nk;
     Tensor seg = Tensor::empty({B, Nk}, DType::i64);
     for (int64_t j = 0; j < Nk; ++j) {
       seg.data<int64_t>()[j] = j < 250 ? 0 : 1;
@@ -338,10 +353,12 @@ TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strid
     }
     for (int variant = 0; variant < 6; ++variant)
       for (int64_t Nq : {Nk, int64_t(130), int64_t(5)}) {  // 5 < s = 9: residues without rows, so keys no group holds
-        if (pattern == wide && (Nq == 5 || (variant != 0 && variant != 2))) continue;
+        if (c.wide && (Nq == 5 || (variant != 0 && variant != 2))) continue;
+        if (c.window > 0 && variant == 1) continue;  // the structural window is already set
         AttentionOptions o;
         o.causal = true;
         o.pattern = pattern;
+        o.window = c.window;
         std::string what;
         switch (variant) {
           case 0:
@@ -372,13 +389,15 @@ TEST_CASE("sparse: regrouped and grid strided walks agree under every mask strid
             for (int64_t e = 0; e < B * Nq * Nk; ++e) o.allow_mask.data<bool>()[e] = (e * 2654435761u) % 7 != 0;
             break;
         }
-        INFO(what << " Nq " << Nq << " s " << pattern->stride << " l " << pattern->local);
+        INFO(pattern_name(pattern->kind) << " " << what << " Nq " << Nq << " s " << pattern->stride << " l "
+                                         << pattern->local << " window " << o.window);
+        const AttentionShape shape{B, Hq, Hkv, Nq, Nk};
+        REQUIRE(block_layout(*pattern, mask_rules(shape, o), Nq, Nk, kT, kT)->regrouped);  // the walk runs
         AttentionOptions structural;  // the grid walk visits the layout's tiles: pattern and structural rules
         structural.causal = true;
         structural.window = o.window;
         structural.pattern = pattern;
-        REQUIRE(pattern_stats({B, Hq, Hkv, Nq, Nk}, o).visited_tiles <
-                grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, structural));
+        CHECK(pattern_stats(shape, o).visited_tiles <= grid_tiles_with_pairs({1, 1, 1, Nq, Nk}, structural));
         const Tensor q0 = randn({B, Hq, Nq, D}, 300, 0, 0.0, 4.0).to(DType::f64),
                      k0 = randn({B, Hkv, Nk, D}, 301).to(DType::f64), v0 = randn({B, Hkv, Nk, D}, 302).to(DType::f64),
                      g = randn({B, Hq, Nq, D}, 303).to(DType::f64);

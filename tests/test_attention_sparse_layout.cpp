@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "attention/attention.h"
+#include "attention/fused.h"
 #include "sparse_cases.h"
 #include "tensor/ops.h"
 
@@ -201,17 +202,42 @@ TEST_CASE("sparse: visibility_mask, kept pairs and the layout agree with the doc
       CHECK(checked == static_cast<int64_t>(L->row_tiles.size()));
       CHECK(checked > 0);
     }
-  // The window skips tiles; a wide window has full tiles (no per-element mask there).
+  // The window skips tiles; a wide non-causal window has full tiles (no per-element mask there).
   AttentionOptions o;
-  o.causal = true;
   o.pattern = make(Pattern::window, [](SparsePattern& p) { p.local = 200; });
   const PatternStats st = pattern_stats({1, 1, 1, 640, 640}, o);
   CHECK(st.total_tiles == (640 / kT) * (640 / kT));
   CHECK(st.full_tiles > 0);
-  // visited: per query tile r, key tiles from the one holding r·kT − 199 to r
+  // visited: per query tile r, key tiles from the one holding r·kT − 199 to the one holding
+  // r·kT + kT − 1 + 199
   int64_t want = 0;
-  for (int64_t r = 0; r < 640 / kT; ++r) want += r - std::max<int64_t>(0, r * kT - 199) / kT + 1;
+  for (int64_t r = 0; r < 640 / kT; ++r)
+    want += std::min<int64_t>(640 / kT - 1, (r * kT + kT - 1 + 199) / kT) - std::max<int64_t>(0, r * kT - 199) / kT + 1;
   CHECK(st.visited_tiles == want);
+  // Causal, it takes the band-only walk (fused.h): rows [i0, i0 + 8) compute the keys
+  // [max(0, i0 − 199), i0 + 8), and visited_tiles is those logits in kT × kT tiles' worth.
+  o.causal = true;
+  const PatternStats walk = pattern_stats({1, 1, 1, 640, 640}, o);
+  REQUIRE(kWalkQ == 8);
+  int64_t logits = 0;
+  for (int64_t i0 = 0; i0 < 640; i0 += 8) logits += 8 * (i0 + 8 - std::max<int64_t>(0, i0 - 199));
+  CHECK(walk.visited_tiles == (logits + kT * kT - 1) / (kT * kT));
+  CHECK(walk.full_tiles == 0);
+  CHECK(walk.kept_pairs == 640 * 200 - 200 * 199 / 2);
+  // The structural window without a pattern takes the same walk while it cuts a key of some row;
+  // as long as the last position (here 639 + 1 keys), it is causal attention and keeps the grid.
+  for (int64_t w : {int64_t(200), int64_t(639), int64_t(640), int64_t(5000)}) {
+    AttentionOptions sw;
+    sw.window = w;
+    const AttentionShape s{1, 1, 1, 640, 640};
+    INFO("structural window " << w);
+    CHECK(block_layout(SparsePattern{}, mask_rules(s, sw), 640, 640, kT, kT)->regrouped == (w < 640));
+    if (w == 200) CHECK(pattern_stats(s, sw).visited_tiles == walk.visited_tiles);
+  }
+  // Decode rows (q_offset > 0): one query at position 639 and a window of 639 still cuts key 0.
+  AttentionOptions decode;
+  decode.window = 639;
+  CHECK(block_layout(SparsePattern{}, mask_rules({1, 1, 1, 1, 640}, decode), 1, 640, kT, kT)->regrouped);
 }
 
 // The kernels mask a partial tile's row through PatternPredicate::mask_row (intervals), not through
