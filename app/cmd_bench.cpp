@@ -2,7 +2,7 @@
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
 //           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
 //           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
-//           [--pattern-block-size BS] [--versus-full [--rounds R]]; a config with train.device = "cuda" selects the GPU
+//           [--pattern-block-size BS] [--versus-full [--rounds R]] [--interleave-n [--rounds R]]; a config with train.device = "cuda" selects the GPU
 //           step on the GPU also: [--peak-tflops P] (the MFU denominator; default: the card's dense bf16
 //           datasheet peak, tensor/device_peaks.cpp)
 #include <omp.h>
@@ -54,7 +54,13 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_flag("--versus-full", versus_full,
                 "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
                 "the same process, and report the ratio of their times per kept pair");
-  cmd->add_option("--rounds", rounds, "attention --versus-full: alternated rounds (0: about 10 s of full steps)");
+  cmd->add_option("--rounds", rounds,
+                  "attention --versus-full: alternated rounds (0: about 10 s of full steps); --interleave-n: rounds "
+                  "over the N (0: about 20 s)");
+  static bool interleave_n = false;
+  cmd->add_flag("--interleave-n", interleave_n,
+                "attention: time the --n values round-robin in one process (each round a warm-up and a timed step "
+                "per N), so growth over N compares one machine state");
   static std::string kernel = "both";
   cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
   cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")
@@ -156,7 +162,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       QKV_CHECK(!versus_full || o.pattern.sparse(), "[bench] --versus-full needs a sparse --pattern, got '", pattern,
                 "'");
       QKV_CHECK(rounds >= 0, "[bench] --rounds must be >= 0, got ", rounds);
+      QKV_CHECK(!(interleave_n && versus_full), "[bench] --interleave-n and --versus-full do not combine");
       o.versus_full = versus_full;
+      o.interleave_n = interleave_n;
       o.rounds = rounds;
       o.threads = threads > 0 ? threads : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
@@ -186,7 +194,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
               r.pattern.c_str(), static_cast<long long>(r.kept_pairs), static_cast<long long>(r.visited_tiles),
               static_cast<long long>(r.total_tiles), static_cast<long long>(r.tile_q), static_cast<long long>(r.tile_k),
               r.ns_per_kept_pair, r.kept_gflops);
-        if (r.rounds > 0)
+        if (r.interleaved) std::fprintf(out, "          interleaved with the other N: median of %d rounds\n", r.rounds);
+        if (r.rounds > 0 && !r.interleaved)
           std::fprintf(out,
                        "          vs full causal, %d alternated rounds: full %.2f ms, %.2f ns/kept pair; pattern/full "
                        "per kept pair %.3f\n",
@@ -209,7 +218,10 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                               {"tile_k", r.tile_k},
                               {"kept_gflops", r.kept_gflops},
                               {"ns_per_kept_pair", r.ns_per_kept_pair}};
-        if (r.rounds > 0) {
+        if (r.interleaved) {
+          row["interleaved"] = true;
+          row["rounds"] = r.rounds;
+        } else if (r.rounds > 0) {
           row["rounds"] = r.rounds;
           row["full_ms"] = r.full_ms;
           row["full_ns_per_kept_pair"] = r.full_ns_per_kept_pair;

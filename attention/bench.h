@@ -37,7 +37,13 @@ struct AttentionBenchOptions {
   // take about as long. On a shared machine whose load drifts by tens of percent within seconds,
   // two separate runs seconds apart compare two different machines; alternated rounds see the same one.
   bool versus_full = false;
-  int rounds = 0;  // versus_full rounds; 0: about 10 s of full steps (at least 3, at most 15)
+  int rounds = 0;  // versus_full or interleave_n rounds; 0: about 10 s of full steps (at least 3, at most 15),
+                   // or about 20 s of interleaved rounds (at least 5, at most 15)
+  // Every N of `ns` measured in the same stretch of time (`--interleave-n`): round-robin over the
+  // N, each round one warm-up step (so the caches hold that N's tensors, not the previous N's) and
+  // one timed step per N, the median over rounds. Growth over N (the log-log slope of time over N)
+  // then compares one machine state, where N after N in turn compares minutes apart. Not with versus_full.
+  bool interleave_n = false;
 };
 
 struct AttentionBenchResult {
@@ -60,6 +66,7 @@ struct AttentionBenchResult {
   // and the median over rounds of (the pattern's time per kept pair) / (full's), each round's ratio
   // taken from steps run within about a second of each other (the pattern's median in the round).
   int rounds = 0;
+  bool interleaved = false;  // interleave_n: `rounds` rounds, one timed step of this N in each
   double full_ms = 0, full_ns_per_kept_pair = 0, ratio_vs_full = 0;
 };
 

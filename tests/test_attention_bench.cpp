@@ -36,3 +36,39 @@ TEST_CASE("attention bench: --versus-full times full causal attention alongside 
   CHECK(r.ratio_vs_full > 0);
   CHECK(r.kept_pairs < static_cast<int64_t>(full_kept));
 }
+
+TEST_CASE("attention bench: --interleave-n times every N round-robin with the same figures as in turn",
+          "[attention][sparse]") {
+  AttentionBenchOptions o;
+  o.ns = {64, 200};
+  o.hkvs = {2};
+  o.heads = 2;
+  o.head_dims = {16};
+  o.kernels = {Kernel::fused};
+  o.repeats = 1;
+  o.threads = 1;
+  o.pattern.kind = Pattern::strided;
+  const auto in_turn = bench_attention(o);
+  o.interleave_n = true;
+  o.rounds = 3;
+  const auto rows = bench_attention(o);
+  REQUIRE(rows.size() == 2);
+  REQUIRE(in_turn.size() == 2);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    INFO("N = " << rows[i].n);
+    CHECK(rows[i].n == o.ns[i]);
+    CHECK(rows[i].interleaved);
+    CHECK_FALSE(in_turn[i].interleaved);
+    CHECK(rows[i].rounds == 3);
+    CHECK(rows[i].ms > 0);
+    CHECK(rows[i].forward_ms > 0);
+    CHECK(rows[i].forward_ms < rows[i].ms);
+    CHECK(rows[i].peak_bytes > 0);
+    // Counted from the pattern, not timed: the same in either order.
+    CHECK(rows[i].kept_pairs == in_turn[i].kept_pairs);
+    CHECK(rows[i].visited_tiles == in_turn[i].visited_tiles);
+    CHECK(rows[i].ns_per_kept_pair == Approx(rows[i].ms * 1e6 / rows[i].kept_pairs).epsilon(1e-12));
+  }
+  o.versus_full = true;
+  CHECK_THROWS_WITH(bench_attention(o), Catch::Contains("--interleave-n and --versus-full"));
+}
