@@ -162,7 +162,6 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       QKV_CHECK(!versus_full || o.pattern.sparse(), "[bench] --versus-full needs a sparse --pattern, got '", pattern,
                 "'");
       QKV_CHECK(rounds >= 0, "[bench] --rounds must be >= 0, got ", rounds);
-      QKV_CHECK(!(interleave_n && versus_full), "[bench] --interleave-n and --versus-full do not combine");
       o.versus_full = versus_full;
       o.interleave_n = interleave_n;
       o.rounds = rounds;

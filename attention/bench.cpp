@@ -75,7 +75,7 @@ struct BenchCase {
     return ms_since(t0);
   }
   double step() { return step_with(o); }
-  // One step's allocator peak above the bytes in use before it.
+  // One step (ms), raising *peak to its allocator peak above the bytes in use before it.
   double timed_step(int64_t* peak) {
     const Device dev = opt->device;
     const int64_t before = allocator_stats(dev).bytes_in_use;

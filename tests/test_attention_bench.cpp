@@ -3,15 +3,20 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "attention/bench.h"
 
 using namespace qkv;
 using namespace qkv::attn;
 
-TEST_CASE("attention bench: --versus-full times full causal attention alongside the pattern", "[attention][sparse]") {
+namespace {
+
+// A small strided benchmark (B 1, H 2, Hkv 2, D 16, fused, one timed step, one thread).
+AttentionBenchOptions small_strided_bench(std::vector<int64_t> ns) {
   AttentionBenchOptions o;
-  o.ns = {256};
+  o.ns = std::move(ns);
   o.hkvs = {2};
   o.heads = 2;
   o.head_dims = {16};
@@ -19,6 +24,22 @@ TEST_CASE("attention bench: --versus-full times full causal attention alongside 
   o.repeats = 1;
   o.threads = 1;
   o.pattern.kind = Pattern::strided;  // s = l = ceil(sqrt(N))
+  return o;
+}
+
+// Causal strided pairs of one head counted pair by pair: key j <= i kept when i - j < l or s | i - j.
+int64_t strided_pairs_by_hand(int64_t n) {
+  const int64_t s = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n)))), l = s;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j <= i; ++j) kept += (i - j < l || (i - j) % s == 0) ? 1 : 0;
+  return kept;
+}
+
+}  // namespace
+
+TEST_CASE("attention bench: --versus-full times full causal attention alongside the pattern", "[attention][sparse]") {
+  AttentionBenchOptions o = small_strided_bench({256});
   const auto plain = bench_attention(o);
   REQUIRE(plain.size() == 1);
   CHECK(plain[0].rounds == 0);
@@ -39,15 +60,7 @@ TEST_CASE("attention bench: --versus-full times full causal attention alongside 
 
 TEST_CASE("attention bench: --interleave-n times every N round-robin with the same figures as in turn",
           "[attention][sparse]") {
-  AttentionBenchOptions o;
-  o.ns = {64, 200};
-  o.hkvs = {2};
-  o.heads = 2;
-  o.head_dims = {16};
-  o.kernels = {Kernel::fused};
-  o.repeats = 1;
-  o.threads = 1;
-  o.pattern.kind = Pattern::strided;
+  AttentionBenchOptions o = small_strided_bench({64, 200});
   const auto in_turn = bench_attention(o);
   o.interleave_n = true;
   o.rounds = 3;
@@ -64,7 +77,8 @@ TEST_CASE("attention bench: --interleave-n times every N round-robin with the sa
     CHECK(rows[i].forward_ms > 0);
     CHECK(rows[i].forward_ms < rows[i].ms);
     CHECK(rows[i].peak_bytes > 0);
-    // Counted from the pattern, not timed: the same in either order.
+    // Counted from the pattern, not timed: the same in either order, and pair by pair.
+    CHECK(rows[i].kept_pairs == 2 * strided_pairs_by_hand(rows[i].n));
     CHECK(rows[i].kept_pairs == in_turn[i].kept_pairs);
     CHECK(rows[i].visited_tiles == in_turn[i].visited_tiles);
     CHECK(rows[i].ns_per_kept_pair == Approx(rows[i].ms * 1e6 / rows[i].kept_pairs).epsilon(1e-12));
