@@ -11,16 +11,21 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "distributed/data_parallel.h"
 #include "distributed/distributed.h"
 
 int main(int argc, char** argv) {
   using namespace qkv;
+  // Read before MPI starts, so a bad argument exits without leaving a half-initialised world.
+  const std::vector<long long> args = bench::positional_or_exit(
+      argc, argv, "mpirun -np N qkv_bench_allreduce [parameters=10770816] [bucket_kib=4096] [reps=20]",
+      {{"parameters", 10'770'816, 1ll << 33}, {"bucket_kib", 4096, 1 << 22}, {"reps", 20, 100000}});
   dist::init(&argc, &argv);
   dist::Communicator& comm = dist::world();
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 10'770'816;
-  const int64_t bucket = (argc > 2 ? std::atoll(argv[2]) : 4096) * 1024 / 4;
-  const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+  const int64_t n = args[0];
+  const int64_t bucket = args[1] * 1024 / 4;
+  const int reps = static_cast<int>(args[2]);
   std::vector<float> buf(static_cast<size_t>(n), 1.0f + static_cast<float>(comm.rank()));
   const std::vector<int64_t> bounds = dist::bucket_bounds(n, bucket);
   std::vector<double> ms;

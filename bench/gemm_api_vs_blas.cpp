@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -25,8 +26,10 @@ static double median(std::vector<double> v) {
 }
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 1024;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 30;
+  const std::vector<long long> args = qkv::bench::positional_or_exit(argc, argv, "qkv_bench_gemm [n=1024] [repeats=30]",
+                                                                     {{"n", 1024, 16384}, {"repeats", 30, 10000}});
+  const int n = static_cast<int>(args[0]);
+  const int repeats = static_cast<int>(args[1]);
   const Tensor a = randn({n, n}, 1), b = randn({n, n}, 2);
   Tensor c_direct = Tensor::empty({n, n});
   const double flop = 2.0 * n * n * n;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention/tile_products.h"
+#include "bench/bench_args.h"
 
 using namespace qkv::attn;
 
@@ -41,8 +42,10 @@ double rate(const std::function<void()>& run, double flops) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int D = argc > 1 ? std::atoi(argv[1]) : 64;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 15;
+  const std::vector<long long> args = qkv::bench::positional_or_exit(argc, argv, "qkv_bench_tiles [D=64] [repeats=15]",
+                                                                     {{"D", 64, 1024}, {"repeats", 15, 10000}});
+  const int D = static_cast<int>(args[0]);
+  const int repeats = static_cast<int>(args[1]);
   openblas_set_num_threads(1);
   std::printf("BLAS kernel %s, 1 thread, D = %d; GFLOP/s, medians of %d\n", openblas_get_corename(), D, repeats);
   std::printf("%-28s %10s %10s %8s\n", "product (rows x keys x D)", "hand", "OpenBLAS", "ratio");
