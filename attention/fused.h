@@ -294,6 +294,21 @@ struct WalkRows {
       tile::add_nn(rows, n, cols, A + r0 * lda + c0, lda, B + c0 * ldb, ldb, C + r0 * ldc, ldc);
     });
   }
+  // The tile's rows that keep a key of columns kRangeRows·b … kRangeRows·b + 3, as [lo[b], hi[b])
+  // (empty: hi[b] ≤ lo[b]), b < ⌈nc / kRangeRows⌉: the steps tile::add_tn_ranges takes for those
+  // keys in dK += dSᵀ·Q and dV += Pᵀ·dO, where every other row's dS and P are zero.
+  void key_ranges(int64_t nr, int64_t nc, int64_t* lo, int64_t* hi) const {
+    const int64_t blocks = (nc + tile::kRangeRows - 1) / tile::kRangeRows;
+    std::fill_n(lo, blocks, int64_t(0));
+    std::fill_n(hi, blocks, int64_t(0));
+    for (int64_t r = 0; r < nr; ++r) {
+      if (ce[r] <= ca[r]) continue;
+      for (int64_t b = ca[r] / tile::kRangeRows; b <= (ce[r] - 1) / tile::kRangeRows; ++b) {
+        if (hi[b] == 0) lo[b] = r;  // rows ascend: the first to reach b
+        hi[b] = r + 1;
+      }
+    }
+  }
   // The columns of row r that nt formed.
   int64_t span_begin(int64_t r) const { return a[r / kWalkSpanRows]; }
   int64_t span_end(int64_t r) const { return e[r / kWalkSpanRows]; }

@@ -79,7 +79,9 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     }
     pd = pz;
   }
-  tile::add_tn(nc, a.Dv, nr, pd, kWalkK, dot, ldo, kg.dv, kg.lddv);
+  int64_t key_lo[kWalkK / tile::kRangeRows] = {}, key_hi[kWalkK / tile::kRangeRows] = {};  // {}: for g++'s flow check
+  rows.key_ranges(nr, nc, key_lo, key_hi);
+  tile::add_tn_ranges(nc, a.Dv, key_lo, key_hi, pd, kWalkK, dot, ldo, kg.dv, kg.lddv);
   rows.nt(nr, a.Dv, T(1), dot, ldo, kv.v, kv.ldv, dp, kWalkK);
   for (int64_t r = 0; r < nr; ++r) {  // dS; 0 outside the row group's span, where P is 0 and dP was not formed
     const T di = a.di[row0 + t.i0 + t.qstep * r];
@@ -95,7 +97,7 @@ void strided_tile_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
     }
     std::fill(dr + ce, dr + nc, T(0));
   }
-  tile::add_tn(nc, a.D, nr, dp, kWalkK, qt, ldq, kg.dk, kg.lddk);
+  tile::add_tn_ranges(nc, a.D, key_lo, key_hi, dp, kWalkK, qt, ldq, kg.dk, kg.lddk);
   rows.add_nn(nr, a.D, dp, kWalkK, kv.k, kv.ldk, dqt, lddq);
 }
 

@@ -183,6 +183,51 @@ void add_product(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const
     }
 }
 
+// add_product's column blocks with each 4-row block of C on its own range of steps (add_tn_ranges):
+// the same micro-tiles, started at the range's first step.
+template <class T, int NV>
+void column_block_ranges(int64_t m, const int64_t* lo, const int64_t* hi, const T* a, int64_t lda, const T* b,
+                         int64_t ldb, T* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    const int64_t p0 = lo[i / 4], k = hi[i / 4] - p0;
+    if (k > 0) micro_tile<T, 4, NV, true>(k, a + i + p0 * lda, lda, b + p0 * ldb, ldb, c + i * ldc, ldc);
+  }
+  if (i == m) return;
+  const int64_t p0 = lo[i / 4], k = hi[i / 4] - p0;
+  if (k <= 0) return;
+  const T* ai = a + i + p0 * lda;
+  const T* bi = b + p0 * ldb;
+  T* ci = c + i * ldc;
+  switch (m - i) {
+    case 3:
+      micro_tile<T, 3, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
+      break;
+    case 2:
+      micro_tile<T, 2, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
+      break;
+    default:
+      micro_tile<T, 1, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
+      break;
+  }
+}
+
+template <class T>
+void add_tn_ranges_impl(int64_t m, int64_t n, const int64_t* lo, const int64_t* hi, const T* a, int64_t lda, const T* b,
+                        int64_t ldb, T* c, int64_t ldc) {
+  static_assert(kRangeRows == 4, "the ranges are per micro-tile of 4 rows");
+  constexpr int64_t W = Lanes<T>::width;
+  const int64_t n2 = n / (2 * W) * (2 * W), n1 = n / W * W;
+  for (int64_t j = 0; j < n2; j += 2 * W) column_block_ranges<T, 2>(m, lo, hi, a, lda, b + j, ldb, c + j, ldc);
+  if (n1 > n2) column_block_ranges<T, 1>(m, lo, hi, a, lda, b + n2, ldb, c + n2, ldc);
+  for (int64_t j = n1; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      T acc = c[i * ldc + j];
+      for (int64_t p = lo[i / 4]; p < hi[i / 4]; ++p) acc = fmadd(acc, a[i + p * lda], b[p * ldb + j]);
+      c[i * ldc + j] = acc;
+    }
+}
+
 template <class T>
 void add_nn_impl(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
   add_product<T, false>(m, n, k, a, lda, b, ldb, c, ldc);
@@ -301,6 +346,15 @@ void nt_impl(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, 
 }
 
 }  // namespace
+
+void add_tn_ranges(int64_t m, int64_t n, const int64_t* k_lo, const int64_t* k_hi, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* c, int64_t ldc) {
+  add_tn_ranges_impl(m, n, k_lo, k_hi, a, lda, b, ldb, c, ldc);
+}
+void add_tn_ranges(int64_t m, int64_t n, const int64_t* k_lo, const int64_t* k_hi, const double* a, int64_t lda,
+                   const double* b, int64_t ldb, double* c, int64_t ldc) {
+  add_tn_ranges_impl(m, n, k_lo, k_hi, a, lda, b, ldb, c, ldc);
+}
 
 void nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
         float* c, int64_t ldc) {

@@ -40,4 +40,15 @@ void add_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const 
 void add_tn(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb, double* c,
             int64_t ldc);
 
+// C[m×n] += Aᵀ·B where C's rows 4b … 4b + 3 take only the steps p ∈ [k_lo[b], k_hi[b]) (none
+// where k_hi[b] ≤ k_lo[b]): for A zero outside those steps, the same sums without the
+// multiply-adds by its zeros. On a walk tile C's rows are the tile's keys and the steps its query
+// rows, each key seen by a staggered run of them (dK += dSᵀ·Q, dV += Pᵀ·dO on a band tile of 16
+// rows and l + 15 keys: at l = 32 a third of the full tile's terms are zeros).
+void add_tn_ranges(int64_t m, int64_t n, const int64_t* k_lo, const int64_t* k_hi, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* c, int64_t ldc);
+void add_tn_ranges(int64_t m, int64_t n, const int64_t* k_lo, const int64_t* k_hi, const double* a, int64_t lda,
+                   const double* b, int64_t ldb, double* c, int64_t ldc);
+constexpr int64_t kRangeRows = 4;  // C rows per k range of add_tn_ranges
+
 }  // namespace qkv::attn::tile

@@ -5,8 +5,10 @@
 // element's value does not depend on where in the tile it sits (bitwise).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -186,4 +188,62 @@ TEST_CASE("a tile product's element does not depend on where in the tile it sits
     INFO("add_tn over " << keys << " keys");
     CHECK(std::memcmp(dv_whole.data(), dv_keys.data(), dv_whole.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("add_tn_ranges gives add_tn's bits where A is zero outside each 4-row block's range of steps",
+          "[attention][tile][exact]") {
+  // The strided walk's dK += dSᵀ·Q and dV += Pᵀ·dO take, for each block of 4 keys, only the query
+  // rows that keep one of them; dS and P are zero on the others. Ranges here: empty (lo = hi, and
+  // lo > hi), whole, a prefix, a suffix and an inner run; C rows ending on a 1-, 2- or 3-row block;
+  // columns past the vector blocks.
+  for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 37})
+    for (int64_t n : {1, 7, 8, 17, 64, 79})
+      for (int64_t k : {1, 3, 16, 31}) {
+        const int64_t blocks = (m + tile::kRangeRows - 1) / tile::kRangeRows;
+        std::vector<int64_t> lo(blocks), hi(blocks);
+        for (int64_t b = 0; b < blocks; ++b) {
+          switch ((b + m + n + k) % 6) {
+            case 0:
+              lo[b] = 0, hi[b] = k;
+              break;
+            case 1:
+              lo[b] = k / 2, hi[b] = k / 2;
+              break;
+            case 2:
+              lo[b] = 0, hi[b] = (k + 1) / 2;
+              break;
+            case 3:
+              lo[b] = k / 3, hi[b] = k;
+              break;
+            case 4:
+              lo[b] = k / 4, hi[b] = std::max<int64_t>(k / 4 + 1, 3 * k / 4);
+              break;
+            default:
+              lo[b] = k, hi[b] = 0;
+              break;
+          }
+        }
+        // full: A zero outside the ranges, for add_tn; ranged: NaN there, which add_tn_ranges must
+        // never read.
+        Operands<float> full = make_operands<float>(m, n, k, k, n, static_cast<uint32_t>(m * 1000 + n * 10 + k));
+        full.lda = m + 3;
+        Operands<float> ranged = full;
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t i = 0; i < m; ++i) {
+            const int64_t b = i / tile::kRangeRows;
+            if (p >= lo[b] && p < hi[b]) continue;
+            full.a[i + p * full.lda] = 0.0f;
+            ranged.a[i + p * full.lda] = std::numeric_limits<float>::quiet_NaN();
+          }
+        start_block(full);
+        start_block(ranged);
+        tile::add_tn_ranges(m, n, lo.data(), hi.data(), ranged.a.data(), ranged.lda, ranged.b.data(), ranged.ldb,
+                            ranged.c.data(), ranged.ldc);
+        tile::add_tn(m, n, k, full.a.data(), full.lda, full.b.data(), full.ldb, full.c.data(), full.ldc);
+        const std::string shape = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+        INFO("add_tn_ranges " << shape);
+        CHECK(std::memcmp(ranged.c.data(), full.c.data(), full.c.size() * sizeof(float)) == 0);
+        full.c = ranged.c;
+        check_accumulated(full, 1, full.lda, 64 * 6e-8, "add_tn_ranges " + shape);
+      }
 }
