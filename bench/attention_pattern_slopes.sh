@@ -10,6 +10,13 @@
 #
 # Prints CSV rows pattern,n,seconds,kept_pairs,ns_per_kept_pair, then per pattern one row
 # "slope,<pattern>,<least-squares slope of log seconds over log N>,<the same for kept pairs>".
+# Where a pattern's kept pairs per query row vary over the N by 1.5x or more (strided: l + N/2s,
+# from 47 at 1K to 191 at 16K), also "rowcost,<pattern>,<a>,<c>,<share at first N>,<share at
+# last N>": the least-squares fit of the time per query row (the bench's B 1 x H 8 x N rows) as
+# a * kept pairs per row + c, so a is the ns a kept pair costs at any N and c the ns per row that
+# does not shrink as rows keep more pairs (the walk's per-row and per-tile work, and the rows'
+# memory traffic); the shares are c's part of the time. With c > 0 the time grows more slowly
+# than the kept pairs (docs/perf.md, "Strided's slope and the cost per row").
 # Fused CPU kernel, B 1, H 8, Hkv 8, D 64, float32, THREADS threads (default 2). Builds nothing.
 # Environment: BUILD_DIR (default build) locates qkv; ROUNDS (default: the bench's, about 20 s).
 set -euo pipefail
@@ -43,5 +50,13 @@ def slope(ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 if len(rows) > 1:
     print("slope,%s,%.3f,%.3f" % (rows[0]["pattern"], slope([r["ms"] for r in rows]),
-                                 slope([r["kept_pairs"] for r in rows])))'
+                                 slope([r["kept_pairs"] for r in rows])))
+query_rows = [1 * 8 * r["n"] for r in rows]  # B 1, H 8: the bench defaults
+per_row = [(r["kept_pairs"] / q, r["ms"] * 1e6 / q) for r, q in zip(rows, query_rows)]
+xs = [x for x, _ in per_row]
+if len(rows) > 2 and max(xs) >= 1.5 * min(xs):
+    mx, my = sum(xs) / len(xs), sum(y for _, y in per_row) / len(xs)
+    a = sum((x - mx) * (y - my) for x, y in per_row) / sum((x - mx) ** 2 for x in xs)
+    c = my - a * mx
+    print("rowcost,%s,%.2f,%.0f,%.2f,%.2f" % (rows[0]["pattern"], a, c, c / per_row[0][1], c / per_row[-1][1]))'
 done
