@@ -141,28 +141,33 @@ inline void micro_tile(int64_t k, const T* a, int64_t lda, const T* b, int64_t l
     for (int v = 0; v < NV; ++v) store(c + r * ldc + v * W, acc[r][v]);
 }
 
+// The last 1-3 rows of a column block as one micro-tile: the walk's tiles end on them often (the
+// band's 71 keys, a residue group's 7, 15, … 63), and row by row each B vector loaded would feed
+// only NV FMAs. rows 0 does nothing.
+template <class T, int NV, bool kTransA>
+inline void micro_tile_tail(int64_t rows, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+                            int64_t ldc) {
+  switch (rows) {
+    case 3:
+      micro_tile<T, 3, NV, kTransA>(k, a, lda, b, ldb, c, ldc);
+      break;
+    case 2:
+      micro_tile<T, 2, NV, kTransA>(k, a, lda, b, ldb, c, ldc);
+      break;
+    case 1:
+      micro_tile<T, 1, NV, kTransA>(k, a, lda, b, ldb, c, ldc);
+      break;
+    default:
+      break;
+  }
+}
+
 template <class T, int NV, bool kTransA>
 inline void column_block(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4)
     micro_tile<T, 4, NV, kTransA>(k, &a_at<kTransA>(a, lda, i, 0), lda, b, ldb, c + i * ldc, ldc);
-  // The last 1-3 rows as one block: the walk's tiles end on them often (the band's 71 keys, a
-  // residue group's 7, 15, … 63), and row by row each B vector loaded would feed only NV FMAs.
-  const T* ai = &a_at<kTransA>(a, lda, i, 0);
-  T* ci = c + i * ldc;
-  switch (m - i) {
-    case 3:
-      micro_tile<T, 3, NV, kTransA>(k, ai, lda, b, ldb, ci, ldc);
-      break;
-    case 2:
-      micro_tile<T, 2, NV, kTransA>(k, ai, lda, b, ldb, ci, ldc);
-      break;
-    case 1:
-      micro_tile<T, 1, NV, kTransA>(k, ai, lda, b, ldb, ci, ldc);
-      break;
-    default:
-      break;
-  }
+  micro_tile_tail<T, NV, kTransA>(m - i, k, &a_at<kTransA>(a, lda, i, 0), lda, b, ldb, c + i * ldc, ldc);
 }
 
 // C[m×n] += A·B (A read through a_at), B and C row-major. Columns go in blocks of two vectors
@@ -195,21 +200,7 @@ void column_block_ranges(int64_t m, const int64_t* lo, const int64_t* hi, const 
   }
   if (i == m) return;
   const int64_t p0 = lo[i / 4], k = hi[i / 4] - p0;
-  if (k <= 0) return;
-  const T* ai = a + i + p0 * lda;
-  const T* bi = b + p0 * ldb;
-  T* ci = c + i * ldc;
-  switch (m - i) {
-    case 3:
-      micro_tile<T, 3, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
-      break;
-    case 2:
-      micro_tile<T, 2, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
-      break;
-    default:
-      micro_tile<T, 1, NV, true>(k, ai, lda, bi, ldb, ci, ldc);
-      break;
-  }
+  if (k > 0) micro_tile_tail<T, NV, true>(m - i, k, a + i + p0 * lda, lda, b + p0 * ldb, ldb, c + i * ldc, ldc);
 }
 
 template <class T>
