@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -68,10 +69,12 @@ std::vector<VariantSpec> parse_variants(const std::string& list) {
   std::set<std::string> seen;
   std::stringstream ss(list);
   std::string item;
+  const size_t last = list.find_last_not_of(" \t");
+  QKV_CHECK(last == std::string::npos || list[last] != ',', "--variants: '", list, "' ends with a comma");
   while (std::getline(ss, item, ',')) {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) continue;
+    QKV_CHECK(!item.empty(), "--variants: an empty item in '", list, "' (a stray comma?)");
     const auto colon = item.find(':');
     const std::string name = item.substr(0, colon), param = colon == std::string::npos ? "" : item.substr(colon + 1);
     const VariantRule* rule = nullptr;
@@ -85,9 +88,12 @@ std::vector<VariantSpec> parse_variants(const std::string& list) {
               rule->param, ")");
     QKV_CHECK(!rule->param.empty() || colon == std::string::npos, "--variants: ", name, " takes no parameter, got '",
               item, "'");
-    if (!param.empty())
-      QKV_CHECK(param.find_first_not_of("0123456789") == std::string::npos, "--variants: ", item,
-                ": the parameter must be a positive integer");
+    if (!param.empty()) {
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(param.data(), param.data() + param.size(), v);
+      QKV_CHECK(ec == std::errc() && end == param.data() + param.size() && v >= 1 && v <= (int64_t{1} << 20),
+                "--variants: ", item, ": the parameter must be an integer in [1, 1048576]");
+    }
     QKV_CHECK(seen.insert(item).second, "--variants: ", item, " is listed twice");
     out.push_back({item, rule->overrides(param)});
   }

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "analysis/attention_map.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
@@ -17,12 +18,12 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
   static std::string ckpt, text, out_path, grid_path;
   static int64_t layer = 0, head = 0;
   static bool json = false;
-  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--text", text, "the text to run (its last block_size tokens are used)")->required();
-  cmd->add_option("--layer", layer, "layer index")->capture_default_str();
-  cmd->add_option("--head", head, "query head index")->capture_default_str();
-  cmd->add_option("--out", out_path, "PNG file for the head's heatmap")->required();
-  cmd->add_option("--grid", grid_path, "PNG file for the grid of every layer and head");
+  add_int_option(cmd, "--layer", layer, {0, kIntMax}, "layer index, below model.n_layer");
+  add_int_option(cmd, "--head", head, {0, kIntMax}, "query head index, below model.n_head");
+  add_path_option(cmd, "--out", out_path, "PNG file for the head's heatmap")->required();
+  add_path_option(cmd, "--grid", grid_path, "PNG file for the grid of every layer and head");
   cmd->add_flag("--json", json, "print {out, grid, tokens, layer, head} as one JSON line");
   cmd->callback([&exit_code] {
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "attention/bench.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -30,33 +31,33 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   static std::vector<int64_t> ns, head_dims;
   static std::string pattern = "full", linear_feature = "elu1";
   static bool profile = false, json = false;
-  cmd->add_option("--config", config, "config whose step (or GEMM shapes) to measure");
+  add_path_option(cmd, "--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
   cmd->add_option("--what", what, "step | attention | gemm | decode")->capture_default_str();
-  cmd->add_option("--tokens", tokens, "decode: tokens to generate")->capture_default_str();
-  cmd->add_option("--steps", steps, "timed steps after the warm-up")->capture_default_str();
-  cmd->add_option("--threads", threads, "OpenMP threads (default: the config's, else all)");
-  cmd->add_option("--n", ns, "attention: sequence lengths (default 256 1024 4096)");
-  cmd->add_option("--head-dim", head_dims, "attention: head dims (default 64)");
+  add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode: tokens to generate");
+  add_int_option(cmd, "--steps", steps, {1, 100000}, "timed steps after the warm-up");
+  add_int_option(cmd, "--threads", threads, {0, 4096}, "OpenMP threads; 0 = the config's, else all");
+  add_int_list_option(cmd, "--n", ns, {1, 1 << 20}, "attention: sequence lengths (default 256 1024 4096)");
+  add_int_list_option(cmd, "--head-dim", head_dims, {1, 1024}, "attention: head dims (default 64)");
   static int64_t p_stride = 0, p_local = 0, p_global = 1, p_random = 2, p_bs = 64, p_hkv = 0;
   cmd->add_option("--pattern", pattern,
                   "attention: full|window|strided|global|bigbird|block_sparse|linear (linear: N 1K..64K, kv heads 8)")
       ->capture_default_str();
-  cmd->add_option("--pattern-stride", p_stride, "attention: strided s (0 = ceil(sqrt(N)))");
-  cmd->add_option("--pattern-local", p_local, "attention: local width l (0 = the pattern's default)");
-  cmd->add_option("--pattern-global", p_global, "attention: global, bigbird: the first g positions are global")
-      ->capture_default_str();
-  cmd->add_option("--pattern-random-blocks", p_random, "attention: bigbird random blocks")->capture_default_str();
-  cmd->add_option("--pattern-block-size", p_bs, "attention: bigbird / block_sparse block size")->capture_default_str();
-  cmd->add_option("--hkv", p_hkv, "attention: kv heads (default: 8 and 2)");
+  add_int_option(cmd, "--pattern-stride", p_stride, {0, 1 << 20}, "attention: strided s (0 = ceil(sqrt(N)))");
+  add_int_option(cmd, "--pattern-local", p_local, {0, 1 << 20}, "attention: local width l (0 = the pattern's default)");
+  add_int_option(cmd, "--pattern-global", p_global, {0, 1 << 20},
+                 "attention: global, bigbird: the first g positions are global");
+  add_int_option(cmd, "--pattern-random-blocks", p_random, {0, 1 << 20}, "attention: bigbird random blocks");
+  add_int_option(cmd, "--pattern-block-size", p_bs, {1, 1 << 20}, "attention: bigbird / block_sparse block size");
+  add_int_option(cmd, "--hkv", p_hkv, {0, 1024}, "attention: kv heads; 0 = 8 and 2");
   static bool versus_full = false;
   static int rounds = 0;
   cmd->add_flag("--versus-full", versus_full,
                 "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
                 "the same process, and report the ratio of their times per kept pair");
-  cmd->add_option("--rounds", rounds,
-                  "attention --versus-full: alternated rounds (0: about 10 s of full steps); --interleave-n: rounds "
-                  "over the N (0: about 20 s)");
+  add_int_option(cmd, "--rounds", rounds, {0, 100000},
+                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); --interleave-n: rounds "
+                 "over the N (0: about 20 s)");
   static bool interleave_n = false;
   cmd->add_flag("--interleave-n", interleave_n,
                 "attention: time the --n values round-robin in one process (each round a warm-up and a timed step "
@@ -66,14 +67,13 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")
       ->capture_default_str();
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
-  cmd->add_option("--peak-tflops", peak_tflops,
-                  "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
+  add_real_option(cmd, "--peak-tflops", peak_tflops, {0, 1e9},
+                  "step on the GPU: peak TFLOP/s for MFU; 0 = the card's dense bf16");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code] {
     nlohmann::json results = nlohmann::json::array();
     std::FILE* out = json ? stderr : stdout;
     if (threads > 0) omp_set_num_threads(threads);
-    QKV_CHECK(peak_tflops >= 0, "[bench] --peak-tflops must be positive, got ", peak_tflops);
     if (what == "step" || what == "gemm") {
       QKV_CHECK(!config.empty(), "[bench] --what ", what, " needs --config");
       Config cfg = parse_config(config, sets);
@@ -156,12 +156,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       o.pattern.global = p_global;
       o.pattern.random_blocks = p_random;
       o.pattern.block_size = p_bs;
-      try {
-        o.pattern.validate();
-      } catch (const Error& e) { fail("[bench] --pattern-*: ", e.what()); }
+      for (int64_t n : o.ns) o.pattern.validate_for(n, "--pattern-", "--n");
       QKV_CHECK(!versus_full || o.pattern.sparse(), "[bench] --versus-full needs a sparse --pattern, got '", pattern,
                 "'");
-      QKV_CHECK(rounds >= 0, "[bench] --rounds must be >= 0, got ", rounds);
       o.versus_full = versus_full;
       o.interleave_n = interleave_n;
       o.rounds = rounds;

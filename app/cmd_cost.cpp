@@ -6,6 +6,7 @@
 
 #include "analysis/cost.h"
 #include "app/commands.h"
+#include "app/options.h"
 
 namespace qkv::app {
 
@@ -15,15 +16,14 @@ void add_cost_command(CLI::App& root, int& exit_code) {
   static std::vector<std::string> sets;
   static int64_t context = 0, vocab = 0;
   static bool json = false;
-  cmd->add_option("--config", config, "config file (.toml)")->required();
+  add_path_option(cmd, "--config", config, "config file (.toml)")->required();
   cmd->add_option("--set", sets, "override a config key (repeatable)");
-  cmd->add_option("--context", context,
-                  "inference context N for prefill, decode and the KV cache (default block_size)");
-  cmd->add_option("--vocab", vocab, "vocabulary when model.vocab_size is 0 (default: the tokenizer's, from data.path)");
+  add_int_option(cmd, "--context", context, {0, 1 << 20},
+                 "inference context N for prefill, decode and the KV cache; 0 = block_size");
+  add_int_option(cmd, "--vocab", vocab, {0, 1 << 24},
+                 "vocabulary when model.vocab_size is 0; 0 = the tokenizer's, from data.path");
   cmd->add_flag("--json", json, "print the figures as one JSON line");
   cmd->callback([&exit_code] {
-    QKV_CHECK(context >= 0, "[cost] --context must be >= 1, got ", context);
-    QKV_CHECK(vocab >= 0, "[cost] --vocab must be >= 1, got ", vocab);
     const Config cfg = parse_config(config, sets);
     analysis::CostOptions o;
     o.context = context;

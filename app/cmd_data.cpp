@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "data/dataset.h"
 #include "analysis/plot.h"
 #include "train/checkpoint.h"
@@ -14,22 +15,23 @@ namespace qkv::app {
 void add_prepare_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("prepare", "tokenize a text file into train/val splits (HDF5)");
   static std::string input, tokenizer, tokenizer_from, out, separator = "none";
-  static int32_t bpe_vocab = 512;
+  static int64_t bpe_vocab = 512;
   static double val_fraction = 0.1;
   static int64_t seed = 1337;
   static bool json = false;
-  cmd->add_option("--input", input, "text file")->required();
+  add_path_option(cmd, "--input", input, "text file")->required();
   auto* kind = cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe");
-  auto* from = cmd->add_option("--tokenizer-from", tokenizer_from,
+  auto* from = add_path_option(cmd, "--tokenizer-from", tokenizer_from,
                                "use the tokenizer of a checkpoint or a Hugging Face model directory (GPT-2's BPE)");
   kind->excludes(from);
   from->excludes(kind);
-  cmd->add_option("--out", out, "output .h5")->required();
+  add_path_option(cmd, "--out", out, "output .h5")->required();
   cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")
       ->capture_default_str();
-  cmd->add_option("--bpe-vocab-size", bpe_vocab, "BPE vocabulary size")->capture_default_str();
-  cmd->add_option("--val-fraction", val_fraction, "share of documents (or tokens) held out")->capture_default_str();
-  cmd->add_option("--seed", seed, "which documents go to validation")->capture_default_str();
+  add_int_option(cmd, "--bpe-vocab-size", bpe_vocab, int_key_range("data.bpe_vocab_size"), "BPE vocabulary size");
+  add_real_option(cmd, "--val-fraction", val_fraction, real_key_range("data.val_fraction"),
+                  "share of documents (or tokens) held out");
+  add_int_option(cmd, "--seed", seed, {0, kIntMax}, "which documents go to validation");
   cmd->add_flag("--json", json, "print a summary as one JSON line");
   cmd->callback([&exit_code, kind] {
     PrepareOptions o;
@@ -69,8 +71,8 @@ void add_plot_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("plot", "draw the loss curves of a run as an SVG");
   static std::string metrics, out;
   static bool json = false;
-  cmd->add_option("--metrics", metrics, "RUN_DIR/metrics.jsonl")->required();
-  cmd->add_option("--out", out, "output .svg")->required();
+  add_path_option(cmd, "--metrics", metrics, "RUN_DIR/metrics.jsonl")->required();
+  add_path_option(cmd, "--out", out, "output .svg")->required();
   cmd->add_flag("--json", json, "print {\"out\": …} as one JSON line");
   cmd->callback([&exit_code] {
     analysis::plot_metrics(metrics, out);

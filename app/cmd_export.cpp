@@ -5,6 +5,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "train/hf_interop.h"
 
 namespace qkv::app {
@@ -14,8 +15,8 @@ void add_export_command(CLI::App& root, int& exit_code) {
       root.add_subcommand("export", "write a checkpoint as a Hugging Face model directory (safetensors + config.json)");
   static std::string checkpoint, out, dtype = "f32";
   static bool json = false;
-  cmd->add_option("--checkpoint", checkpoint, "checkpoint file (.h5)")->required();
-  cmd->add_option("--out", out, "output directory (must not exist)")->required();
+  add_path_option(cmd, "--checkpoint", checkpoint, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "--out", out, "output directory (must not exist)")->required();
   cmd->add_option("--dtype", dtype, "stored weights: f32 | bf16")->capture_default_str();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {

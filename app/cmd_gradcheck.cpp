@@ -10,6 +10,7 @@
 
 #include "analysis/model_gradcheck.h"
 #include "app/commands.h"
+#include "app/options.h"
 #include "app/registry.h"
 #include "autograd/gradcheck.h"
 #include "train/config.h"
@@ -187,25 +188,20 @@ void add_gradcheck_command(CLI::App& root, int& exit_code) {
                   "--config, only parameter tensors whose name matches");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   auto* eps_opt =
-      cmd->add_option("--eps", eps, "finite-difference step (--config: default 1e-5)")->capture_default_str();
-  auto* atol_opt =
-      cmd->add_option("--atol", atol, "absolute tolerance (--config: default 1e-9)")->capture_default_str();
-  auto* rtol_opt =
-      cmd->add_option("--rtol", rtol, "relative tolerance (--config: default 1e-5)")->capture_default_str();
-  cmd->add_option("--config", config, "check the whole model of this config file (float64, seeded batch)");
+      add_real_option(cmd, "--eps", eps, {0, 1, true, false}, "finite-difference step (--config: default 1e-5)");
+  auto* atol_opt = add_real_option(cmd, "--atol", atol, {0, 1e6}, "absolute tolerance (--config: default 1e-9)");
+  auto* rtol_opt = add_real_option(cmd, "--rtol", rtol, {0, 1e6}, "relative tolerance (--config: default 1e-5)");
+  add_path_option(cmd, "--config", config, "check the whole model of this config file (float64, seeded batch)");
   cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
-  auto* dir_opt = cmd->add_option("--directions", directions, "--config: random directions over all parameters")
-                      ->capture_default_str();
-  auto* elem_opt = cmd->add_option("--elements", elements, "--config: elements checked in every parameter tensor")
-                       ->capture_default_str();
-  auto* seed_opt = cmd->add_option("--seed", seed, "--config: batch, dropout masks, directions and element sample")
-                       ->capture_default_str();
+  auto* dir_opt =
+      add_int_option(cmd, "--directions", directions, {0, 10000}, "--config: random directions over all parameters");
+  auto* elem_opt =
+      add_int_option(cmd, "--elements", elements, {0, 10000}, "--config: elements checked in every parameter tensor");
+  auto* seed_opt = add_int_option(cmd, "--seed", seed, {0, kIntMax},
+                                  "--config: batch, dropout masks, directions and element sample");
   cmd->callback([&exit_code, eps_opt, atol_opt, rtol_opt, dir_opt, elem_opt, seed_opt] {
     if (!config.empty()) {
-      QKV_CHECK(directions >= 0, "[gradcheck] --directions must be >= 0, got ", directions);
-      QKV_CHECK(elements >= 0, "[gradcheck] --elements must be >= 0, got ", elements);
       QKV_CHECK(directions + elements > 0, "[gradcheck] --directions 0 and --elements 0 check nothing");
-      QKV_CHECK(seed >= 0, "[gradcheck] --seed must be >= 0, got ", seed);
       analysis::ModelGradcheckOptions opt;
       opt.directions = directions;
       opt.elements = elements;

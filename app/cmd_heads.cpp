@@ -9,6 +9,7 @@
 
 #include "analysis/heads.h"
 #include "app/commands.h"
+#include "app/options.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
 #include "train/session.h"
@@ -21,23 +22,20 @@ void add_heads_command(CLI::App& root, int& exit_code) {
   static int64_t windows = 16, length = 0, local_span = 4;
   static double peak = 0.5, local = 0.7, broad = 0.8;
   static bool json = false, no_sep = false;
-  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
-  cmd->add_option("--data", data, "a text file to sample windows from")->required();
-  cmd->add_option("--windows", windows, "windows of text to average over")->capture_default_str();
-  cmd->add_option("--length", length, "tokens per window (default block_size)");
+  constexpr RealRange kThreshold{0, 1, true, false};
+  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "--data", data, "a text file to sample windows from")->required();
+  add_int_option(cmd, "--windows", windows, {1, 100000}, "windows of text to average over");
+  add_int_option(cmd, "--length", length, {0, 1 << 20}, "tokens per window; 0 = block_size");
   cmd->add_option("--separators", separators,
                   "characters whose tokens count as separators (default: newline, space, tab, ASCII punctuation)");
-  cmd->add_option("--local-span", local_span, "keys within this distance count as local")->capture_default_str();
-  cmd->add_option("--peak-threshold", peak, "score a single kind of key needs for its label")->capture_default_str();
-  cmd->add_option("--local-threshold", local, "local mass for the label 'local'")->capture_default_str();
-  cmd->add_option("--broad-threshold", broad, "entropy / max entropy for the label 'broad'")->capture_default_str();
-  cmd->add_option("--report", report, "directory for index.html and heads.png");
+  add_int_option(cmd, "--local-span", local_span, {1, 1 << 20}, "keys within this distance count as local");
+  add_real_option(cmd, "--peak-threshold", peak, kThreshold, "score a single kind of key needs for its label");
+  add_real_option(cmd, "--local-threshold", local, kThreshold, "local mass for the label 'local'");
+  add_real_option(cmd, "--broad-threshold", broad, kThreshold, "entropy / max entropy for the label 'broad'");
+  add_path_option(cmd, "--report", report, "directory for index.html and heads.png");
   cmd->add_flag("--json", json, "print {heads: [...]} as one JSON line");
   cmd->callback([&exit_code] {
-    QKV_CHECK(windows >= 1, "[heads] --windows must be >= 1, got ", windows);
-    QKV_CHECK(length >= 0, "[heads] --length must be >= 2, got ", length);
-    QKV_CHECK(local_span >= 1, "[heads] --local-span must be >= 1, got ", local_span);
-    for (double t : {peak, local, broad}) QKV_CHECK(t > 0 && t <= 1, "[heads] thresholds must be in (0, 1], got ", t);
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);

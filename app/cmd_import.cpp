@@ -6,6 +6,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "train/hf_interop.h"
 
 namespace qkv::app {
@@ -14,8 +15,8 @@ void add_import_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("import", "read a Hugging Face model directory into a qkv checkpoint");
   static std::string from, out, tokenizer;
   static bool json = false;
-  cmd->add_option("--from", from, "HF model directory (config.json + model.safetensors)")->required();
-  cmd->add_option("--out", out, "checkpoint to write (.h5)")->required();
+  add_path_option(cmd, "--from", from, "HF model directory (config.json + model.safetensors)")->required();
+  add_path_option(cmd, "--out", out, "checkpoint to write (.h5)")->required();
   cmd->add_option("--tokenizer", tokenizer,
                   "byte: the model's ids are bytes (for a directory without tokenizer files); default: DIR's files");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "train/checkpoint.h"
 #include "analysis/leakcheck.h"
 #include "train/model_factory.h"
@@ -49,21 +50,20 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
   static bool json = false, self_test = false;
   static int ngram = 32;
   static double max_share = 0.05;
-  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5) to check");
-  cmd->add_option("--config", config, "config file: check a freshly initialised model of it");
+  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5) to check");
+  add_path_option(cmd, "--config", config, "config file: check a freshly initialised model of it");
   cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
   cmd->add_option("--device", device, "cpu | cuda: where the model and the checks run")->capture_default_str();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
-  cmd->add_option("--report", report_dir, "write DIR/index.html with the tables and attention heatmaps");
+  add_path_option(cmd, "--report", report_dir, "write DIR/index.html with the tables and attention heatmaps");
   cmd->add_flag("--self-test", self_test, "plant each known attention bug and verify a check catches it");
-  cmd->add_option("--ngram", ngram, "n of the val/train n-gram overlap")->capture_default_str();
-  cmd->add_option("--max-ngram-share", max_share, "largest acceptable share of val n-grams found in train")
-      ->capture_default_str();
+  add_int_option(cmd, "--ngram", ngram, {1, 1 << 20}, "n of the val/train n-gram overlap");
+  add_real_option(cmd, "--max-ngram-share", max_share, {0, 1},
+                  "largest acceptable share of val n-grams found in train");
   cmd->callback([&exit_code] {
     QKV_CHECK(ckpt.empty() != config.empty(), "[leakcheck] give exactly one of --checkpoint CKPT or --config FILE",
               ckpt.empty() ? "" : " (both were given)");
     QKV_CHECK(sets.empty() || !config.empty(), "[leakcheck] --set needs --config");
-    QKV_CHECK(ngram >= 1, "[leakcheck] --ngram must be >= 1, got ", ngram);
     const Device dev = device_option(device);
     std::FILE* out = json ? stderr : stdout;
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "data/dataset.h"
 #include "tensor/allocator.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -58,14 +59,15 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   static std::optional<int64_t> max_new, top_k, seed;
   static std::optional<double> temperature, top_p;
   static bool no_cache = false, json = false;
-  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--prompt", prompt, "text to continue (default: the config's sample.prompt, else a newline)");
-  cmd->add_option("--max-new-tokens", max_new, "tokens to generate, >= 0 (default sample.max_new_tokens)");
-  cmd->add_option("--temperature", temperature,
-                  "softmax temperature, finite >= 0; 0 = greedy (default sample.temperature)");
-  cmd->add_option("--top-k", top_k, "keep the k most likely tokens, >= 0; 0 = off");
-  cmd->add_option("--top-p", top_p, "nucleus sampling mass in (0, 1]; 1 = off");
-  cmd->add_option("--seed", seed, "sampling seed, >= 0");
+  add_int_option(cmd, "--max-new-tokens", max_new, int_key_range("sample.max_new_tokens"),
+                 "tokens to generate (default sample.max_new_tokens)");
+  add_real_option(cmd, "--temperature", temperature, real_key_range("sample.temperature"),
+                  "softmax temperature; 0 = greedy (default sample.temperature)");
+  add_int_option(cmd, "--top-k", top_k, int_key_range("sample.top_k"), "keep the k most likely tokens; 0 = off");
+  add_real_option(cmd, "--top-p", top_p, real_key_range("sample.top_p"), "nucleus sampling mass; 1 = off");
+  add_int_option(cmd, "--seed", seed, int_key_range("sample.seed"), "sampling seed");
   cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
   static std::string device = "cpu";
   cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
@@ -73,13 +75,6 @@ void add_sample_command(CLI::App& root, int& exit_code) {
                 "print {\"prompt\", \"text\", \"tokens\"} as one JSON line at the end (bytes that are not "
                 "valid UTF-8 appear as U+FFFD in the strings; \"tokens\" has the exact ids)");
   cmd->callback([&exit_code, cmd] {
-    // The options first: a bad value is refused before the checkpoint is even opened.
-    QKV_CHECK(!max_new || *max_new >= 0, "--max-new-tokens must be >= 0, got ", *max_new);
-    QKV_CHECK(!temperature || (std::isfinite(*temperature) && *temperature >= 0),
-              "--temperature must be a finite number >= 0 (0 = greedy), got ", *temperature);
-    QKV_CHECK(!top_k || *top_k >= 0, "--top-k must be >= 0 (0 = off), got ", *top_k);
-    QKV_CHECK(!top_p || (*top_p > 0 && *top_p <= 1), "--top-p must be in (0, 1], got ", *top_p);
-    QKV_CHECK(!seed || *seed >= 0, "--seed must be >= 0, got ", *seed);
     LoadedModel m = load_for_inference(ckpt, device);
     const SampleSettings& s = m.meta.config.sample;  // validated when the checkpoint's config was parsed
     train::SampleOptions o;
@@ -125,8 +120,8 @@ void add_eval_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("eval", "score a file: mean loss over consecutive windows of block_size + 1 tokens");
   static std::string ckpt, data_path;
   static bool json = false;
-  cmd->add_option("--checkpoint", ckpt, "checkpoint file (.h5)")->required();
-  cmd->add_option("--data", data_path, "text file or prepared .h5 (scored whole, no split)")->required();
+  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "--data", data_path, "text file or prepared .h5 (scored whole, no split)")->required();
   cmd->add_flag("--json", json, "print {loss, perplexity, tokens} as one JSON line");
   static std::string device = "cpu";
   cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();

@@ -9,6 +9,7 @@
 
 #include "analysis/study.h"
 #include "app/commands.h"
+#include "app/options.h"
 
 namespace qkv::app {
 
@@ -19,39 +20,32 @@ void add_study_command(CLI::App& root, int& exit_code) {
   static std::vector<std::string> sets;
   static int64_t budget = 0, decode_tokens = 16, eval_tokens = 8192;
   static bool json = false, no_checks = false;
-  cmd->add_option("--config", config, "base config file (.toml)")->required();
+  add_path_option(cmd, "--config", config, "base config file (.toml)")->required();
   cmd->add_option("--set", sets, "override a base config key (repeatable)");
   cmd->add_option("--variants", variants,
                   "comma-separated variants: full, window:W, strided[:S], global[:G], bigbird[:B], block_sparse[:B], "
                   "linear (a parameter in brackets is optional)")
       ->required();
   cmd->add_option("--lengths", lengths, "comma-separated inference lengths")->capture_default_str();
-  cmd->add_option("--budget-tokens", budget, "training tokens per variant (default: the config's max_steps)");
-  cmd->add_option("--decode-tokens", decode_tokens, "decoded tokens timed per length")->capture_default_str();
-  cmd->add_option("--eval-tokens", eval_tokens, "validation tokens scored per length")->capture_default_str();
+  add_int_option(cmd, "--budget-tokens", budget, {0, int64_t{1} << 40},
+                 "training tokens per variant; 0 = the config's max_steps");
+  add_int_option(cmd, "--decode-tokens", decode_tokens, {1, 1 << 20}, "decoded tokens timed per length");
+  add_int_option(cmd, "--eval-tokens", eval_tokens, {1, int64_t{1} << 30}, "validation tokens scored per length");
   cmd->add_flag("--no-checks", no_checks, "skip leakcheck's model checks");
-  cmd->add_option("--report", report, "work and report directory (index.html, variants/<name>/)")
+  add_path_option(cmd, "--report", report, "work and report directory (index.html, variants/<name>/)")
       ->capture_default_str();
   cmd->add_flag("--json", json, "print {variants: [...]} as one JSON line");
   cmd->callback([&exit_code] {
     analysis::StudyOptions o;
     o.dir = report;
     o.lengths.clear();
-    std::stringstream ss(lengths);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      if (item.empty()) continue;
-      size_t used = 0;
-      long long n = 0;
-      try {
-        n = std::stoll(item, &used);
-      } catch (const std::exception&) { used = 0; }
-      QKV_CHECK(used == item.size() && n >= 1, "--lengths: '", item, "' is not a positive integer");
-      o.lengths.push_back(n);
+    // Every comma-separated item is a length: an empty list or item ("", "256,,1024") is refused.
+    for (size_t start = 0;;) {
+      const size_t comma = lengths.find(',', start);
+      o.lengths.push_back(parse_int("--lengths", std::string_view(lengths).substr(start, comma - start), {1, 1 << 20}));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
     }
-    QKV_CHECK(budget >= 0, "--budget-tokens must be >= 0, got ", budget);
-    QKV_CHECK(decode_tokens >= 1, "--decode-tokens must be >= 1, got ", decode_tokens);
-    QKV_CHECK(eval_tokens >= 1, "--eval-tokens must be >= 1, got ", eval_tokens);
     o.budget_tokens = budget;
     o.decode_tokens = decode_tokens;
     o.eval_tokens = eval_tokens;

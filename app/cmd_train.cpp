@@ -8,6 +8,7 @@
 
 #include "analysis/plot.h"
 #include "app/commands.h"
+#include "app/options.h"
 #include "train/config.h"
 #include "distributed/distributed.h"
 #include "train/trainer.h"
@@ -21,7 +22,7 @@ nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::js
 struct TrainArgs {
   std::string config, resume, init_from;
   std::vector<std::string> sets;
-  bool json = false, plot = false, quiet = false;
+  bool json = false, plot = false, quiet = false, overwrite = false;
 };
 
 void train_once(const TrainArgs& a, bool root) {
@@ -29,6 +30,7 @@ void train_once(const TrainArgs& a, bool root) {
   train::TrainOptions o;
   o.resume = a.resume;
   o.init_from = a.init_from;
+  o.overwrite = a.overwrite;
   o.progress = !a.quiet;
   const train::TrainSummary s = train::run_training(cfg, o);
   if (!root) return;
@@ -58,11 +60,13 @@ void train_once(const TrainArgs& a, bool root) {
 void add_train_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("train", "train a model from a TOML config (data-parallel under mpirun -np N)");
   static TrainArgs args;
-  cmd->add_option("--config", args.config, "config file (TOML)")->required();
+  add_path_option(cmd, "--config", args.config, "config file (TOML)")->required();
   cmd->add_option("--set", args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
-  cmd->add_option("--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
-  cmd->add_option("--init-from", args.init_from,
+  add_path_option(cmd, "--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
+  add_path_option(cmd, "--init-from", args.init_from,
                   "start a new run from a checkpoint's weights (or a Hugging Face model directory's)");
+  cmd->add_flag("--overwrite", args.overwrite,
+                "replace the run files (metrics.jsonl, checkpoints, best.h5) already in train.out_dir");
   cmd->add_flag("--plot", args.plot, "write OUT_DIR/loss.svg at the end");
   cmd->add_flag("--quiet", args.quiet, "no progress lines on stderr");
   cmd->add_flag("--json", args.json, "print the final metrics as one JSON line");

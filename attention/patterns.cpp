@@ -63,6 +63,42 @@ void SparsePattern::validate() const {
         "[attention] block_sparse layout \"", layout, "\" is neither local_global, fixed nor a loaded file");
 }
 
+void SparsePattern::validate_for(int64_t n, std::string_view key_prefix, std::string_view context) const {
+  validate();
+  auto key = [&](std::string name) {
+    if (key_prefix.starts_with("--")) std::replace(name.begin(), name.end(), '_', '-');
+    return std::string(key_prefix) + name;
+  };
+  auto at_most_n = [&](const char* name, int64_t v) {
+    QKV_CHECK(v <= n, key(name), " = ", v, " exceeds ", context, " = ", n, " (", pattern_name(kind),
+              " would be full attention); it must be in [0, ", n, "]");
+  };
+  if (kind == Pattern::full) return;
+  if (kind == Pattern::strided) at_most_n("stride", stride);
+  if (kind != Pattern::block_sparse) at_most_n("local", local);
+  if (kind == Pattern::global || kind == Pattern::bigbird) {
+    if (global_tokens.empty()) at_most_n("global", global);
+    for (int64_t t : global_tokens)
+      QKV_CHECK(t < n, key("global_tokens"), ": position ", t, " is outside the context [0, ", context, " = ", n, ")");
+  }
+  if (kind != Pattern::bigbird && kind != Pattern::block_sparse) return;
+  QKV_CHECK(block_size <= n && n % block_size == 0, key("block_size"), " = ", block_size, " does not divide ", context,
+            " = ", n, " (the last block would be cut short); use a divisor of ", n);
+  const int64_t blocks = n / block_size;
+  if (kind == Pattern::bigbird)
+    QKV_CHECK(random_blocks <= blocks, key("random_blocks"), " = ", random_blocks, " exceeds the ", blocks,
+              " blocks of ", context, " = ", n, " (", key("block_size"), " = ", block_size, ")");
+  if (kind == Pattern::block_sparse && !is_generator(layout)) {
+    QKV_CHECK(layout_rows >= blocks && layout_cols >= blocks, key("layout"), " ", layout, " has ", layout_rows, "x",
+              layout_cols, " blocks but ", context, " / ", key("block_size"), " needs ", blocks, "x", blocks);
+    for (int64_t qb = 0; qb < blocks; ++qb) {
+      const uint8_t* row = layout_table.data() + qb * layout_cols;
+      QKV_CHECK(std::any_of(row, row + qb + 1, [](uint8_t v) { return v != 0; }), key("layout"), " ", layout,
+                ": query block ", qb, " sees no key block at or before its own (its rows would attend to nothing)");
+    }
+  }
+}
+
 std::string SparsePattern::describe() const {
   std::ostringstream s;
   s << pattern_name(kind);

@@ -56,8 +56,17 @@ struct SparsePattern {
   }
   bool operator!=(const SparsePattern& o) const { return !(*this == o); }
   bool sparse() const { return kind != Pattern::full; }
-  // Checks the parameters; throws qkv::Error starting with `what` (e.g. "model.pattern_stride").
+  // Checks the parameters' signs and the layout's presence; throws qkv::Error.
   void validate() const;
+  // validate(), then checks that each parameter the pattern uses means something in a context of
+  // n positions (a model's block_size, a bench's N): stride, local width and global count at most
+  // n (past it the pattern is full attention under another name); for bigbird and block_sparse a
+  // block size that divides n and at most n / block_size random blocks; a layout in which every
+  // query block sees some key block at or before its own (else its rows see nothing). Messages
+  // name the parameter as `key_prefix` + its name ("model.pattern_" + "stride"; a "--pattern-"
+  // prefix spells it "--pattern-block-size") and the context as `context`.
+  void validate_for(int64_t n, std::string_view key_prefix = "model.pattern_",
+                    std::string_view context = "model.block_size") const;
   // A one-line description, e.g. "strided s=8 l=8" (bench rows, leakcheck reports).
   std::string describe() const;
 };

@@ -9,45 +9,39 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/profiler.h"
+#include "tensor/value_range.h"
 
 namespace qkv::nn {
 
 void ModelConfig::validate() const {
-  auto positive = [](const char* key, int64_t v) { QKV_CHECK(v > 0, key, " must be > 0, got ", v); };
-  auto positive_real = [](const char* key, double v) {
-    QKV_CHECK(v > 0 && std::isfinite(v), key, " must be a finite number > 0, got ", v);
+  // The range of each size and number, stated here once (the config's keys of the same name take
+  // them from this check): wide enough for any model qkv can hold, narrow enough that no product of
+  // two sizes overflows int64.
+  constexpr int64_t kMaxSize = int64_t{1} << 20;
+  auto in_range = [](const char* key, int64_t v, IntRange r) {
+    QKV_CHECK(r.contains(v), key, " must be ", describe(r), ", got ", v);
   };
-  auto probability = [](const char* key, double v) { QKV_CHECK(v >= 0 && v < 1, key, " must be in [0, 1), got ", v); };
-  positive("model.n_layer", n_layer);
-  positive("model.n_head", n_head);
-  positive("model.n_kv_head", n_kv_head);
-  positive("model.n_embd", n_embd);
-  positive("model.block_size", block_size);
-  positive("model.vocab_size", vocab_size);
-  positive("model.ffn_hidden", ffn_hidden);
+  auto in_real_range = [](const char* key, double v, const RealRange& r) {
+    QKV_CHECK(r.contains(v), key, " must be ", describe(r), ", got ", v);
+  };
+  const RealRange probability{0, 1, false, true};
+  in_range("model.n_layer", n_layer, {1, 1024});
+  in_range("model.n_head", n_head, {1, 1024});
+  in_range("model.n_kv_head", n_kv_head, {1, 1024});
+  in_range("model.n_embd", n_embd, {1, 65536});
+  in_range("model.block_size", block_size, {1, kMaxSize});
+  in_range("model.vocab_size", vocab_size, {1, int64_t{1} << 24});
+  in_range("model.ffn_hidden", ffn_hidden, {1, kMaxSize});
   QKV_CHECK(n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be divisible by model.n_head (", n_head, ")");
   QKV_CHECK(n_head % n_kv_head == 0, "model.n_head (", n_head, ") must be divisible by model.n_kv_head (", n_kv_head,
             ")");
-  probability("model.dropout", dropout);
-  probability("model.attn_dropout", attn_dropout);
-  positive_real("model.norm_eps", norm_eps);
-  positive_real("model.rope_theta", rope_theta);
-  QKV_CHECK(window >= 0, "model.window must be >= 0, got ", window);
-  QKV_CHECK(pattern.stride >= 0, "model.pattern_stride must be >= 0, got ", pattern.stride);
-  QKV_CHECK(pattern.local >= 0, "model.pattern_local must be >= 0, got ", pattern.local);
-  QKV_CHECK(pattern.global >= 0, "model.pattern_global must be >= 0, got ", pattern.global);
-  QKV_CHECK(pattern.random_blocks >= 0, "model.pattern_random_blocks must be >= 0, got ", pattern.random_blocks);
-  QKV_CHECK(pattern.block_size > 0, "model.pattern_block_size must be > 0, got ", pattern.block_size);
-  for (int64_t t : pattern.global_tokens)
-    QKV_CHECK(t >= 0 && t < block_size, "model.pattern_global_tokens: position ", t,
-              " is outside the context [0, model.block_size = ", block_size, ")");
-  if (pattern.kind == attn::Pattern::block_sparse && pattern.layout_rows > 0) {
-    const int64_t blocks = (block_size + pattern.block_size - 1) / pattern.block_size;
-    QKV_CHECK(pattern.layout_rows >= blocks && pattern.layout_cols >= blocks, "model.pattern_layout ", pattern.layout,
-              " has ", pattern.layout_rows, "x", pattern.layout_cols,
-              " blocks but model.block_size / pattern_block_size needs ", blocks, "x", blocks);
-  }
-  QKV_CHECK(init_std >= 0 && std::isfinite(init_std), "model.init_std must be a finite number >= 0, got ", init_std);
+  in_real_range("model.dropout", dropout, probability);
+  in_real_range("model.attn_dropout", attn_dropout, probability);
+  in_real_range("model.norm_eps", norm_eps, {0, 1, true, false});
+  in_real_range("model.rope_theta", rope_theta, {0, 1e12, true, false});
+  in_range("model.window", window, {0, kMaxSize});
+  in_real_range("model.init_std", init_std, {0, 1});
+  pattern.validate_for(block_size);
   QKV_CHECK(position != Position::rope || head_dim() % 2 == 0,
             "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());
   QKV_CHECK(position != Position::sinusoidal || n_embd % 2 == 0, "sinusoidal positions need an even model.n_embd, got ",
@@ -60,8 +54,8 @@ void ModelConfig::validate() const {
     QKV_CHECK(attn_dropout == 0, "model.attn_dropout = ", attn_dropout, lin, "; set it to 0");
     QKV_CHECK(window == 0, "model.window = ", window, lin, "; set it to 0");
     QKV_CHECK(attn_kernel == attn::Kernel::fused, "model.attn_kernel = \"reference\"", lin, "; use \"fused\"");
-    positive("model.linear_features", linear_features);
-    positive("model.linear_chunk", linear_chunk);
+    in_range("model.linear_features", linear_features, {1, 65536});
+    in_range("model.linear_chunk", linear_chunk, {1, kMaxSize});
   }
 }
 

@@ -10,9 +10,18 @@
 # after it, the safetensors fuzz target runs for FUZZ_SECONDS (default 20; 0 skips) when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage prints its wall time (and the running total) as it ends.
+test_start=$SECONDS
+stage_start=$SECONDS
+stage_done() {
+  echo "test.sh: stage '$1': $((SECONDS - stage_start)) s (total $((SECONDS - test_start)) s)" >&2
+  stage_start=$SECONDS
+}
 scripts/bootstrap.sh
+stage_done build
 # The sources keep the layout of .clang-format (clang-format 14); FORMAT_CHECK=0 skips this.
 if [[ ${FORMAT_CHECK:-1} == 1 ]]; then scripts/check_format.sh; fi
+stage_done format
 
 # The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
 # against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
@@ -30,6 +39,7 @@ if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers
       /usr/bin/python3 -c "import torch, transformers"
   } >&2 || echo "test.sh: WARNING: could not install torch/transformers; the interop test will be skipped" >&2
 fi
+stage_done "interop install"
 build_dir=${BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 args=(--test-dir "$build_dir" --output-on-failure --timeout 900)
@@ -37,6 +47,7 @@ if [[ ${QUICK:-0} == 1 ]]; then
   args+=(-LE slow)
 fi
 ctest "${args[@]}"
+stage_done ctest
 
 # The safetensors header parser under libFuzzer (tests/fuzz/run_fuzz.sh; AddressSanitizer and
 # UndefinedBehaviorSanitizer) for FUZZ_SECONDS (default 20) when clang++ is installed; 0 skips it.
@@ -47,6 +58,7 @@ if [[ ${FUZZ_SECONDS:-20} != 0 ]]; then
     echo "test.sh: clang++ not installed; the safetensors fuzz run is skipped (apt-get install clang)" >&2
   fi
 fi
+stage_done fuzz
 
 # The bitwise-exact cases ([exact]) again under every OpenBLAS kernel this CPU can run: a
 # machine's environment may set OPENBLAS_CORETYPE, and another kernel rounds GEMM tails
@@ -66,6 +78,7 @@ if [[ ${BLAS_KERNELS:-all} != 0 && $(uname -m) == x86_64 ]]; then
     OPENBLAS_CORETYPE=$kernel QKV_EXPECT_BLAS_KERNEL=$kernel "$build_dir/tests/qkv_tests" "[exact]" >&2
   done
 fi
+stage_done "BLAS kernels"
 
 # The CPU suite once more under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer
 # (-DQKV_SANITIZE=address,undefined, in build-sanitize/): any report fails its test. Leaks that are
@@ -91,6 +104,7 @@ if [[ ${SANITIZE:-1} == 1 ]]; then
     ctest --test-dir "$san_dir" --output-on-failure --timeout 1800 -j2 -LE "slow|mpi|emulation"
   )
 fi
+stage_done sanitizers
 
 if [[ ${CUDA_EMULATION:-1} == 1 ]]; then
   emu_dir=${EMULATED_BUILD_DIR:-build-emulated}
@@ -98,3 +112,4 @@ if [[ ${CUDA_EMULATION:-1} == 1 ]]; then
   cmake --build "$emu_dir" -j2 --target qkv_tests >&2
   ctest --test-dir "$emu_dir" --output-on-failure --timeout 1800 -j2
 fi
+stage_done "CUDA emulation"

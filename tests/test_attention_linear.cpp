@@ -424,7 +424,9 @@ TEST_CASE("model.attention_pattern = linear: keys, defaults and refused combinat
   REQUIRE(d);
   CHECK(d->key == "model.linear_chunk");
   other = cfg;
-  other.model.attention_pattern = AttentionChoice{};
+  other.model.attention_pattern = AttentionChoice{};  // full, without the keys only linear uses
+  other.model.linear_feature = Config{}.model.linear_feature;
+  other.model.linear_chunk = Config{}.model.linear_chunk;
   d = train::model_difference(m, train::model_config(other, 37));
   REQUIRE(d);
   CHECK(d->key == "model.attention_pattern");

@@ -162,13 +162,14 @@ TEST_CASE("a second run on a locked out_dir is refused naming the holder's pid; 
   ::kill(holder, SIGKILL);
   int status = 0;
   REQUIRE(::waitpid(holder, &status, 0) == holder);
-  // The holder died without unlocking: the lock went with it.
-  const train::TrainSummary s = train::run_training(c, {.progress = false});
+  // The holder died without unlocking: the lock went with it (the directory holds its run's log,
+  // which --overwrite replaces).
+  const train::TrainSummary s = train::run_training(c, {.overwrite = true, .progress = false});
   CHECK(s.step == 10);
   CHECK(fs::exists(s.checkpoint));
   CHECK(read_file(c.train.out_dir + "/" + train::kRunLockFile) == std::to_string(::getpid()) + "\n");
   // Released when the run returned: a second run in this process starts.
-  CHECK(train::run_training(c, {.progress = false}).step == 10);
+  CHECK(train::run_training(c, {.overwrite = true, .progress = false}).step == 10);
 }
 
 TEST_CASE("two qkv train processes on one out_dir: the second exits 2 naming the first's pid", "[faults][cli][train]") {
@@ -211,8 +212,8 @@ TEST_CASE("two qkv train processes on one out_dir: the second exits 2 naming the
   CHECK(j.value("error", "").find("pid " + std::to_string(first)) != std::string::npos);
   CHECK_FALSE(fs::exists(c.train.out_dir + "/ckpt_000005.h5"));  // the refused run wrote nothing
 
-  // After kill -9 the directory is free at once.
-  const CliResult third = run_cli("train --config " + cfg + " --quiet --json --set train.max_steps=5");
+  // After kill -9 the directory is free at once (for a run that replaces the killed one's files).
+  const CliResult third = run_cli("train --config " + cfg + " --quiet --json --overwrite --set train.max_steps=5");
   INFO(third.err);
   CHECK(third.rc == 0);
   CHECK(third.last_json().value("step", 0) == 5);
@@ -465,14 +466,92 @@ TEST_CASE("a failing write to metrics.jsonl stops the run naming the file", "[fa
   }
   const std::string dir = temp_dir("metrics_full");
   const Config c = tiny_config(dir);
-  fs::create_directories(c.train.out_dir);
-  fs::create_symlink("/dev/full", c.train.out_dir + "/metrics.jsonl");
-  CHECK_THROWS_WITH(train::run_training(c, {.progress = false}),
-                    Catch::Contains(c.train.out_dir + "/metrics.jsonl") && Catch::Contains("cannot write"));
+  const std::string ckpt = trained_checkpoint(c);
+  const std::string metrics = c.train.out_dir + "/metrics.jsonl";
+  fs::remove(metrics);
+  fs::create_symlink("/dev/full", metrics);  // the disk fills up under the resumed run
+  Config r = c;
+  r.train.max_steps = 12;
+  CHECK_THROWS_WITH(train::run_training(r, {.resume = ckpt, .progress = false}),
+                    Catch::Contains(metrics) && Catch::Contains("cannot write"));
+  if (!have_cli()) return;
+  const CliResult res = run_cli("train --config " + write_config(dir, r) + " --quiet --json --resume " + ckpt);
+  CHECK(res.rc == 2);
+  CHECK(res.last_json().value("error", "").find("metrics.jsonl") != std::string::npos);
+}
+
+TEST_CASE("train.out_dir belongs to one run: a second run is refused unless --resume from it or --overwrite",
+          "[faults][cli][train]") {
+  const std::string dir = temp_dir("out_dir_owner");
+  const Config c = tiny_config(dir);
+  const std::string ckpt = trained_checkpoint(c);
+  const std::string metrics = c.train.out_dir + "/metrics.jsonl";
+  const std::string log = read_file(metrics), best = read_file(c.train.out_dir + "/best.h5");
+  for (const int64_t steps : {10, 4, 20}) {  // the same run, a shorter one, a longer one
+    Config again = c;
+    again.train.max_steps = steps;
+    CHECK_THROWS_WITH(
+        train::run_training(again, {.progress = false}),
+        Catch::Contains(c.train.out_dir + ": train.out_dir already holds a run") && Catch::Contains("--overwrite"));
+  }
+  CHECK(read_file(metrics) == log);  // nothing of the finished run was touched
+  CHECK(read_file(c.train.out_dir + "/best.h5") == best);
+  // A --resume from another run's checkpoint into this directory is refused too.
+  Config other = c;
+  other.train.out_dir = dir + "/other";
+  const std::string other_ckpt = trained_checkpoint(other);
+  Config into = c;
+  into.train.max_steps = 20;
+  CHECK_THROWS_WITH(train::run_training(into, {.resume = other_ckpt, .progress = false}),
+                    Catch::Contains("already holds a run"));
+  // --overwrite replaces the run: the log holds the new run's rows alone, the old checkpoints go.
+  Config shorter = c;
+  shorter.train.max_steps = 4;
+  shorter.train.eval_interval = 2;
+  CHECK(train::run_training(shorter, {.overwrite = true, .progress = false}).step == 4);
+  CHECK_FALSE(fs::exists(ckpt));
+  std::vector<int64_t> steps;
+  std::istringstream rows(read_file(metrics));
+  for (std::string line; std::getline(rows, line);) steps.push_back(nlohmann::json::parse(line)["step"]);
+  CHECK(steps == std::vector<int64_t>{1, 2, 3, 4});
   if (!have_cli()) return;
   const CliResult r = run_cli("train --config " + write_config(dir, c) + " --quiet --json");
   CHECK(r.rc == 2);
-  CHECK(r.last_json().value("error", "").find("metrics.jsonl") != std::string::npos);
+  CHECK(r.last_json().value("error", "").find("already holds a run") != std::string::npos);
+  CHECK(run_cli("train --config " + write_config(dir, c) + " --quiet --overwrite").rc == 0);
+}
+
+TEST_CASE("resume after kill -9: stale temporaries go, metrics.jsonl ends as an uninterrupted run's",
+          "[faults][train][resume]") {
+  const std::string dir = temp_dir("resume_clean");
+  Config c = tiny_config(dir);
+  c.train.checkpoint_interval = 5;
+  c.train.keep_last = 5;
+  // The uninterrupted run.
+  Config whole = c;
+  whole.train.out_dir = dir + "/whole";
+  train::run_training(whole, {.progress = false});
+  // The interrupted one: killed after step 10 was logged, while writing a checkpoint, with the
+  // newest checkpoint it finished at step 5.
+  train::run_training(c, {.progress = false});
+  const std::string out = c.train.out_dir;
+  fs::remove(out + "/ckpt_000010.h5");
+  std::ofstream(out + "/ckpt_000010.h5.tmp.4242.0.17") << "half a checkpoint";
+  std::ofstream(out + "/metrics.jsonl", std::ios::app) << R"({"step": 11, "loss": 1.0)";  // a torn last row
+  train::run_training(c, {.resume = out + "/ckpt_000005.h5", .progress = false});
+  for (const auto& e : fs::directory_iterator(out))
+    CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  auto rows = [](const std::string& path) {
+    std::vector<std::pair<int64_t, double>> out;  // (step, loss): timings differ between runs
+    std::istringstream in(read_file(path));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    }
+    return out;
+  };
+  CHECK(rows(out + "/metrics.jsonl") == rows(whole.train.out_dir + "/metrics.jsonl"));
+  CHECK(rows(out + "/metrics.jsonl").size() == 10);
 }
 
 TEST_CASE("with --json every failing command ends stdout with {error, exit: 2}", "[faults][cli]") {

@@ -27,7 +27,7 @@ TEST_CASE("study: variant specs map through the table", "[study]") {
   CHECK_THROWS_WITH(analysis::parse_variants("full,sparse"), Catch::Contains("unknown variant 'sparse'"));
   CHECK_THROWS_WITH(analysis::parse_variants("window"), Catch::Contains("window needs a parameter"));
   CHECK_THROWS_WITH(analysis::parse_variants("full:3"), Catch::Contains("full takes no parameter"));
-  CHECK_THROWS_WITH(analysis::parse_variants("window:x"), Catch::Contains("positive integer"));
+  CHECK_THROWS_WITH(analysis::parse_variants("window:x"), Catch::Contains("an integer in [1, 1048576]"));
   CHECK_THROWS_WITH(analysis::parse_variants("full,full"), Catch::Contains("listed twice"));
   CHECK_THROWS_WITH(analysis::parse_variants(""), Catch::Contains("no variant"));
 }

@@ -429,6 +429,17 @@ int64_t verify_checkpoint_data(const std::string& path) {
   return static_cast<int64_t>(names.size());
 }
 
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  // ckpt_<digits>.h5 exactly; temporaries (".h5.tmp.*"), best.h5 and anything else are not.
+  if (name.size() <= 8 || name.rfind("ckpt_", 0) != 0 || !ends_with(name, ".h5")) return std::nullopt;
+  const std::string digits = name.substr(5, name.size() - 8);
+  int64_t step = 0;
+  const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (err != std::errc() || end != digits.data() + digits.size() || digits[0] == '-' || digits[0] == '+')
+    return std::nullopt;
+  return step;
+}
+
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
   QKV_CHECK(keep_last >= 1, "[checkpoint] keep_last must be at least 1, got ", keep_last);
   std::error_code ec;
@@ -436,15 +447,9 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
   if (ec) ::qkv::fail("[checkpoint] cannot list ", dir, ": ", ec.message());
   std::vector<std::pair<int64_t, fs::path>> found;  // (step, file)
   for (const fs::directory_entry& e : it) {
-    const std::string name = e.path().filename().string();
-    // ckpt_<digits>.h5 exactly; temporaries (".h5.tmp.*"), best.h5 and anything else are left alone.
-    if (name.size() <= 8 || name.rfind("ckpt_", 0) != 0 || !ends_with(name, ".h5")) continue;
-    const std::string digits = name.substr(5, name.size() - 8);
-    int64_t step = 0;
-    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-    if (err != std::errc() || end != digits.data() + digits.size() || digits[0] == '-' || digits[0] == '+') continue;
-    if (!e.is_regular_file(ec)) continue;
-    found.emplace_back(step, e.path());
+    const std::optional<int64_t> step = checkpoint_step(e.path().filename().string());
+    if (!step || !e.is_regular_file(ec)) continue;
+    found.emplace_back(*step, e.path());
   }
   if (static_cast<int64_t>(found.size()) <= keep_last) return;
   std::sort(found.begin(), found.end());

@@ -93,5 +93,7 @@ int64_t verify_checkpoint_data(const std::string& path);
 
 // Keeps the newest `keep_last` files named ckpt_<step>.h5 in `dir` (best.h5 is never removed).
 void prune_checkpoints(const std::string& dir, int64_t keep_last);
+// The step of a checkpoint file named ckpt_<digits>.h5 (exactly), else nullopt.
+std::optional<int64_t> checkpoint_step(const std::string& file_name);
 
 }  // namespace qkv::train

@@ -44,12 +44,21 @@ bool is_text(const FieldPtr& p) {
          !std::holds_alternative<bool*>(p) && !std::holds_alternative<std::optional<bool>*>(p);
 }
 
+// `range`: what a numeric key accepts, checked by validate() before any other rule. A key that
+// maps one to one onto nn::ModelConfig has its range there (ModelConfig::validate, the model's
+// own rules, which validate() runs too) and none here.
+using KeyRange = std::variant<std::monostate, IntRange, RealRange>;
+
 struct Field {
   const char* section;
   const char* key;
   FieldPtr ptr;
+  KeyRange range = {};
   std::string name() const { return std::string(section) + "." + key; }
 };
+
+constexpr int64_t kMaxSize = int64_t{1} << 20;    // sizes and counts of one run (tokens, positions, rows)
+constexpr int64_t kMaxSteps = 1'000'000'000'000;  // steps and step intervals
 
 const char* const kSections[] = {"model", "data", "train", "sample"};
 
@@ -62,16 +71,16 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "family", &m.family},
       {"model", "n_layer", &m.n_layer},
       {"model", "n_head", &m.n_head},
-      {"model", "n_kv_head", &m.n_kv_head},
+      {"model", "n_kv_head", &m.n_kv_head, IntRange{0, 1024}},
       {"model", "n_embd", &m.n_embd},
       {"model", "block_size", &m.block_size},
-      {"model", "vocab_size", &m.vocab_size},
+      {"model", "vocab_size", &m.vocab_size, IntRange{0, int64_t{1} << 24}},
       {"model", "dropout", &m.dropout},
       {"model", "attn_dropout", &m.attn_dropout},
       {"model", "norm_eps", &m.norm_eps},
       {"model", "rope_theta", &m.rope_theta},
-      {"model", "ffn_hidden", &m.ffn_hidden},
-      {"model", "ffn_multiple_of", &m.ffn_multiple_of},
+      {"model", "ffn_hidden", &m.ffn_hidden, IntRange{0, kMaxSize}},
+      {"model", "ffn_multiple_of", &m.ffn_multiple_of, IntRange{1, 65536}},
       {"model", "position", &m.position},
       {"model", "norm", &m.norm},
       {"model", "activation", &m.activation},
@@ -82,55 +91,55 @@ std::vector<Field> fields_of(Config& c) {
       {"model", "attn_kernel", &m.attn_kernel},
       {"model", "attention_pattern", &m.attention_pattern},
       {"model", "linear_feature", &m.linear_feature},
-      {"model", "linear_features", &m.linear_features},
+      {"model", "linear_features", &m.linear_features, IntRange{0, 65536}},
       {"model", "linear_chunk", &m.linear_chunk},
-      {"model", "pattern_stride", &m.pattern_stride},
-      {"model", "pattern_local", &m.pattern_local},
-      {"model", "pattern_global", &m.pattern_global},
+      {"model", "pattern_stride", &m.pattern_stride, IntRange{0, kMaxSize}},
+      {"model", "pattern_local", &m.pattern_local, IntRange{0, kMaxSize}},
+      {"model", "pattern_global", &m.pattern_global, IntRange{0, kMaxSize}},
       {"model", "pattern_global_tokens", &m.pattern_global_tokens},
-      {"model", "pattern_random_blocks", &m.pattern_random_blocks},
-      {"model", "pattern_block_size", &m.pattern_block_size},
+      {"model", "pattern_random_blocks", &m.pattern_random_blocks, IntRange{0, kMaxSize}},
+      {"model", "pattern_block_size", &m.pattern_block_size, IntRange{0, kMaxSize}},
       {"model", "pattern_layout", &m.pattern_layout},
-      {"model", "pattern_seed", &m.pattern_seed},
+      {"model", "pattern_seed", &m.pattern_seed, IntRange{0, kIntMax}},
       {"data", "path", &d.path},
       {"data", "tokenizer", &d.tokenizer},
-      {"data", "bpe_vocab_size", &d.bpe_vocab_size},
+      {"data", "bpe_vocab_size", &d.bpe_vocab_size, IntRange{256, kMaxSize}},
       {"data", "separator", &d.separator},
-      {"data", "val_fraction", &d.val_fraction},
+      {"data", "val_fraction", &d.val_fraction, RealRange{0, 1, false, true}},
       {"data", "batching", &d.batching},
       {"data", "padding_side", &d.padding_side},
       {"data", "random_tokens", &d.random_tokens},
       {"train", "device", &t.device},
       {"train", "dtype", &t.dtype},
-      {"train", "batch_size", &t.batch_size},
-      {"train", "grad_accum", &t.grad_accum},
-      {"train", "seq_len", &t.seq_len},
-      {"train", "max_steps", &t.max_steps},
-      {"train", "lr", &t.lr},
-      {"train", "min_lr", &t.min_lr},
-      {"train", "warmup_steps", &t.warmup_steps},
+      {"train", "batch_size", &t.batch_size, IntRange{1, kMaxSize}},
+      {"train", "grad_accum", &t.grad_accum, IntRange{1, kMaxSize}},
+      {"train", "seq_len", &t.seq_len, IntRange{0, kMaxSize}},
+      {"train", "max_steps", &t.max_steps, IntRange{0, kMaxSteps}},
+      {"train", "lr", &t.lr, RealRange{0, 10}},
+      {"train", "min_lr", &t.min_lr, RealRange{0, 10}},
+      {"train", "warmup_steps", &t.warmup_steps, IntRange{0, kMaxSteps}},
       {"train", "lr_schedule", &t.lr_schedule},
-      {"train", "weight_decay", &t.weight_decay},
-      {"train", "beta1", &t.beta1},
-      {"train", "beta2", &t.beta2},
-      {"train", "eps", &t.eps},
-      {"train", "grad_clip", &t.grad_clip},
-      {"train", "seed", &t.seed},
+      {"train", "weight_decay", &t.weight_decay, RealRange{0, 10}},
+      {"train", "beta1", &t.beta1, RealRange{0, 1, false, true}},
+      {"train", "beta2", &t.beta2, RealRange{0, 1, false, true}},
+      {"train", "eps", &t.eps, RealRange{0, 1}},
+      {"train", "grad_clip", &t.grad_clip, RealRange{0, 1e6}},
+      {"train", "seed", &t.seed, IntRange{0, kIntMax}},
       {"train", "out_dir", &t.out_dir},
-      {"train", "eval_interval", &t.eval_interval},
-      {"train", "eval_batches", &t.eval_batches},
-      {"train", "checkpoint_interval", &t.checkpoint_interval},
-      {"train", "keep_last", &t.keep_last},
-      {"train", "max_bad_steps", &t.max_bad_steps},
+      {"train", "eval_interval", &t.eval_interval, IntRange{1, kMaxSteps}},
+      {"train", "eval_batches", &t.eval_batches, IntRange{1, kMaxSize}},
+      {"train", "checkpoint_interval", &t.checkpoint_interval, IntRange{0, kMaxSteps}},
+      {"train", "keep_last", &t.keep_last, IntRange{1, kMaxSize}},
+      {"train", "max_bad_steps", &t.max_bad_steps, IntRange{1, kMaxSize}},
       {"train", "recompute", &t.recompute},
-      {"train", "threads", &t.threads},
-      {"train", "log_interval", &t.log_interval},
-      {"train", "zero", &t.zero},
-      {"sample", "max_new_tokens", &s.max_new_tokens},
-      {"sample", "temperature", &s.temperature},
-      {"sample", "top_k", &s.top_k},
-      {"sample", "top_p", &s.top_p},
-      {"sample", "seed", &s.seed},
+      {"train", "threads", &t.threads, IntRange{0, 4096}},
+      {"train", "log_interval", &t.log_interval, IntRange{1, kMaxSteps}},
+      {"train", "zero", &t.zero, IntRange{0, kMaxZeroStage}},
+      {"sample", "max_new_tokens", &s.max_new_tokens, IntRange{0, 10'000'000}},
+      {"sample", "temperature", &s.temperature, RealRange{0, 10000}},
+      {"sample", "top_k", &s.top_k, IntRange{0, int64_t{1} << 24}},
+      {"sample", "top_p", &s.top_p, RealRange{0, 1, true, false}},
+      {"sample", "seed", &s.seed, IntRange{0, kIntMax}},
       {"sample", "prompt", &s.prompt},
   };
 }
@@ -323,27 +332,19 @@ std::string field_text(const Field& f) {
   return os.str();
 }
 
-// ---- validation helpers: each throws "<origin>: <key> ..." ----
-struct Checker {
-  const std::string& origin;
-  void positive(const char* key, int64_t v) const {
-    if (v <= 0) fail(origin, ": ", key, " must be > 0, got ", v);
+// Each numeric key's value against the range its table entry declares; throws
+// "<origin>: <key> must be <range>, got <value>".
+void check_ranges(Config& cfg, const std::string& origin) {
+  for (const Field& f : fields_of(cfg)) {
+    if (const auto* r = std::get_if<IntRange>(&f.range)) {
+      const int64_t v = *std::get<int64_t*>(f.ptr);
+      if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", v);
+    } else if (const auto* r = std::get_if<RealRange>(&f.range)) {
+      const double v = *std::get<double*>(f.ptr);
+      if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", format_double(v));
+    }
   }
-  void non_negative(const char* key, int64_t v) const {
-    if (v < 0) fail(origin, ": ", key, " must be >= 0, got ", v);
-  }
-  void positive(const char* key, double v) const {
-    if (!(v > 0) || !std::isfinite(v)) fail(origin, ": ", key, " must be a finite number > 0, got ", v);
-  }
-  void non_negative(const char* key, double v) const {
-    if (!(v >= 0) || !std::isfinite(v)) fail(origin, ": ", key, " must be a finite number >= 0, got ", v);
-  }
-  // lo <= v < hi (or <= hi when hi_closed)
-  void in_range(const char* key, double v, double lo, double hi, bool hi_closed) const {
-    bool ok = v >= lo && (hi_closed ? v <= hi : v < hi);
-    if (!ok) fail(origin, ": ", key, " must be in [", lo, ", ", hi, (hi_closed ? "]" : ")"), ", got ", v);
-  }
-};
+}
 
 }  // namespace
 
@@ -445,14 +446,9 @@ void apply_override(Config& cfg, const std::string& assignment) {
 }
 
 void validate(const Config& cfg, const std::string& origin) {
-  const Checker c{origin};
+  Config scratch = cfg;  // fields_of needs a non-const config; nothing is written
+  check_ranges(scratch, origin);
   const ModelSettings& m = cfg.model;
-  // What only the settings have: the 0 that stands for a family default.
-  c.non_negative("model.n_kv_head", m.n_kv_head);
-  c.non_negative("model.vocab_size", m.vocab_size);
-  c.non_negative("model.ffn_hidden", m.ffn_hidden);
-  c.positive("model.ffn_multiple_of", m.ffn_multiple_of);
-  c.non_negative("model.linear_features", m.linear_features);
   // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
   try {
@@ -460,9 +456,6 @@ void validate(const Config& cfg, const std::string& origin) {
   } catch (const Error& e) { fail(origin, ": ", e.what()); }
 
   const DataSettings& d = cfg.data;
-  if (d.bpe_vocab_size < 256)
-    fail(origin, ": data.bpe_vocab_size must be >= 256 (the byte alphabet), got ", d.bpe_vocab_size);
-  c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, false);
   if (!d.random_tokens && m.vocab_size > 0) {
     if (d.tokenizer == TokenizerKind::byte && m.vocab_size < 256)
       fail(origin, ": model.vocab_size (", m.vocab_size, ") is smaller than the byte tokenizer's 256");
@@ -474,43 +467,25 @@ void validate(const Config& cfg, const std::string& origin) {
     fail(origin, ": data.random_tokens needs model.vocab_size > 0 (there is no tokenizer to ask)");
 
   const TrainSettings& t = cfg.train;
-  c.positive("train.batch_size", t.batch_size);
-  c.positive("train.grad_accum", t.grad_accum);
-  c.non_negative("train.seq_len", t.seq_len);
   if (t.seq_len > m.block_size)
     fail(origin, ": train.seq_len (", t.seq_len, ") exceeds model.block_size (", m.block_size, ")");
-  c.non_negative("train.max_steps", t.max_steps);
-  c.non_negative("train.lr", t.lr);
-  c.non_negative("train.min_lr", t.min_lr);
-  c.non_negative("train.warmup_steps", t.warmup_steps);
-  c.non_negative("train.weight_decay", t.weight_decay);
-  c.in_range("train.beta1", t.beta1, 0.0, 1.0, false);
-  c.in_range("train.beta2", t.beta2, 0.0, 1.0, false);
-  c.non_negative("train.eps", t.eps);
-  c.non_negative("train.grad_clip", t.grad_clip);
-  c.non_negative("train.seed", t.seed);
   if (t.out_dir.empty()) fail(origin, ": train.out_dir must not be empty");
-  c.positive("train.eval_interval", t.eval_interval);
-  c.positive("train.eval_batches", t.eval_batches);
-  c.non_negative("train.checkpoint_interval", t.checkpoint_interval);
-  c.positive("train.keep_last", t.keep_last);
-  c.positive("train.max_bad_steps", t.max_bad_steps);
-  c.non_negative("train.threads", t.threads);
-  c.positive("train.log_interval", t.log_interval);
-  // Only what DataParallel implements (distributed/data_parallel.h): refused here, at load, with
-  // the key named, rather than after the data is loaded and the model built.
-  if (t.zero < 0 || t.zero > kMaxZeroStage)
-    fail(origin,
-         ": train.zero must be 0 (replicated optimizer) or 1 (optimizer state sharded across ranks); "
-         "ZeRO stages 2 and 3 are not implemented, got ",
-         t.zero);
+}
 
-  const SampleSettings& s = cfg.sample;
-  c.non_negative("sample.max_new_tokens", s.max_new_tokens);
-  c.non_negative("sample.temperature", s.temperature);
-  c.non_negative("sample.top_k", s.top_k);
-  if (!(s.top_p > 0 && s.top_p <= 1)) fail(origin, ": sample.top_p must be in (0, 1], got ", s.top_p);
-  c.non_negative("sample.seed", s.seed);
+IntRange int_key_range(std::string_view key) {
+  Config scratch;
+  for (const Field& f : fields_of(scratch))
+    if (f.name() == key)
+      if (const auto* r = std::get_if<IntRange>(&f.range)) return *r;
+  fail("internal error: ", key, " is not an integer key with a range");
+}
+
+RealRange real_key_range(std::string_view key) {
+  Config scratch;
+  for (const Field& f : fields_of(scratch))
+    if (f.name() == key)
+      if (const auto* r = std::get_if<RealRange>(&f.range)) return *r;
+  fail("internal error: ", key, " is not a number key with a range");
 }
 
 // ---- output ----

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attention/attention.h"
@@ -26,6 +27,7 @@
 #include "data/tokenizer.h"
 #include "nn/transformer.h"
 #include "tensor/dtype.h"
+#include "tensor/value_range.h"
 #include "train/schedule.h"
 
 namespace qkv {
@@ -184,6 +186,11 @@ void validate(const Config& cfg, const std::string& origin);
 // The resolved config as TOML text, every key in declaration order. parse_config_text of the
 // result gives back cfg.resolved() exactly (doubles are written in shortest round-trip form).
 std::string to_toml(const Config& cfg);
+
+// The range a numeric key's table entry declares (a command-line option that sets the same value
+// takes it from here); an internal error for any other key.
+IntRange int_key_range(std::string_view key);
+RealRange real_key_range(std::string_view key);
 
 // Every key as "section.key", in declaration order (for help text and tests).
 std::vector<std::string> config_keys();

@@ -116,10 +116,21 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
             m.pattern_layout, "\" is only used by model.attention_pattern = block_sparse, not ", name);
   QKV_CHECK(m.pattern_block_size == 0 || blocks, "model.pattern_block_size = ", m.pattern_block_size,
             " is only used by model.attention_pattern = bigbird or block_sparse, not ", name);
-  QKV_CHECK(m.pattern_stride >= 0, "model.pattern_stride must be >= 0 (0 = ceil(sqrt(model.block_size))), got ",
-            m.pattern_stride);
-  QKV_CHECK(m.pattern_block_size >= 0, "model.pattern_block_size must be >= 0 (0 = auto), got ", m.pattern_block_size);
-  QKV_CHECK(m.pattern_seed >= 0, "model.pattern_seed must be >= 0, got ", m.pattern_seed);
+  const ModelSettings defaults;
+  QKV_CHECK(m.pattern_global == defaults.pattern_global || globals, "model.pattern_global = ", m.pattern_global,
+            " is only used by model.attention_pattern = global or bigbird, not ", name);
+  QKV_CHECK(m.pattern_random_blocks == defaults.pattern_random_blocks || p.kind == attn::Pattern::bigbird,
+            "model.pattern_random_blocks = ", m.pattern_random_blocks,
+            " is only used by model.attention_pattern = bigbird, not ", name);
+  QKV_CHECK(m.pattern_seed == defaults.pattern_seed || p.kind == attn::Pattern::bigbird,
+            "model.pattern_seed = ", m.pattern_seed, " is only used by model.attention_pattern = bigbird, not ", name);
+  const bool linear = m.attention_pattern.linear();
+  QKV_CHECK(m.linear_feature == defaults.linear_feature || linear, "model.linear_feature = \"",
+            name_of(m.linear_feature), "\" is only used by model.attention_pattern = linear, not ", name);
+  QKV_CHECK(m.linear_features == defaults.linear_features || linear, "model.linear_features = ", m.linear_features,
+            " is only used by model.attention_pattern = linear, not ", name);
+  QKV_CHECK(m.linear_chunk == defaults.linear_chunk || linear, "model.linear_chunk = ", m.linear_chunk,
+            " is only used by model.attention_pattern = linear, not ", name);
   p.stride = strided && m.pattern_stride == 0 ? ceil_sqrt(m.block_size) : m.pattern_stride;
   p.local = m.pattern_local;
   p.global = m.pattern_global;

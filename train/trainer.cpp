@@ -10,6 +10,8 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "autograd/engine.h"
@@ -26,6 +28,7 @@
 #include "train/hf_interop.h"
 #include "train/model_factory.h"
 #include "train/run_log.h"
+#include "train/atomic_file.h"
 #include "train/schedule.h"
 #include "train/session.h"
 
@@ -299,6 +302,67 @@ TrainSummary nothing_to_do(const TrainState& state, const std::string& checkpoin
   return done;
 }
 
+// A file a run writes to its out_dir: metrics.jsonl, best.h5, ckpt_<step>.h5, loss.svg, or the
+// temporary of any of them (PATH.tmp.<pid>.<n>.<random>, train/atomic_file.h).
+bool is_run_file(const std::string& name) {
+  return name == "metrics.jsonl" || name == "best.h5" || name == "loss.svg" ||
+         name.find(".tmp.") != std::string::npos || checkpoint_step(name).has_value();
+}
+
+std::vector<std::filesystem::path> run_files(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (is_run_file(e.path().filename().string())) out.push_back(e.path());
+  QKV_CHECK(!ec, dir, ": cannot list train.out_dir (", ec.message(), ")");
+  return out;
+}
+
+// metrics.jsonl without the rows past `step` (and a last row a killed writer left half-written).
+void truncate_metrics(const std::string& path, int64_t step) {
+  // Only a regular file is a log to edit: anything else (a link to a device) is left to RunLog,
+  // whose writes report it.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
+        row["step"].get<int64_t>() <= step)
+      kept += line + "\n";
+    else dropped = true;
+  }
+  if (dropped) write_file_atomic(path, kept);
+}
+
+// An out_dir belongs to one run (trainer.h). Rank 0, holding the directory's lock.
+void claim_run_dir(const std::string& dir, const TrainOptions& opts, int64_t step) {
+  const std::vector<std::filesystem::path> files = run_files(dir);
+  std::error_code ec;
+  const std::filesystem::path resume_dir = std::filesystem::path(opts.resume).parent_path();
+  const bool continues_here =
+      !opts.resume.empty() && std::filesystem::equivalent(resume_dir.empty() ? "." : resume_dir, dir, ec);
+  if (continues_here) {
+    // Left by a writer that was killed: temporaries and log rows past the checkpoint's step.
+    for (const auto& f : files)
+      if (f.filename().string().find(".tmp.") != std::string::npos) std::filesystem::remove(f, ec);
+    truncate_metrics(dir + "/metrics.jsonl", step);
+    return;
+  }
+  if (files.empty()) return;
+  QKV_CHECK(opts.overwrite, dir, ": train.out_dir already holds a run (", files.front().filename().string(),
+            "); continue it with --resume ", dir,
+            "/ckpt_<step>.h5, choose another train.out_dir, or pass "
+            "--overwrite to replace it");
+  for (const auto& f : files) {
+    std::filesystem::remove(f, ec);
+    QKV_CHECK(!ec, f.string(), ": cannot remove for --overwrite (", ec.message(), ")");
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const AdamW> full_optimizer_state(dist::DataParallel& dp, const AdamW& opt) {
@@ -368,8 +432,12 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const std::string out_dir = cfg.train.out_dir;
   std::optional<RunDirLock> lock;  // [dist] rank 0 alone writes to out_dir, so it alone locks it
   if (root) {
-    std::filesystem::create_directories(out_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    QKV_CHECK(!ec && std::filesystem::is_directory(out_dir), out_dir, ": cannot create train.out_dir (",
+              ec ? ec.message() : "a file of that name exists", ")");
     lock.emplace(out_dir);  // before anything in out_dir is truncated or replaced
+    claim_run_dir(out_dir, opts, state.step);
   }
   RunLog log(out_dir + "/metrics.jsonl", root, !opts.resume.empty(), opts.progress && root,
              opts.progress && isatty(STDERR_FILENO), state.step, cfg.train.max_steps, t_start);

@@ -4,7 +4,13 @@
 // keep_last of them plus best.h5). Non-finite gradients skip the step (counted); after
 // train.max_bad_steps in a row the run stops with an error.
 //
-// One run per directory: while a run writes to train.out_dir it holds an exclusive lock on
+// One run per directory: train.out_dir belongs to the run whose files are in it (metrics.jsonl,
+// best.h5, ckpt_<step>.h5, loss.svg). A run started without --resume refuses a directory holding
+// them unless TrainOptions::overwrite (--overwrite), which removes them first; so does a --resume
+// from a checkpoint in another directory. A --resume from a checkpoint in out_dir continues the
+// run there: the temporaries a killed writer left are removed and metrics.jsonl loses its rows
+// past the checkpoint's step, so the directory ends as an uninterrupted run's would.
+// While a run writes to train.out_dir it holds an exclusive lock on
 // OUT_DIR/train.lock (flock, rank 0 of a data-parallel job only: the rank that writes); a second
 // run on the same directory is refused, naming the holder's pid. The kernel releases the lock
 // when its process ends, even by kill -9, so no stale lock ever needs removing.
@@ -34,9 +40,10 @@
 namespace qkv::train {
 
 struct TrainOptions {
-  std::string resume;     // continue this checkpoint's run exactly
-  std::string init_from;  // start a new run from this checkpoint's weights
-  bool progress = true;   // progress line with ETA on stderr
+  std::string resume;      // continue this checkpoint's run exactly
+  std::string init_from;   // start a new run from this checkpoint's weights
+  bool overwrite = false;  // a fresh run may replace the run files already in train.out_dir
+  bool progress = true;    // progress line with ETA on stderr
 };
 
 struct TrainSummary {

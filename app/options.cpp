@@ -1,0 +1,101 @@
+#include "app/options.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "tensor/error.h"
+
+namespace qkv::app {
+namespace {
+
+std::string with_range(const std::string& help, const std::string& range) {
+  return help.empty() ? range : help + " (" + range + ")";
+}
+
+}  // namespace
+
+int64_t parse_int(std::string_view name, std::string_view text, IntRange r) {
+  int64_t v = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (first != last && *first == '+') ++first;  // from_chars takes '-' but not '+'
+  const auto [end, ec] = std::from_chars(first, last, v);
+  if (text.empty() || ec != std::errc() || end != last || !r.contains(v))
+    fail(name, " must be ", describe(r), "; got \"", text, "\"");
+  return v;
+}
+
+double parse_real(std::string_view name, std::string_view text, const RealRange& r) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = s.empty() || std::isspace(static_cast<unsigned char>(s[0])) ? NAN : std::strtod(s.c_str(), &end);
+  const bool whole = end != nullptr && *end == '\0';
+  if (!whole || !r.contains(v)) fail(name, " must be ", describe(r), "; got \"", text, "\"");
+  return v;
+}
+
+CLI::Option* add_int_option(CLI::App* cmd, const std::string& name, int64_t& target, IntRange r,
+                            const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&target, name, r](const std::string& s) { target = parse_int(name, s, r); },
+          with_range(help, describe(r)))
+      ->default_str(std::to_string(target));
+}
+
+CLI::Option* add_int_option(CLI::App* cmd, const std::string& name, int& target, IntRange r, const std::string& help) {
+  QKV_CHECK(r.lo >= std::numeric_limits<int>::min() && r.hi <= std::numeric_limits<int>::max(),
+            "internal error: the range of ", name, " does not fit an int");
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&target, name, r](const std::string& s) { target = static_cast<int>(parse_int(name, s, r)); },
+          with_range(help, describe(r)))
+      ->default_str(std::to_string(target));
+}
+
+CLI::Option* add_int_option(CLI::App* cmd, const std::string& name, std::optional<int64_t>& target, IntRange r,
+                            const std::string& help) {
+  return cmd->add_option_function<std::string>(
+      name, [&target, name, r](const std::string& s) { target = parse_int(name, s, r); },
+      with_range(help, describe(r)));
+}
+
+CLI::Option* add_int_list_option(CLI::App* cmd, const std::string& name, std::vector<int64_t>& target, IntRange r,
+                                 const std::string& help) {
+  return cmd->add_option_function<std::vector<std::string>>(
+      name,
+      [&target, name, r](const std::vector<std::string>& values) {
+        target.clear();
+        for (const std::string& s : values) target.push_back(parse_int(name, s, r));
+      },
+      with_range(help, "each " + describe(r)));
+}
+
+CLI::Option* add_real_option(CLI::App* cmd, const std::string& name, double& target, const RealRange& r,
+                             const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&target, name, r](const std::string& s) { target = parse_real(name, s, r); },
+          with_range(help, describe(r)))
+      ->default_str(cat(target));
+}
+
+CLI::Option* add_real_option(CLI::App* cmd, const std::string& name, std::optional<double>& target, const RealRange& r,
+                             const std::string& help) {
+  return cmd->add_option_function<std::string>(
+      name, [&target, name, r](const std::string& s) { target = parse_real(name, s, r); },
+      with_range(help, describe(r)));
+}
+
+CLI::Option* add_path_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& help) {
+  return cmd->add_option_function<std::string>(
+      name,
+      [&target, name](const std::string& s) {
+        if (s.empty()) fail(name, " must name a file or directory; got \"\"");
+        target = s;
+      },
+      help);
+}
+
+}  // namespace qkv::app
