@@ -472,21 +472,22 @@ void validate(const Config& cfg, const std::string& origin) {
   if (t.out_dir.empty()) fail(origin, ": train.out_dir must not be empty");
 }
 
-IntRange int_key_range(std::string_view key) {
+namespace {
+
+// The range of type R (IntRange or RealRange) that key's table entry declares.
+template <class R>
+R key_range(std::string_view key) {
   Config scratch;
   for (const Field& f : fields_of(scratch))
     if (f.name() == key)
-      if (const auto* r = std::get_if<IntRange>(&f.range)) return *r;
-  fail("internal error: ", key, " is not an integer key with a range");
+      if (const auto* r = std::get_if<R>(&f.range)) return *r;
+  fail("internal error: ", key, " has no ", std::is_same_v<R, IntRange> ? "integer" : "real", " range");
 }
 
-RealRange real_key_range(std::string_view key) {
-  Config scratch;
-  for (const Field& f : fields_of(scratch))
-    if (f.name() == key)
-      if (const auto* r = std::get_if<RealRange>(&f.range)) return *r;
-  fail("internal error: ", key, " is not a number key with a range");
-}
+}  // namespace
+
+IntRange int_key_range(std::string_view key) { return key_range<IntRange>(key); }
+RealRange real_key_range(std::string_view key) { return key_range<RealRange>(key); }
 
 // ---- output ----
 
