@@ -17,19 +17,19 @@ stage_done() {
   echo "test.sh: stage '$1': $((SECONDS - stage_start)) s (total $((SECONDS - test_start)) s)" >&2
   stage_start=$SECONDS
 }
-scripts/bootstrap.sh
-stage_done build
-# The sources keep the layout of .clang-format (clang-format 14); FORMAT_CHECK=0 skips this.
-if [[ ${FORMAT_CHECK:-1} == 1 ]]; then scripts/check_format.sh; fi
-stage_done format
+# The packages first; the interop install (network-bound) then runs beside the build (CPU-bound).
+BOOTSTRAP_BUILD=0 scripts/bootstrap.sh
 
 # The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
 # against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
-# transformers==4.36.2 (a release that works with that torch). Installed here when missing;
-# INTEROP=0 skips the install, and without them the test reports itself skipped (the committed
-# fixtures of tests/test_hf_interop.cpp still run). A failed install (no network) only warns.
+# transformers==4.36.2 (a release that works with that torch). Installed here when missing, in the
+# background while the build runs; INTEROP=0 skips the install, and without them the test reports
+# itself skipped (the committed fixtures of tests/test_hf_interop.cpp still run). A failed install
+# (no network) only warns.
+interop_pid=""
+interop_log=$(mktemp)
 if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
-  echo "test.sh: installing python3-torch and transformers==4.36.2 for the interop test" >&2
+  echo "test.sh: installing python3-torch and transformers==4.36.2 for the interop test (in the background)" >&2
   sudo_cmd=""
   [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
   {
@@ -37,12 +37,28 @@ if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers
       DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-torch python3-pip &&
       $sudo_cmd /usr/bin/python3 -m pip install -q --break-system-packages transformers==4.36.2 &&
       /usr/bin/python3 -c "import torch, transformers"
-  } >&2 || echo "test.sh: WARNING: could not install torch/transformers; the interop test will be skipped" >&2
+  } >"$interop_log" 2>&1 </dev/null &
+  interop_pid=$!
 fi
+stage_done packages
+
+scripts/bootstrap.sh
+stage_done build
+# The sources keep the layout of .clang-format (clang-format 14); FORMAT_CHECK=0 skips this.
+if [[ ${FORMAT_CHECK:-1} == 1 ]]; then scripts/check_format.sh; fi
+stage_done format
+
+if [[ -n $interop_pid ]]; then
+  wait "$interop_pid" || {
+    tail -5 "$interop_log" >&2
+    echo "test.sh: WARNING: could not install torch/transformers; the interop test will be skipped" >&2
+  }
+fi
+rm -f "$interop_log"
 stage_done "interop install"
 build_dir=${BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-args=(--test-dir "$build_dir" --output-on-failure --timeout 900)
+args=(--test-dir "$build_dir" --output-on-failure --timeout 900 -j2)
 if [[ ${QUICK:-0} == 1 ]]; then
   args+=(-LE slow)
 fi
@@ -88,7 +104,7 @@ stage_done "BLAS kernels"
 if [[ ${SANITIZE:-1} == 1 ]]; then
   san_dir=${SANITIZE_BUILD_DIR:-build-sanitize}
   cmake -S . -B "$san_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=OFF -DQKV_MPI=OFF \
-    -DQKV_SANITIZE=address,undefined >&2
+    -DQKV_SANITIZE=address,undefined $(scripts/ccache_flags.sh) >&2
   cmake --build "$san_dir" -j2 --target qkv qkv_tests >&2
   # detect_leaks: LeakSanitizer at every exit (a leak fails the test or CLI run, exit status 1).
   # abort_on_error=0: a report exits with a status instead of dumping core.
@@ -108,7 +124,8 @@ stage_done sanitizers
 
 if [[ ${CUDA_EMULATION:-1} == 1 ]]; then
   emu_dir=${EMULATED_BUILD_DIR:-build-emulated}
-  cmake -S . -B "$emu_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=EMULATE -DQKV_MPI=OFF >&2
+  # Through ccache, every object whose preprocessed source is the main build's is reused.
+  cmake -S . -B "$emu_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=EMULATE -DQKV_MPI=OFF $(scripts/ccache_flags.sh) >&2
   cmake --build "$emu_dir" -j2 --target qkv_tests >&2
   ctest --test-dir "$emu_dir" --output-on-failure --timeout 1800 -j2
 fi
