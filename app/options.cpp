@@ -30,7 +30,7 @@ double parse_real(std::string_view name, std::string_view text, const RealRange&
   const std::string s(text);
   char* end = nullptr;
   const double v = s.empty() || std::isspace(static_cast<unsigned char>(s[0])) ? NAN : std::strtod(s.c_str(), &end);
-  const bool whole = end != nullptr && *end == '\0';
+  const bool whole = end == s.c_str() + s.size();  // an embedded NUL ends strtod early
   if (!whole || !r.contains(v)) fail(name, " must be ", describe(r), "; got \"", text, "\"");
   return v;
 }

@@ -65,13 +65,14 @@ fi
 ctest "${args[@]}"
 stage_done ctest
 
-# The safetensors header parser under libFuzzer (tests/fuzz/run_fuzz.sh; AddressSanitizer and
-# UndefinedBehaviorSanitizer) for FUZZ_SECONDS (default 20) when clang++ is installed; 0 skips it.
+# The libFuzzer targets (tests/fuzz/run_fuzz.sh: the safetensors header and the CLI number parsers,
+# under AddressSanitizer and UndefinedBehaviorSanitizer), each for FUZZ_SECONDS (default 20) when
+# clang++ is installed; 0 skips them.
 if [[ ${FUZZ_SECONDS:-20} != 0 ]]; then
   if command -v clang++ >/dev/null; then
     WORK="$build_dir/fuzz" tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-20}" >&2
   else
-    echo "test.sh: clang++ not installed; the safetensors fuzz run is skipped (apt-get install clang)" >&2
+    echo "test.sh: clang++ not installed; the fuzz runs are skipped (apt-get install clang)" >&2
   fi
 fi
 stage_done fuzz

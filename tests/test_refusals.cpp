@@ -60,6 +60,9 @@ TEST_CASE("parse_int and parse_real read the whole text or refuse it by name", "
                       std::string("--n must be an integer in [-5, 100]; got \"") + bad + "\"");
   }
   CHECK(app::parse_int("--seed", "9223372036854775807", {0, kIntMax}) == kIntMax);
+  // An embedded NUL ends C's number readers early; the whole text must still be the number.
+  CHECK_THROWS(app::parse_int("--n", std::string_view("12\0x", 4), r));
+  CHECK_THROWS(app::parse_real("--p", std::string_view("0.5\0x", 5), {0, 1}));
 
   const RealRange unit{0, 1, true, false};
   CHECK(app::parse_real("--p", "1", unit) == 1.0);
