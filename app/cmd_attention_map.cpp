@@ -2,11 +2,13 @@
 //   One head's attention weights on TEXT as a labelled heatmap (rows = queries, columns = keys),
 //   and optionally every layer x head as a grid.
 #include <cstdio>
+#include <filesystem>
 
 #include "app/commands.h"
 #include "app/options.h"
 #include "analysis/attention_map.h"
 #include "train/checkpoint.h"
+#include "train/output_paths.h"
 #include "train/model_factory.h"
 #include "analysis/png.h"
 #include "train/session.h"
@@ -17,16 +19,26 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("attention-map", "draw a head's attention weights on a text as a PNG heatmap");
   static std::string ckpt, text, out_path, grid_path;
   static int64_t layer = 0, head = 0;
-  static bool json = false;
+  static bool json = false, force = false;
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   cmd->add_option("--text", text, "the text to run (its last block_size tokens are used)")->required();
   add_int_option(cmd, "--layer", layer, {0, kIntMax}, "layer index, below model.n_layer");
   add_int_option(cmd, "--head", head, {0, kIntMax}, "query head index, below model.n_head");
   add_path_option(cmd, "--out", out_path, "PNG file for the head's heatmap")->required();
   add_path_option(cmd, "--grid", grid_path, "PNG file for the grid of every layer and head");
+  cmd->add_flag("--force", force, "replace --out and --grid if they exist");
   cmd->add_flag("--json", json, "print {out, grid, tokens, layer, head} as one JSON line");
   cmd->callback([&exit_code] {
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
+    train::OutputGuard guard;
+    guard.add_input("--checkpoint", ckpt);
+    guard.add_input("data.path", meta.config.data.path);  // the checkpoint's corpus
+    guard.check_file("--out", out_path, {.replace = force});
+    if (!grid_path.empty()) {
+      guard.check_file("--grid", grid_path, {.replace = force});
+      QKV_CHECK(std::filesystem::weakly_canonical(grid_path) != std::filesystem::weakly_canonical(out_path), "--grid ",
+                grid_path, " is the same file as --out ", out_path, "; give two paths");
+    }
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);
     model->eval();

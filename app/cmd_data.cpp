@@ -9,6 +9,7 @@
 #include "analysis/plot.h"
 #include "train/checkpoint.h"
 #include "train/hf_interop.h"
+#include "train/output_paths.h"
 
 namespace qkv::app {
 
@@ -18,7 +19,7 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
   static int64_t bpe_vocab = 512;
   static double val_fraction = 0.1;
   static int64_t seed = 1337;
-  static bool json = false;
+  static bool json = false, force = false;
   add_path_option(cmd, "--input", input, "text file")->required();
   auto* kind = cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe");
   auto* from = add_path_option(cmd, "--tokenizer-from", tokenizer_from,
@@ -26,6 +27,7 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
   kind->excludes(from);
   from->excludes(kind);
   add_path_option(cmd, "--out", out, "output .h5")->required();
+  cmd->add_flag("--force", force, "replace --out if it exists");
   cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")
       ->capture_default_str();
   add_int_option(cmd, "--bpe-vocab-size", bpe_vocab, int_key_range("data.bpe_vocab_size"), "BPE vocabulary size");
@@ -40,6 +42,13 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
     o.val_fraction = val_fraction;
     o.split_seed = static_cast<uint64_t>(seed);
     QKV_CHECK(!tokenizer_from.empty() || kind->count() > 0, "prepare: give --tokenizer or --tokenizer-from");
+    train::OutputGuard guard;
+    guard.add_input("--input", input);
+    if (!tokenizer_from.empty()) {
+      guard.add_input("--tokenizer-from", tokenizer_from);
+      guard.add_input_files_in("--tokenizer-from", tokenizer_from);  // an HF directory's tokenizer files
+    }
+    guard.check_file("--out", out, {.replace = force});
     if (!tokenizer_from.empty()) {
       o.given = train::is_hf_directory(tokenizer_from)
                     ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
@@ -70,11 +79,15 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
 void add_plot_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("plot", "draw the loss curves of a run as an SVG");
   static std::string metrics, out;
-  static bool json = false;
+  static bool json = false, force = false;
   add_path_option(cmd, "--metrics", metrics, "RUN_DIR/metrics.jsonl")->required();
   add_path_option(cmd, "--out", out, "output .svg")->required();
+  cmd->add_flag("--force", force, "replace --out if it exists");
   cmd->add_flag("--json", json, "print {\"out\": …} as one JSON line");
   cmd->callback([&exit_code] {
+    train::OutputGuard guard;
+    guard.add_input("--metrics", metrics);
+    guard.check_file("--out", out, {.replace = force});
     analysis::plot_metrics(metrics, out);
     if (json) print_json({{"out", out}});
     else std::printf("wrote %s\n", out.c_str());

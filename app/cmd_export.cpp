@@ -7,6 +7,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "train/hf_interop.h"
+#include "train/output_paths.h"
 
 namespace qkv::app {
 
@@ -20,6 +21,9 @@ void add_export_command(CLI::App& root, int& exit_code) {
   cmd->add_option("--dtype", dtype, "stored weights: f32 | bf16")->capture_default_str();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {
+    train::OutputGuard guard;
+    guard.add_input("--checkpoint", checkpoint);
+    guard.check_dir("--out", out);
     train::HfExportOptions o;
     o.dtype = dtype;
     const train::HfExportResult r = train::export_hf(checkpoint, out, o);

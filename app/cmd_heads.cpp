@@ -12,6 +12,7 @@
 #include "app/options.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
+#include "train/output_paths.h"
 #include "train/session.h"
 
 namespace qkv::app {
@@ -37,6 +38,13 @@ void add_heads_command(CLI::App& root, int& exit_code) {
   cmd->add_flag("--json", json, "print {heads: [...]} as one JSON line");
   cmd->callback([&exit_code] {
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
+    if (!report.empty()) {
+      train::OutputGuard guard;
+      guard.add_input("--checkpoint", ckpt);
+      guard.add_input("--data", data);
+      guard.add_input("data.path", meta.config.data.path);  // the checkpoint's corpus
+      guard.check_dir("--report", report, {.replace = true, .make_parents = true});
+    }
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);
     model->eval();

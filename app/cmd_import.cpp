@@ -8,19 +8,25 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "train/hf_interop.h"
+#include "train/output_paths.h"
 
 namespace qkv::app {
 
 void add_import_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("import", "read a Hugging Face model directory into a qkv checkpoint");
   static std::string from, out, tokenizer;
-  static bool json = false;
+  static bool json = false, force = false;
   add_path_option(cmd, "--from", from, "HF model directory (config.json + model.safetensors)")->required();
   add_path_option(cmd, "--out", out, "checkpoint to write (.h5)")->required();
+  cmd->add_flag("--force", force, "replace --out if it exists");
   cmd->add_option("--tokenizer", tokenizer,
                   "byte: the model's ids are bytes (for a directory without tokenizer files); default: DIR's files");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {
+    train::OutputGuard guard;
+    guard.add_input("--from", from);
+    guard.add_input_files_in("--from", from);  // config.json, the weights, the tokenizer files
+    guard.check_file("--out", out, {.replace = force});
     train::HfImportOptions o;
     o.tokenizer = tokenizer;
     const train::HfImportResult r = train::import_hf(from, out, o);

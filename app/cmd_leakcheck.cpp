@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "analysis/leakcheck.h"
 #include "train/model_factory.h"
+#include "train/output_paths.h"
 #include "train/session.h"
 
 namespace qkv::app {
@@ -37,6 +38,17 @@ std::vector<int32_t> report_probe(const nn::DecoderModel& model, const train::Ru
     ids.push_back(static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(model.config().vocab_size)));
   }
   return ids;
+}
+
+// Refuses a --report directory that is or contains an input, before the model is built.
+void check_report_dir(const std::string& report_dir, const std::string& ckpt, const std::string& config,
+                      const Config& cfg) {
+  if (report_dir.empty()) return;
+  train::OutputGuard guard;
+  guard.add_input("--checkpoint", ckpt);
+  guard.add_input("--config", config);
+  guard.add_input("data.path", cfg.data.path);
+  guard.check_dir("--report", report_dir, {.replace = true, .make_parents = true});
 }
 
 }  // namespace
@@ -76,6 +88,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     if (!ckpt.empty()) {
       train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
       cfg = meta.config;
+      check_report_dir(report_dir, ckpt, config, cfg);
       tok = std::shared_ptr<const Tokenizer>(std::move(meta.tokenizer));
       model = train::build_model(cfg.resolved(), tok->vocab_size());
       train::load_model_weights(ckpt, *model);
@@ -87,6 +100,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
       }
     } else {
       cfg = parse_config(config, sets);
+      check_report_dir(report_dir, ckpt, config, cfg);
       data = train::load_run_data(cfg);
       tok = data->tokenizer;
       model = train::build_model(cfg, data->vocab_size);

@@ -10,6 +10,8 @@
 #include "analysis/study.h"
 #include "app/commands.h"
 #include "app/options.h"
+#include "train/config.h"
+#include "train/output_paths.h"
 
 namespace qkv::app {
 
@@ -36,6 +38,10 @@ void add_study_command(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--json", json, "print {variants: [...]} as one JSON line");
   cmd->callback([&exit_code] {
+    train::OutputGuard guard;
+    guard.add_input("--config", config);
+    guard.add_input("data.path", parse_config(config, sets).data.path);
+    guard.check_dir("--report", report, {.replace = true, .make_parents = true});
     analysis::StudyOptions o;
     o.dir = report;
     o.lengths.clear();

@@ -11,6 +11,7 @@
 #include "app/options.h"
 #include "train/config.h"
 #include "distributed/distributed.h"
+#include "train/output_paths.h"
 #include "train/trainer.h"
 
 namespace qkv::app {
@@ -27,6 +28,17 @@ struct TrainArgs {
 
 void train_once(const TrainArgs& a, bool root) {
   const Config cfg = parse_config(a.config, a.sets);
+  const std::string plot_path = cfg.train.out_dir + "/loss.svg";
+  if (a.plot) {
+    // Checked before the run, so a bad path costs no training. The file belongs to the run in
+    // out_dir (whose ownership run_training settles), so an existing one is replaced.
+    train::OutputGuard guard;
+    guard.add_input("--config", a.config);
+    guard.add_input("--resume", a.resume);
+    guard.add_input("--init-from", a.init_from);
+    guard.add_input("data.path", cfg.data.path);
+    guard.check_file("--plot", plot_path, {.replace = true, .make_parents = true});
+  }
   train::TrainOptions o;
   o.resume = a.resume;
   o.init_from = a.init_from;
@@ -35,7 +47,7 @@ void train_once(const TrainArgs& a, bool root) {
   const train::TrainSummary s = train::run_training(cfg, o);
   if (!root) return;
   // The loss curve is drawn here, after the run, so training never depends on the analysis tools.
-  if (a.plot) analysis::plot_metrics(cfg.train.out_dir + "/metrics.jsonl", cfg.train.out_dir + "/loss.svg");
+  if (a.plot) analysis::plot_metrics(cfg.train.out_dir + "/metrics.jsonl", plot_path);
   if (s.nothing_to_do)
     std::fprintf(a.json ? stderr : stdout, "nothing to do: checkpoint is at step %lld >= train.max_steps %lld\n",
                  static_cast<long long>(s.step), static_cast<long long>(cfg.train.max_steps));
