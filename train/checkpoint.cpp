@@ -247,10 +247,30 @@ std::vector<std::pair<std::string, std::string>> tensor_signature(const nn::Mode
           {"model.tie_embeddings", c.tie_embeddings ? "true" : "false"}};
 }
 
-// The model a checkpoint's own config describes, as far as tensors go (no sparse pattern is
-// resolved: it shapes no tensor, and its layout file need not exist where the file is read).
+// The model a checkpoint's own config describes, as far as tensors go. The attention keys shape
+// no tensor and are put back to their defaults first: a layout file need not exist where the file
+// is read, and a config this qkv refuses only for such a key (an inert model.linear_feature under
+// a sparse pattern, written by an older qkv) can still be compared.
 nn::ModelConfig stored_model(const h5::File& f) {
-  const ModelSettings m = stored_config(f).model;
+  const std::string text = f.attr_string("/", "config");
+  if (f.has_attr("/", "config_fnv1a64") && f.attr_int("/", "config_fnv1a64") != text_checksum(text))
+    ckpt_fail(f.path(), "the config attribute fails its checksum (corrupt file)");
+  const ModelSettings defaults;
+  const std::vector<std::string> inert = {
+      "model.attention_pattern=full",
+      "model.window=0",
+      "model.linear_feature=" + std::string(name_of(defaults.linear_feature)),
+      "model.linear_features=" + std::to_string(defaults.linear_features),
+      "model.linear_chunk=" + std::to_string(defaults.linear_chunk),
+      "model.pattern_stride=" + std::to_string(defaults.pattern_stride),
+      "model.pattern_local=" + std::to_string(defaults.pattern_local),
+      "model.pattern_global=" + std::to_string(defaults.pattern_global),
+      "model.pattern_global_tokens=" + defaults.pattern_global_tokens,
+      "model.pattern_random_blocks=" + std::to_string(defaults.pattern_random_blocks),
+      "model.pattern_block_size=" + std::to_string(defaults.pattern_block_size),
+      "model.pattern_layout=" + defaults.pattern_layout,
+      "model.pattern_seed=" + std::to_string(defaults.pattern_seed)};
+  const ModelSettings m = parse_config_text(text, "checkpoint " + f.path(), inert).model;
   nn::ModelConfig c;
   c.family = m.family;
   c.n_layer = m.n_layer;

@@ -509,7 +509,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   }
   fail(dir,
        ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "
-       "pass --tokenizer byte if the model's ids are bytes");
+       "pass --tokenizer byte if the model's ids are the 256 bytes");
 }
 
 void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
