@@ -84,6 +84,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     o.top_p = top_p.value_or(s.top_p);
     o.seed = static_cast<uint64_t>(seed.value_or(s.seed));
     o.kv_cache = !no_cache;
+    o.token_count = m.meta.tokenizer->vocab_size();  // rows past it (padding) have no text to print
     std::string text = cmd->count("--prompt") ? prompt : (s.prompt.empty() ? std::string("\n") : s.prompt);
     const std::vector<int32_t> ids = m.meta.tokenizer->encode(text);
     // Stream: print only complete UTF-8 characters as they form.

@@ -228,6 +228,66 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
+// The settings that decide which tensors a model holds and their shapes, as (key, value) pairs:
+// two models hold the same names and shapes exactly when these agree. (n_head alone shapes
+// nothing: only n_kv_head × head size, the width of k and v, does.)
+std::vector<std::pair<std::string, std::string>> tensor_signature(const nn::ModelConfig& c) {
+  const bool learned = c.position == nn::Position::learned;
+  return {{"model.family", nn::family_name(c.family)},
+          {"model.n_layer", std::to_string(c.n_layer)},
+          {"model.n_embd", std::to_string(c.n_embd)},
+          {"model.vocab_size", std::to_string(c.vocab_size)},
+          {"model.ffn_hidden", std::to_string(c.ffn_hidden)},
+          {"model.n_kv_head * head size", std::to_string(c.n_kv_head * c.head_dim())},
+          {"model.position", learned ? "learned" : "not learned (no position table)"},
+          {"model.block_size (rows of the learned position table)", learned ? std::to_string(c.block_size) : "-"},
+          {"model.activation", c.activation == nn::Activation::swiglu ? "swiglu" : "not swiglu (no gate)"},
+          {"model.bias", c.bias ? "true" : "false"},
+          {"model.norm", c.norm == nn::NormKind::layernorm && c.bias ? "layernorm with bias" : "a norm without bias"},
+          {"model.tie_embeddings", c.tie_embeddings ? "true" : "false"}};
+}
+
+// The model a checkpoint's own config describes, as far as tensors go. The attention keys shape
+// no tensor and are put back to their defaults first: a layout file need not exist where the file
+// is read, and a config this qkv refuses only for such a key (an inert model.linear_feature under
+// a sparse pattern, written by an older qkv) can still be compared.
+nn::ModelConfig stored_model(const h5::File& f) {
+  const std::string text = f.attr_string("/", "config");
+  if (f.has_attr("/", "config_fnv1a64") && f.attr_int("/", "config_fnv1a64") != text_checksum(text))
+    ckpt_fail(f.path(), "the config attribute fails its checksum (corrupt file)");
+  const ModelSettings defaults;
+  const std::vector<std::string> inert = {
+      "model.attention_pattern=full",
+      "model.window=0",
+      "model.linear_feature=" + std::string(name_of(defaults.linear_feature)),
+      "model.linear_features=" + std::to_string(defaults.linear_features),
+      "model.linear_chunk=" + std::to_string(defaults.linear_chunk),
+      "model.pattern_stride=" + std::to_string(defaults.pattern_stride),
+      "model.pattern_local=" + std::to_string(defaults.pattern_local),
+      "model.pattern_global=" + std::to_string(defaults.pattern_global),
+      "model.pattern_global_tokens=" + defaults.pattern_global_tokens,
+      "model.pattern_random_blocks=" + std::to_string(defaults.pattern_random_blocks),
+      "model.pattern_block_size=" + std::to_string(defaults.pattern_block_size),
+      "model.pattern_layout=" + defaults.pattern_layout,
+      "model.pattern_seed=" + std::to_string(defaults.pattern_seed)};
+  const ModelSettings m = parse_config_text(text, "checkpoint " + f.path(), inert).model;
+  nn::ModelConfig c;
+  c.family = m.family;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_kv_head = m.resolved_n_kv_head();
+  c.n_embd = m.n_embd;
+  c.block_size = m.block_size;
+  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : load_tokenizer(f, "tokenizer")->vocab_size();
+  c.ffn_hidden = m.resolved_ffn_hidden();
+  c.position = m.resolved_position();
+  c.norm = m.resolved_norm();
+  c.activation = m.resolved_activation();
+  c.bias = m.resolved_bias();
+  c.tie_embeddings = m.resolved_tie_embeddings();
+  return c;
+}
+
 }  // namespace
 
 bool is_conv1d_weight(nn::Family family, const std::string& name) {
@@ -346,6 +406,13 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
     if (!expected.count(name))
       ckpt_fail(path, "/model/", name,
                 " is not a parameter of this model (was the checkpoint written for another model config?)");
+  // The tensors are this model's; the file's own config must describe the same tensors, or the
+  // file contradicts itself (a config edited or written apart from its weights).
+  const auto said = tensor_signature(stored_model(f)), held = tensor_signature(model.config());
+  for (size_t i = 0; i < said.size(); ++i)
+    if (said[i] != held[i])
+      ckpt_fail(path, "its config says ", said[i].first, " = ", said[i].second, " but /model holds the tensors of ",
+                held[i].second, " (config and tensors disagree; the file was edited or assembled from two models)");
 
   std::vector<Tensor> values;
   values.reserve(params.size());

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -61,17 +62,42 @@ std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handl
 
 // ---- export ----
 
-// Refuses, naming the [model] key, what the family's HF class cannot express.
-std::string check_exportable(const Config& cfg, const std::string& ckpt) {
+// What the export writes: the HF class and, for MistralForCausalLM, its sliding window.
+struct ExportTarget {
+  std::string arch;
+  int64_t sliding_window = 0;  // > 0: MistralForCausalLM's sliding_window
+};
+
+// Refuses, naming the [model] key, what the family's HF class cannot express exactly; `mc` is the
+// model the checkpoint holds (its resolved attention pattern).
+ExportTarget check_exportable(const Config& cfg, const nn::ModelConfig& mc, const std::string& ckpt) {
   const ModelSettings& m = cfg.model;
+  const bool gpt2 = m.family == nn::Family::gpt2;
   const auto refuse = [&](const std::string& key, std::string_view value, const char* cls, const char* why) {
     fail(ckpt, ": model.", key, " = ", value, " cannot be exported: ", cls, " ", why);
   };
-  if (m.window > 0)
-    refuse("window", std::to_string(m.window), m.family == nn::Family::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM",
-           "has no sliding-window attention");
-  if (m.family == nn::Family::gpt2) {
+  const char* family_cls = gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM (and MistralForCausalLM)";
+  if (m.attention_pattern.linear())
+    refuse("attention_pattern", "linear", family_cls, "has softmax attention only (linear attention is another model)");
+  const attn::Pattern sparse = m.attention_pattern.sparse;
+  if (sparse != attn::Pattern::full && sparse != attn::Pattern::window)
+    refuse("attention_pattern", attn::pattern_name(sparse), family_cls,
+           "attends to every earlier position; a sparse pattern would be dropped and the model would change");
+  // A causal sliding window: key j visible from position p iff p - w < j <= p, both for qkv's
+  // model.window (attention/attention.h) and for the "window" pattern of width l (its local width,
+  // default the pattern block size); the two ANDed are the narrower window. Mistral's mask is the
+  // same rule (transformers' masking_utils: kv_idx > q_idx - sliding_window, kv_idx <= q_idx).
+  int64_t window = mc.window;
+  if (sparse == attn::Pattern::window) {
+    const int64_t l = mc.pattern.local > 0 ? mc.pattern.local : mc.pattern.block_size;
+    window = window > 0 ? std::min(window, l) : l;
+  }
+  if (gpt2) {
     const char* cls = "GPT2LMHeadModel";
+    if (window > 0)
+      refuse(m.window > 0 ? "window" : "attention_pattern",
+             m.window > 0 ? std::to_string(m.window) : std::string("window"), cls,
+             "has no sliding-window attention (a llama-family model exports it as MistralForCausalLM)");
     if (m.resolved_position() != nn::Position::learned)
       refuse("position", name_of(m.resolved_position()), cls, "has learned positions only");
     if (m.resolved_norm() != nn::NormKind::layernorm)
@@ -81,7 +107,7 @@ std::string check_exportable(const Config& cfg, const std::string& ckpt) {
     if (m.resolved_n_kv_head() != m.n_head)
       refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls,
              "has no grouped-query attention (n_kv_head must equal n_head)");
-    return "GPT2LMHeadModel";
+    return {"GPT2LMHeadModel", 0};
   }
   const char* cls = "LlamaForCausalLM";
   if (m.resolved_position() != nn::Position::rope)
@@ -91,7 +117,8 @@ std::string check_exportable(const Config& cfg, const std::string& ckpt) {
     refuse("activation", name_of(m.resolved_activation()), cls, "has a SwiGLU MLP only");
   if (m.resolved_bias())
     refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
-  return "LlamaForCausalLM";
+  if (window > 0) return {"MistralForCausalLM", window};
+  return {"LlamaForCausalLM", 0};
 }
 
 const char* gpt2_activation_name(nn::Activation a) {
@@ -107,8 +134,10 @@ int32_t special_token(const Tokenizer& tok) {
   return added.empty() ? -1 : added.front();
 }
 
-json config_json(const Config& cfg, const std::string& arch, int64_t vocab, int32_t special, const std::string& dtype) {
+json config_json(const Config& cfg, const ExportTarget& target, int64_t vocab, int32_t special,
+                 const std::string& dtype) {
   const ModelSettings& m = cfg.model;
+  const std::string& arch = target.arch;
   const json eos = special >= 0 ? json(special) : json(nullptr);
   json j;
   j["architectures"] = {arch};
@@ -136,7 +165,7 @@ json config_json(const Config& cfg, const std::string& arch, int64_t vocab, int3
     j["scale_attn_by_inverse_layer_idx"] = false;
     j["reorder_and_upcast_attn"] = false;
   } else {
-    j["model_type"] = "llama";
+    j["model_type"] = target.sliding_window > 0 ? "mistral" : "llama";
     j["hidden_size"] = m.n_embd;
     j["intermediate_size"] = m.resolved_ffn_hidden();
     j["num_hidden_layers"] = m.n_layer;
@@ -149,7 +178,8 @@ json config_json(const Config& cfg, const std::string& arch, int64_t vocab, int3
     j["rope_scaling"] = nullptr;
     j["attention_bias"] = false;
     j["attention_dropout"] = m.attn_dropout;
-    j["pretraining_tp"] = 1;
+    if (target.sliding_window > 0) j["sliding_window"] = target.sliding_window;
+    else j["pretraining_tp"] = 1;
   }
   return j;
 }
@@ -303,14 +333,14 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   QKV_CHECK(opts.dtype == "f32" || opts.dtype == "bf16", "--dtype ", opts.dtype, " is not f32 or bf16");
   CheckpointMeta meta = read_checkpoint_meta(checkpoint);
   const Config cfg = meta.config.resolved();
-  const std::string arch = check_exportable(cfg, checkpoint);
   auto model = build_model(cfg, meta.tokenizer->vocab_size());
+  const ExportTarget target = check_exportable(cfg, model->config(), checkpoint);
   load_model_weights(checkpoint, *model);
   const int64_t vocab = model->config().vocab_size;
 
   HfExportResult r;
   r.dir = out_dir;
-  r.architecture = arch;
+  r.architecture = target.arch;
   r.dtype = opts.dtype;
   const st::DType dt = opts.dtype == "bf16" ? st::DType::BF16 : st::DType::F32;
   std::vector<st::WriteTensor> tensors;
@@ -334,7 +364,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   r.bytes = static_cast<int64_t>(files["model.safetensors"].size());
   tensors.clear();
   const int32_t special = special_token(*meta.tokenizer);
-  files["config.json"] = dump(config_json(cfg, arch, vocab, special, opts.dtype));
+  files["config.json"] = dump(config_json(cfg, target, vocab, special, opts.dtype));
   const json eos = special >= 0 ? json(special) : json(nullptr);
   files["generation_config.json"] = dump({{"bos_token_id", eos}, {"eos_token_id", eos}});
   r.tokenizer = tokenizer_files(*meta.tokenizer, cfg.model.block_size, files);
@@ -348,7 +378,7 @@ bool is_hf_directory(const std::string& path) {
   return fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec);
 }
 
-HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind) {
+HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind, int64_t tokenizer_vocab) {
   std::error_code ec;
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory");
   const std::string where = dir + "/config.json";
@@ -415,9 +445,14 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind)
       refuse("rope_scaling", j["rope_scaling"], "qkv's RoPE has no scaling");
     if (get_bool(j, "attention_bias", where, false)) refuse("attention_bias", true, "qkv's llama has no biases");
     if (get_bool(j, "mlp_bias", where, false)) refuse("mlp_bias", true, "qkv's llama has no biases");
-    if (j.contains("sliding_window") && !j["sliding_window"].is_null())
-      refuse("sliding_window", j["sliding_window"],
-             "Mistral's sliding window is not reproduced (only sliding_window null)");
+    // Mistral's sliding window is qkv's model.window (the same mask: check_exportable). LlamaConfig
+    // has no such field: a llama model would ignore it, and a config carrying one is ambiguous.
+    const bool mistral = arch == "MistralForCausalLM" || (arch.empty() && type == "mistral");
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+      if (!mistral) refuse("sliding_window", j["sliding_window"], "LlamaForCausalLM has no sliding window");
+      m.window = get_int(j, "sliding_window", where);
+      if (m.window <= 0) refuse("sliding_window", j["sliding_window"], "a sliding window must be > 0 (or null)");
+    }
     if (j.contains("head_dim") && !j["head_dim"].is_null() && m.n_head > 0 &&
         get_int(j, "head_dim", where) * m.n_head != m.n_embd)
       refuse("head_dim", j["head_dim"], "qkv's head size is hidden_size / num_attention_heads");
@@ -432,6 +467,10 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind)
          "window)");
   }
   cfg.data.tokenizer = tokenizer_kind;
+  // A qkv BPE is already trained: its size is the tokenizer's (the config's rule is
+  // model.vocab_size >= data.bpe_vocab_size).
+  if (tokenizer_kind == TokenizerKind::bpe)
+    cfg.data.bpe_vocab_size = tokenizer_vocab > 0 ? tokenizer_vocab : m.vocab_size;
   validate(cfg, where);
   info.config = cfg.resolved();
   info.weight_files = weight_files(dir, nullptr);
@@ -470,7 +509,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   }
   fail(dir,
        ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "
-       "pass --tokenizer byte if the model's ids are bytes");
+       "pass --tokenizer byte if the model's ids are the 256 bytes");
 }
 
 void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
@@ -534,12 +573,32 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
   }
   for (const auto& [name, where] : found) {
     if (used.count(name)) continue;
-    // Non-parameter buffers some versions of transformers saved, and a tied head saved anyway.
+    // Non-parameter buffers some versions of transformers saved (the causal mask, the masked
+    // fill value, RoPE's frequencies), which HF recomputes from config.json.
     const bool buffer = (family == "gpt2" && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) ||
                         ends_with(name, "rotary_emb.inv_freq");
-    const bool tied_head = name == "lm_head.weight" && model.config().tie_embeddings;
-    QKV_CHECK(buffer || tied_head, where.first->path(), ": tensor ", json(name).dump(), " is not a parameter of the ",
-              family, " model config.json describes");
+    if (buffer) continue;
+    QKV_CHECK(name == "lm_head.weight" && model.config().tie_embeddings, where.first->path(), ": tensor ",
+              json(name).dump(), " is not a parameter of the ", family, " model config.json describes");
+    // A tied model's head is its embedding: a saved copy is accepted only when it is that tensor
+    // bit for bit; any other head is a different model than tie_word_embeddings = true says.
+    const std::string emb = root + probe;
+    size_t e = 0;
+    while (e < params.size() && params[e].name != emb) ++e;
+    QKV_CHECK(e < params.size(), dir, ": no embedding ", emb, " to compare lm_head.weight with");
+    const st::TensorInfo& t = *where.second;
+    const std::vector<int64_t> emb_shape(params[e].tensor.shape().begin(), params[e].tensor.shape().end());
+    QKV_CHECK(t.shape == emb_shape, where.first->path(), ": tensor \"lm_head.weight\" has shape ", json(t.shape).dump(),
+              " but the tied embedding ", json(file_name(emb)).dump(), " has ", json(emb_shape).dump(),
+              " (config.json says tie_word_embeddings = true)");
+    const std::vector<float> head = where.first->read_f32(t);
+    const float* embv = values[e].data<float>();
+    for (size_t i = 0; i < head.size(); ++i)
+      QKV_CHECK(std::memcmp(&head[i], &embv[i], sizeof(float)) == 0, where.first->path(),
+                ": tensor \"lm_head.weight\" differs from the tied embedding ", json(file_name(emb)).dump(),
+                " at element ", i, " (", head[i], " vs ", embv[i],
+                "): config.json says tie_word_embeddings = true, so the head would be dropped and the model "
+                "changed; set tie_word_embeddings to false if the head is its own");
   }
   autograd::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -552,10 +611,18 @@ HfImportResult import_hf(const std::string& dir, const std::string& out, const H
   std::error_code ec;
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (qkv import reads a Hugging Face model directory)");
   std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
-  HfModelInfo info = read_hf_config(dir, choose(kTokenizerKinds, tok->kind(), "the tokenizer's kind"));
+  HfModelInfo info =
+      read_hf_config(dir, choose(kTokenizerKinds, tok->kind(), "the tokenizer's kind"), tok->vocab_size());
   const int64_t vocab = info.config.model.vocab_size;
   QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(),
             " tokens but config.json's vocab_size is ", vocab);
+  // A tokenizer named on the command line is a claim about what the ids mean, and it must decode
+  // every row: a byte tokenizer on a 50257-row model would leave ids 256.. without text. Rows past
+  // the tokens of DIR's own tokenizer files are padding (qkv's model.vocab_size may exceed the
+  // tokenizer's): encode never produces them and sample never draws them (train/sampler.h).
+  QKV_CHECK(opts.tokenizer.empty() || tok->vocab_size() == vocab, dir, ": --tokenizer ", opts.tokenizer, " decodes ",
+            tok->vocab_size(), " ids but config.json's vocab_size is ", vocab, "; ids ", tok->vocab_size(), "..",
+            vocab - 1, " would have no text. Give the directory its tokenizer files instead");
   auto model = build_model(info.config, tok->vocab_size());
   load_hf_weights(dir, *model);
   TrainState state;

@@ -9,12 +9,18 @@
 //                    tied or untied head (tie_word_embeddings).
 //   llama family <-> LlamaForCausalLM (model_type "llama"): RoPE (rotate-half, rope_theta), RMSNorm,
 //                    SwiGLU ("silu"), no biases, GQA (num_key_value_heads), tied or untied head.
-//                    Import also reads MistralForCausalLM ("mistral") with sliding_window null: the
-//                    same network under another name.
-// Settings the HF class cannot express are refused by name, never written approximately: for
-// gpt2, any position but learned, rmsnorm, swiglu, no biases, GQA, a sliding window; for llama,
-// any position but rope, layernorm, an activation but swiglu, biases, a window; on import,
-// rope_scaling, attention_bias, scale_attn_weights = false, cross-attention, and so on.
+//   llama family with a sliding window w <-> MistralForCausalLM (model_type "mistral"),
+//                    sliding_window = w: the llama network whose key j is visible from position p
+//                    iff p - w < j <= p, qkv's window rule and transformers' (masking_utils:
+//                    kv_idx > q_idx - sliding_window). w is model.window, or the width l of
+//                    attention_pattern = "window", or the narrower of both; sliding_window null
+//                    reads as no window.
+// Settings the HF class cannot express are refused by name, never written approximately: a
+// sparse pattern (strided, global, bigbird, block_sparse) or linear attention for either family;
+// for gpt2, any position but learned, rmsnorm, swiglu, no biases, GQA, a sliding window; for llama,
+// any position but rope, layernorm, an activation but swiglu, biases; on import, rope_scaling,
+// attention_bias, scale_attn_weights = false, cross-attention, a sliding_window in a llama (not
+// mistral) config, and so on. Dropout and init_std are written but change no function.
 //
 // Export writes DIR atomically (a temporary directory renamed into place; DIR must not exist):
 //   model.safetensors       the weights (float32 or bfloat16), __metadata__ {"format": "pt"}
@@ -31,8 +37,15 @@
 // Import reads config.json and model.safetensors, or the shards model-0000k-of-0000n.safetensors
 // listed by model.safetensors.index.json; F32, F16, BF16 (and F64) become float32. Names may lack
 // the head model's prefix ("wte.weight" for "transformer.wte.weight", as the original GPT-2 files
-// have). HF's non-parameter buffers (gpt2 attn.bias / attn.masked_bias, llama rotary_emb.inv_freq)
-// are skipped; any other unknown tensor, a missing one or a wrong shape is an error naming it.
+// have). HF's non-parameter buffers (gpt2 attn.bias / attn.masked_bias, llama rotary_emb.inv_freq),
+// which transformers recomputes from config.json, are skipped; a tied model's lm_head.weight is
+// accepted only when it equals the embedding bit for bit (a copy transformers saved), and refused
+// naming the first differing element otherwise; any other tensor the model does not consume, a
+// missing one or a wrong shape is an error naming it.
+// The tokenizer must give every id a text: `--tokenizer byte` (a claim, not a file) needs exactly
+// 256 rows; with DIR's own tokenizer files, rows past its tokens are padding (qkv's
+// model.vocab_size may exceed the tokenizer's), which encode never produces and `qkv sample`
+// never draws (train/sampler.h SampleOptions::token_count).
 // pytorch_model.bin (a pickle: loading one can run arbitrary code) is refused.
 // The tokenizer: DIR's tokenizer.json or vocab.json + merges.txt (GPT-2 byte-level BPE), else
 // qkv_tokenizer.json (a qkv export), else `tokenizer = "byte"` when the caller says the ids are bytes.
@@ -63,8 +76,10 @@ struct HfModelInfo {
   Config config;  // the qkv config of the same network (resolved; data.tokenizer = the tokenizer's kind)
   std::vector<std::string> weight_files;
 };
-// Reads DIR/config.json; `tokenizer_kind` is what data.tokenizer will say.
-HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind = TokenizerKind::byte);
+// Reads DIR/config.json; `tokenizer_kind` is what data.tokenizer will say, `tokenizer_vocab` the
+// tokenizer's size (data.bpe_vocab_size of a qkv BPE; 0 = config.json's vocab_size).
+HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind = TokenizerKind::byte,
+                           int64_t tokenizer_vocab = 0);
 // The tokenizer of DIR (rules above); `fallback` "byte" allows a directory without tokenizer
 // files, "" refuses it naming the files looked for.
 std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::string& fallback = "");

@@ -52,6 +52,9 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
   QKV_CHECK(opts.max_new_tokens >= 0, "[sample] max_new_tokens must be >= 0, got ", opts.max_new_tokens);
   autograd::NoGradGuard no_grad;
   const int64_t T = model.config().block_size, V = model.config().vocab_size;
+  QKV_CHECK(opts.token_count >= 0 && opts.token_count <= V, "[sample] the tokenizer's ", opts.token_count,
+            " tokens must be at most the model's vocabulary of ", V);
+  const int64_t drawable = opts.token_count > 0 ? opts.token_count : V;  // ids past the tokenizer's have no text
   for (int32_t id : prompt)
     QKV_CHECK(id >= 0 && id < V, "[sample] prompt token ", id, " is outside the vocabulary of ", V);
   std::vector<int32_t> ctx = prompt, out;
@@ -87,7 +90,7 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
     Tensor row = logits.select(0, 0).select(0, last).contiguous().to(Device::cpu);  // pick on the host
     const Philox4 r = philox4x32_10(static_cast<uint32_t>(n), static_cast<uint32_t>(n >> 32), 0x5a3f1e00u, 0,
                                     static_cast<uint32_t>(opts.seed), static_cast<uint32_t>(opts.seed >> 32));
-    const int32_t next = pick_token(row.data<float>(), V, opts, uniform53_from_bits(r.v[0], r.v[1]));
+    const int32_t next = pick_token(row.data<float>(), drawable, opts, uniform53_from_bits(r.v[0], r.v[1]));
     ctx.push_back(next);
     out.push_back(next);
     if (on_token) on_token(next);

@@ -19,9 +19,14 @@ struct SampleOptions {
   double top_p = 1.0;        // nucleus: smallest set of most likely tokens with mass >= top_p
   uint64_t seed = 1337;
   bool kv_cache = true;
+  // The tokenizer's size when the model has more rows (a padded vocabulary): ids at or past it
+  // have no text, so they are never drawn; the draw is from the model's distribution restricted
+  // to ids below it (softmax over those logits alone). 0 = every row.
+  int64_t token_count = 0;
 };
 
 // Returns the generated token ids (prompt excluded). Refuses (qkv::Error) max_new_tokens < 0,
+// token_count < 0 or past the model's vocabulary,
 // a temperature that is negative or not finite, top_k < 0, and top_p outside (0, 1] or NaN. `on_token` (optional) is called with each
 // new id as soon as it is drawn (streaming).
 std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<int32_t>& prompt,

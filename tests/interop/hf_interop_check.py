@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """qkv <-> Hugging Face `transformers`, against the real thing (ctest label "interop").
 
-  export: train a tiny gpt2 and a tiny llama (GQA, 4 query heads over 2 kv heads) with `qkv train`,
+  export: train a tiny gpt2, a tiny llama (GQA, 4 query heads over 2 kv heads) and the llama with a
+          sliding window of 8 (exported as MistralForCausalLM) with `qkv train`,
           `qkv export` them, load with AutoModelForCausalLM.from_pretrained, and require HF's loss
           on a text (qkv eval's windows, computed in float64 from the float32 weights) to equal
           `qkv eval`'s within 1e-6 relative, and HF's greedy continuation to equal `qkv sample
@@ -110,8 +111,10 @@ def main():
         T = 32
 
         # ---- export: qkv-trained models into transformers ----
-        for family, kv in (("gpt2", 4), ("llama", 2)):
-            cfg = os.path.join(work, f"{family}.toml")
+        # A llama with a sliding window (8 < T) exports as MistralForCausalLM(sliding_window = 8).
+        for name, family, kv, window in (("gpt2", "gpt2", 4, 0), ("llama", "llama", 2, 0),
+                                          ("mistral", "llama", 2, 8)):
+            cfg = os.path.join(work, f"{name}.toml")
             open(cfg, "w").write(f"""[model]
 family = "{family}"
 n_layer = 2
@@ -119,6 +122,7 @@ n_head = 4
 n_kv_head = {kv}
 n_embd = 32
 block_size = {T}
+window = {window}
 [data]
 path = "{train_txt}"
 tokenizer = "byte"
@@ -128,13 +132,13 @@ batch_size = 8
 max_steps = 40
 lr = 3e-3
 eval_interval = 1000
-out_dir = "{os.path.join(work, 'run_' + family)}"
+out_dir = "{os.path.join(work, 'run_' + name)}"
 """)
             ckpt = qkv("train", "--config", cfg, "--quiet")["checkpoint"]
-            hf_dir = os.path.join(work, f"hf_{family}")
+            hf_dir = os.path.join(work, f"hf_{name}")
             e = qkv("export", "--checkpoint", ckpt, "--out", hf_dir)
             ids = list(eval_text.encode("utf-8"))
-            compare(f"export {family} ({e['architecture']})", ckpt, hf_dir, eval_txt, ids, "ROMEO:", list(b"ROMEO:"), T)
+            compare(f"export {name} ({e['architecture']})", ckpt, hf_dir, eval_txt, ids, "ROMEO:", list(b"ROMEO:"), T)
 
         # ---- import: transformers-made models into qkv ----
         bpe = os.path.join(ROOT, "tests", "reference", "gpt2_bpe")
