@@ -25,6 +25,48 @@ FlopSplit& FlopSplit::operator+=(const FlopSplit& o) {
 
 namespace {
 
+// A count that cannot overflow silently: + - * are exact in int64 (__builtin_*_overflow), or mark
+// the result out of range, which every later result built on it stays. A report figure is taken
+// from it by figure(), which refuses an out-of-range count by name.
+class Count {
+ public:
+  Count(int64_t v = 0) : v_(v) {}  // NOLINT: implicit, so that 2 * c and c + 1 read as formulas
+  friend Count operator+(Count a, Count b) {
+    Count r;
+    r.over_ = a.over_ || b.over_ || __builtin_add_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  friend Count operator-(Count a, Count b) {
+    Count r;
+    r.over_ = a.over_ || b.over_ || __builtin_sub_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  friend Count operator*(Count a, Count b) {
+    Count r;
+    r.over_ = a.over_ || b.over_ || __builtin_mul_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  friend Count operator/(Count a, int64_t d) {  // d > 0
+    Count r = a;
+    r.v_ = a.v_ / d;
+    return r;
+  }
+  Count& operator+=(Count b) { return *this = *this + b; }
+  Count& operator-=(Count b) { return *this = *this - b; }
+  friend Count max(Count a, Count b) {
+    Count r = a.v_ >= b.v_ ? a : b;
+    r.over_ = a.over_ || b.over_;
+    return r;
+  }
+  bool over() const { return over_; }
+  int64_t value() const { return v_; }  // meaningful only when !over()
+  double real() const { return static_cast<double>(v_); }
+
+ private:
+  int64_t v_ = 0;
+  bool over_ = false;
+};
+
 FlopSplit scaled(FlopSplit f, double s) {
   f.projections *= s;
   f.qk *= s;
@@ -126,15 +168,14 @@ namespace {
 //   MLP: GELU/ReLU keep the pre-activation and the activation (2F); SwiGLU keeps gate and up (2F),
 //     silu(gate) and the product (2F).
 struct BlockFloats {
-  double per_token = 0;      // floats per token, independent of the context
-  double per_pair_head = 0;  // floats per kept (query, key) pair and query head (reference kernel)
+  Count per_token = 0;      // floats per token, independent of the context
+  Count per_pair_head = 0;  // floats per kept (query, key) pair and query head (reference kernel)
 };
 
 BlockFloats block_activation_floats(const nn::ModelConfig& c) {
-  const double C = static_cast<double>(c.n_embd), hd = static_cast<double>(c.head_dim());
-  const double qd = static_cast<double>(c.n_head) * hd, kvd = static_cast<double>(c.n_kv_head) * hd;
-  const double Hq = static_cast<double>(c.n_head), F = static_cast<double>(c.ffn_hidden);
-  const double stats = c.norm == nn::NormKind::layernorm ? 2 : 1;
+  const Count C = c.n_embd, hd = c.head_dim(), qd = c.n_head * hd, kvd = c.n_kv_head * hd, Hq = c.n_head,
+              F = c.ffn_hidden;
+  const Count stats = c.norm == nn::NormKind::layernorm ? 2 : 1;
   BlockFloats b;
   b.per_token = C /*x*/ + stats + C /*ln1 out*/ + C /*h*/ + stats + C /*ln2 out*/;
   const bool gpt2 = c.family == nn::Family::gpt2;
@@ -142,7 +183,7 @@ BlockFloats block_activation_floats(const nn::ModelConfig& c) {
   if (gpt2 && !rope) {
     b.per_token += (qd + 2 * kvd) + qd + Hq;
   } else {
-    const double kept_v = gpt2 ? (qd + 2 * kvd) : kvd;
+    const Count kept_v = gpt2 ? (qd + 2 * kvd) : kvd;
     b.per_token += qd + kvd + kept_v + 2 * qd + Hq;
   }
   if (c.attn_kernel == attn::Kernel::reference) b.per_pair_head = 1;
@@ -173,28 +214,50 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   QKV_CHECK(o.context >= 0, "--context must be >= 1, got ", o.context);
   r.recompute = cfg.train.recompute;
 
-  const int64_t C = m.n_embd, hd = m.head_dim(), qd = m.n_head * hd, kvd = m.n_kv_head * hd, F = m.ffn_hidden,
-                V = m.vocab_size, L = m.n_layer;
-  const bool gated = m.activation == nn::Activation::swiglu;
-  const int64_t norm_params = m.norm == nn::NormKind::layernorm && m.bias ? 2 * C : C;
-  const int64_t attn_params = C * (qd + 2 * kvd) + qd * C + (m.bias ? qd + 2 * kvd + C : 0);
-  const int64_t mlp_params = C * (gated ? 2 * F : F) + F * C + (m.bias ? (gated ? 2 * F : F) + C : 0);
-  const int64_t layer_params = 2 * norm_params + attn_params + mlp_params;
-  const int64_t tok_emb = V * C, pos_emb = m.position == nn::Position::learned ? m.block_size * C : 0;
-  const int64_t head_params = m.tie_embeddings ? 0 : C * V;
-  r.embedding_params = tok_emb + pos_emb;
-  r.non_embedding_params = L * layer_params + norm_params + head_params;
-  r.params = r.embedding_params + r.non_embedding_params;
+  // Every byte and parameter figure is a Count: one that leaves int64 is refused here, naming the
+  // figure and the keys it grows with (with their values), never printed wrapped.
+  const std::pair<const char*, int64_t> key_values[] = {
+      {"model.n_layer", m.n_layer},       {"model.n_embd", m.n_embd},
+      {"model.n_head", m.n_head},         {"model.ffn_hidden", m.ffn_hidden},
+      {"model.vocab_size", m.vocab_size}, {"train.batch_size", r.batch},
+      {"train.seq_len", r.train_tokens},  {"--context", r.context}};
+  auto figure = [&](const Count& c, const char* name, std::initializer_list<const char*> keys) {
+    if (!c.over()) return c.value();
+    std::string grows;
+    for (const char* k : keys)
+      for (const auto& [key, v] : key_values)
+        if (std::string_view(k) == key)
+          grows += (grows.empty() ? "" : ", ") + std::string(key) + " = " + std::to_string(v);
+    fail("cost: ", name, " exceeds 2^63 - 1 and cannot be stated; it grows with ", grows, ": make them smaller");
+  };
+  // The keys each family of figures grows with.
+  const auto kParams = {"model.n_layer", "model.n_embd", "model.ffn_hidden", "model.vocab_size"};
+  const auto kStep = {"model.n_layer", "model.n_embd", "model.ffn_hidden", "train.batch_size", "train.seq_len"};
+  const auto kWeights = {"model.n_layer", "model.n_head", "train.batch_size", "train.seq_len"};
+  const auto kKv = {"model.n_layer", "model.n_embd", "--context"};
 
-  const double dC = static_cast<double>(C), dV = static_cast<double>(V);
-  const double T = static_cast<double>(r.train_tokens), N = static_cast<double>(r.context);
-  const double B = static_cast<double>(r.batch);
+  const Count C = m.n_embd, hd = m.head_dim(), qd = m.n_head * hd, kvd = m.n_kv_head * hd, F = m.ffn_hidden,
+              V = m.vocab_size, L = m.n_layer, Hq = m.n_head, B = r.batch, T = r.train_tokens;
+  const bool gated = m.activation == nn::Activation::swiglu;
+  const Count norm_params = m.norm == nn::NormKind::layernorm && m.bias ? 2 * C : C;
+  const Count attn_params = C * (qd + 2 * kvd) + qd * C + (m.bias ? qd + 2 * kvd + C : 0);
+  const Count mlp_params = C * (gated ? 2 * F : F) + F * C + (m.bias ? (gated ? 2 * F : F) + C : 0);
+  const Count layer_params = 2 * norm_params + attn_params + mlp_params;
+  const Count tok_emb = V * C, pos_emb = m.position == nn::Position::learned ? m.block_size * C : 0;
+  const Count head_params = m.tie_embeddings ? 0 : C * V;
+  const Count params = tok_emb + pos_emb + L * layer_params + norm_params + head_params;
+  r.embedding_params = figure(tok_emb + pos_emb, "the embedding parameters", kParams);
+  r.non_embedding_params = figure(L * layer_params + norm_params + head_params, "the parameters", kParams);
+  r.params = figure(params, "the parameters", kParams);
+
+  const double dC = C.real(), dV = V.real();
+  const double dT = T.real(), dN = static_cast<double>(r.context), dB = B.real();
   // Forward FLOPs of one token of a layer given the average keys per query.
   auto layer_forward = [&](double keys_per_query) {
     FlopSplit f;
-    f.projections = 2.0 * static_cast<double>(attn_params);
-    f.mlp = 2.0 * static_cast<double>(mlp_params);
-    f.norm = 2.0 * static_cast<double>(2 * norm_params);
+    f.projections = 2.0 * attn_params.real();
+    f.mlp = 2.0 * mlp_params.real();
+    f.norm = 2.0 * (2 * norm_params).real();
     f.qk = 2.0 * dC * keys_per_query;  // Hq · hd = C multiply-adds per key
     f.av = 2.0 * dC * keys_per_query;
     return f;
@@ -202,118 +265,124 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   const int64_t pairs_T = pat.kept_pairs(m, r.train_tokens), pairs_N = pat.kept_pairs(m, r.context);
   r.kept_pairs_train = pairs_T;
   r.kept_pairs_context = pairs_N;
-  r.full_pairs_context = r.context * (r.context + 1) / 2;
-  FlopSplit lt = scaled(layer_forward(static_cast<double>(pairs_T) / T), 3.0);
-  FlopSplit lp = layer_forward(static_cast<double>(pairs_N) / N);
+  r.full_pairs_context = figure(Count(r.context) * (r.context + 1) / 2, "the causal pairs of the context", kKv);
+  FlopSplit lt = scaled(layer_forward(static_cast<double>(pairs_T) / dT), 3.0);
+  FlopSplit lp = layer_forward(static_cast<double>(pairs_N) / dN);
   FlopSplit ld = layer_forward(static_cast<double>(pat.keys_at(m, r.context - 1)));
   const bool linear = m.attention_pattern == nn::AttentionPattern::linear;
-  int64_t state_bytes_layer = 0;  // linear: S [m, Dv] + z [m] per kv head of one sequence (float64)
+  Count state_bytes_layer = 0;  // linear: S [m, Dv] + z [m] per kv head of one sequence (float64)
   if (linear) {
     // Per token, with m features, Dv = hd (linear_attention.h): the query side (Φ·z and ΦᵀS, or
     // the chunk's A = ΦΨᵀ and A·v) per query head, the state update Ψvᵀ, Ψ per kv head.
-    const double mf = static_cast<double>(linear_feature_count(m)), Dv = static_cast<double>(hd);
-    const double Hq = static_cast<double>(m.n_head), Hkv = static_cast<double>(m.n_kv_head);
+    const double mf = static_cast<double>(linear_feature_count(m)), Dv = hd.real();
+    const double dHq = static_cast<double>(m.n_head), Hkv = static_cast<double>(m.n_kv_head);
     const double update = 2.0 * Hkv * mf * (Dv + 1);
     auto linear_layer = [&](double chunk_keys_per_query) {
       FlopSplit f = layer_forward(0);
-      f.qk = 2.0 * Hq * mf * (1 + chunk_keys_per_query);                 // Φ·z⁻ + A_ij
-      f.av = 2.0 * Hq * (mf * Dv + Dv * chunk_keys_per_query) + update;  // ΦᵀS⁻ + A·v + state update
+      f.qk = 2.0 * dHq * mf * (1 + chunk_keys_per_query);                 // Φ·z⁻ + A_ij
+      f.av = 2.0 * dHq * (mf * Dv + Dv * chunk_keys_per_query) + update;  // ΦᵀS⁻ + A·v + state update
       return f;
     };
     // Training: the chunked form over T tokens; prefill and decode: the recurrence (LinearState).
-    lt = scaled(linear_layer(static_cast<double>(pairs_T) / T), 3.0);
+    lt = scaled(linear_layer(static_cast<double>(pairs_T) / dT), 3.0);
     lp = linear_layer(0);
     ld = linear_layer(0);
-    state_bytes_layer =
-        static_cast<int64_t>(sizeof(double)) * m.n_kv_head * (linear_feature_count(m) * hd + linear_feature_count(m));
+    const Count mfc = linear_feature_count(m);
+    state_bytes_layer = Count(sizeof(double)) * m.n_kv_head * (mfc * hd + mfc);
   }
   FlopSplit top;  // final norm and LM head, forward
-  top.norm = 2.0 * static_cast<double>(norm_params);
+  top.norm = 2.0 * norm_params.real();
   top.head = 2.0 * dC * dV;
 
+  // One layer's figures (every layer has the same), then the model's (L of them).
   const BlockFloats bf = block_activation_floats(m);
-  const int64_t BT = r.batch * r.train_tokens;
-  for (int64_t l = 0; l < L; ++l) {
-    LayerCost lc;
+  const Count BT = B * T;
+  const Count layer_act = 4 * (bf.per_token * BT + bf.per_pair_head * B * Hq * pairs_T);
+  const Count layer_act_recompute = 4 * C * BT;
+  const Count layer_naive = 4 * B * Hq * T * T;
+  const Count layer_fused = 4 * (BT * qd + B * Hq * T);
+  const Count layer_kv_f32 = linear ? 0 : 4 * 2 * kvd, layer_kv_bf16 = linear ? 0 : 2 * 2 * kvd;
+  LayerCost lc;
+  lc.params = figure(layer_params, "a layer's parameters", kParams);
+  lc.attention_params = figure(attn_params, "a layer's parameters", kParams);
+  lc.mlp_params = figure(mlp_params, "a layer's parameters", kParams);
+  lc.norm_params = figure(2 * norm_params, "a layer's parameters", kParams);
+  lc.train = lt;
+  lc.prefill = lp;
+  lc.decode = ld;
+  lc.activation_bytes = figure(layer_act, "a layer's activations kept for backward", kStep);
+  lc.activation_bytes_recompute = figure(layer_act_recompute, "a layer's activations with train.recompute", kStep);
+  lc.attn_weights_naive_bytes = figure(layer_naive, "a layer's attention weights a naive kernel stores", kWeights);
+  lc.attn_fused_kept_bytes = figure(layer_fused, "a layer's O + lse the fused kernel keeps", kStep);
+  lc.kv_cache_bytes_per_token_f32 = figure(layer_kv_f32, "a layer's KV cache per token", kKv);
+  lc.kv_cache_bytes_per_token_bf16 = figure(layer_kv_bf16, "a layer's KV cache per token", kKv);
+  lc.decode_state_bytes = figure(state_bytes_layer, "a layer's linear decode state", kKv);
+  lc.kept_pairs_train = pairs_T;
+  lc.kept_pairs_context = pairs_N;
+  r.layers.reserve(static_cast<size_t>(m.n_layer));
+  for (int64_t l = 0; l < m.n_layer; ++l) {
     lc.index = l;
-    lc.params = layer_params;
-    lc.attention_params = attn_params;
-    lc.mlp_params = mlp_params;
-    lc.norm_params = 2 * norm_params;
-    lc.train = lt;
-    lc.prefill = lp;
-    lc.decode = ld;
-    lc.activation_bytes = static_cast<int64_t>(
-        4 * (bf.per_token * static_cast<double>(BT) + bf.per_pair_head * B * static_cast<double>(m.n_head * pairs_T)));
-    lc.activation_bytes_recompute = 4 * C * BT;
-    lc.attn_weights_naive_bytes = 4 * r.batch * m.n_head * r.train_tokens * r.train_tokens;
-    lc.attn_fused_kept_bytes = 4 * (BT * qd + r.batch * m.n_head * r.train_tokens);
-    lc.kv_cache_bytes_per_token_f32 = linear ? 0 : 4 * 2 * kvd;
-    lc.kv_cache_bytes_per_token_bf16 = linear ? 0 : 2 * 2 * kvd;
-    lc.decode_state_bytes = state_bytes_layer;
-    r.decode_state_bytes += state_bytes_layer;
-    lc.kept_pairs_train = pairs_T;
-    lc.kept_pairs_context = pairs_N;
     r.train += lc.train;
     r.prefill += lc.prefill;
     r.decode += lc.decode;
-    r.activation_bytes += lc.activation_bytes;
-    r.activation_bytes_recompute += lc.activation_bytes_recompute;
-    r.attn_weights_naive_bytes += lc.attn_weights_naive_bytes;
-    r.attn_fused_kept_bytes += lc.attn_fused_kept_bytes;
-    r.kv_cache_bytes_per_token_f32 += lc.kv_cache_bytes_per_token_f32;
-    r.kv_cache_bytes_per_token_bf16 += lc.kv_cache_bytes_per_token_bf16;
     r.layers.push_back(lc);
   }
+  r.decode_state_bytes = figure(L * state_bytes_layer, "the linear decode state", kKv);
+  r.activation_bytes = figure(L * layer_act, "the activations kept for backward", kStep);
+  r.activation_bytes_recompute = figure(L * layer_act_recompute, "the activations with train.recompute", kStep);
+  r.attn_weights_naive_bytes = figure(L * layer_naive, "the attention weights a naive kernel stores", kWeights);
+  r.attn_fused_kept_bytes = figure(L * layer_fused, "the O + lse the fused kernel keeps", kStep);
+  r.kv_cache_bytes_per_token_f32 = figure(L * layer_kv_f32, "the KV cache per token", kKv);
+  r.kv_cache_bytes_per_token_bf16 = figure(L * layer_kv_bf16, "the KV cache per token", kKv);
   r.train += scaled(top, 3.0);
   r.prefill += top;
   r.decode += top;
-  r.train_flops_per_step = r.train.total() * B * T;
-  r.prefill_flops = r.prefill.total() * N;
-  r.kv_cache_bytes_per_token_mha_f32 = linear ? 0 : L * 4 * 2 * qd;
-  r.kv_cache_bytes_per_token_mha_bf16 = linear ? 0 : L * 2 * 2 * qd;
+  r.train_flops_per_step = r.train.total() * dB * dT;
+  r.prefill_flops = r.prefill.total() * dN;
+  r.kv_cache_bytes_per_token_mha_f32 = figure(linear ? 0 : L * 4 * 2 * qd, "the KV cache per token if MHA", kKv);
+  r.kv_cache_bytes_per_token_mha_bf16 = figure(linear ? 0 : L * 2 * 2 * qd, "the KV cache per token if MHA", kKv);
   // Linear attention decodes from its state (float64 accumulators, whatever the dtype): the
   // per-sequence figure is the state, the same at every length.
-  r.kv_cache_bytes_per_sequence_f32 = linear ? r.decode_state_bytes : r.kv_cache_bytes_per_token_f32 * r.context;
-  r.kv_cache_bytes_per_sequence_bf16 = linear ? r.decode_state_bytes : r.kv_cache_bytes_per_token_bf16 * r.context;
+  r.kv_cache_bytes_per_sequence_f32 =
+      linear ? r.decode_state_bytes
+             : figure(Count(r.kv_cache_bytes_per_token_f32) * r.context, "the KV cache per sequence", kKv);
+  r.kv_cache_bytes_per_sequence_bf16 =
+      linear ? r.decode_state_bytes
+             : figure(Count(r.kv_cache_bytes_per_token_bf16) * r.context, "the KV cache per sequence", kKv);
 
   // ---- the peak of a training step ----
   // Walk the step as the engine runs it: the forward ends holding every kept activation, the
   // logits and the loss' lse; backward then frees each layer's activations as it makes that
   // layer's gradients (gradients are dropped by zero_grad, so they are rebuilt every step).
   // Persistent: parameters and the AdamW moments (3 × 4 bytes per parameter).
-  const int64_t P4 = 4 * r.params;
-  r.state_bytes = 3 * P4;
-  const int64_t stats = m.norm == nn::NormKind::layernorm ? 2 : 1;
-  const int64_t batch_bytes = 2 * 8 * BT;                    // ids and targets, int64
-  const int64_t top_act = 4 * BT * (C + stats + C + V + 1);  // x_L, ln_f stats and output, logits, lse
-  std::vector<int64_t> act(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l)
-    act[static_cast<size_t>(l)] = r.recompute ? r.layers[static_cast<size_t>(l)].activation_bytes_recompute
-                                              : r.layers[static_cast<size_t>(l)].activation_bytes;
-  int64_t remaining = 0;
-  for (int64_t a : act) remaining += a;
-  const int64_t base = P4 + 2 * P4 + batch_bytes;  // params + moments
-  int64_t peak = base + remaining + top_act;       // end of forward
+  const Count P4 = 4 * params;
+  r.state_bytes = figure(3 * P4, "the parameters + AdamW moments", kParams);
+  const Count stats = m.norm == nn::NormKind::layernorm ? 2 : 1;
+  const Count batch_bytes = 2 * 8 * BT;                             // ids and targets, int64
+  const Count top_act = 4 * BT * (C + stats + C + V + 1);           // x_L, ln_f stats and output, logits, lse
+  const Count act = r.recompute ? layer_act_recompute : layer_act;  // each layer's kept activations
+  Count remaining = L * act;
+  const Count base = P4 + 2 * P4 + batch_bytes;  // params + moments
+  Count peak = base + remaining + top_act;       // end of forward
   // LM head backward: dlogits overwrite the logits in place; dx [BT, C] and dW [V, C] are new.
-  int64_t grads = 4 * (C * V + 2 * norm_params);
-  peak = std::max(peak, base + remaining + top_act + grads + 4 * BT * C);
+  Count grads = 4 * (C * V + 2 * norm_params);
+  peak = max(peak, base + remaining + top_act + grads + 4 * BT * C);
   // Each block, top down: its gradients appear while its activations go. In flight at its
   // busiest (the MLP): the incoming gradient and the residual's [BT, C], the hidden's gradient
   // twice [BT, F or 2F] (before and after the activation's backward), plus the layer's weight
   // gradients; with recompute the replay rebuilds the block's full activations first.
-  const int64_t hidden = gated ? 2 * F : F;
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const int64_t replay = r.recompute ? r.layers[static_cast<size_t>(l)].activation_bytes : 0;
-    const int64_t transient = 4 * BT * (2 * C + 2 * hidden);
+  const Count hidden = gated ? 2 * F : F;
+  const Count replay = r.recompute ? layer_act : 0;
+  const Count transient = 4 * BT * (2 * C + 2 * hidden);
+  for (int64_t l = m.n_layer - 1; l >= 0; --l) {
     grads += 4 * layer_params;
-    peak = std::max(peak, base + remaining + replay + grads + transient);
-    remaining -= act[static_cast<size_t>(l)];
+    peak = max(peak, base + remaining + replay + grads + transient);
+    remaining -= act;
   }
   // The embeddings: a dense [V, C] gradient is added into the (tied) weight's gradient.
   grads = P4;
-  peak = std::max(peak, base + grads + 4 * (m.tie_embeddings ? C * V : 0) + 4 * BT * C);
-  r.peak_step_bytes = peak;
+  peak = max(peak, base + grads + 4 * (m.tie_embeddings ? C * V : 0) + 4 * BT * C);
+  r.peak_step_bytes = figure(peak, "the peak tensor bytes of a training step", kStep);
   return r;
 }
 

@@ -118,7 +118,11 @@ struct CostReport {
 };
 
 // The cost of `cfg` (resolved first). Throws qkv::Error naming the key when the config has no
-// vocabulary (model.vocab_size = 0 and no data to ask) or the context is < 1.
+// vocabulary (model.vocab_size = 0 and no data to ask) or the context is < 1. Parameter and byte
+// figures are exact int64 counts (overflow-checked arithmetic): one past 2^63 - 1 (reachable at the
+// ends of the batch and length ranges) is refused naming the figure and the keys it grows with,
+// with their values. FLOP figures are doubles (finite at every size the ranges allow). Allocates
+// nothing that grows with the model but the per-layer list (model.n_layer <= 1024 entries).
 CostReport estimate_cost(const Config& cfg, const CostOptions& o = {});
 
 // --json: {params, embedding_params, non_embedding_params, kv_cache_bytes_per_token {f32, bf16},

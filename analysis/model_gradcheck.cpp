@@ -288,6 +288,7 @@ ConfigGradcheck run_config_gradcheck(const Config& cfg, const ModelGradcheckOpti
             : cfg.data.tokenizer == TokenizerKind::byte ? 256
                                                         : kStandInVocab;
   r.model = train::model_config(cfg, vocab);
+  train::check_memory_budget(cfg, vocab, train::ModelUse::inference);  // a lower bound: float64 doubles it
   const auto model = build_float64_model(r.model, static_cast<uint64_t>(cfg.train.seed));
   if (ops) model->set_attention_ops(std::move(ops));
   r.parameters = model->parameter_count();

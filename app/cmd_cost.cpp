@@ -1,12 +1,15 @@
 // qkv cost --config FILE [--set k=v]... [--context N] [--vocab V] [--json]
 //   What the config's model costs, from the config alone: parameters, FLOPs per token (training,
 //   prefill, decode) by part, activation / attention-weight / KV-cache bytes, the attention
-//   pattern's kept pairs and the peak tensor bytes of a training step (analysis/cost.h).
+//   pattern's kept pairs and the peak tensor bytes of a training step (analysis/cost.h). It builds
+//   nothing, so it states the figures of a config too big for this machine (and says so); a figure
+//   past int64 is refused naming it and the keys it grows with.
 #include <cstdio>
 
 #include "analysis/cost.h"
 #include "app/commands.h"
 #include "app/options.h"
+#include "train/memory_budget.h"
 
 namespace qkv::app {
 
@@ -29,10 +32,21 @@ void add_cost_command(CLI::App& root, int& exit_code) {
     o.context = context;
     o.vocab = vocab;
     const analysis::CostReport r = analysis::estimate_cost(cfg, o);
-    std::fputs(analysis::cost_table(r).c_str(), json ? stderr : stdout);
+    std::FILE* table = json ? stderr : stdout;
+    std::fputs(analysis::cost_table(r).c_str(), table);
+    // cost states the figures of any config in range, however big; this says whether `qkv train`
+    // would run it here (its budget check, train/memory_budget.h, refuses what does not fit).
+    const train::MachineMemory mem = train::machine_memory();
+    const bool fits = r.peak_step_bytes <= mem.bytes;
+    if (!fits)
+      std::fprintf(table, "\ndoes not fit: a training step needs ~%s, %s %s (qkv train refuses it)\n",
+                   train::gib_text(static_cast<double>(r.peak_step_bytes)).c_str(), mem.what.c_str(),
+                   train::gib_text(static_cast<double>(mem.bytes)).c_str());
     if (json) {
       nlohmann::json j = analysis::cost_json(r);
       j["config"] = config;
+      j["machine_memory_bytes"] = mem.bytes;
+      j["training_step_fits"] = fits;
       print_json(j);
     }
     exit_code = 0;

@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <new>
+#include <stdexcept>
+#include <string>
 
 #include "app/commands.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -54,6 +57,15 @@ int report_error(bool json, const char* prefix, const std::string& message) {
   std::fprintf(stderr, "qkv: %s%s\n", prefix, message.c_str());
   if (json) qkv::app::print_error_json(std::string(prefix) + message, 2);
   return 2;
+}
+
+// "out of memory while running `qkv train`: ...": the library's own text ("std::bad_alloc") says
+// neither what ran nor what to do.
+std::string out_of_memory(CLI::App& app, const char* what) {
+  std::string command = "qkv";
+  for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+  return "out of memory while running `" + command + "`: " + what +
+         "; `qkv cost --config FILE` estimates what a config needs";
 }
 
 // libgomp reads its barrier wait policy once, when it is loaded (before main, so setenv here is
@@ -100,9 +112,13 @@ int main(int argc, char** argv) {
     if (rc == 0) return 0;  // --help
     if (json) qkv::app::print_error_json(e.what(), 2);
     return 2;
-  } catch (const qkv::Error& e) { return report_error(json, "", e.what()); } catch (const std::exception& e) {
-    return report_error(json, "error: ", e.what());
-  }
+  } catch (const qkv::Error& e) { return report_error(json, "", e.what()); } catch (const std::bad_alloc&) {
+    // The budget check (train/memory_budget.h) refuses models that cannot fit before they are
+    // built; this is the last line for what it does not count (data, caches, process overhead).
+    return report_error(json, "", out_of_memory(app, "a memory request failed"));
+  } catch (const std::length_error&) {
+    return report_error(json, "", out_of_memory(app, "a size exceeded what a container can hold"));
+  } catch (const std::exception& e) { return report_error(json, "error: ", e.what()); }
   // Output that never reached its destination (a full disk behind a redirect) is an error too.
   std::cout.flush();
   if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {

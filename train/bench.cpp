@@ -41,7 +41,7 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   const Config cfg = cfg_in.resolved();
   apply_thread_setting(cfg);
   RunData data = load_run_data(cfg);
-  auto model = build_model(cfg, data.vocab_size);
+  auto model = build_model(cfg, data.vocab_size, ModelUse::training);
   model->init_weights(static_cast<uint64_t>(cfg.train.seed));
   model->train();
   // train.device = "cuda": the whole step on the GPU. Each step ends in loss.item(), a copy to the

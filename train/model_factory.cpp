@@ -6,6 +6,7 @@
 
 #include "tensor/error.h"
 #include "train/config_schema.h"
+#include "train/memory_budget.h"
 
 namespace qkv::train {
 namespace {
@@ -202,8 +203,10 @@ nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab) {
   return c;
 }
 
-std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokenizer_vocab) {
-  return std::make_unique<nn::DecoderModel>(model_config(cfg, tokenizer_vocab));
+std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokenizer_vocab, ModelUse use) {
+  const nn::ModelConfig mc = model_config(cfg, tokenizer_vocab);
+  check_memory_budget(cfg, tokenizer_vocab, use);  // before a byte of the model is allocated
+  return std::make_unique<nn::DecoderModel>(mc);
 }
 
 std::optional<ConfigDifference> model_difference(const nn::ModelConfig& a, const nn::ModelConfig& b) {

@@ -7,13 +7,18 @@
 #include "nn/transformer.h"
 #include "train/config.h"
 #include "train/config_schema.h"
+#include "train/memory_budget.h"
 
 namespace qkv::train {
 
 // vocab_size: the tokenizer's when cfg.model.vocab_size is 0. Runs nn::ModelConfig::validate.
 // Throws naming the key at fault.
 nn::ModelConfig model_config(const Config& cfg, int64_t tokenizer_vocab);
-std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokenizer_vocab);
+// build_model first checks that the model fits this machine for `use` (train/memory_budget.h:
+// the parameters and one sequence's KV cache, or a whole training step), refusing with both
+// figures before anything is allocated.
+std::unique_ptr<nn::DecoderModel> build_model(const Config& cfg, int64_t tokenizer_vocab,
+                                              ModelUse use = ModelUse::inference);
 
 // The first [model] key, in the config's declaration order, whose value differs between models
 // `a` and `b`, with both values as to_toml writes them (key "model.n_embd", a "64", b "32");

@@ -1,5 +1,7 @@
 #include "train/session.h"
 
+#include <algorithm>
+
 #include <omp.h>
 
 #include "data/h5.h"
@@ -99,6 +101,14 @@ void check_resumable(const Config& now, const nn::ModelConfig& model, const Conf
 }
 
 void apply_thread_setting(const Config& cfg) {
+  // Threads beyond the cores only queue: every OpenMP barrier then waits for threads that are not
+  // running (each also holds a stack and a BLAS buffer). 4 x the processors leaves room for a
+  // machine whose processor count understates it (SMT off, a CPU quota) and refuses the rest.
+  const int64_t procs = std::max(1, omp_get_num_procs());
+  QKV_CHECK(cfg.train.threads <= 4 * procs, "train.threads = ", cfg.train.threads, " is more than 4 x the ", procs,
+            " processors of this machine (oversubscribed threads wait at every barrier for threads that are not "
+            "running): use 0 for one per processor, or at most ",
+            4 * procs);
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
 }
 

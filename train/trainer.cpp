@@ -405,7 +405,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const auto t_start = Clock::now();
 
   RunData data = load_run_data_rank0_first(comm, cfg);  // [dist] rank 0 writes the prepared-data cache
-  auto model = build_model(cfg, data.vocab_size);
+  auto model = build_model(cfg, data.vocab_size, ModelUse::training);
   const uint64_t seed = static_cast<uint64_t>(cfg.train.seed);
   model->init_weights(seed);                     // on the CPU: the same initial weights whatever the device
   std::unique_ptr<dist::Communicator> gpu_comm;  // [dist] NCCL for the gradients, one rank per GPU
