@@ -50,12 +50,9 @@ bool is_hdf5(const std::string& path) {
 }
 
 namespace {
-// Bytes left before injected writes fail; negative = no injection. Read from the environment once.
+// Bytes left before injected writes fail; negative = no injection (the default).
 std::atomic<int64_t>& write_budget() {
-  static std::atomic<int64_t> budget{[] {
-    const char* env = std::getenv("QKV_FAULT_WRITE_BYTES");
-    return env && *env ? static_cast<int64_t>(std::strtoll(env, nullptr, 10)) : int64_t{-1};
-  }()};
+  static std::atomic<int64_t> budget{-1};
   return budget;
 }
 }  // namespace

@@ -45,7 +45,7 @@ bool has_hdf5_signature(std::string_view bytes);
 
 // Fault injection for tests: after `bytes` more bytes, every write through the HDF5 driver and
 // train::write_file_atomic fails as if the disk were full (ENOSPC); a negative value turns it
-// off. The environment variable QKV_FAULT_WRITE_BYTES sets it at start-up (for CLI tests).
+// off (the default). Only tests call it; a process started as the CLI never has a budget.
 void fail_writes_after(int64_t bytes);
 // Takes `n` bytes from the injected budget: false (with errno = ENOSPC) when it is exhausted.
 bool injected_write_allowed(size_t n);

@@ -64,15 +64,6 @@ std::vector<OptimParam> slice_params(const std::vector<OptimParam>& params, int6
 
 namespace {
 
-int64_t bucket_bytes_setting(int64_t configured) {
-  if (const char* kb = std::getenv("QKV_DP_BUCKET_KB")) {
-    const long long v = std::atoll(kb);
-    QKV_CHECK(v > 0, "QKV_DP_BUCKET_KB must be a positive number of KiB, got '", kb, "'");
-    return static_cast<int64_t>(v) * 1024;
-  }
-  return configured;
-}
-
 // FNV-1a, 64-bit (the same function as h5::fnv1a64; distributed/ does not depend on data/).
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -111,7 +102,7 @@ DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, D
     total_ += p.param.numel();
   }
   offset_.push_back(total_);
-  const int64_t bucket_elems = std::max<int64_t>(16, bucket_bytes_setting(opts.bucket_bytes) / 4);
+  const int64_t bucket_elems = std::max<int64_t>(16, opts.bucket_bytes / 4);
   bounds_ = bucket_bounds(total_, bucket_elems);
   std::tie(lo_, hi_) = shard_range(total_, comm_.rank(), comm_.world());
 
@@ -129,10 +120,7 @@ DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, D
     for (size_t k = 0; k < params_.size(); ++k)
       grad_views_.push_back(grad_flat_.narrow(0, offset_[k], params_[k].param.numel()).view(params_[k].param.shape()));
   }
-  if (distributed()) {
-    const char* env = std::getenv("QKV_DP_OVERLAP");
-    overlap_ = !(env && std::string(env) == "0");
-  }
+  overlap_ = distributed() && opts.overlap;
   if (overlap_) {
     buckets_of_.resize(params_.size());
     pieces_in_.assign(static_cast<size_t>(bucket_count()), 0);
@@ -257,14 +245,15 @@ void DataParallel::gather_params() {
 
 std::string DataParallel::describe() const {
   char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s)%s",
-                comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
-                static_cast<long long>(bucket_count()), grad_comm_.backend(),
-                sharded_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_,
-                               ", ", hi_, ")")
-                               .c_str()
-                         : "");
+  std::snprintf(
+      buf, sizeof buf,
+      "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s, %s)%s",
+      comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
+      static_cast<long long>(bucket_count()), grad_comm_.backend(), overlap_ ? "during backward" : "after backward",
+      sharded_
+          ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")")
+                .c_str()
+          : "");
   return buf;
 }
 

@@ -25,7 +25,7 @@
 // backward produces the last layers' gradients first — each as soon as it and every bucket before
 // it in that order are complete; reduce_grads() starts what is left in the same order and waits.
 // A bucket's sum does not depend on when it was started, so overlap changes no bits (with
-// QKV_DP_OVERLAP=0 every bucket is reduced after backward, in the same order).
+// train.dp_overlap = false every bucket is reduced after backward, in the same order).
 //
 // ZeRO-1. Rank r owns the slice shard_range(total, r, world) of the flat range. Its optimizer
 // holds moments only for that slice: optimizer_params() is one OptimParam per parameter piece
@@ -58,7 +58,8 @@ constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
 
 struct DataParallelOptions {
   int64_t zero = 0;                            // 0: replicated optimizer; 1: moments sharded
-  int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (env QKV_DP_BUCKET_KB overrides)
+  int64_t bucket_bytes = kDefaultBucketBytes;  // per all-reduce (train.dp_bucket_kb)
+  bool overlap = true;                         // all-reduce during the last backward (train.dp_overlap)
   // For parameters on a GPU: the communicator whose float all-reduces take device pointers
   // (distributed/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
   Communicator* gradient_comm = nullptr;
@@ -160,7 +161,7 @@ class DataParallel {
   int64_t lo_ = 0, hi_ = 0;         // this rank's slice of the flat range
   std::vector<float> staging_;      // one bucket (parameter all-gather, checkpoint gather)
   double comm_seconds_ = 0;
-  bool overlap_ = false;                          // several ranks and QKV_DP_OVERLAP != 0
+  bool overlap_ = false;                          // several ranks and DataParallelOptions::overlap
   bool armed_ = false;                            // inside the step's last backward
   std::vector<std::vector<int64_t>> buckets_of_;  // per parameter: the buckets it touches
   std::vector<int64_t> pieces_in_;                // per bucket: how many parameters touch it

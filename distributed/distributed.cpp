@@ -229,13 +229,4 @@ void check_same_on_all_ranks(Communicator& comm, uint64_t value, const std::stri
   }
 }
 
-void maybe_die_for_test(int64_t step) {
-  static const char* at = std::getenv("QKV_TEST_DIE_AT_STEP");
-  if (!at || world().world() < 2 || world().rank() != 1 || std::atoll(at) != step) return;
-  std::fprintf(stderr, "qkv: rank 1: QKV_TEST_DIE_AT_STEP=%lld: exiting with status 1 (test fault)\n",
-               static_cast<long long>(step));
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 }  // namespace qkv::dist

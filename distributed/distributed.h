@@ -112,8 +112,4 @@ Communicator& world();
 // abort that error leads to (cmd_train turns it into abort()), so the message is printed once.
 void check_same_on_all_ranks(Communicator& comm, uint64_t value, const std::string& what);
 
-// For tests: QKV_TEST_DIE_AT_STEP=k makes rank 1 of a multi-rank job leave with _Exit(1), without
-// finalising MPI, when it is about to run step k (a crashed node, as far as the others can tell).
-void maybe_die_for_test(int64_t step);
-
 }  // namespace qkv::dist

@@ -38,7 +38,7 @@ log "[cuda] attention, simple kernels: $(last_line "$out/cuda_attention_simple.l
 
 # Everything but the tensor-core tests again with the float32 attention kernels under bf16
 # autocast: if a bf16 case fails only in the first run, the tensor-core kernels are at fault.
-QKV_CUDA_ATTENTION=simt "$build_dir/tests/qkv_tests" "[cuda]~[mma]" -s -r compact > "$out/cuda_tests_simt.log" 2>&1
+QKV_TEST_CUDA_ATTENTION=simt "$build_dir/tests/qkv_tests" "[cuda]~[mma]" -s -r compact > "$out/cuda_tests_simt.log" 2>&1
 simt_status=$?
 log "[cuda] without tensor-core attention: $(last_line "$out/cuda_tests_simt.log") (exit $simt_status)"
 

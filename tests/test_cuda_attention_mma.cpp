@@ -7,9 +7,13 @@
 // report "skipped: no CUDA device" where none is present.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -23,6 +27,8 @@
 #include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/ops.h"
+#include "train/config.h"
+#include "train/trainer.h"
 #ifdef QKV_WITH_CUDA
 #include "attention/cuda/mma_attention.h"
 #endif
@@ -30,6 +36,18 @@
 using namespace qkv;
 
 namespace {
+
+#ifdef QKV_WITH_CUDA
+// scripts/gpu_check.sh runs the [cuda] cases a second time with QKV_TEST_CUDA_ATTENTION=simt:
+// the float32 kernels under bf16 autocast for the whole test process (train.cuda_mma = false is
+// the same switch for one run; run_training keeps it off when the process turned it off).
+[[maybe_unused]] const bool g_simt_pass = [] {
+  const char* v = std::getenv("QKV_TEST_CUDA_ATTENTION");
+  const bool simt = v != nullptr && std::string(v) == "simt";
+  if (simt) attn::cuda_mma::set_enabled(false);
+  return simt;
+}();
+#endif
 
 double bf16_of(double x) { return bf16_to_float(float_to_bf16(static_cast<float>(x))); }
 
@@ -230,7 +248,8 @@ TEST_CASE("tensor-core attention meets FlashAttention's accuracy rule: D 64/128,
           "[cuda][mma]") {
   if (!test::cuda_device_present()) return;
 #ifdef QKV_WITH_CUDA
-  if (!attn::cuda_mma::enabled()) std::printf("[cuda] QKV_CUDA_ATTENTION set: autocast uses the float32 kernels\n");
+  if (!attn::cuda_mma::enabled())
+    std::printf("[cuda] QKV_TEST_CUDA_ATTENTION=simt: autocast uses the float32 kernels\n");
   uint64_t seed = 100;
   for (const Case& c : accuracy_cases()) check_against_float64(c, seed += 10);
 #endif
@@ -477,5 +496,40 @@ TEST_CASE("the tensor-core kernels' supported() takes head dims 64/128 with stru
   strided->kind = attn::Pattern::strided;
   d.pattern = strided;
   CHECK(attn::cuda_mma::supported(d, p));  // sparse patterns: the kernels walk their layout
+#endif
+}
+
+TEST_CASE("train.cuda_mma = false keeps a bf16 run's attention on the float32 kernels", "[cuda][mma][train]") {
+  if (!test::cuda_device_present()) return;
+#ifdef QKV_WITH_CUDA
+  const bool on = attn::cuda_mma::enabled();  // off in the QKV_TEST_CUDA_ATTENTION=simt pass
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("qkv_cuda_mma_key_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto forward_calls_of_run = [&](bool cuda_mma) {
+    Config c;
+    c.model.n_layer = 1;
+    c.model.n_head = 1;
+    c.model.n_embd = 64;  // head dim 64: a size the tensor-core kernels take
+    c.model.block_size = 16;
+    c.model.vocab_size = 32;
+    c.data.random_tokens = true;
+    c.train.device = Device::cuda;
+    c.train.dtype = DType::bf16;
+    c.train.cuda_mma = cuda_mma;
+    c.train.batch_size = 2;
+    c.train.max_steps = 1;
+    c.train.eval_interval = 1;
+    c.train.eval_batches = 1;
+    c.train.out_dir = (dir / (cuda_mma ? "mma" : "simt")).string();
+    const int64_t f0 = attn::cuda_mma::forward_calls();
+    train::run_training(c.resolved(), {.progress = false});
+    return attn::cuda_mma::forward_calls() - f0;
+  };
+  CHECK(forward_calls_of_run(false) == 0);
+  CHECK(attn::cuda_mma::enabled() == on);  // the run's setting ends with the run
+  if (on) CHECK(forward_calls_of_run(true) > 0);
+  else CHECK(forward_calls_of_run(true) == 0);
+  std::filesystem::remove_all(dir);
 #endif
 }

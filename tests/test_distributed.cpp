@@ -324,6 +324,41 @@ TEST_CASE("bucket all-reduces start during the last backward, last bucket first,
   }
 }
 
+TEST_CASE("with overlap off (train.dp_overlap = false) every bucket is reduced after backward, the same sums",
+          "[distributed]") {
+  auto ps = make_params(8);
+  std::vector<Tensor> xs;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    ps[k].param.set_requires_grad(true);
+    Tensor x = Tensor::empty(ps[k].param.shape(), DType::f32);
+    fill_lcg(x, 90 + k);
+    xs.push_back(x);
+  }
+  TwinRanks twin;
+  DataParallel dp(twin, ps, {.zero = 0, .bucket_bytes = 64, .overlap = false});
+  CHECK_FALSE(dp.overlaps());
+  REQUIRE(dp.bucket_count() > 10);
+  CHECK_THAT(dp.describe(), Catch::Contains("after backward"));
+  dp.zero_grads();
+  dp.arm_overlap();
+  twin.in_backward = true;
+  Tensor total = ag::sum(ag::mul(ps[0].param, xs[0]));
+  for (size_t k = 1; k < ps.size(); ++k) total = ag::add(total, ag::sum(ag::mul(ps[k].param, xs[k])));
+  autograd::backward(total);
+  twin.in_backward = false;
+  CHECK(twin.log.empty());  // nothing started while backward ran
+  dp.reduce_grads();
+  REQUIRE(static_cast<int64_t>(twin.log.size()) == dp.bucket_count());
+  for (size_t i = 0; i < twin.log.size(); ++i) {
+    CHECK_FALSE(twin.log[i].during_backward);
+    if (i > 0) CHECK(twin.log[i].data < twin.log[i - 1].data);  // the same order as with overlap
+  }
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const auto g = ps[k].param.grad().to_vector(), x = xs[k].to_vector();
+    for (size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == static_cast<float>(x[i]));
+  }
+}
+
 TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or without the build parts",
           "[distributed][cuda]") {
   dist::SingleProcess one;

@@ -103,13 +103,11 @@ Job train1(const std::string& cfg, const std::string& sets) {
   return run("OMP_NUM_THREADS=1 " + kQkv + " train --quiet --config " + cfg + " " + sets);
 }
 
-// `qkv train` as a 2-rank MPI job; env: extra "VAR=value" pairs passed to the ranks.
-Job train2(const std::string& cfg, const std::string& sets, const std::vector<std::string>& env = {}) {
-  std::string cmd;
-  for (const auto& e : env) cmd += e + " ";
-  cmd += std::string(kMpiexec) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1";
-  for (const auto& e : env) cmd += " -x " + e.substr(0, e.find('='));
-  return run(cmd + " " + kQkv + " train --quiet --config " + cfg + " " + sets);
+const std::string kMpirun = std::string(kMpiexec) + " --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 ";
+
+// `qkv train` as a 2-rank MPI job.
+Job train2(const std::string& cfg, const std::string& sets) {
+  return run(kMpirun + kQkv + " train --quiet --config " + cfg + " " + sets);
 }
 
 struct Loaded {
@@ -220,11 +218,12 @@ TEST_CASE("two 2-rank runs are bitwise identical (dropout, grad accumulation, se
   const std::string dir = temp_dir("repro");
   const std::string cfg = write_config(dir, "grad_accum = 2\n");
   const std::string sets = "--set model.dropout=0.1 --set model.attn_dropout=0.1 --set train.out_dir=";
-  const std::vector<std::string> env = {"QKV_DP_BUCKET_KB=16"};  // ~110 KB of gradients: 7 buckets
-  const Job a = train2(cfg, sets + dir + "/a", env);
+  const std::string small = " --set train.dp_bucket_kb=16";  // ~110 KB of gradients: 7 buckets
+  const Job a = run(kMpirun + kQkv + " train --config " + cfg + " " + sets + dir + "/a" + small);
   INFO(a.err);
   REQUIRE(a.status == 0);
-  const Job b = train2(cfg, sets + dir + "/b", env);
+  CHECK_THAT(a.err, Catch::Contains("in 7 buckets (mpi, during backward)"));
+  const Job b = train2(cfg, sets + dir + "/b" + small);
   REQUIRE(b.status == 0);
   const Loaded la = load(dir + "/a/ckpt_000005.h5"), lb = load(dir + "/b/ckpt_000005.h5");
   CHECK(bitwise_same(la, lb));
@@ -238,12 +237,16 @@ TEST_CASE("two 2-rank runs are bitwise identical (dropout, grad accumulation, se
   REQUIRE(c.status == 0);
   CHECK(bitwise_same(la, load(dir + "/c/ckpt_000005.h5")));
   // Buckets reduced after backward instead of during it: the same sums, the same bits.
-  const Job d = train2(cfg, sets + dir + "/d", {"QKV_DP_BUCKET_KB=16", "QKV_DP_OVERLAP=0"});
+  // (Not --quiet: rank 0's first line says how the keys laid the reduction out.)
+  const Job d = run(kMpirun + kQkv + " train --config " + cfg + " " + sets + dir + "/d" + small +
+                    " --set train.dp_overlap=false");
+  INFO(d.err);
   REQUIRE(d.status == 0);
+  CHECK_THAT(d.err, Catch::Contains("in 7 buckets (mpi, after backward)"));
   CHECK(bitwise_same(la, load(dir + "/d/ckpt_000005.h5")));
   // Recomputed blocks write their parameters' gradients from a nested backward, whose hooks start
   // the buckets: the same bits again.
-  const Job e = train2(cfg, "--set train.recompute=true " + sets + dir + "/e", env);
+  const Job e = train2(cfg, "--set train.recompute=true " + sets + dir + "/e" + small);
   REQUIRE(e.status == 0);
   CHECK(bitwise_same(la, load(dir + "/e/ckpt_000005.h5")));
 }
@@ -253,10 +256,10 @@ TEST_CASE("ZeRO-1 trains the same model as plain data parallelism and saves the 
   SKIP_WITHOUT_MPI();
   const std::string dir = temp_dir("zero");
   const std::string cfg = write_config(dir);
-  const std::vector<std::string> env = {"QKV_DP_BUCKET_KB=16"};  // slices and buckets cut across tensors
-  const Job dp = train2(cfg, "--set train.out_dir=" + dir + "/dp", env);
+  const std::string small = " --set train.dp_bucket_kb=16";  // slices and buckets cut across tensors
+  const Job dp = train2(cfg, "--set train.out_dir=" + dir + "/dp" + small);
   REQUIRE(dp.status == 0);
-  const Job z = train2(cfg, "--set train.zero=1 --set train.out_dir=" + dir + "/zero", env);
+  const Job z = train2(cfg, "--set train.zero=1 --set train.out_dir=" + dir + "/zero" + small);
   INFO(z.err);
   REQUIRE(z.status == 0);
   const Loaded a = load(dir + "/dp/ckpt_000005.h5"), b = load(dir + "/zero/ckpt_000005.h5");
@@ -302,11 +305,15 @@ TEST_CASE("a rank that dies mid-run ends the job non-zero with the last checkpoi
   SKIP_WITHOUT_MPI();
   const std::string dir = temp_dir("fault");
   const std::string cfg = write_config(dir, "checkpoint_interval = 3\n");
-  const Job j = train2(cfg, "--set train.max_steps=40 --set train.out_dir=" + dir + "/run", {"QKV_TEST_DIE_AT_STEP=7"});
+  // tests/rank_dies_at_step.cpp: `qkv train` whose rank 1 exits (_Exit(1), MPI not finalised)
+  // just before step 7.
+  const std::string driver = std::string(QKV_BINARY_DIR) + "/tests/qkv_rank_dies_at_step";
+  REQUIRE(fs::exists(driver));
+  const Job j = run(kMpirun + driver + " 7 " + cfg + " train.max_steps=40 train.out_dir=" + dir + "/run");
   INFO(j.err);
   CHECK(j.status != 0);
   CHECK(j.seconds < 60);  // no hang: the launcher ends rank 0
-  CHECK_THAT(j.err, Catch::Contains("QKV_TEST_DIE_AT_STEP=7"));
+  CHECK_THAT(j.err, Catch::Contains("rank 1 exits with status 1 before step 7"));
   // Checkpoints are written only between collectives, so the one at step 6 was complete before
   // rank 1 could reach step 7; it loads in full (weights, moments, state).
   REQUIRE(fs::exists(dir + "/run/ckpt_000006.h5"));

@@ -52,11 +52,17 @@ bool cli_available() {
   return ::access(qkv_binary().c_str(), X_OK) == 0 && run_command(qkv_binary() + " --help >/dev/null 2>&1", out) == 0;
 }
 
-// Runs the CLI under `timeout` (a hang is status 124): its exit status and its stderr.
-int run_qkv(const std::string& env_and_args, const std::string& dir, std::string& err) {
+// Runs the CLI under `timeout` (a hang is status 124): its exit status and its stderr. With
+// `file_limit_kib` > 0 it runs under that file-size limit (RLIMIT_FSIZE, `ulimit -f` in 512-byte
+// blocks): a write past it fails with EFBIG ("File too large"), a real limit of the kernel where a
+// full disk needs root (the tmpfs case below). SIGXFSZ, which would end the process instead, is
+// ignored first, as `trap '' XFSZ` does for a shell user.
+int run_qkv(const std::string& env_and_args, const std::string& dir, std::string& err, int64_t file_limit_kib = 0) {
   const std::string errfile = dir + "/stderr.txt";
+  const std::string limit =
+      file_limit_kib > 0 ? "trap '' XFSZ; ulimit -f " + std::to_string(2 * file_limit_kib) + "; " : "";
   std::string out;
-  const int rc = run_command("timeout 60 env " + env_and_args + " >/dev/null 2>" + errfile, out);
+  const int rc = run_command(limit + "timeout 60 env " + env_and_args + " >/dev/null 2>" + errfile, out);
   std::ifstream in(errfile);
   err.assign(std::istreambuf_iterator<char>(in), {});
   fs::remove(errfile);
@@ -175,7 +181,7 @@ TEST_CASE("a prepared dataset or data cache that runs out of disk space throws o
   CHECK_FALSE(fs::exists(dir.file("plot.svg")));
 }
 
-TEST_CASE("qkv prepare and qkv train exit 2 with one line when the disk fills (no SIGSEGV at exit)",
+TEST_CASE("qkv prepare and qkv train exit 2 with one line when a write meets the file-size limit (no SIGSEGV)",
           "[faults][io][cli]") {
   if (!cli_available()) {
     WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
@@ -186,8 +192,8 @@ TEST_CASE("qkv prepare and qkv train exit 2 with one line when the disk fills (n
   std::ofstream(txt) << corpus_text();
   std::string err;
   const std::string prepare = qkv_cmd("prepare --input " + txt + " --tokenizer char --out " + h5);
-  CHECK(run_qkv("QKV_FAULT_WRITE_BYTES=4000 " + prepare, dir.path, err) == 2);
-  CHECK_THAT(err, Contains("qkv: [h5] " + h5 + ".tmp.") && Contains("No space left on device"));
+  CHECK(run_qkv(prepare, dir.path, err, 2) == 2);  // the prepared file is larger than 2 KiB
+  CHECK_THAT(err, Contains("qkv: [h5] " + h5 + ".tmp.") && Contains("File too large"));
   CHECK(std::count(err.begin(), err.end(), '\n') == 1);
   CHECK(files_in(dir.path) == std::set<std::string>{"corpus.txt"});
   REQUIRE(run_qkv(prepare, dir.path, err) == 0);
@@ -201,9 +207,10 @@ TEST_CASE("qkv prepare and qkv train exit 2 with one line when the disk fills (n
   cfg.train.eval_batches = 1;
   cfg.train.out_dir = dir.file("run");
   std::ofstream(dir.file("run.toml")) << to_toml(cfg);
-  CHECK(run_qkv("QKV_FAULT_WRITE_BYTES=20000 " + qkv_cmd("train --config " + dir.file("run.toml")), dir.path, err) ==
-        2);
-  CHECK_THAT(err, Contains("No space left on device") && Contains(".h5.tmp."));
+  // 64 KiB: the prepared data is read, metrics are written, the checkpoint (~300 KB) does not fit.
+  REQUIRE(fs::file_size(h5) < 64 * 1024);
+  CHECK(run_qkv(qkv_cmd("train --config " + dir.file("run.toml")), dir.path, err, 64) == 2);
+  CHECK_THAT(err, Contains("File too large") && Contains(".h5.tmp."));
   for (const auto& e : fs::directory_iterator(dir.file("run")))
     CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "distributed/data_parallel.h"
 #include "tensor/error.h"
 #include "train/config.h"
 #include "train/config_schema.h"
@@ -309,6 +310,35 @@ TEST_CASE("train.zero is refused at load above the stage DataParallel implements
                       Contains("configs/x.toml: train.zero must be an integer in [0, 1]"));
   }
   CHECK_THROWS_WITH(parse("", {"train.zero=2"}), Contains("train.zero must be an integer in [0, 1], got 2"));
+}
+
+TEST_CASE("data-parallel and tensor-core settings are config keys with ranges, recorded by to_toml",
+          "[train][config]") {
+  const Config d = parse("");
+  CHECK(d.train.dp_bucket_kb == 4096);  // 4 MiB, dist::kDefaultBucketBytes
+  CHECK(d.train.dp_bucket_kb * 1024 == dist::kDefaultBucketBytes);
+  CHECK(d.train.dp_overlap);
+  CHECK(d.train.cuda_mma);
+  const Config c = parse("[train]\ndp_bucket_kb = 16\ndp_overlap = false\ndevice = \"cuda\"\ndtype = \"bf16\"\n",
+                         {"train.cuda_mma=false"});
+  CHECK(c.train.dp_bucket_kb == 16);
+  CHECK_FALSE(c.train.dp_overlap);
+  CHECK_FALSE(c.train.cuda_mma);
+  // The checkpoint's config text records them, and reads back.
+  const std::string text = to_toml(c);
+  CHECK_THAT(text, Contains("\ndp_bucket_kb = 16\ndp_overlap = false\ncuda_mma = false\n"));
+  CHECK(parse_config_text(text, "stored") == c.resolved());
+  // Ranges and types, naming the key.
+  CHECK_THROWS_WITH(parse("[train]\ndp_bucket_kb = 0\n"),
+                    Contains("configs/x.toml: train.dp_bucket_kb must be an integer in [1, 1048576], got 0"));
+  CHECK_THROWS_WITH(parse("", {"train.dp_overlap=0"}), Contains("train.dp_overlap must be a boolean, got integer"));
+  // train.cuda_mma = false only where the tensor-core kernels could run.
+  for (const char* where : {"", "dtype = \"bf16\"\n", "device = \"cuda\"\n"}) {
+    INFO(where);
+    CHECK_THROWS_WITH(parse(std::string("[train]\ncuda_mma = false\n") + where),
+                      Contains("configs/x.toml: train.cuda_mma = false is only used with train.device = \"cuda\" and "
+                               "train.dtype = \"bf16\""));
+  }
 }
 
 TEST_CASE("every spelling the validator accepts maps to its enum, and no other", "[train][config]") {

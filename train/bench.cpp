@@ -15,6 +15,7 @@
 #include "train/optimizer.h"
 #include "train/sampler.h"
 #include "train/session.h"
+#include "train/trainer.h"
 
 namespace qkv::train {
 
@@ -49,6 +50,7 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
   // clock measures the device's work.
   const Device device = cfg.train.device;
   const autograd::AutocastGuard autocast(cfg.train.dtype == DType::bf16);  // as in the trainer
+  const TensorCoreAttention tensor_cores(cfg.train.cuda_mma);
   if (device == Device::cuda) {
     QKV_CHECK(cuda::device_count() > 0,
               "train.device = \"cuda\": no CUDA device is visible (or this build has no CUDA backend)");

@@ -135,6 +135,9 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "threads", &t.threads, IntRange{0, 4096}},
       {"train", "log_interval", &t.log_interval, IntRange{1, kMaxSteps}},
       {"train", "zero", &t.zero, IntRange{0, kMaxZeroStage}},
+      {"train", "dp_bucket_kb", &t.dp_bucket_kb, IntRange{1, kMaxSize}},
+      {"train", "dp_overlap", &t.dp_overlap},
+      {"train", "cuda_mma", &t.cuda_mma},
       {"sample", "max_new_tokens", &s.max_new_tokens, IntRange{0, 10'000'000}},
       {"sample", "temperature", &s.temperature, RealRange{0, 10000}},
       {"sample", "top_k", &s.top_k, IntRange{0, int64_t{1} << 24}},
@@ -470,6 +473,10 @@ void validate(const Config& cfg, const std::string& origin) {
   if (t.seq_len > m.block_size)
     fail(origin, ": train.seq_len (", t.seq_len, ") exceeds model.block_size (", m.block_size, ")");
   if (t.out_dir.empty()) fail(origin, ": train.out_dir must not be empty");
+  if (!t.cuda_mma && (t.device != Device::cuda || t.dtype != DType::bf16))
+    fail(origin,
+         ": train.cuda_mma = false is only used with train.device = \"cuda\" and train.dtype = \"bf16\" "
+         "(the tensor-core attention kernels run nowhere else)");
 }
 
 namespace {

@@ -140,6 +140,13 @@ struct TrainSettings {
   int64_t threads = 0;        // 0 = all cores
   int64_t log_interval = 10;
   int64_t zero = 0;  // optimizer-state sharding: 0 = none, 1 = ZeRO-1 (kMaxZeroStage)
+  // Data parallelism's gradient all-reduce (distributed/data_parallel.h); speed only, the same bits
+  // whatever their values.
+  int64_t dp_bucket_kb = 4096;  // KiB of gradients per all-reduce bucket
+  bool dp_overlap = true;       // start buckets during the step's last backward; false: after it
+  // bf16 autocast on CUDA: attention on the tensor-core kernels where they apply; false keeps the
+  // float32 kernels (a bad tensor-core kernel told apart from the rest of a bf16 run).
+  bool cuda_mma = true;
   bool operator==(const TrainSettings&) const = default;
 };
 

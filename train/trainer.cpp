@@ -14,6 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#ifdef QKV_WITH_CUDA
+#include "attention/cuda/mma_attention.h"
+#endif
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/functions.h"
@@ -389,12 +392,26 @@ void load_optimizer_state(const std::string& path, dist::DataParallel& dp, AdamW
   opt.set_step_count(full.step_count());
 }
 
+TensorCoreAttention::TensorCoreAttention([[maybe_unused]] bool on) {
+#ifdef QKV_WITH_CUDA
+  previous_ = attn::cuda_mma::enabled();
+  attn::cuda_mma::set_enabled(previous_ && on);
+#endif
+}
+
+TensorCoreAttention::~TensorCoreAttention() {
+#ifdef QKV_WITH_CUDA
+  attn::cuda_mma::set_enabled(previous_);
+#endif
+}
+
 TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const Config cfg = cfg_in.resolved();
   const bool on_gpu = cfg.train.device == Device::cuda;
   // train.dtype = "bf16": matmuls and attention in bf16 (float32 accumulation) for every forward,
   // backward and evaluation of this run; weights, gradients and AdamW state stay float32.
   const autograd::AutocastGuard autocast(cfg.train.dtype == DType::bf16);
+  const TensorCoreAttention tensor_cores(cfg.train.cuda_mma);
   QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
   apply_thread_setting(cfg);
   // [dist] One rank per process (dist::world(): MPI under mpirun, else one process); only rank 0
@@ -419,7 +436,11 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
   // [dist] Gradient averaging; the optimizer updates every parameter, or this rank's ZeRO-1 slice.
-  dist::DataParallel dp(comm, oparams, {.zero = cfg.train.zero, .gradient_comm = gpu_comm.get()});
+  dist::DataParallel dp(comm, oparams,
+                        {.zero = cfg.train.zero,
+                         .bucket_bytes = cfg.train.dp_bucket_kb * 1024,
+                         .overlap = cfg.train.dp_overlap,
+                         .gradient_comm = gpu_comm.get()});
   AdamW opt(dp.optimizer_params(), AdamWOptions::from(cfg.train));
   Batcher batcher(data.train, batcher_options(cfg, seed, comm));
   const CorpusFingerprint corpus = corpus_fingerprint(data);
@@ -458,7 +479,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   };
 
   while (state.step < cfg.train.max_steps) {
-    dist::maybe_die_for_test(state.step);  // [dist] test-only fault injection
+    if (opts.before_step) opts.before_step(state.step);
     const auto t0 = Clock::now();
     const StepResult s = train_step(ctx, state);
     log.count_step(ms_since(t0), s.tokens);

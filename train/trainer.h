@@ -30,6 +30,7 @@
 // line) is train/run_log.h.
 #pragma once
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,9 @@ struct TrainOptions {
   std::string init_from;   // start a new run from this checkpoint's weights
   bool overwrite = false;  // a fresh run may replace the run files already in train.out_dir
   bool progress = true;    // progress line with ETA on stderr
+  // Called on every rank just before each step runs, with the step about to run (0-based: the
+  // number of steps done). Tests use it to inject faults (a rank that dies mid-run).
+  std::function<void(int64_t step)> before_step;
 };
 
 struct TrainSummary {
@@ -60,6 +64,21 @@ struct TrainSummary {
 inline constexpr const char* kRunLockFile = "train.lock";
 
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts);
+
+// train.cuda_mma for a scope (bf16 attention on CUDA on the tensor-core kernels or not; the
+// dispatch reads a process-wide switch), then the previous state back. It only narrows: a process
+// that turned the kernels off (a test pass over the float32 kernels) keeps them off. run_training
+// and the training benchmark hold one for their run.
+class TensorCoreAttention {
+ public:
+  explicit TensorCoreAttention(bool on);
+  ~TensorCoreAttention();
+  TensorCoreAttention(const TensorCoreAttention&) = delete;
+  TensorCoreAttention& operator=(const TensorCoreAttention&) = delete;
+
+ private:
+  [[maybe_unused]] bool previous_ = true;
+};
 
 // The optimizer state of a data-parallel run (`opt` is built over dp.optimizer_params()), as a
 // checkpoint holds it: in full, whatever train.zero.

@@ -21,6 +21,7 @@ namespace {
 using cuda::detail::ptr;
 
 std::atomic<int64_t> g_forward_calls{0}, g_backward_calls{0};
+std::atomic<bool> g_enabled{true};
 
 // float4 reads need 16-byte aligned rows: a view that is not gets a contiguous copy.
 Tensor vector_rows(const Tensor& t) {
@@ -115,15 +116,8 @@ bool supported(const AttentionOptions& o, const Problem& p) {
          p.B * p.Hq <= INT_MAX;
 }
 
-bool enabled() {
-  // QKV_CUDA_ATTENTION=simt: the user-facing fallback to the float32 kernels (why it stays: the
-  // header).
-  static const bool on = [] {
-    const char* v = std::getenv("QKV_CUDA_ATTENTION");
-    return v == nullptr || *v == '\0' || std::string(v) == "mma";
-  }();
-  return on;
-}
+void set_enabled(bool on) { g_enabled.store(on); }
+bool enabled() { return g_enabled.load(); }
 
 int64_t forward_calls() { return g_forward_calls.load(); }
 int64_t backward_calls() { return g_backward_calls.load(); }

@@ -27,11 +27,12 @@ namespace qkv::attn::cuda_mma {
 
 // True when these kernels handle the call (options, dtype, head dim and sizes).
 bool supported(const AttentionOptions& o, const Problem& p);
-// False when QKV_CUDA_ATTENTION is set to anything but "mma" (e.g. "simt"): then bf16 autocast
-// keeps the float32 kernels. This stays a user-facing switch, unlike the untiled kernel variants
-// (now test-only, attention/cuda/dev/): it is how a user on a new GPU or driver, and
-// scripts/gpu_check.sh, tell a bad tensor-core kernel apart from the rest of a bf16 run without
-// rebuilding. Read once per process, at the first dispatch, not per launch.
+// Whether bf16 autocast sends supported calls to these kernels (on by default); off keeps the
+// float32 kernels. The config key train.cuda_mma sets it for a run (run_training applies it). It
+// stays a user-facing switch, unlike the untiled kernel variants (test-only, attention/cuda/dev/):
+// it is how a user on a new GPU or driver, and scripts/gpu_check.sh, tell a bad tensor-core kernel
+// apart from the rest of a bf16 run without rebuilding. Process-wide, read at each dispatch.
+void set_enabled(bool on);
 bool enabled();
 
 // out [B, Hq, Nq, D] contiguous float32, lse [B, Hq, Nq] (−inf on rows with no visible key).
