@@ -36,8 +36,13 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
     guard.check_file("--out", out_path, {.replace = force});
     if (!grid_path.empty()) {
       guard.check_file("--grid", grid_path, {.replace = force});
-      QKV_CHECK(std::filesystem::weakly_canonical(grid_path) != std::filesystem::weakly_canonical(out_path), "--grid ",
-                grid_path, " is the same file as --out ", out_path, "; give two paths");
+      std::error_code ec;  // both directories were checked above; on an error the paths are compared as given
+      const auto resolved = [&ec](const std::string& p) {
+        const auto r = std::filesystem::weakly_canonical(p, ec);
+        return ec ? std::filesystem::path(p) : r;
+      };
+      QKV_CHECK(resolved(grid_path) != resolved(out_path), "--grid ", grid_path, " is the same file as --out ",
+                out_path, "; give two paths");
     }
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);

@@ -38,10 +38,6 @@ void add_study_command(CLI::App& root, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--json", json, "print {variants: [...]} as one JSON line");
   cmd->callback([&exit_code] {
-    train::OutputGuard guard;
-    guard.add_input("--config", config);
-    guard.add_input("data.path", parse_config(config, sets).data.path);
-    guard.check_dir("--report", report, {.replace = true, .make_parents = true});
     analysis::StudyOptions o;
     o.dir = report;
     o.lengths.clear();
@@ -58,6 +54,10 @@ void add_study_command(CLI::App& root, int& exit_code) {
     o.run_checks = !no_checks;
     o.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     const auto specs = analysis::parse_variants(variants);
+    train::OutputGuard guard;
+    guard.add_input("--config", config);
+    guard.add_input("data.path", parse_config(config, sets).data.path);
+    guard.check_dir("--report", report, {.replace = true, .make_parents = true});
     const analysis::StudyResult r = analysis::run_study(config, sets, specs, o);
     analysis::write_study_report(r);
     std::fputs(analysis::study_table(r).c_str(), json ? stderr : stdout);

@@ -327,7 +327,7 @@ TEST_CASE("qkv export refuses an --out that is, contains or blocks its checkpoin
   CHECK(run_qkv(dir, base + dir.file("fresh")).rc == 0);
 }
 
-TEST_CASE("--report of leakcheck, heads and study must not be or contain an input; train --plot neither",
+TEST_CASE("leakcheck, heads and study refuse a --report that is or contains an input; train --plot its inputs",
           "[outputs][cli]") {
   if (!have_cli()) return;
   TempDir dir;
