@@ -174,6 +174,7 @@ TEST_CASE("budgets: training is refused when its step cannot fit, naming the act
     const std::string m = e.what();
     CHECK_THAT(m, Contains("for a training step"));
     CHECK_THAT(m, Contains("activations 8.09 TiB for train.batch_size 16384 x train.seq_len 65536 tokens"));
+    CHECK_THAT(m, Contains("(or set train.recompute = true)"));
   }
   // The same model for inference is small (its KV cache for 65536 tokens: 2 · 2 · 64 · 4 · 65536 = 64 MiB).
   CHECK(train::build_model(cfg, 256)->parameter_count() > 0);

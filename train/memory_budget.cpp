@@ -82,7 +82,8 @@ void check_memory_budget(const Config& cfg, int64_t vocab, ModelUse use) {
   QKV_CHECK(need <= static_cast<double>(mem.bytes), "model needs ~", gib_text(need),
             use == ModelUse::training ? " for a training step (" : " (", parts, "), ", mem.what, " ",
             gib_text(static_cast<double>(mem.bytes)), ": make model.n_layer, model.n_embd",
-            use == ModelUse::training ? ", train.batch_size or train.seq_len" : " or model.vocab_size", " smaller");
+            use == ModelUse::training ? ", train.batch_size or train.seq_len" : " or model.vocab_size", " smaller",
+            use == ModelUse::training && !r.recompute ? " (or set train.recompute = true)" : "");
 }
 
 }  // namespace qkv::train
