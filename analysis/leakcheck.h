@@ -21,10 +21,17 @@
 //   packing_invariance  max|Δlogit| / max|logit|, alone vs packed        1e-5
 //   mask.*      masked weights (exactly 0), row sums, fully masked rows, bottom-right alignment,
 //               window boundary, fused kernel vs naive float64          see each
-//   reference_attention  max over layers of max|Δout| / max|out| against naive float64  1e-4
-//   reference_attention_backward  max over layers and dq, dk, dv of max|Δ| / max|ref|: the
-//               model's attention backward (through RoPE) on its real q/k/v with a seeded dO
+//   reference_attention  max over layers of max|Δout| / max(max|out|, floor) against naive
+//               float64                                                  1e-4
+//   reference_attention_backward  max over layers and dq, dk, dv of max|Δ| / max(max|ref|, floor):
+//               the model's attention backward (through RoPE) on its real q/k/v with a seeded dO
 //               against the naive float64 vjp                           1e-4
+//               (floor: a share of the largest value the quantity can take for these inputs,
+//               leak::attention_floors, so an exactly-zero reference, e.g. dK when each row sees
+//               one key, measures rounding against the inputs' scale)
+//   kernel_probes  the same comparisons on inputs sized by the probe, not the model: 320 keys,
+//               logits past exp overflow with a growing max, every pattern at its parameters'
+//               edges; linear attention over several chunks (leakcheck_probes.cpp)   1e-3
 //   dropout_discipline  max|Δ| between eval runs, eval vs dropout-free, train runs with one seed
 //               (and train runs with two seeds must differ)              0
 //   data.val_ngram_share, data.duplicated_docs   (with a dataset)        0.05, 0
@@ -97,6 +104,10 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
 // The same probe and captured q/k/v; the attention op the model calls (and, for a model that trains
 // through attention_packed, that op too) differentiated with a seeded dO.
 LeakCheck check_reference_attention_backward(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// kernel_probes (leakcheck_probes.cpp): the model's attention ops on inputs sized by the probe,
+// not the model (320 keys, logits past exp overflow with a growing max, each pattern at its
+// parameters' edges; linear: several chunks), forward and backward against naive float64.
+LeakCheck check_kernel_probes(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // On copies with dropout = attn_dropout = 0.1 (or the model's own when > 0) and with none.
 LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // data.val_ngram_share, data.duplicated_docs
@@ -144,6 +155,8 @@ enum class Fault {
   linear_chunk_future,        // linear attention's causal chunk also reads its own later keys
   strided_offset_off_by_one,  // strided pattern keeps (pos_i - j + 1) mod s == 0 instead of (pos_i - j) mod s == 0
   global_reads_future,        // a global query position sees every key, ignoring the causal mask
+  softmax_no_max_shift,       // online softmax takes exp(logit) without subtracting the running max
+  softmax_no_rescale,         // online softmax keeps O and the row sum unscaled when the running max grows
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

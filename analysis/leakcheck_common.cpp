@@ -293,6 +293,7 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
+  guarded("kernel_probes", [&] { return V{check_kernel_probes(*m, o)}; });
   guarded("dropout_discipline", [&] { return V{check_dropout(*m, o)}; });
   if (applies("permutation_equivariance"))
     guarded("permutation_equivariance", [&] { return check_permutation_equivariance(*m, o); });

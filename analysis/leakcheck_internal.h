@@ -48,6 +48,31 @@ inline double ratio(double num, double den) {
 
 LeakCheck make_check(std::string name, double value, double threshold, std::string detail);
 
+// ---- error measure of the attention comparisons ----
+// max|Δ| / max(max|ref|, floor). The floor is a fixed fraction (kFloorShare) of the largest value
+// the compared quantity can take for these inputs (its a-priori bound below), so a reference that
+// is (near) zero, such as dQ = dK = 0 on rows that see a single key (a window of 1, global with
+// g = 0), measures the kernel's rounding against the inputs' scale instead of dividing it by ~0;
+// where the reference is not small (max|ref| >= the floor) the measure is max|Δ| / max|ref|.
+// Bounds (softmax attention, s the scale, rows of P summing to 1):
+//   out  |O_id| <= max|v|                            (each row a convex combination of v)
+//   dV   |dV_jd| <= Σ_i P_ij |dO_id|, scale max|dO|
+//   dQ   |dQ_id| = s|Σ_j P_ij (dO_i·v_j − dO_i·O_i) k_jd| <= 2 s max‖dO_i‖ max‖v_j‖ max|k|
+//   dK   |dK_jd| <= 2 s max‖dO_i‖ max‖v_j‖ max|q| per query that sees j (scale: one query)
+// Linear attention's outputs are convex combinations of v too (out: max|v|); its dQ, dK have no
+// such bound (they grow as the normaliser shrinks) and keep floor 0.
+constexpr double kFloorShare = 0.05;
+inline double floored_ratio(const Tensor& got, const Tensor& want, double floor) {
+  return ratio(max_delta(got, want), std::max(max_abs(want), floor));
+}
+struct AttentionFloors {
+  double out = 0, dq = 0, dk = 0, dv = 0;
+};
+// Rows of length D (q, k) and Dv (v, dout), float64; scale as NaiveSpec::scale (0 -> 1/sqrt(D)).
+AttentionFloors attention_floors(int64_t D, int64_t Dv, double scale, const std::vector<double>& q,
+                                 const std::vector<double>& k, const std::vector<double>& v,
+                                 const std::vector<double>& dout, bool linear);
+
 // The largest relative difference (max|Δ| / max|ref|) that float32 rounding alone can put between
 // two evaluations of the same model on the same tokens that group the arithmetic differently (a
 // batch of another shape, other GEMM blocking or attention tiles, KV-cache decode vs the parallel

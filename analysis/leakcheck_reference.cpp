@@ -120,9 +120,9 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
           }
         }
     const Tensor ref_t = f32_tensor(ref_out, {B, Hq, mc.nq, D});
-    const double scale = max_abs(ref_t);
-    kernel_err = std::max(
-        {kernel_err, leak::ratio(max_delta(r.out, ref_t), scale), leak::ratio(max_delta(fused, ref_t), scale)});
+    const double floor = leak::attention_floors(D, D, 0, {}, {}, to_f64(v), {}, false).out;
+    kernel_err =
+        std::max({kernel_err, leak::floored_ratio(r.out, ref_t, floor), leak::floored_ratio(fused, ref_t, floor)});
   }
   const std::string shapes =
       "B=2, Hq=" + std::to_string(Hq) + ", Hkv=" + std::to_string(Hkv) + ", D=" + std::to_string(D);
@@ -145,8 +145,9 @@ std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const
                                      "p-" +
                                      std::to_string(w) + " < j <= p (window " + std::to_string(w) + ")"));
   out.push_back(leak::make_check("mask.kernels_vs_naive", kernel_err, 1e-5,
-                                 "max|Δout| / max|out|, reference and fused kernels vs naive float64 on the four cases "
-                                 "(GQA head h reads kv head h/(Hq/Hkv))"));
+                                 "max|Δout| / max(max|out|, " + fmt(leak::kFloorShare) +
+                                     " max|v|), reference and fused kernels vs naive float64 on the four cases "
+                                     "(GQA head h reads kv head h/(Hq/Hkv))"));
   return out;
 }
 
@@ -250,7 +251,8 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
       leak::naive_attention(r.spec, q, k, to_f64(r.caps[l].v), ref, nullptr);
     }
     const Tensor ref_t = from_vector(ref, {B, Hq, L, hd}, DType::f64);
-    const double d = leak::ratio(max_delta(r.caps[l].out, ref_t), max_abs(ref_t));
+    const double floor = leak::attention_floors(hd, hd, 0, q, k, to_f64(r.caps[l].v), {}, false).out;
+    const double d = leak::floored_ratio(r.caps[l].out, ref_t, floor);
     if (l == 0 || d > worst) {
       worst = d;
       worst_layer = l;
@@ -259,10 +261,40 @@ LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakChe
   return leak::make_check("reference_attention", worst, 1e-4,
                           "every layer's attention output on its real q/k/v (3 rows: plain, left-padded, packed) vs "
                           "naive float64 (" +
-                              r.what + "); max|Δ| / max|out|, worst layer " + std::to_string(worst_layer));
+                              r.what + "); max|Δ| / max(max|out|, " + fmt(leak::kFloorShare) +
+                              " max|v|), worst layer " + std::to_string(worst_layer));
 }
 
 namespace leak {
+
+AttentionFloors attention_floors(int64_t D, int64_t Dv, double scale, const std::vector<double>& q,
+                                 const std::vector<double>& k, const std::vector<double>& v,
+                                 const std::vector<double>& dout, bool linear) {
+  auto max_abs_of = [](const std::vector<double>& x) {
+    double m = 0;
+    for (double e : x) m = std::isnan(e) ? INFINITY : std::max(m, std::abs(e));
+    return m;
+  };
+  auto max_row_norm = [](const std::vector<double>& x, int64_t n) {
+    double m = 0;
+    for (size_t r = 0; r + static_cast<size_t>(n) <= x.size(); r += static_cast<size_t>(n)) {
+      double sq = 0;
+      for (int64_t d = 0; d < n; ++d) sq += x[r + static_cast<size_t>(d)] * x[r + static_cast<size_t>(d)];
+      m = std::max(m, std::sqrt(sq));
+    }
+    return m;
+  };
+  const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  AttentionFloors f;
+  f.out = kFloorShare * max_abs_of(v);
+  f.dv = kFloorShare * max_abs_of(dout);
+  if (!linear && !dout.empty()) {
+    const double g = 2 * s * max_row_norm(dout, Dv) * max_row_norm(v, Dv);
+    f.dq = kFloorShare * g * max_abs_of(k);
+    f.dk = kFloorShare * g * max_abs_of(q);
+  }
+  return f;
+}
 
 void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W, double eps,
                             const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
@@ -502,8 +534,11 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
     const Tensor want[3] = {from_vector(dq, {B, Hq, L, hd}, DType::f64), from_vector(dk, {B, Hkv, L, hd}, DType::f64),
                             from_vector(dv, {B, Hkv, L, hd}, DType::f64)};
     const char* names[3] = {"dq", "dk", "dv"};
+    // The floors from the inputs the oracle saw (RoPE'd q, k): see attention_floors.
+    const AttentionFloors fl = attention_floors(hd, hd, 0, q, k, v, dout64, linear);
+    const double floors[3] = {fl.dq, fl.dk, fl.dv};
     auto compare = [&](const Tensor* got, const char* path) {
-      for (int t = 0; t < 3; ++t) note(leak::ratio(max_delta(got[t], want[t]), max_abs(want[t])), l, names[t], path);
+      for (int t = 0; t < 3; ++t) note(floored_ratio(got[t], want[t], floors[t]), l, names[t], path);
     };
 
     // The op the captured forward ran: attention() on [B, H, L, hd] (RoPE applied in the graph).
@@ -537,7 +572,8 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
                         (linear   ? "; linear_attention()"
                          : packed ? "; attention() and attention_packed"
                                   : "; attention()") +
-                        "); max|Δ| / max|ref|, worst " + worst_at);
+                        "); max|Δ| / max(max|ref|, floor " + fmt(kFloorShare) +
+                        " x the gradient's bound from the inputs), worst " + worst_at);
 }
 
 }  // namespace leak

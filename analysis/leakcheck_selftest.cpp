@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/mask.h"
 #include "attention/rope.h"
+#include "autograd/grad_mode.h"
 #include "autograd/functions.h"
 #include "data/leakage.h"
 #include "tensor/ops.h"
@@ -28,6 +30,7 @@ bool wrong_rules_fault(Fault f) {
          f == Fault::gqa_modulo;
 }
 bool wrong_softmax_fault(Fault f) { return f == Fault::softmax_over_queries || f == Fault::mask_after_softmax; }
+bool online_softmax_fault(Fault f) { return f == Fault::softmax_no_max_shift || f == Fault::softmax_no_rescale; }
 
 attn::AttentionShape shape_of(const Tensor& q, const Tensor& k) {
   return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2)};
@@ -61,8 +64,12 @@ attn::MaskRules wrong_rules(Fault f, attn::MaskRules r, const attn::AttentionSha
 // Attention composed with one step of the softmax wrong: mask_after_softmax normalises over every
 // key and multiplies by the mask afterwards (rows no longer sum to 1); softmax_over_queries
 // normalises along the query axis. Shapes and options as attn::attention (no learned bias).
-attn::AttentionWeights wrong_softmax(Fault f, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const AttentionOptions& o) {
+// The logits scale·q·kᵀ (+ bias, + ALiBi) [B, Hq, Nq, Nk] and v per query head [B, Hq, Nk, Dv],
+// composed from differentiable ops.
+struct Logits {
+  Tensor logits, vh;
+};
+Logits composed_logits(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   const attn::AttentionShape s = shape_of(q, k);
   const int64_t G = s.q_heads / s.kv_heads, D = q.size(3);
   const DType dt = q.dtype();
@@ -83,6 +90,15 @@ attn::AttentionWeights wrong_softmax(Fault f, const Tensor& q, const Tensor& k, 
               -static_cast<double>(o.alibi_slopes[static_cast<size_t>(h)]) * static_cast<double>(s.nk - s.nq + i - j);
     logits = ag::add(logits, from_vector(a, {1, s.q_heads, s.nq, s.nk}, dt).to(dev));
   }
+  return {logits, vh};
+}
+
+attn::AttentionWeights wrong_softmax(Fault f, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionOptions& o) {
+  const attn::AttentionShape s = shape_of(q, k);
+  const DType dt = q.dtype();
+  const Device dev = q.device();
+  const auto [logits, vh] = composed_logits(q, k, v, o);
   const Tensor vis = attn::visibility_mask(s, o);
   const Tensor keep = vis.to(dt).to(dev);
   attn::AttentionWeights r;
@@ -98,6 +114,52 @@ attn::AttentionWeights wrong_softmax(Fault f, const Tensor& q, const Tensor& k, 
   r.out = ag::matmul(a, vh);
   r.fully_masked_rows = attn::count_fully_masked_rows(s, o);
   return r;
+}
+
+// Attention's output as a tiled online-softmax kernel forms it, with fault `f` in its running max:
+// keys in tiles of attn::kTileK, per row a running max m, sum l and output O; on each tile
+// m' = max(m, tile max), l = l·e^(m − m') + Σ e^(x − m'), O = O·e^(m − m') + Σ e^(x − m') v, and
+// finally O / l, in float32 as the kernels do. softmax_no_max_shift keeps m' = 0 (e^x overflows
+// past x = 88.7, and O / l turns NaN); softmax_no_rescale drops the e^(m − m') factor (rows whose
+// max grows after their first tile are wrong). Returns the output gradient-free: the caller adds it
+// as a constant offset to the library's output, so the planted bug lives in the forward only.
+Tensor online_softmax_output(Fault f, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  const autograd::NoGradGuard no_grad;
+  const attn::AttentionShape s = shape_of(q, k);
+  const auto parts = composed_logits(q, k, v, o);
+  const std::vector<double> x = parts.logits.to(Device::cpu).to_vector(), vv = parts.vh.to(Device::cpu).to_vector();
+  const Tensor vis = attn::visibility_mask(s, o).to(Device::cpu).contiguous();
+  const bool* seen = vis.data<bool>();
+  const int64_t rows = s.batch * s.q_heads * s.nq, Dv = v.size(3);
+  std::vector<double> out(static_cast<size_t>(rows * Dv), 0.0);
+  std::vector<float> acc(static_cast<size_t>(Dv));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t bh = r / s.nq;  // (b, h): the row's slice of vh
+    float m = f == Fault::softmax_no_max_shift ? 0.0f : -INFINITY, l = 0;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j0 = 0; j0 < s.nk; j0 += attn::kTileK) {
+      const int64_t j1 = std::min(s.nk, j0 + attn::kTileK);
+      float m_new = m;
+      if (f != Fault::softmax_no_max_shift)
+        for (int64_t j = j0; j < j1; ++j)
+          if (seen[r * s.nk + j]) m_new = std::max(m_new, static_cast<float>(x[static_cast<size_t>(r * s.nk + j)]));
+      if (m_new == -INFINITY) continue;  // nothing visible yet
+      const float keep = f == Fault::softmax_no_rescale || m == -INFINITY ? 1.0f : std::exp(m - m_new);
+      l *= keep;
+      for (float& a : acc) a *= keep;
+      for (int64_t j = j0; j < j1; ++j) {
+        if (!seen[r * s.nk + j]) continue;
+        const float p = std::exp(static_cast<float>(x[static_cast<size_t>(r * s.nk + j)]) - m_new);
+        l += p;
+        for (int64_t d = 0; d < Dv; ++d)
+          acc[d] += p * static_cast<float>(vv[static_cast<size_t>((bh * s.nk + j) * Dv + d)]);
+      }
+      m = m_new;
+    }
+    if (l != 0)
+      for (int64_t d = 0; d < Dv; ++d) out[static_cast<size_t>(r * Dv + d)] = acc[d] / l;
+  }
+  return from_vector(out, {s.batch, s.q_heads, s.nq, Dv}, q.dtype()).to(q.device());
 }
 
 // A model's attention with fault `f` planted; every other step is the library's.
@@ -124,11 +186,20 @@ class FaultyAttention : public nn::AttentionOps {
   }
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) const override {
     if (wrong_softmax_fault(f_)) return wrong_softmax(f_, q, k, v, o).out;
+    if (online_softmax_fault(f_)) {  // the library's output and gradient, offset to the faulty output
+      const Tensor right = attn::attention(q, k, v, o);
+      Tensor offset;
+      {
+        const autograd::NoGradGuard no_grad;
+        offset = sub(online_softmax_output(f_, q, k, v, o), right.detach());
+      }
+      return ag::add(right, offset);
+    }
     return attn::attention(q, k, v, wrong(o, shape_of(q, k)));
   }
   Tensor attention_packed(const Tensor& qkv, int64_t q_heads, int64_t kv_heads,
                           const AttentionOptions& o) const override {
-    if (wrong_softmax_fault(f_)) {
+    if (wrong_softmax_fault(f_) || online_softmax_fault(f_)) {
       auto heads = [&](int64_t start, int64_t len) { return ag::transpose(ag::narrow(qkv, 2, start, len), 1, 2); };
       const Tensor y = attention(heads(0, q_heads), heads(q_heads, kv_heads), heads(q_heads + kv_heads, kv_heads), o);
       return ag::contiguous(ag::transpose(y, 1, 2));
@@ -219,6 +290,10 @@ const char* fault_name(Fault f) {
       return "strided_offset_off_by_one";
     case Fault::global_reads_future:
       return "global_reads_future";
+    case Fault::softmax_no_max_shift:
+      return "softmax_no_max_shift";
+    case Fault::softmax_no_rescale:
+      return "softmax_no_rescale";
   }
   return "?";
 }
@@ -238,7 +313,7 @@ std::vector<Fault> planted_faults() {
   return {F::causal_reversed,     F::softmax_over_queries, F::ignore_key_padding,  F::mask_after_softmax,
           F::top_left_causal,     F::window_off_by_one,    F::gqa_modulo,          F::scale_d_model,
           F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future, F::strided_offset_off_by_one,
-          F::global_reads_future};
+          F::global_reads_future, F::softmax_no_max_shift, F::softmax_no_rescale};
 }
 
 const char* fault_condition(Fault f) {
@@ -264,11 +339,15 @@ const char* fault_condition(Fault f) {
     case Fault::dropout_in_eval:
       return "attention dropout > 0 (set on a copy)";
     case Fault::linear_chunk_future:
-      return "linear attention with chunks > 1 (the probe-linear model)";
+      return "linear attention over more than one chunk (the kernel probe's 4-key chunks, any linear model)";
     case Fault::strided_offset_off_by_one:
       return "model.attention_pattern = strided";
     case Fault::global_reads_future:
       return "model.attention_pattern = global or bigbird under a causal model";
+    case Fault::softmax_no_max_shift:
+      return "a logit past float32's exp overflow (the kernel probe's logits of 100, any softmax model)";
+    case Fault::softmax_no_rescale:
+      return "a row's max growing after its first key tile (the kernel probe's 320 keys, any softmax model)";
     case Fault::none:
       break;
   }
