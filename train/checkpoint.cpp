@@ -174,10 +174,6 @@ bool in_schema(const std::string& obj, bool group) {
 h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open(path);
   check_global_heaps(path);
-  for (const auto& [obj, group] : f.all_objects())
-    if (!in_schema(obj, group))
-      ckpt_fail(path, group ? "group " : "dataset ", obj,
-                " is not part of the checkpoint schema (train/checkpoint.h); refused");
   if (!f.has_attr("/", "format")) ckpt_fail(path, "not a qkv checkpoint (the root has no 'format' attribute)");
   const std::string format = f.attr_string("/", "format");
   if (format != kFormat) ckpt_fail(path, "not a qkv checkpoint (format is '", format, "', expected '", kFormat, "')");
@@ -186,6 +182,10 @@ h5::File open_checkpoint(const std::string& path) {
     ckpt_fail(path, "written by a newer qkv (format_version ", version, "; this build reads up to ",
               kCheckpointFormatVersion, ")");
   if (version < 1) ckpt_fail(path, "invalid format_version ", version);
+  for (const auto& [obj, group] : f.all_objects())
+    if (!in_schema(obj, group))
+      ckpt_fail(path, group ? "group " : "dataset ", obj,
+                " is not part of the checkpoint schema (train/checkpoint.h); refused");
   return f;
 }
 
