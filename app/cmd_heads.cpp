@@ -10,6 +10,7 @@
 #include "analysis/heads.h"
 #include "app/commands.h"
 #include "app/options.h"
+#include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
 #include "train/output_paths.h"
@@ -49,11 +50,7 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     train::load_model_weights(ckpt, *model);
     model->eval();
     train::apply_thread_setting(meta.config);
-    std::ifstream in(data, std::ios::binary);
-    QKV_CHECK(in.good(), "[heads] cannot read --data ", data);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::vector<int32_t> ids = meta.tokenizer->encode(ss.str());
+    const std::vector<int32_t> ids = meta.tokenizer->encode(read_text_file(data));
     QKV_CHECK(ids.size() >= 2, "[heads] --data ", data, " encodes to ", ids.size(), " tokens; need at least 2");
     const int64_t len = length > 0 ? std::min(length, model->config().block_size) : model->config().block_size;
     QKV_CHECK(len >= 2, "[heads] --length must be >= 2, got ", length);

@@ -10,6 +10,7 @@
 
 #include "attention/attention.h"
 #include "attention/fused.h"
+#include "data/input_file.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
 
@@ -127,9 +128,13 @@ std::string SparsePattern::describe() const {
 
 void load_layout(SparsePattern& p) {
   if (p.kind != Pattern::block_sparse || is_generator(p.layout)) return;
-  std::ifstream in(p.layout);
-  QKV_CHECK(in.good(), "[attention] block_sparse layout file ", p.layout,
-            " cannot be read (model.pattern_layout is local_global, fixed or a file of 0/1 rows)");
+  // model.pattern_layout is local_global, fixed or a file of 0/1 rows (a regular file of at most
+  // kLayoutFileCap bytes).
+  std::string text;
+  try {
+    text = read_input_file(p.layout, kLayoutFileCap, "a block_sparse layout (model.pattern_layout)");
+  } catch (const Error& e) { fail("[attention] ", e.what()); }
+  std::istringstream in(text);
   std::vector<uint8_t> table;
   int64_t rows = 0, cols = 0, line_no = 0;
   std::string line;

@@ -7,6 +7,7 @@
 #include <queue>
 #include <sstream>
 
+#include "data/input_file.h"
 #include "tensor/error.h"
 
 namespace qkv {
@@ -195,10 +196,13 @@ uint64_t pair_key(int32_t a, int32_t b) {
 
 std::string q(std::string_view s) { return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace); }
 
-json parse_json(const std::string& text, const std::string& what) {
+// Runs `f`, which reads JSON parsed from `text`; a nlohmann exception (a value of the wrong type
+// that get<>() or value() meets) becomes one line naming `what`, never the library's text.
+template <class F>
+auto json_guard(const std::string& what, const std::string& text, const F& f) {
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) { fail(what, ": not valid JSON: ", e.what()); }
+    return f();
+  } catch (const json::exception& e) { fail(what, ": ", json_error(e, text)); }
 }
 
 constexpr int kSerializedVersion = 1;  // tokenizer.cpp's kFormatVersion for every kind
@@ -385,91 +389,97 @@ std::vector<std::string> dense_vocab(const json& v, const std::string& what) {
 
 std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_vocab_merges(const std::string& vocab_json,
                                                                       const std::string& merges_txt) {
-  std::vector<std::string> vocab = dense_vocab(parse_json(vocab_json, "vocab.json"), "vocab.json");
-  std::vector<std::pair<std::string, std::string>> merges;
-  std::istringstream in(merges_txt);
-  std::string line;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
-    merges.push_back(split_merge(json(line), merges.size(), cat("merges.txt line ", lineno)));
-  }
-  // Added tokens: neither a byte token nor made by a merge.
-  std::unordered_map<std::string, int> made;
-  for (const auto& [a, b] : merges) made[a + b] = 1;
-  std::vector<int32_t> added;
-  for (size_t i = 0; i < vocab.size(); ++i) {
-    std::string bytes;
-    const bool is_byte = bytelevel::to_bytes(vocab[i], bytes) && bytes.size() == 1;
-    if (!is_byte && !made.count(vocab[i])) added.push_back(static_cast<int32_t>(i));
-  }
-  return std::make_unique<Gpt2BpeTokenizer>(std::move(vocab), std::move(merges), std::move(added));
+  return json_guard(std::string("vocab.json"), vocab_json, [&] {
+    std::vector<std::string> vocab = dense_vocab(parse_json(vocab_json, "vocab.json"), "vocab.json");
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::istringstream in(merges_txt);
+    std::string line;
+    for (size_t lineno = 1; std::getline(in, line); ++lineno) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
+      merges.push_back(split_merge(json(line), merges.size(), cat("merges.txt line ", lineno)));
+    }
+    // Added tokens: neither a byte token nor made by a merge.
+    std::unordered_map<std::string, int> made;
+    for (const auto& [a, b] : merges) made[a + b] = 1;
+    std::vector<int32_t> added;
+    for (size_t i = 0; i < vocab.size(); ++i) {
+      std::string bytes;
+      const bool is_byte = bytelevel::to_bytes(vocab[i], bytes) && bytes.size() == 1;
+      if (!is_byte && !made.count(vocab[i])) added.push_back(static_cast<int32_t>(i));
+    }
+    return std::make_unique<Gpt2BpeTokenizer>(std::move(vocab), std::move(merges), std::move(added));
+  });
 }
 
 std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const std::string& text) {
-  const std::string what = "tokenizer.json";
-  const json j = parse_json(text, what);
-  QKV_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), what, ": has no \"model\" object");
-  const json& m = j["model"];
-  const std::string type = m.value("type", std::string("BPE"));
-  QKV_CHECK(type == "BPE", what, ": model.type is ", q(type), " (only GPT-2's byte-level BPE is supported)");
-  const auto refuse_set = [&](const json& obj, const char* key, const std::string& where) {
-    if (obj.contains(key) && !obj[key].is_null() && !(obj[key].is_string() && obj[key].get<std::string>().empty()) &&
-        !(obj[key].is_boolean() && !obj[key].get<bool>()))
-      fail(what, ": ", where, key, " = ", obj[key].dump(), " is not supported (GPT-2's byte-level BPE has none)");
-  };
-  for (const char* k :
-       {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback"})
-    refuse_set(m, k, "model.");
-  refuse_set(j, "normalizer", "");
-  const json pre = j.value("pre_tokenizer", json());
-  QKV_CHECK(pre.is_object() && pre.value("type", std::string()) == "ByteLevel", what,
-            ": pre_tokenizer is not ByteLevel (", pre.dump(), ")");
-  QKV_CHECK(!pre.value("add_prefix_space", false), what, ": pre_tokenizer.add_prefix_space = true is not supported");
-  QKV_CHECK(pre.value("use_regex", true), what, ": pre_tokenizer.use_regex = false is not supported");
-  if (j.contains("decoder") && !j["decoder"].is_null())
-    QKV_CHECK(j["decoder"].value("type", std::string()) == "ByteLevel", what, ": decoder is not ByteLevel (",
-              j["decoder"].dump(), ")");
-  if (j.contains("post_processor") && !j["post_processor"].is_null())
-    QKV_CHECK(j["post_processor"].value("type", std::string()) == "ByteLevel", what,
-              ": post_processor is not ByteLevel (", j["post_processor"].value("type", std::string("?")),
-              " adds tokens qkv would not add)");
-  std::vector<std::string> vocab = dense_vocab(m.value("vocab", json()), what + " model");
-  std::vector<std::pair<std::string, std::string>> merges;
-  QKV_CHECK(m.contains("merges") && m["merges"].is_array(), what, ": model.merges is not a list");
-  for (const json& e : m["merges"]) merges.push_back(split_merge(e, merges.size(), what));
-  std::vector<int32_t> added;
-  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-    for (const json& a : j["added_tokens"]) {
-      QKV_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_unsigned() && a.contains("content"), what,
-                ": an added_tokens entry lacks id or content");
-      const uint64_t id = a["id"];
-      const std::string content = a.value("content", std::string());
-      for (const char* k : {"single_word", "lstrip", "rstrip"})
-        QKV_CHECK(!a.value(k, false), what, ": added token ", q(content), " has ", k, " = true (not supported)");
-      if (id < vocab.size()) {
-        QKV_CHECK(vocab[id] == content, what, ": added token ", q(content), " has id ", id,
-                  ", which the vocab gives to ", q(vocab[id]));
-      } else {
-        QKV_CHECK(id == vocab.size(), what, ": added token ", q(content), " has id ", id, ", leaving a gap after ",
-                  vocab.size() - 1);
-        vocab.push_back(content);
+  return json_guard(std::string("tokenizer.json"), text, [&] {
+    const std::string what = "tokenizer.json";
+    const json j = parse_json(text, what);
+    QKV_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), what, ": has no \"model\" object");
+    const json& m = j["model"];
+    const std::string type = m.value("type", std::string("BPE"));
+    QKV_CHECK(type == "BPE", what, ": model.type is ", q(type), " (only GPT-2's byte-level BPE is supported)");
+    const auto refuse_set = [&](const json& obj, const char* key, const std::string& where) {
+      if (obj.contains(key) && !obj[key].is_null() && !(obj[key].is_string() && obj[key].get<std::string>().empty()) &&
+          !(obj[key].is_boolean() && !obj[key].get<bool>()))
+        fail(what, ": ", where, key, " = ", obj[key].dump(), " is not supported (GPT-2's byte-level BPE has none)");
+    };
+    for (const char* k :
+         {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback"})
+      refuse_set(m, k, "model.");
+    refuse_set(j, "normalizer", "");
+    const json pre = j.value("pre_tokenizer", json());
+    QKV_CHECK(pre.is_object() && pre.value("type", std::string()) == "ByteLevel", what,
+              ": pre_tokenizer is not ByteLevel (", pre.dump(), ")");
+    QKV_CHECK(!pre.value("add_prefix_space", false), what, ": pre_tokenizer.add_prefix_space = true is not supported");
+    QKV_CHECK(pre.value("use_regex", true), what, ": pre_tokenizer.use_regex = false is not supported");
+    if (j.contains("decoder") && !j["decoder"].is_null())
+      QKV_CHECK(j["decoder"].value("type", std::string()) == "ByteLevel", what, ": decoder is not ByteLevel (",
+                j["decoder"].dump(), ")");
+    if (j.contains("post_processor") && !j["post_processor"].is_null())
+      QKV_CHECK(j["post_processor"].value("type", std::string()) == "ByteLevel", what,
+                ": post_processor is not ByteLevel (", j["post_processor"].value("type", std::string("?")),
+                " adds tokens qkv would not add)");
+    std::vector<std::string> vocab = dense_vocab(m.value("vocab", json()), what + " model");
+    std::vector<std::pair<std::string, std::string>> merges;
+    QKV_CHECK(m.contains("merges") && m["merges"].is_array(), what, ": model.merges is not a list");
+    for (const json& e : m["merges"]) merges.push_back(split_merge(e, merges.size(), what));
+    std::vector<int32_t> added;
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+      for (const json& a : j["added_tokens"]) {
+        QKV_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_unsigned() && a.contains("content"), what,
+                  ": an added_tokens entry lacks id or content");
+        const uint64_t id = a["id"];
+        const std::string content = a.value("content", std::string());
+        for (const char* k : {"single_word", "lstrip", "rstrip"})
+          QKV_CHECK(!a.value(k, false), what, ": added token ", q(content), " has ", k, " = true (not supported)");
+        if (id < vocab.size()) {
+          QKV_CHECK(vocab[id] == content, what, ": added token ", q(content), " has id ", id,
+                    ", which the vocab gives to ", q(vocab[id]));
+        } else {
+          QKV_CHECK(id == vocab.size(), what, ": added token ", q(content), " has id ", id, ", leaving a gap after ",
+                    vocab.size() - 1);
+          vocab.push_back(content);
+        }
+        added.push_back(static_cast<int32_t>(id));
       }
-      added.push_back(static_cast<int32_t>(id));
     }
-  }
-  return std::make_unique<Gpt2BpeTokenizer>(std::move(vocab), std::move(merges), std::move(added));
+    return std::make_unique<Gpt2BpeTokenizer>(std::move(vocab), std::move(merges), std::move(added));
+  });
 }
 
 std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_serialized(const std::string& text) {
-  const json j = parse_json(text, "[gpt2_bpe tokenizer]");
-  QKV_CHECK(j.contains("vocab") && j["vocab"].is_array() && j.contains("merges") && j["merges"].is_array() &&
-                j.contains("added") && j["added"].is_array(),
-            "[tokenizer] stored gpt2_bpe tokenizer lacks vocab, merges or added");
-  std::vector<std::pair<std::string, std::string>> merges;
-  for (const json& e : j["merges"]) merges.push_back(split_merge(e, merges.size(), "[tokenizer] stored gpt2_bpe"));
-  return std::make_unique<Gpt2BpeTokenizer>(j["vocab"].get<std::vector<std::string>>(), std::move(merges),
-                                            j["added"].get<std::vector<int32_t>>());
+  return json_guard(std::string("[tokenizer] stored gpt2_bpe tokenizer"), text, [&] {
+    const json j = parse_json(text, "[tokenizer] stored gpt2_bpe tokenizer");
+    QKV_CHECK(j.contains("vocab") && j["vocab"].is_array() && j.contains("merges") && j["merges"].is_array() &&
+                  j.contains("added") && j["added"].is_array(),
+              "[tokenizer] stored gpt2_bpe tokenizer lacks vocab, merges or added");
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (const json& e : j["merges"]) merges.push_back(split_merge(e, merges.size(), "[tokenizer] stored gpt2_bpe"));
+    return std::make_unique<Gpt2BpeTokenizer>(j["vocab"].get<std::vector<std::string>>(), std::move(merges),
+                                              j["added"].get<std::vector<int32_t>>());
+  });
 }
 
 }  // namespace qkv

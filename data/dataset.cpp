@@ -8,11 +8,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <unordered_set>
 
 #include "data/h5.h"
+#include "data/input_file.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
 
@@ -42,24 +42,6 @@ void for_each_line(std::string_view text, Fn&& fn) {
     fn(i, end, next);
     i = next;
   }
-}
-
-// A path that is not a regular file or directory (a pipe from `<(cmd)`, a FIFO, a device) can be
-// read only once: it is read whole into memory and never reopened (sniffing its first bytes and
-// then reopening it lost them; reopening a FIFO whose writer is gone hangs).
-bool is_stream(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
-}
-
-// The whole content of a stream input; an HDF5 file there is refused (HDF5 needs to seek).
-std::string read_stream(const std::string& path) {
-  std::string bytes = read_text_file(path);
-  if (h5::has_hdf5_signature(bytes))
-    fail("[data] ", path,
-         " is a pipe or FIFO carrying an HDF5 file; HDF5 files must be read from a regular file (save it to disk "
-         "first)");
-  return bytes;
 }
 
 std::string absolute_path(const std::string& p) {
@@ -119,12 +101,7 @@ std::string document_text(std::string_view body, DocSeparator sep, bool keep_sep
 std::string read_text_file(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("[data] file not found: ", path);
-  if (fs::is_directory(path, ec)) fail("[data] ", path, " is a directory, not a text file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("[data] cannot open ", path, " for reading");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("[data] error reading ", path);
-  return text;
+  return read_input_file(path, kTextCorpusCap, "a text corpus");
 }
 
 Dataset prepare_text(std::string_view text, const std::string& name, const PrepareOptions& opts) {
@@ -352,16 +329,9 @@ bool cache_is_fresh(const std::string& cache, const std::string& text_path, cons
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("[data] data file not found: ", path);
-  if (is_stream(path)) {  // prepared in memory, not cached (the cache is keyed on a file's size and time)
-    PrepareOptions o = opts;
-    o.tokenizer = o.tokenizer.value_or(TokenizerKind::byte);
-    const std::string text = read_stream(path);
-    QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
-    Dataset ds = prepare_text(text, path, o);
-    ds.source_path = path;
-    ds.prepared_now = true;
-    return ds;
-  }
+  // A FIFO, device or directory is refused before anything opens it (a FIFO nobody writes to
+  // would block the reader; a device never ends).
+  require_regular_file(path, "a data file");
   if (h5::is_hdf5(path)) {
     Dataset ds = load_dataset(path);
     if (opts.tokenizer && tokenizer_kind_name(*opts.tokenizer) != std::string_view(ds.tokenizer->kind()))
@@ -387,7 +357,8 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
 std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& tok) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("[data] file not found: ", path);
-  if (!is_stream(path) && h5::is_hdf5(path)) {
+  require_regular_file(path, "a data file");
+  if (h5::is_hdf5(path)) {
     const Dataset ds = load_dataset(path);
     if (ds.tokenizer->serialize() != tok.serialize())
       fail("[data] ", path, " was tokenized with a different ", ds.tokenizer->kind(), " tokenizer (",
@@ -397,7 +368,7 @@ std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& 
     out.insert(out.end(), ds.val->tokens.begin(), ds.val->tokens.end());
     return out;
   }
-  const std::string text = is_stream(path) ? read_stream(path) : read_text_file(path);
+  const std::string text = read_text_file(path);
   QKV_CHECK(!text.empty(), "[data] ", path, " is empty");
   try {
     return tok.encode(text);

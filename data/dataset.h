@@ -107,8 +107,8 @@ Dataset load_dataset(const std::string& h5_path);
 // prepared once and cached as `<name>.<tokenizer>.h5` in `cache_dir`, or when that is empty next
 // to the text, or (if that directory is not writable) in $XDG_CACHE_HOME/qkv or ~/.cache/qkv.
 // The cache is rebuilt when the text is newer, its size changed, or the options differ.
-// A pipe or FIFO (`<(zcat corpus.gz)`) is read once and prepared in memory, without a cache; an
-// HDF5 file arriving through one is refused (HDF5 needs a regular file).
+// Anything but a regular file (a FIFO, a pipe such as `<(zcat corpus.gz)`, a device, a
+// directory) is refused before it is opened: save a stream to a file first.
 // A prepared .h5 must hold an `opts.tokenizer` tokenizer unless opts.tokenizer is unset.
 Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, const std::string& cache_dir = "");
 // Where load_or_prepare caches a text file's preparation (`<tokenizer>` is its kTokenizerKinds spelling).
@@ -116,11 +116,12 @@ std::string dataset_cache_path(const std::string& text_path, TokenizerKind token
 
 // All tokens of a file for `qkv eval` (no split): a text file is encoded whole with `tok`; a
 // prepared .h5 gives its train tokens then its val tokens and must have been made with the same
-// tokenizer. A pipe or FIFO is read exactly once (so `--data <(cat f)` scores what `--data f`
-// does); an HDF5 file arriving through one is refused.
+// tokenizer. Anything but a regular file (a FIFO, a pipe such as `<(cat f)`, a device, a
+// directory) is refused before it is opened.
 std::vector<int32_t> load_eval_tokens(const std::string& path, const Tokenizer& tok);
 
-// Reads a whole file; names it when missing or unreadable.
+// Reads a whole text corpus (at most kTextCorpusCap bytes; a regular file only, see
+// data/input_file.h); names it when missing, unreadable, not a regular file or too large.
 std::string read_text_file(const std::string& path);
 
 }  // namespace qkv

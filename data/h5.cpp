@@ -2,6 +2,7 @@
 // names the object being touched; HDF5's own error stack is silenced and never printed.
 #include "data/h5.h"
 #include "data/h5_driver.h"
+#include "data/input_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -234,6 +235,18 @@ std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const 
   return out;
 }
 
+// How many hard links name the object at `name` (its reference count); 0 when it cannot be read.
+unsigned link_count(hid_t file, const std::string& name) {
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t oi{};
+  if (H5Oget_info_by_name3(file, name.c_str(), &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return 0;
+#else
+  H5O_info_t oi{};
+  if (H5Oget_info_by_name2(file, name.c_str(), &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return 0;
+#endif
+  return oi.rc;
+}
+
 }  // namespace
 
 File File::create(const std::string& path, bool exclusive) {
@@ -265,12 +278,16 @@ void File::check_writes(const std::string& what) const {
 
 File File::open(const std::string& path, bool writable) {
   quiet();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) ::qkv::fail("[h5] ", path, ": file not found");
-  if (fs::is_directory(path, ec)) ::qkv::fail("[h5] ", path, ": is a directory, not an HDF5 file");
-  // A pipe or FIFO is never opened: HDF5 needs to seek, and a second open of a FIFO would hang.
-  if (!is_regular(path))
-    ::qkv::fail("[h5] ", path, ": not a regular file (a pipe, FIFO or device?); HDF5 files must be stored on disk");
+  // Only a regular file (after following links) is opened: HDF5 needs to seek, opening a FIFO
+  // waits for a writer, and a device such as /dev/zero never ends.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) ::qkv::fail("[h5] ", path, ": file not found");
+    ::qkv::fail("[h5] ", path, ": cannot open (", std::strerror(errno), ")");
+  }
+  if (!S_ISREG(st.st_mode))
+    ::qkv::fail("[h5] ", path, ": is ", file_kind(st.st_mode),
+                ", not a regular file; HDF5 files must be stored on disk");
   if (!is_hdf5(path)) ::qkv::fail("[h5] ", path, ": not an HDF5 file");
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
@@ -298,6 +315,13 @@ bool File::has(const std::string& name) const {
     if (H5Lget_info(file_.get(), prefix.c_str(), &li, H5P_DEFAULT) < 0)
       fail("cannot read the link ", prefix, " (corrupt file?)");
     if (li.type == H5L_TYPE_HARD) {
+      // One object, one name: a second hard link makes two names read the same numbers (a
+      // checkpoint whose /model/a is /model/b), which nothing qkv writes ever does.
+      const unsigned names = link_count(file_.get(), prefix);
+      // (0: unreadable; a dangling or damaged link is reported by the checks below.)
+      if (names > 1)
+        fail("object ", prefix, " is reached by ", names,
+             " names (hard links to one object); each object must have one");
       // A dataset has no members: "/a/b" under a dataset "/a" is absent (HDF5 would call the
       // lookup of "/a/b" an error, which is not a damaged file).
       if (pos != std::string::npos) {
@@ -690,6 +714,27 @@ std::vector<std::string> File::all_datasets() const {
       const H5I_type_t type = H5Iget_type(o.get());
       if (type == H5I_GROUP) groups.push_back(full);
       else if (type == H5I_DATASET) out.push_back(full);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::pair<std::string, bool>> File::all_objects() const {
+  std::vector<std::pair<std::string, bool>> out;
+  std::vector<std::string> groups{"/"};
+  while (!groups.empty()) {
+    const std::string g = groups.back();
+    groups.pop_back();
+    for (const std::string& name : children(g)) {
+      const std::string full = g == "/" ? "/" + name : g + "/" + name;
+      if (!has(full)) fail("object ", full, " is missing (dangling link)");
+      Id o(H5Oopen(file_.get(), full.c_str(), H5P_DEFAULT));
+      if (!o.valid()) fail("cannot open object ", full, " (corrupt file?)");
+      const H5I_type_t type = H5Iget_type(o.get());
+      if (type == H5I_GROUP) groups.push_back(full);
+      else if (type != H5I_DATASET) fail("object ", full, " is neither a group nor a dataset (a named datatype?)");
+      out.emplace_back(full, type == H5I_GROUP);
     }
   }
   std::sort(out.begin(), out.end());

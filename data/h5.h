@@ -15,9 +15,10 @@
 // consistent and the file closes normally. Tests can make that driver fail on purpose
 // (fail_writes_after()).
 //
-// Reading accepts only regular files and only objects stored in the file itself: a soft link or
-// an external link (into another file) is refused by name, so a file can never pull its content
-// from elsewhere.
+// Reading accepts only regular files and only objects stored in the file itself, each under one
+// name: a soft link, an external link (into another file) or a second hard link to one object is
+// refused by name, so a file can never pull its content from elsewhere or give two names the
+// same numbers.
 //
 // Everything is readable by h5py: numbers as numpy arrays with their shapes, strings as bytes
 // (`f["tokenizer/json"][()].decode()`), attributes as str / int / float.
@@ -28,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -110,8 +112,9 @@ class File {
   hid_t id() const { return file_.get(); }
 
   // Object names are absolute or relative to the root ("model/wte.weight" == "/model/wte.weight").
-  // has() checks every component of the path; a component that is a soft or external link is
-  // an error naming it (objects must be stored in this file, reached by hard links only).
+  // has() checks every component of the path; a component that is a soft or external link, or
+  // an object reached by more than one hard link, is an error naming it (objects must be stored
+  // in this file, each under exactly one name).
   bool has(const std::string& name) const;
   void create_group(const std::string& name);                         // with missing parents; no-op if present
   std::vector<std::string> children(const std::string& group) const;  // sorted names
@@ -163,6 +166,9 @@ class File {
 
   // Every dataset in the file (full names, sorted), found by walking the groups from the root.
   std::vector<std::string> all_datasets() const;
+  // Every group and dataset in the file (full names, sorted; true for a group), found by walking
+  // the groups from the root. Anything else (a named datatype) is an error naming it.
+  std::vector<std::pair<std::string, bool>> all_objects() const;
   // Reads dataset `name` whole, which verifies its Fletcher-32 checksums (numbers) or its
   // fnv1a64 attribute (strings); throws naming it when it fails.
   void verify(const std::string& name) const;

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 
+#include "data/input_file.h"
 #include "tensor/error.h"
 
 namespace qkv::safetensors {
@@ -94,14 +95,7 @@ json parse_json_no_duplicates(std::string_view file, std::string_view text) {
     }
     return true;
   };
-  try {
-    return json::parse(text.begin(), text.end(), cb);
-  } catch (const json::exception& e) {
-    // e.what() is one line ("[json.exception.parse_error.101] parse error at line 1, column 9: ...").
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    fail(file, ": safetensors header is not valid JSON: ", msg);
-  }
+  return parse_json(text, cat(file, ": safetensors header"), cb);
 }
 
 // A JSON integer in [0, limit] (nlohmann keeps non-negative integers as number_unsigned; a
@@ -241,33 +235,25 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
   return h;
 }
 
-Reader::Reader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
-  QKV_CHECK(in_.is_open(), path, ": cannot open");
-  in_.seekg(0, std::ios::end);
-  const std::streamoff size = in_.tellg();
-  QKV_CHECK(size >= 0, path, ": cannot read its size");
-  in_.seekg(0);
+Reader::Reader(const std::string& path)
+    : path_(path), in_(InputFile::open(path, kSafetensorsFileCap, "a safetensors file")) {
+  const uint64_t size = in_.size();
   std::string head(8, '\0');
   if (size >= 8) {
-    in_.read(head.data(), 8);
-    QKV_CHECK(in_.good(), path, ": read failed");
+    in_.read_at(0, head.data(), 8);
     const uint64_t n = read_u64_le(head.data());
     // Bounds first: the length is read from the file, so it decides no allocation unchecked.
-    if (n > 0 && n <= kMaxHeaderBytes && n <= static_cast<uint64_t>(size) - 8) {
+    if (n > 0 && n <= kMaxHeaderBytes && n <= size - 8) {
       head.resize(8 + n);
-      in_.read(head.data() + 8, static_cast<std::streamsize>(n));
-      QKV_CHECK(in_.good(), path, ": read failed");
+      in_.read_at(8, head.data() + 8, n);
     }
   }
-  header_ = parse_header(path, head, static_cast<uint64_t>(size));
+  header_ = parse_header(path, head, size);
 }
 
 std::string Reader::read_bytes(const TensorInfo& t) {
   std::string bytes(t.end - t.begin, '\0');
-  in_.clear();
-  in_.seekg(static_cast<std::streamoff>(header_.buffer_offset + t.begin));
-  in_.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  QKV_CHECK(in_.good() || bytes.empty(), path_, ": safetensors tensor ", q(t.name), ": read failed (file truncated?)");
+  in_.read_at(header_.buffer_offset + t.begin, bytes.data(), bytes.size());
   return bytes;
 }
 

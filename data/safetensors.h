@@ -21,11 +21,12 @@
 // last tensor), which the format forbids so no other content can hide in the file.
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "data/input_file.h"
 
 namespace qkv::safetensors {
 
@@ -61,6 +62,7 @@ Header parse_header(std::string_view file, std::string_view head, uint64_t file_
 // An open, validated safetensors file; tensors are read on demand.
 class Reader {
  public:
+  // Opens `path` through InputFile (a regular file only, at most kSafetensorsFileCap bytes).
   explicit Reader(const std::string& path);
   const Header& header() const { return header_; }
   const std::string& path() const { return path_; }
@@ -72,7 +74,7 @@ class Reader {
 
  private:
   std::string path_;
-  std::ifstream in_;
+  InputFile in_;
   Header header_;
 };
 

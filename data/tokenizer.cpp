@@ -9,6 +9,7 @@
 
 #include "data/byte_level_bpe.h"
 #include "data/h5.h"
+#include "data/input_file.h"
 #include "tensor/error.h"
 
 namespace qkv {
@@ -254,10 +255,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, std::string_view c
 }
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) { fail("[tokenizer] stored tokenizer is not valid JSON: ", e.what()); }
+  const json j = parse_json(text, "[tokenizer] stored tokenizer");
   QKV_CHECK(j.is_object() && j.contains("kind") && j["kind"].is_string(),
             "[tokenizer] stored tokenizer has no \"kind\"");
   const std::string kind = j["kind"];
@@ -298,7 +296,9 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
         return std::make_unique<BpeTokenizer>(std::move(merges));
       }
     }
-  } catch (const json::exception& e) { fail("[tokenizer] stored ", kind, " tokenizer is malformed: ", e.what()); }
+  } catch (const json::exception& e) {
+    fail("[tokenizer] stored ", kind, " tokenizer is malformed: ", json_error(e, text));
+  }
   fail("[tokenizer] unknown stored tokenizer kind '", kind, "'");
 }
 

@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "autograd/grad_mode.h"
@@ -145,7 +146,31 @@ void check_global_heaps(const std::string& path) {
   if (!problem.empty()) ckpt_fail(path, "corrupt HDF5 global heap (string storage) at byte ", where, ": ", problem);
 }
 
-// Opens `path` and checks it is a checkpoint this build can read.
+// True when the schema in checkpoint.h describes a group (`group`) or dataset named `obj`:
+// /data, /data/state, /model, /model/<name>, /optimizer, /optimizer/<name>,
+// /optimizer/<name>/{exp_avg, exp_avg_sq}, /rng, /tokenizer, /tokenizer/json, /train.
+bool in_schema(const std::string& obj, bool group) {
+  static const std::set<std::pair<std::string, bool>> fixed = {
+      {"/data", true}, {"/data/state", false}, {"/model", true},           {"/optimizer", true},
+      {"/rng", true},  {"/tokenizer", true},   {"/tokenizer/json", false}, {"/train", true}};
+  if (fixed.count({obj, group})) return true;
+  const auto member = [&](std::string_view parent) {  // the name below `parent`, or ""
+    return obj.size() > parent.size() && obj.compare(0, parent.size(), parent) == 0 ? obj.substr(parent.size())
+                                                                                    : std::string();
+  };
+  if (const std::string name = member("/model/"); !name.empty()) return !group && name.find('/') == std::string::npos;
+  if (const std::string rest = member("/optimizer/"); !rest.empty()) {
+    const size_t slash = rest.find('/');
+    if (slash == std::string::npos) return group;
+    const std::string leaf = rest.substr(slash + 1);
+    return !group && slash > 0 && (leaf == "exp_avg" || leaf == "exp_avg_sq");
+  }
+  return false;
+}
+
+// Opens `path` and checks it is a checkpoint this build can read: every object in it is one the
+// schema describes, stored in the file under one name (h5::File::all_objects refuses soft,
+// external and extra hard links), so no content can hide where a reader does not look.
 h5::File open_checkpoint(const std::string& path) {
   h5::File f = h5::File::open(path);
   check_global_heaps(path);
@@ -157,6 +182,10 @@ h5::File open_checkpoint(const std::string& path) {
     ckpt_fail(path, "written by a newer qkv (format_version ", version, "; this build reads up to ",
               kCheckpointFormatVersion, ")");
   if (version < 1) ckpt_fail(path, "invalid format_version ", version);
+  for (const auto& [obj, group] : f.all_objects())
+    if (!in_schema(obj, group))
+      ckpt_fail(path, group ? "group " : "dataset ", obj,
+                " is not part of the checkpoint schema (train/checkpoint.h); refused");
   return f;
 }
 

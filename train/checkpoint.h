@@ -13,8 +13,9 @@
 //   /tokenizer                    everything needed to encode/decode (data/tokenizer.h)
 //   /train                        best_val_loss, consecutive and total skipped steps
 // Writes are atomic (temporary file, flush, fsync, rename); loading verifies integrity and names
-// the first problem found. Every object must be stored in the file itself: a soft or external
-// link anywhere is refused by name.
+// the first problem found. Every object must be one listed here, stored in the file itself under
+// one name: a soft or external link, a second hard link to an object, or an object not listed
+// is refused by name.
 #pragma once
 #include <cmath>
 #include <memory>

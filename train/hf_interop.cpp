@@ -18,6 +18,7 @@
 
 #include "autograd/grad_mode.h"
 #include "data/byte_level_bpe.h"
+#include "data/input_file.h"
 #include "data/safetensors.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -37,26 +38,11 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  QKV_CHECK(in.is_open(), path, ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  QKV_CHECK(!in.bad(), path, ": read failed");
-  return ss.str();
-}
+// config.json, the sharded index, vocab.json, merges.txt and tokenizer files: regular files of
+// at most kJsonFileCap bytes (data/input_file.h).
+std::string read_text(const std::string& path) { return read_input_file(path, kJsonFileCap, "a Hugging Face file"); }
 
-json read_json(const std::string& path) {
-  const std::string text = read_text(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    fail(path, ": not valid JSON: ", msg);
-  }
-}
+json read_json(const std::string& path) { return parse_json(read_text(path), path); }
 
 std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::strict) + "\n"; }
 
@@ -496,12 +482,13 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   if (fallback == "byte") return std::make_unique<ByteTokenizer>();
   QKV_CHECK(fallback.empty(), "--tokenizer ", fallback,
             " is not supported (byte, or none to read DIR's tokenizer files)");
-  if (fs::exists(tj, ec)) return with_path(tj, [&] { return Gpt2BpeTokenizer::from_tokenizer_json(read_text(tj)); });
+  // Files are read before with_path, whose prefix would name them twice in a read error.
+  if (fs::exists(tj, ec))
+    return with_path(tj, [text = read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
   if (fs::exists(vj, ec) && fs::exists(mt, ec))
-    return with_path(vj, [&] { return Gpt2BpeTokenizer::from_vocab_merges(read_text(vj), read_text(mt)); });
+    return with_path(vj, [v = read_text(vj), m = read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
   if (fs::exists(qj, ec)) {
-    return with_path(qj, [&] {
-      const json j = read_json(qj);
+    return with_path(qj, [j = read_json(qj)] {
       QKV_CHECK(j.is_object() && j.value("format", std::string()) == "qkv-tokenizer-mapping" && j.contains("qkv"),
                 "not a qkv-tokenizer-mapping file");
       return tokenizer_from_json(j["qkv"].dump());
