@@ -147,7 +147,7 @@ TEST_CASE("leakcheck and gradcheck pass correct models at every pattern paramete
 }
 
 TEST_CASE("on the GPU, leakcheck passes correct models at every pattern parameter's edge",
-          "[leakcheck][checkers][cuda]") {
+          "[leakcheck][checkers][cuda][device-only]") {
   if (!test::cuda_device_present()) return;
   for (const Edge& e : pattern_edges(tiny_config().block_size)) {
     nn::ModelConfig c = tiny_config();
@@ -205,7 +205,8 @@ TEST_CASE("the kernel probes catch online-softmax and chunk bugs on a model too 
   expect_kernel_probes_see(Device::cpu);
 }
 
-TEST_CASE("on the GPU, the kernel probes catch online-softmax and chunk bugs", "[leakcheck][checkers][cuda]") {
+TEST_CASE("on the GPU, the kernel probes catch online-softmax and chunk bugs",
+          "[leakcheck][checkers][cuda][device-only]") {
   if (!test::cuda_device_present()) return;
   expect_kernel_probes_see(Device::cuda);
 }
