@@ -191,7 +191,8 @@ TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[
   expect_planted_faults_caught(Device::cpu);
 }
 
-TEST_CASE("on the GPU, every leak check passes on clean models and catches each planted fault", "[leakcheck][cuda]") {
+TEST_CASE("on the GPU, every leak check passes on clean models and catches each planted fault",
+          "[leakcheck][cuda][device-only]") {
   if (!test::cuda_device_present()) return;
   expect_clean_models_pass(Device::cuda);
   expect_planted_faults_caught(Device::cuda);
