@@ -299,22 +299,10 @@ nn::ModelConfig stored_model(const h5::File& f) {
       "model.pattern_block_size=" + std::to_string(defaults.pattern_block_size),
       "model.pattern_layout=" + defaults.pattern_layout,
       "model.pattern_seed=" + std::to_string(defaults.pattern_seed)};
-  const ModelSettings m = parse_config_text(text, "checkpoint " + f.path(), inert).model;
-  nn::ModelConfig c;
-  c.family = m.family;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_kv_head = m.resolved_n_kv_head();
-  c.n_embd = m.n_embd;
-  c.block_size = m.block_size;
-  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : load_tokenizer(f, "tokenizer")->vocab_size();
-  c.ffn_hidden = m.resolved_ffn_hidden();
-  c.position = m.resolved_position();
-  c.norm = m.resolved_norm();
-  c.activation = m.resolved_activation();
-  c.bias = m.resolved_bias();
-  c.tie_embeddings = m.resolved_tie_embeddings();
-  return c;
+  // The same mapping from settings to model every other reader uses (model_config).
+  const Config cfg = parse_config_text(text, "checkpoint " + f.path(), inert);
+  const int64_t vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : load_tokenizer(f, "tokenizer")->vocab_size();
+  return model_config(cfg, vocab);
 }
 
 }  // namespace
