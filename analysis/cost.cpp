@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "attention/attention.h"
-#include "attention/patterns.h"
+#include "attention/pattern/pattern.h"
 #include "tensor/error.h"
 #include "train/model_factory.h"
 #include "train/session.h"

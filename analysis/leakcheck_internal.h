@@ -117,7 +117,7 @@ int64_t naive_attention(const NaiveSpec& s, const std::vector<double>& q, const 
 void naive_attention_backward(const NaiveSpec& s, const std::vector<double>& q, const std::vector<double>& k,
                               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
                               std::vector<double>& dk, std::vector<double>& dv);
-// Linear attention's textbook loop (attention/linear_attention.h) with the same visibility:
+// Linear attention's textbook loop (attention/linear/linear_attention.h) with the same visibility:
 // O_i = Σ_j vis·(φ(q~_i)·φ(k~_j)) v_j / (Σ_j vis·φ(q~_i)·φ(k~_j) + eps), q~ = √s·q; `W` [m, D] for favor.
 void naive_linear_attention(const NaiveSpec& s, attn::LinearFeature f, const std::vector<double>& W, double eps,
                             const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,

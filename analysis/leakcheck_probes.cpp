@@ -28,7 +28,7 @@
 #include <cmath>
 
 #include "attention/attention.h"
-#include "attention/linear_attention.h"
+#include "attention/linear/linear_attention.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"

@@ -28,7 +28,7 @@
 // largest ones (truncation), so ε = 1e-5 balances the two. atol is 5x the worst absolute error a
 // correct backward showed on any shipped config or model option (2e-9; README lists them), and
 // rtol is 1000x below a 1% bug (the planted dK x 1.01 measures 0.0099 relative on every key
-// weight, tests/test_model_gradcheck.cpp).
+// weight, tests/nn/test_model_gradcheck.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -12,7 +12,7 @@
 
 #include "app/commands.h"
 #include "app/options.h"
-#include "attention/bench.h"
+#include "bench/attention_bench.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"

@@ -1,6 +1,6 @@
 // attention() and attention_packed(): validate, pick the kernels by one fallback rule
 // (fused_backend) and, for fused kernels of any backend, record the one autograd node
-// (AttentionBackward) whose backward is the hand-derived vjp (attention/fused_backward.cpp and its
+// (AttentionBackward) whose backward is the hand-derived vjp (attention/cpu/fused_backward.cpp and its
 // CUDA twins).
 #include "attention/attention.h"
 
@@ -9,7 +9,7 @@
 #include <memory>
 #include <optional>
 
-#include "attention/reference.h"
+#include "attention/cpu/reference.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -24,7 +24,7 @@ namespace {
 
 // ---- The fused kernels of one backend, behind one interface ----
 
-// Which fused kernels run a call: the CPU ones (attention/fused.h), the CUDA float32 ones
+// Which fused kernels run a call: the CPU ones (attention/cpu/fused.h), the CUDA float32 ones
 // (attention/cuda/fused_cuda.h) or the CUDA tensor-core ones (attention/cuda/mma_attention.h).
 enum class Backend { cpu, cuda, cuda_mma };
 

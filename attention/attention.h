@@ -25,7 +25,7 @@
 //   key_lengths     j < key_lengths[b]
 //   segment_ids     seg[b, pos_i] == seg[b, j]    (queries are the last Nq positions)
 //   allow_mask      allow_mask[b, h, i, j]        (broadcast; true = may attend)
-//   pattern         allows(pos_i, j)              (a sparse pattern, below; attention/patterns.h)
+//   pattern         allows(pos_i, j)              (a sparse pattern, below; attention/pattern/pattern.h)
 //
 // Sparse patterns (AttentionOptions::pattern), on absolute positions p = pos_i and d = p - j, so a
 // KV-cache decode row sees the same keys as that row of the full forward. Each is ANDed with the
@@ -64,7 +64,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/patterns.h"
+#include "attention/pattern/pattern.h"
 #include "autograd/gradcheck.h"
 #include "tensor/tensor.h"
 
@@ -92,7 +92,7 @@ struct MaskRules {
   std::vector<int64_t> kv_head;  // [Hq], entries in [0, Hkv)
   // A causal sliding window that drops a key of some row of nq queries (a window at least as
   // long as the last position cuts nothing: that is causal attention).
-  bool window_cuts(int64_t nq) const { return has_lo && has_hi && hi <= 1 && q_offset + nq - 1 + lo > 0; }
+  bool sliding_window_cuts(int64_t nq) const { return has_lo && has_hi && hi <= 1 && q_offset + nq - 1 + lo > 0; }
 };
 
 struct AttentionOptions {
@@ -111,7 +111,7 @@ struct AttentionOptions {
   uint64_t dropout_seed = 0, dropout_offset = 0;
   FullyMasked fully_masked = FullyMasked::zero;
   Kernel kernel = Kernel::fused;
-  bool check_invariants = false;  // attention/invariants.cpp (debug mode); throws on failure
+  bool check_invariants = false;  // attention/cpu/invariants.cpp (debug mode); throws on failure
   // Optional explicit rules replacing mask_rules(shape, *this) (tests, leakcheck's self-test). The
   // CPU kernels follow any rules; the CUDA kernels derive the standard ones themselves, so a call
   // with explicit rules takes the reference path there.

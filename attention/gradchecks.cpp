@@ -6,7 +6,7 @@
 #include <string>
 
 #include "attention/attention.h"
-#include "attention/linear_attention.h"
+#include "attention/linear/linear_attention.h"
 #include "attention/rope.h"
 #include "autograd/functions.h"
 #include "tensor/ops.h"
@@ -214,7 +214,7 @@ void register_attention_gradchecks(autograd::GradcheckRegistry& r) {
            const Tensor pos = from_vector_i64({0, 1, 2, 0, 0, 1}, {2, 3});
            return apply_rope(ag::transpose(x[0], 1, 2), pos, 10000.0);
          }});
-  register_linear_attention_gradchecks(r);  // attention/linear_attention.cpp
+  register_linear_attention_gradchecks(r);  // attention/linear/linear_attention.cpp
 }
 
 }  // namespace qkv::attn

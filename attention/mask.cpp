@@ -150,7 +150,7 @@ MaskPlan::MaskPlan(const AttentionShape& s, const AttentionOptions& o, DType bia
   if (o.pattern && o.pattern->sparse()) {
     pat_ = std::make_shared<const PatternPredicate>(*o.pattern, Nk, rules_.has_hi);
     layout_ = block_layout(*o.pattern, rules_, Nq, Nk, kTileQ, kTileK);
-  } else if (rules_.window_cuts(Nq)) {
+  } else if (rules_.sliding_window_cuts(Nq)) {
     // A causal sliding window without a pattern: its layout carries the band-only walk the fused
     // CPU kernels take (patterns.h, StridedWalk); the grid paths never read it.
     layout_ = block_layout(SparsePattern{}, rules_, Nq, Nk, kTileQ, kTileK);

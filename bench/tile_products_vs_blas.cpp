@@ -1,4 +1,4 @@
-// The fused attention kernels' hand-written tile products (attention/tile_products.h) against
+// The fused attention kernels' hand-written tile products (attention/cpu/tile_products.h) against
 // cblas_sgemm on the same shapes and buffers, one thread: the three forms (A·Bᵀ, C += A·B,
 // C += Aᵀ·B) at the shapes the kernels use — a full tile (32 rows × 32 keys × D), the strided
 // walk's band tile (8 rows × l + 7 keys × D) and a 64×64 tile for reference. Runs alternate
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "attention/tile_products.h"
+#include "attention/cpu/tile_products.h"
 #include "bench/bench_args.h"
 
 using namespace qkv::attn;

@@ -1,5 +1,5 @@
 // The toy transduction that shows nn::EncoderDecoder (and so nn::CrossAttention) trains: reverse a
-// random string. Shared by examples/reverse_strings.cpp and tests/test_cross_attention.cpp.
+// random string. Shared by examples/reverse_strings.cpp and tests/attention/test_cross_attention.cpp.
 //
 // Vocabulary: 0 PAD, 1 BOS, 2 EOS, 3.. the alphabet. A string s of length n in [min_len, max_len]:
 //   source  [s_1 .. s_n, PAD ..]              S = max_len tokens, padding mask true on s

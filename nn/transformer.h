@@ -12,7 +12,7 @@
 
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
-#include "attention/linear_attention.h"
+#include "attention/linear/linear_attention.h"
 #include "nn/layers.h"
 #include "tensor/choice.h"
 
@@ -22,7 +22,7 @@ enum class Family { gpt2, llama };
 enum class Position { learned, rope, sinusoidal, alibi, none };
 enum class NormKind { layernorm, rmsnorm };
 enum class Activation { gelu_tanh, gelu, swiglu, relu };
-// full: softmax attention (attention/attention.h); linear: attention/linear_attention.h.
+// full: softmax attention (attention/attention.h); linear: attention/linear/linear_attention.h.
 enum class AttentionPattern { full, linear };
 
 // The spellings of the enums above: the names the config keys model.family, model.position,

@@ -24,7 +24,7 @@ BOOTSTRAP_BUILD=0 scripts/bootstrap.sh
 # against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
 # transformers==4.36.2 (a release that works with that torch). Installed here when missing, in the
 # background while the build runs; INTEROP=0 skips the install, and without them the test reports
-# itself skipped (the committed fixtures of tests/test_hf_interop.cpp still run). A failed install
+# itself skipped (the committed fixtures of tests/train/test_hf_interop.cpp still run). A failed install
 # (no network) only warns.
 interop_pid=""
 interop_log=$(mktemp)

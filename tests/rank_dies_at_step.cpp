@@ -1,7 +1,7 @@
 // `qkv train` with one fault the tests need: rank 1 of a multi-rank job leaves with _Exit(1),
 // without finalising MPI, just before it runs step STEP (a crashed node, as far as the others
 // can tell). Test-only: the fault goes in through TrainOptions::before_step, so the qkv binary
-// itself has no such switch. tests/test_distributed_mpi.cpp launches it under mpirun.
+// itself has no such switch. tests/distributed/test_distributed_mpi.cpp launches it under mpirun.
 //
 //   qkv_rank_dies_at_step STEP CONFIG [KEY=VALUE ...]
 #include <cstdio>

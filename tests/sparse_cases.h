@@ -1,5 +1,5 @@
 // Shared by the sparse-pattern tests (test_attention_sparse*.cpp): the patterns they run, and the
-// documented predicate written out again from attention.h alone (no code of attention/patterns.*),
+// documented predicate written out again from attention.h alone (no code of attention/pattern/pattern.*),
 // the independent reference both the layout/mask tests and the kernels' float64 brute force use.
 #pragma once
 #include <cstdint>

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "attention/attention.h"
-#include "attention/linear_attention.h"
+#include "attention/linear/linear_attention.h"
 #include "data/batcher.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -32,7 +32,7 @@
 
 namespace qkv {
 
-// model.attention_pattern: softmax attention under one of the sparse patterns (attention/patterns.h),
+// model.attention_pattern: softmax attention under one of the sparse patterns (attention/pattern/pattern.h),
 // or linear attention (whose pattern is full). Spellings: kAttentionPatterns (config_schema.h).
 struct AttentionChoice {
   nn::AttentionPattern attention = nn::AttentionPattern::full;
@@ -68,7 +68,7 @@ struct ModelSettings {
   //   full (softmax, the default) | window | strided | global | bigbird | block_sparse: softmax
   //     attention under that sparse pattern (definitions: attention/attention.h), ANDed with the
   //     causal mask and model.window; parameters in the model.pattern_* keys below;
-  //   linear (attention/linear_attention.h): O(N) time and memory, a recurrent decode state; it
+  //   linear (attention/linear/linear_attention.h): O(N) time and memory, a recurrent decode state; it
   //     refuses ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a
   //     linear meaning), and every model.pattern_* key.
   AttentionChoice attention_pattern;

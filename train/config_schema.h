@@ -36,7 +36,7 @@ using nn::kNorms;
 using nn::kPositions;
 inline constexpr std::array kAttnKernels = {Choice<attn::Kernel>{"fused", attn::Kernel::fused},
                                             Choice<attn::Kernel>{"reference", attn::Kernel::reference}};
-// model.attention_pattern: full, the sparse patterns (attention/patterns.h: softmax attention under
+// model.attention_pattern: full, the sparse patterns (attention/pattern/pattern.h: softmax attention under
 // that pattern) and linear.
 inline constexpr std::array kAttentionPatterns = {
     Choice<AttentionChoice>{"full", {nn::AttentionPattern::full, attn::Pattern::full}},

@@ -3,7 +3,7 @@
 // std::bad_alloc (or in the kernel's OOM killer) part way through.
 //
 // The need is analysis::estimate_cost's (the cost model `qkv cost` prints, held within 15% of the
-// allocator's peak by tests/test_cost.cpp):
+// allocator's peak by tests/analysis/test_cost.cpp):
 //   inference: the parameters (float32) + the KV cache of one sequence of model.block_size tokens;
 //   training:  the peak tensor bytes of one step of train.batch_size rows of train.seq_len tokens
 //              (parameters, gradients, AdamW moments, activations, logits and backward's transients).

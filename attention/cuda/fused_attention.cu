@@ -19,7 +19,7 @@
 
 #include "attention/cuda/fused_cuda.h"
 #include "attention/cuda/fused_rows.cuh"
-#include "attention/patterns.h"
+#include "attention/pattern/pattern.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/ops.h"
 

@@ -7,7 +7,7 @@
 //
 // Supported: causal (bottom-right), window, key_lengths, key_padding, segment_ids, ALiBi,
 // dropout (the Philox draw of attention.h, bit for bit the CPU's), GQA/MQA, float32/float64,
-// head dims up to 256, and every sparse pattern (attention/patterns.h). A bias, an allow_mask or
+// head dims up to 256, and every sparse pattern (attention/pattern/pattern.h). A bias, an allow_mask or
 // explicit mask rules take the reference path instead.
 //
 // Sparse patterns: the tiled kernels walk the pattern's block layout (patterns.h) on their own tile
@@ -24,7 +24,7 @@
 
 #include "attention/attention.h"
 #include "attention/cuda/device_pattern.h"
-#include "attention/fused.h"
+#include "attention/cpu/fused.h"
 #include "attention/mask.h"
 
 namespace qkv::attn::cuda_fused {

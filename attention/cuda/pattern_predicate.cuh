@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "attention/cuda/device_pattern.h"
-#include "attention/patterns.h"
+#include "attention/pattern/pattern.h"
 
 namespace qkv::attn {
 

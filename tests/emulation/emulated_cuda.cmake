@@ -4,7 +4,8 @@
 # as libcublas.so.13, so the dlopen of tensor/cuda/matmul.cu finds it (already loaded) instead of
 # the real cuBLAS.
 set(QKV_EMULATION_DIR ${CMAKE_SOURCE_DIR}/tests/emulation)
-file(GLOB QKV_EMULATED_CU CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tensor/cuda/*.cu ${CMAKE_SOURCE_DIR}/attention/cuda/*.cu)
+file(GLOB QKV_EMULATED_CU CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tensor/cuda/*.cu ${CMAKE_SOURCE_DIR}/attention/cuda/*.cu
+     ${CMAKE_SOURCE_DIR}/attention/linear/*.cu)
 file(GLOB QKV_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tensor/cuda/*.cpp)
 # qkv_emulated_cu(<var> <file.cu>): adds the rule that rewrites <file.cu> into host C++ and sets
 # <var> to the generated source (also used by tests/CMakeLists.txt for the test-only kernels).

@@ -61,11 +61,11 @@ mutant adamw_slice_search tensor/cuda/adamw.cu \
   's/if (first_block\[mid\] <= b) lo = mid;/if (first_block[mid] < b) lo = mid;/' \
   "*AdamW over all parameters in one launch*"
 
-# CPU attention kernels: the row maximum not subtracted before exp (tests/test_attention_large_logits.cpp)
-mutant fused_forward_no_max_subtraction attention/fused_forward.cpp \
+# CPU attention kernels: the row maximum not subtracted before exp (tests/attention/test_attention_large_logits.cpp)
+mutant fused_forward_no_max_subtraction attention/cpu/fused_forward.cpp \
   's/tile::exp_shift_sum(sr, bk, m_new)/tile::exp_shift_sum(sr, bk, T(0))/; s/const T alpha = m\[r\] == ninf ? T(0) : tile::exp_fast(m\[r\] - m_new);/const T alpha = T(1);/; s/lb\[r\] = m\[r\] + std::log(l\[r\]);/lb[r] = std::log(l[r]);/' \
   "[large_logits]"
-mutant fused_backward_unshifted_exp attention/fused_backward.cpp \
+mutant fused_backward_unshifted_exp attention/cpu/fused_backward.cpp \
   's/else tile::exp_shift(sr, bk, lse);/else { tile::exp_shift(sr, bk, T(0)); tile::scale_row(sr, bk, tile::exp_fast(-lse)); }/' \
   "[large_logits]"
 mutant cpu_softmax_no_max_subtraction tensor/cpu/reduce.cpp \

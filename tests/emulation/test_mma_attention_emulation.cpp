@@ -1,14 +1,14 @@
 // The tensor-core attention kernels (attention/cuda/mma_attention_kernels.cuh, the very source the
 // CUDA build compiles) run on the host through cuda_emulator.h, so CI, which has no GPU, checks them:
 // O, lse, dQ, dK and dV against float64 attention by the accuracy rule of
-// tests/test_cuda_attention_mma.cpp (max error at most 2x (O, lse, dQ) or 4x (dK, dV) that of a naive
+// tests/attention/test_cuda_attention_mma.cpp (max error at most 2x (O, lse, dQ) or 4x (dK, dV) that of a naive
 // all-bf16 attention, + 1e-5), no shared-memory races or reads of unwritten shared memory, warp
 // collectives reached by all 32 lanes, and no NaN from reading operand padding (the operands'
 // padding is NaN). The launches mirror the host side of mma_attention.cu (grids, shared-memory
 // sizes, the window clamp of params_of, backward on the forward's own O and lse).
 //
 // Usage: qkv_mma_emulation [ci|quick|full]
-//   ci     (default; the ctest) the shapes of tests/test_cuda_attention_mma.cpp plus windows beyond
+//   ci     (default; the ctest) the shapes of tests/attention/test_cuda_attention_mma.cpp plus windows beyond
 //          int, fully masked batch rows and query rows, strided operands
 //   quick  10 small cases (tests/emulation/run_mutants.sh)
 //   full   82 cases (every shape above and more strided, masked and window cases), ~30 s
@@ -268,7 +268,7 @@ bool run_case(const Case& c, uint64_t seed, double worst_ratio[kOutputs]) {
   return pass;
 }
 
-// The shapes of tests/test_cuda_attention_mma.cpp: accuracy_cases() and the fully masked rows case.
+// The shapes of tests/attention/test_cuda_attention_mma.cpp: accuracy_cases() and the fully masked rows case.
 void add_test_file_cases(std::vector<Case>& cases) {
   for (int D : {64, 128})
     for (bool causal : {false, true})

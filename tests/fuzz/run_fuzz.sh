@@ -51,7 +51,7 @@ run() {
 # --- the safetensors header parser ---
 build fuzz_safetensors_header tests/fuzz/fuzz_safetensors_header.cpp data/safetensors.cpp data/safetensors.h \
   data/input_file.cpp data/input_file.h tensor/error.h
-# Seeds: a valid file, and the hand-corrupted headers of tests/test_safetensors.cpp's kind.
+# Seeds: a valid file, and the hand-corrupted headers of tests/data/test_safetensors.cpp's kind.
 seed() {  # seed NAME HEADER [BUFFER_BYTES]
   local header=$2 n=${#2} buf=${3:-0} file="$work/fuzz_safetensors_header/corpus/$1"
   printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x\\x00\\x00\\x00\\x00' $((n & 255)) $(((n >> 8) & 255)) \

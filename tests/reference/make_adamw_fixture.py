@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Records torch.optim.AdamW on three small parameters for tests/test_train_optim.cpp.
+"""Records torch.optim.AdamW on three small parameters for tests/train/test_train_optim.cpp.
 
 Run with Debian's python3-torch (1.13): /usr/bin/python3 tests/reference/make_adamw_fixture.py
 Writes tests/reference/adamw.json next to this script.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fixture for tests/test_byte_level_bpe.cpp: a small GPT-2-style byte-level BPE trained with Hugging
+"""Fixture for tests/data/test_byte_level_bpe.cpp: a small GPT-2-style byte-level BPE trained with Hugging
 Face's `tokenizers`, and the ids `tokenizers` gives for a stress corpus.
 
 Run: /usr/bin/python3 tests/reference/make_bpe_fixture.py   (needs `tokenizers`, `regex`; they come

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fixtures for tests/test_hf_interop.cpp: tiny models made and saved by Hugging Face `transformers`
+"""Fixtures for tests/train/test_hf_interop.cpp: tiny models made and saved by Hugging Face `transformers`
 (save_pretrained, safetensors), with the loss, logits and greedy continuation `transformers`
 computes for them, so the import path is checked against the real thing without Python.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Golden end-to-end fixtures for tests/test_model_golden.cpp: a tiny "gpt2" and a tiny "llama"
+"""Golden end-to-end fixtures for tests/nn/test_model_golden.cpp: a tiny "gpt2" and a tiny "llama"
 decoder written here in plain torch (no `transformers`), computed in float64.
 
 Run with Debian's python3-torch (1.13): /usr/bin/python3 tests/reference/make_model_fixture.py
