@@ -26,6 +26,7 @@ void add_import_command(CLI::App& root, int& exit_code);
 void add_cost_command(CLI::App& root, int& exit_code);
 void add_heads_command(CLI::App& root, int& exit_code);
 void add_study_command(CLI::App& root, int& exit_code);
+void add_keys_command(CLI::App& root, int& exit_code);
 
 // Prints `j` as the single JSON line that ends stdout (the `--json` contract). Strings that are
 // not valid UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).

@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   qkv::app::add_cost_command(app, exit_code);
   qkv::app::add_heads_command(app, exit_code);
   qkv::app::add_study_command(app, exit_code);
+  qkv::app::add_keys_command(app, exit_code);
   const bool json = json_requested(argc, argv);
   try {
     app.parse(argc, argv);

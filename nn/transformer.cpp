@@ -13,34 +13,59 @@
 
 namespace qkv::nn {
 
+namespace {
+
+// The range of each size and number, stated here once: wide enough for any model qkv can hold,
+// narrow enough that no product of two sizes overflows int64.
+constexpr int64_t kMaxSize = int64_t{1} << 20;
+struct IntKey {
+  const char* key;
+  int64_t ModelConfig::*member;
+  IntRange range;
+};
+struct RealKey {
+  const char* key;
+  double ModelConfig::*member;
+  RealRange range;
+};
+const IntKey kIntKeys[] = {
+    {"model.n_layer", &ModelConfig::n_layer, {1, 1024}},
+    {"model.n_head", &ModelConfig::n_head, {1, 1024}},
+    {"model.n_kv_head", &ModelConfig::n_kv_head, {1, 1024}},
+    {"model.n_embd", &ModelConfig::n_embd, {1, 65536}},
+    {"model.block_size", &ModelConfig::block_size, {1, kMaxSize}},
+    {"model.vocab_size", &ModelConfig::vocab_size, {1, int64_t{1} << 24}},
+    {"model.ffn_hidden", &ModelConfig::ffn_hidden, {1, kMaxSize}},
+    {"model.window", &ModelConfig::window, {0, kMaxSize}},
+};
+const RealKey kRealKeys[] = {
+    {"model.dropout", &ModelConfig::dropout, {0, 1, false, true}},
+    {"model.attn_dropout", &ModelConfig::attn_dropout, {0, 1, false, true}},
+    {"model.norm_eps", &ModelConfig::norm_eps, {0, 1, true, false}},
+    {"model.rope_theta", &ModelConfig::rope_theta, {0, 1e12, true, false}},
+    {"model.init_std", &ModelConfig::init_std, {0, 1}},
+};
+
+}  // namespace
+
+std::optional<std::variant<IntRange, RealRange>> model_key_range(std::string_view key) {
+  for (const IntKey& k : kIntKeys)
+    if (key == k.key) return k.range;
+  for (const RealKey& k : kRealKeys)
+    if (key == k.key) return k.range;
+  return std::nullopt;
+}
+
 void ModelConfig::validate() const {
-  // The range of each size and number, stated here once (the config's keys of the same name take
-  // them from this check): wide enough for any model qkv can hold, narrow enough that no product of
-  // two sizes overflows int64.
-  constexpr int64_t kMaxSize = int64_t{1} << 20;
   auto in_range = [](const char* key, int64_t v, IntRange r) {
     QKV_CHECK(r.contains(v), key, " must be ", describe(r), ", got ", v);
   };
-  auto in_real_range = [](const char* key, double v, const RealRange& r) {
-    QKV_CHECK(r.contains(v), key, " must be ", describe(r), ", got ", v);
-  };
-  const RealRange probability{0, 1, false, true};
-  in_range("model.n_layer", n_layer, {1, 1024});
-  in_range("model.n_head", n_head, {1, 1024});
-  in_range("model.n_kv_head", n_kv_head, {1, 1024});
-  in_range("model.n_embd", n_embd, {1, 65536});
-  in_range("model.block_size", block_size, {1, kMaxSize});
-  in_range("model.vocab_size", vocab_size, {1, int64_t{1} << 24});
-  in_range("model.ffn_hidden", ffn_hidden, {1, kMaxSize});
+  for (const IntKey& k : kIntKeys) in_range(k.key, this->*k.member, k.range);
+  for (const RealKey& k : kRealKeys)
+    QKV_CHECK(k.range.contains(this->*k.member), k.key, " must be ", describe(k.range), ", got ", this->*k.member);
   QKV_CHECK(n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be divisible by model.n_head (", n_head, ")");
   QKV_CHECK(n_head % n_kv_head == 0, "model.n_head (", n_head, ") must be divisible by model.n_kv_head (", n_kv_head,
             ")");
-  in_real_range("model.dropout", dropout, probability);
-  in_real_range("model.attn_dropout", attn_dropout, probability);
-  in_real_range("model.norm_eps", norm_eps, {0, 1, true, false});
-  in_real_range("model.rope_theta", rope_theta, {0, 1e12, true, false});
-  in_range("model.window", window, {0, kMaxSize});
-  in_real_range("model.init_std", init_std, {0, 1});
   pattern.validate_for(block_size);
   QKV_CHECK(position != Position::rope || head_dim() % 2 == 0,
             "rotary positions need an even head size, but model.n_embd / model.n_head = ", head_dim());

@@ -7,7 +7,10 @@
 // Legend: B batch, T tokens in this call, C n_embd, Hq/Hkv query/kv heads, hd = C/Hq, V vocab.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "attention/attention.h"
@@ -15,6 +18,7 @@
 #include "attention/linear/linear_attention.h"
 #include "nn/layers.h"
 #include "tensor/choice.h"
+#include "tensor/value_range.h"
 
 namespace qkv::nn {
 
@@ -67,6 +71,12 @@ struct ModelConfig {
   // (train/config.cpp) runs the same check on the model a config describes.
   void validate() const;
 };
+
+// The range ModelConfig::validate holds a size or number to, by its config key ("model.n_layer"):
+// the one statement of it, which the config reference (train/config.h, config_reference) shows.
+// nullopt for a key the model gives no range (linear_features and linear_chunk are checked
+// only under linear attention and have their range in the config's key table).
+std::optional<std::variant<IntRange, RealRange>> model_key_range(std::string_view key);
 
 // What a layer's attention step calls, as one replaceable object: RoPE, a last word on the options
 // of the attention call, and the attention op (plain, packed, or with its weights for inspection).

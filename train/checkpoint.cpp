@@ -284,23 +284,8 @@ nn::ModelConfig stored_model(const h5::File& f) {
   const std::string text = f.attr_string("/", "config");
   if (f.has_attr("/", "config_fnv1a64") && f.attr_int("/", "config_fnv1a64") != text_checksum(text))
     ckpt_fail(f.path(), "the config attribute fails its checksum (corrupt file)");
-  const ModelSettings defaults;
-  const std::vector<std::string> inert = {
-      "model.attention_pattern=full",
-      "model.window=0",
-      "model.linear_feature=" + std::string(name_of(defaults.linear_feature)),
-      "model.linear_features=" + std::to_string(defaults.linear_features),
-      "model.linear_chunk=" + std::to_string(defaults.linear_chunk),
-      "model.pattern_stride=" + std::to_string(defaults.pattern_stride),
-      "model.pattern_local=" + std::to_string(defaults.pattern_local),
-      "model.pattern_global=" + std::to_string(defaults.pattern_global),
-      "model.pattern_global_tokens=" + defaults.pattern_global_tokens,
-      "model.pattern_random_blocks=" + std::to_string(defaults.pattern_random_blocks),
-      "model.pattern_block_size=" + std::to_string(defaults.pattern_block_size),
-      "model.pattern_layout=" + defaults.pattern_layout,
-      "model.pattern_seed=" + std::to_string(defaults.pattern_seed)};
   // The same mapping from settings to model every other reader uses (model_config).
-  const Config cfg = parse_config_text(text, "checkpoint " + f.path(), inert);
+  const Config cfg = parse_config_text(text, "checkpoint " + f.path(), attention_defaults());
   const int64_t vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : load_tokenizer(f, "tokenizer")->vocab_size();
   return model_config(cfg, vocab);
 }

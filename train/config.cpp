@@ -49,11 +49,18 @@ bool is_text(const FieldPtr& p) {
 // own rules, which validate() runs too) and none here.
 using KeyRange = std::variant<std::monostate, IntRange, RealRange>;
 
+// A key's row: its name, the member it reads into (whose C++ type and default are the key's),
+// what it means, the range a numeric key accepts (checked by validate() before any other rule;
+// a key that maps one to one onto nn::ModelConfig has its range there, nn::model_key_range), and
+// the model.attention_pattern values a key applies to (empty: all; away from its default under
+// any other pattern it is refused).
 struct Field {
   const char* section;
   const char* key;
   FieldPtr ptr;
+  const char* help;
   KeyRange range = {};
+  std::vector<std::string_view> used_by = {};
   std::string name() const { return std::string(section) + "." + key; }
 };
 
@@ -62,88 +69,146 @@ constexpr int64_t kMaxSteps = 1'000'000'000'000;  // steps and step intervals
 
 const char* const kSections[] = {"model", "data", "train", "sample"};
 
+// Every key, once, in the order to_toml writes them: the one declaration of each setting.
 std::vector<Field> fields_of(Config& c) {
   ModelSettings& m = c.model;
   DataSettings& d = c.data;
   TrainSettings& t = c.train;
   SampleSettings& s = c.sample;
+  const std::vector<std::string_view> globals{"global", "bigbird"}, blocks{"bigbird", "block_sparse"};
   return {
-      {"model", "family", &m.family},
-      {"model", "n_layer", &m.n_layer},
-      {"model", "n_head", &m.n_head},
-      {"model", "n_kv_head", &m.n_kv_head, IntRange{0, 1024}},
-      {"model", "n_embd", &m.n_embd},
-      {"model", "block_size", &m.block_size},
-      {"model", "vocab_size", &m.vocab_size, IntRange{0, int64_t{1} << 24}},
-      {"model", "dropout", &m.dropout},
-      {"model", "attn_dropout", &m.attn_dropout},
-      {"model", "norm_eps", &m.norm_eps},
-      {"model", "rope_theta", &m.rope_theta},
-      {"model", "ffn_hidden", &m.ffn_hidden, IntRange{0, kMaxSize}},
-      {"model", "ffn_multiple_of", &m.ffn_multiple_of, IntRange{1, 65536}},
-      {"model", "position", &m.position},
-      {"model", "norm", &m.norm},
-      {"model", "activation", &m.activation},
-      {"model", "bias", &m.bias},
-      {"model", "tie_embeddings", &m.tie_embeddings},
-      {"model", "window", &m.window},
-      {"model", "init_std", &m.init_std},
-      {"model", "attn_kernel", &m.attn_kernel},
-      {"model", "attention_pattern", &m.attention_pattern},
-      {"model", "linear_feature", &m.linear_feature},
-      {"model", "linear_features", &m.linear_features, IntRange{0, 65536}},
-      {"model", "linear_chunk", &m.linear_chunk},
-      {"model", "pattern_stride", &m.pattern_stride, IntRange{0, kMaxSize}},
-      {"model", "pattern_local", &m.pattern_local, IntRange{0, kMaxSize}},
-      {"model", "pattern_global", &m.pattern_global, IntRange{0, kMaxSize}},
-      {"model", "pattern_global_tokens", &m.pattern_global_tokens},
-      {"model", "pattern_random_blocks", &m.pattern_random_blocks, IntRange{0, kMaxSize}},
-      {"model", "pattern_block_size", &m.pattern_block_size, IntRange{0, kMaxSize}},
-      {"model", "pattern_layout", &m.pattern_layout},
-      {"model", "pattern_seed", &m.pattern_seed, IntRange{0, kIntMax}},
-      {"data", "path", &d.path},
-      {"data", "tokenizer", &d.tokenizer},
-      {"data", "bpe_vocab_size", &d.bpe_vocab_size, IntRange{256, kMaxSize}},
-      {"data", "separator", &d.separator},
-      {"data", "val_fraction", &d.val_fraction, RealRange{0, 1, false, true}},
-      {"data", "batching", &d.batching},
-      {"data", "padding_side", &d.padding_side},
-      {"data", "random_tokens", &d.random_tokens},
-      {"train", "device", &t.device},
-      {"train", "dtype", &t.dtype},
-      {"train", "batch_size", &t.batch_size, IntRange{1, kMaxSize}},
-      {"train", "grad_accum", &t.grad_accum, IntRange{1, kMaxSize}},
-      {"train", "seq_len", &t.seq_len, IntRange{0, kMaxSize}},
-      {"train", "max_steps", &t.max_steps, IntRange{0, kMaxSteps}},
-      {"train", "lr", &t.lr, RealRange{0, 10}},
-      {"train", "min_lr", &t.min_lr, RealRange{0, 10}},
-      {"train", "warmup_steps", &t.warmup_steps, IntRange{0, kMaxSteps}},
-      {"train", "lr_schedule", &t.lr_schedule},
-      {"train", "weight_decay", &t.weight_decay, RealRange{0, 10}},
-      {"train", "beta1", &t.beta1, RealRange{0, 1, false, true}},
-      {"train", "beta2", &t.beta2, RealRange{0, 1, false, true}},
-      {"train", "eps", &t.eps, RealRange{0, 1}},
-      {"train", "grad_clip", &t.grad_clip, RealRange{0, 1e6}},
-      {"train", "seed", &t.seed, IntRange{0, kIntMax}},
-      {"train", "out_dir", &t.out_dir},
-      {"train", "eval_interval", &t.eval_interval, IntRange{1, kMaxSteps}},
-      {"train", "eval_batches", &t.eval_batches, IntRange{1, kMaxSize}},
-      {"train", "checkpoint_interval", &t.checkpoint_interval, IntRange{0, kMaxSteps}},
-      {"train", "keep_last", &t.keep_last, IntRange{1, kMaxSize}},
-      {"train", "max_bad_steps", &t.max_bad_steps, IntRange{1, kMaxSize}},
-      {"train", "recompute", &t.recompute},
-      {"train", "threads", &t.threads, IntRange{0, 4096}},
-      {"train", "log_interval", &t.log_interval, IntRange{1, kMaxSteps}},
-      {"train", "zero", &t.zero, IntRange{0, kMaxZeroStage}},
-      {"train", "dp_bucket_kb", &t.dp_bucket_kb, IntRange{1, kMaxSize}},
-      {"train", "dp_overlap", &t.dp_overlap},
-      {"train", "cuda_mma", &t.cuda_mma},
-      {"sample", "max_new_tokens", &s.max_new_tokens, IntRange{0, 10'000'000}},
-      {"sample", "temperature", &s.temperature, RealRange{0, 10000}},
-      {"sample", "top_k", &s.top_k, IntRange{0, int64_t{1} << 24}},
-      {"sample", "top_p", &s.top_p, RealRange{0, 1, true, false}},
-      {"sample", "seed", &s.seed, IntRange{0, kIntMax}},
-      {"sample", "prompt", &s.prompt},
+      {"model", "family", &m.family, "a preset for position, norm, activation, bias and tie_embeddings"},
+      {"model", "n_layer", &m.n_layer, "transformer blocks"},
+      {"model", "n_head", &m.n_head, "query heads"},
+      {"model", "n_kv_head", &m.n_kv_head, "key/value heads; 0 = n_head (multi-head), 1 = multi-query, else GQA",
+       IntRange{0, 1024}},
+      {"model", "n_embd", &m.n_embd, "width C of the residual stream; n_embd / n_head is the head size"},
+      {"model", "block_size", &m.block_size, "the longest context in tokens"},
+      {"model", "vocab_size", &m.vocab_size, "rows of the embedding; 0 = the tokenizer's",
+       IntRange{0, int64_t{1} << 24}},
+      {"model", "dropout", &m.dropout, "embedding and residual dropout"},
+      {"model", "attn_dropout", &m.attn_dropout, "dropout on the attention weights"},
+      {"model", "norm_eps", &m.norm_eps, "epsilon of LayerNorm / RMSNorm"},
+      {"model", "rope_theta", &m.rope_theta, "RoPE base"},
+      {"model", "ffn_hidden", &m.ffn_hidden,
+       "MLP width; 0 = the family's (gpt2: 4C; llama: 2/3 of 4C rounded up to ffn_multiple_of)", IntRange{0, kMaxSize}},
+      {"model", "ffn_multiple_of", &m.ffn_multiple_of, "llama's rounding of the default ffn_hidden",
+       IntRange{1, 65536}},
+      {"model", "position", &m.position, "position scheme; \"\" = the family's (gpt2: learned, llama: rope)"},
+      {"model", "norm", &m.norm, "norm; \"\" = the family's (gpt2: layernorm, llama: rmsnorm)"},
+      {"model", "activation", &m.activation, "MLP activation; \"\" = the family's (gpt2: gelu_tanh, llama: swiglu)"},
+      {"model", "bias", &m.bias, "biases in linear layers and norms; unset = the family's (gpt2: true, llama: false)"},
+      {"model", "tie_embeddings", &m.tie_embeddings,
+       "the LM head shares the token embedding; unset = the family's (gpt2: true, llama: false)"},
+      {"model", "window", &m.window, "sliding window: each query sees its last `window` keys; 0 = none"},
+      {"model", "init_std", &m.init_std, "standard deviation of the initial weights"},
+      {"model", "attn_kernel", &m.attn_kernel, "fused (tiled online softmax) or reference (naive, for checks)"},
+      {"model", "attention_pattern", &m.attention_pattern,
+       "softmax attention under a sparse pattern (docs/attention.md), or linear attention (O(N), a recurrent "
+       "decode state)"},
+      {"model", "linear_feature", &m.linear_feature, "linear attention's feature map φ", {}, {"linear"}},
+      {"model",
+       "linear_features",
+       &m.linear_features,
+       "favor's m random features; 0 = the head size",
+       IntRange{0, 65536},
+       {"linear"}},
+      {"model",
+       "linear_chunk",
+       &m.linear_chunk,
+       "keys per chunk of the causal training form (any value is exact)",
+       IntRange{1, kMaxSize},
+       {"linear"}},
+      {"model",
+       "pattern_stride",
+       &m.pattern_stride,
+       "strided: s; 0 = ceil(sqrt(block_size))",
+       IntRange{0, kMaxSize},
+       {"strided"}},
+      {"model",
+       "pattern_local",
+       &m.pattern_local,
+       "local width l; 0 = the pattern's default (window, bigbird: the pattern block size; strided: s; global: 1)",
+       IntRange{0, kMaxSize},
+       {"window", "strided", "global", "bigbird"}},
+      {"model", "pattern_global", &m.pattern_global, "the first g positions are global", IntRange{0, kMaxSize},
+       globals},
+      {"model",
+       "pattern_global_tokens",
+       &m.pattern_global_tokens,
+       "the global positions as a list (\"0,17,33\"), instead of pattern_global",
+       {},
+       globals},
+      {"model",
+       "pattern_random_blocks",
+       &m.pattern_random_blocks,
+       "random key blocks per query block",
+       IntRange{0, kMaxSize},
+       {"bigbird"}},
+      {"model", "pattern_block_size", &m.pattern_block_size, "block size; 0 = clamp(block_size / 4, 1, 64)",
+       IntRange{0, kMaxSize}, blocks},
+      {"model",
+       "pattern_layout",
+       &m.pattern_layout,
+       "local_global | fixed | a file of 0/1 rows (one per query block)",
+       {},
+       {"block_sparse"}},
+      {"model", "pattern_seed", &m.pattern_seed, "seed of the random blocks", IntRange{0, kIntMax}, {"bigbird"}},
+      {"data", "path", &d.path, "a text file or a prepared .h5 (`qkv prepare`); may be empty with random_tokens"},
+      {"data", "tokenizer", &d.tokenizer,
+       "char | byte | bpe (trained on the corpus) | gpt2_bpe (GPT-2's, from a `qkv import` checkpoint)"},
+      {"data", "bpe_vocab_size", &d.bpe_vocab_size, "the bpe tokenizer's vocabulary", IntRange{256, kMaxSize}},
+      {"data", "separator", &d.separator, "what ends a document in the corpus"},
+      {"data", "val_fraction", &d.val_fraction, "share of the corpus held out for evaluation",
+       RealRange{0, 1, false, true}},
+      {"data", "batching", &d.batching,
+       "rows as random windows of the token stream, one document per row (padded), or documents packed end to end "
+       "(data/batcher.h)"},
+      {"data", "padding_side", &d.padding_side, "where document rows are padded"},
+      {"data", "random_tokens", &d.random_tokens, "train on uniform random tokens (benchmarks); no corpus needed"},
+      {"train", "device", &t.device, "where the model runs"},
+      {"train", "dtype", &t.dtype, "float32, or bf16 autocast (matmuls and attention in bf16)"},
+      {"train", "batch_size", &t.batch_size, "rows per micro-batch", IntRange{1, kMaxSize}},
+      {"train", "grad_accum", &t.grad_accum, "micro-batches per optimizer step", IntRange{1, kMaxSize}},
+      {"train", "seq_len", &t.seq_len, "tokens per training row; 0 = model.block_size", IntRange{0, kMaxSize}},
+      {"train", "max_steps", &t.max_steps, "optimizer steps", IntRange{0, kMaxSteps}},
+      {"train", "lr", &t.lr, "peak learning rate", RealRange{0, 10}},
+      {"train", "min_lr", &t.min_lr, "the cosine schedule's floor", RealRange{0, 10}},
+      {"train", "warmup_steps", &t.warmup_steps, "linear warmup steps", IntRange{0, kMaxSteps}},
+      {"train", "lr_schedule", &t.lr_schedule, "the schedule after warmup"},
+      {"train", "weight_decay", &t.weight_decay, "AdamW's decoupled weight decay (matrices only)", RealRange{0, 10}},
+      {"train", "beta1", &t.beta1, "AdamW β1", RealRange{0, 1, false, true}},
+      {"train", "beta2", &t.beta2, "AdamW β2", RealRange{0, 1, false, true}},
+      {"train", "eps", &t.eps, "AdamW ε", RealRange{0, 1}},
+      {"train", "grad_clip", &t.grad_clip, "clip the global L2 norm of the gradients to this; 0 = off",
+       RealRange{0, 1e6}},
+      {"train", "seed", &t.seed, "seed of initialization, batches and dropout", IntRange{0, kIntMax}},
+      {"train", "out_dir", &t.out_dir, "the run's folder (checkpoints, metrics.jsonl); one run per folder"},
+      {"train", "eval_interval", &t.eval_interval, "steps between evaluations", IntRange{1, kMaxSteps}},
+      {"train", "eval_batches", &t.eval_batches, "batches per evaluation", IntRange{1, kMaxSize}},
+      {"train", "checkpoint_interval", &t.checkpoint_interval, "steps between checkpoints; 0 = only at the end",
+       IntRange{0, kMaxSteps}},
+      {"train", "keep_last", &t.keep_last, "periodic checkpoints kept", IntRange{1, kMaxSize}},
+      {"train", "max_bad_steps", &t.max_bad_steps, "consecutive non-finite steps before training stops",
+       IntRange{1, kMaxSize}},
+      {"train", "recompute", &t.recompute, "recompute each block's activations in backward (less memory)"},
+      {"train", "threads", &t.threads, "CPU threads; 0 = all cores", IntRange{0, 4096}},
+      {"train", "log_interval", &t.log_interval, "steps between log lines", IntRange{1, kMaxSteps}},
+      {"train", "zero", &t.zero, "optimizer-state sharding: 0 = none, 1 = ZeRO-1 (stages 2 and 3 do not exist here)",
+       IntRange{0, kMaxZeroStage}},
+      {"train", "dp_bucket_kb", &t.dp_bucket_kb,
+       "KiB of gradients per data-parallel all-reduce bucket (speed only: the same bits for any value)",
+       IntRange{1, kMaxSize}},
+      {"train", "dp_overlap", &t.dp_overlap,
+       "start all-reduce buckets during the step's last backward (speed only); false: after it"},
+      {"train", "cuda_mma", &t.cuda_mma,
+       "bf16 on CUDA: attention on the tensor-core kernels where they apply; false keeps the float32 kernels"},
+      {"sample", "max_new_tokens", &s.max_new_tokens, "tokens to generate", IntRange{0, 10'000'000}},
+      {"sample", "temperature", &s.temperature, "softmax temperature; 0 = greedy", RealRange{0, 10000}},
+      {"sample", "top_k", &s.top_k, "keep the k most likely tokens; 0 = off", IntRange{0, int64_t{1} << 24}},
+      {"sample", "top_p", &s.top_p, "nucleus: keep the smallest set of mass p; 1 = off", RealRange{0, 1, true, false}},
+      {"sample", "seed", &s.seed, "seed of sampling", IntRange{0, kIntMax}},
+      {"sample", "prompt", &s.prompt, "text the generation continues"},
   };
 }
 
@@ -349,6 +414,25 @@ void check_ranges(Config& cfg, const std::string& origin) {
   }
 }
 
+// A key that applies to some attention patterns only (its row's used_by), set away from its
+// default under another: refused, since the model would silently ignore it.
+void check_used_by(Config& cfg, const std::string& origin) {
+  Config defaults;
+  const std::vector<Field> set = fields_of(cfg), unset = fields_of(defaults);
+  const std::string_view pattern = name_of(cfg.model.attention_pattern);
+  for (size_t i = 0; i < set.size(); ++i) {
+    const std::vector<std::string_view>& users = set[i].used_by;
+    if (users.empty() || std::find(users.begin(), users.end(), pattern) != users.end()) continue;
+    const std::string value = field_text(set[i]);
+    if (value == field_text(unset[i])) continue;
+    std::string list;
+    for (size_t u = 0; u < users.size(); ++u)
+      list += (u == 0 ? "" : u + 1 == users.size() ? " or " : ", ") + std::string(users[u]);
+    fail(origin, ": ", set[i].name(), " = ", value, " is only used by model.attention_pattern = ", list, ", not ",
+         pattern);
+  }
+}
+
 }  // namespace
 
 // ---- resolved values ----
@@ -451,6 +535,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
 void validate(const Config& cfg, const std::string& origin) {
   Config scratch = cfg;  // fields_of needs a non-const config; nothing is written
   check_ranges(scratch, origin);
+  check_used_by(scratch, origin);
   const ModelSettings& m = cfg.model;
   // Every rule on the model itself is nn::ModelConfig::validate's (the one place it is written),
   // run here on the model these settings describe; vocabulary 1 stands in for the tokenizer's.
@@ -536,6 +621,93 @@ std::optional<ConfigDifference> first_difference(const Config& a, const Config& 
     if (!same) return ConfigDifference{name, field_text(fa[i]), field_text(fb[i])};
   }
   return std::nullopt;
+}
+
+namespace {
+
+template <class T>
+struct EnumOf {
+  using type = T;
+};
+template <class E>
+struct EnumOf<std::optional<E>> {
+  using type = E;
+};
+
+// A key's type as the reference shows it: the spellings of an enumerated setting.
+std::string type_text(const FieldPtr& ptr) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) return "integer";
+        else if constexpr (std::is_same_v<T, double>) return "number";
+        else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) return "boolean";
+        else if constexpr (std::is_same_v<T, std::string>) return "string";
+        else {
+          std::string out;
+          const auto& table = spellings(typename EnumOf<T>::type{});
+          for (std::string_view name : names_of(table)) out += (out.empty() ? "" : " \\| ") + std::string(name);
+          return out;
+        }
+      },
+      ptr);
+}
+
+std::string range_text(const Field& f) {
+  std::optional<std::variant<IntRange, RealRange>> r;
+  if (const auto* i = std::get_if<IntRange>(&f.range)) r = *i;
+  else if (const auto* x = std::get_if<RealRange>(&f.range)) r = *x;
+  else r = nn::model_key_range(f.name());
+  if (!r) return "";
+  return std::visit([](const auto& range) { return describe(range); }, *r);
+}
+
+bool unset_optional(const FieldPtr& ptr) {
+  return std::visit(
+      [](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (IsOptionalEnum<T>::value || std::is_same_v<T, std::optional<bool>>) return !p->has_value();
+        else return false;
+      },
+      ptr);
+}
+
+}  // namespace
+
+std::string config_reference() {
+  Config defaults;
+  std::ostringstream os;
+  std::string section;
+  for (const Field& f : fields_of(defaults)) {
+    if (section != f.section) {
+      section = f.section;
+      os << (section == "model" ? "" : "\n") << "### [" << section << "]\n\n"
+         << "| key | type | default | accepts | meaning |\n|---|---|---|---|---|\n";
+    }
+    std::string help;
+    for (char ch : std::string_view(f.help)) help += ch == '|' ? "\\|" : std::string(1, ch);  // a table cell
+    if (!f.used_by.empty()) {
+      help += "; only under model.attention_pattern = ";
+      for (size_t u = 0; u < f.used_by.size(); ++u) help += (u ? ", " : "") + std::string(f.used_by[u]);
+    }
+    const std::string def = unset_optional(f.ptr) ? "the family's" : "`" + field_text(f) + "`";
+    os << "| `" << f.name() << "` | " << type_text(f.ptr) << " | " << def << " | " << range_text(f) << " | " << help
+       << " |\n";
+  }
+  return os.str();
+}
+
+std::vector<std::string> attention_defaults() {
+  Config defaults;
+  std::vector<std::string> out;
+  for (const Field& f : fields_of(defaults)) {
+    const std::string name = f.name();
+    if (f.used_by.empty() && name != "model.attention_pattern" && name != "model.window") continue;
+    std::string value = field_text(f);
+    if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);  // --set takes it bare
+    out.push_back(name + "=" + value);
+  }
+  return out;
 }
 
 std::vector<std::string> config_keys() {

@@ -41,49 +41,44 @@ struct AttentionChoice {
   constexpr bool linear() const { return attention == nn::AttentionPattern::linear; }
 };
 
+// The settings of a run, one member per config key. Each key's name, meaning, accepted range and
+// the attention patterns it applies to are declared once, in its row of the key table
+// (train/config.cpp, fields_of); `qkv keys` and docs/config.md list them all. A member's type and
+// default here are the key's.
 struct ModelSettings {
-  nn::Family family = nn::Family::gpt2;  // a preset for the switches below (spellings: config_schema.h)
+  nn::Family family = nn::Family::gpt2;
   int64_t n_layer = 4;
   int64_t n_head = 4;
-  int64_t n_kv_head = 0;  // 0 = n_head (multi-head); n_head % n_kv_head == 0 (GQA, 1 = MQA)
+  int64_t n_kv_head = 0;
   int64_t n_embd = 128;
   int64_t block_size = 64;
-  int64_t vocab_size = 0;  // 0 = taken from the tokenizer
-  double dropout = 0.0;    // embedding and residual dropout
+  int64_t vocab_size = 0;
+  double dropout = 0.0;
   double attn_dropout = 0.0;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  int64_t ffn_hidden = 0;        // 0 = family default (gpt2: 4C; llama: 2/3 of 4C rounded up)
-  int64_t ffn_multiple_of = 64;  // llama's rounding of the default ffn_hidden
-  // Preset switches; "" / unset = the family's choice.
-  std::optional<nn::Position> position;      // "learned" | "rope" | "sinusoidal" | "alibi" | "none"
-  std::optional<nn::NormKind> norm;          // "layernorm" | "rmsnorm"
-  std::optional<nn::Activation> activation;  // "gelu_tanh" | "gelu" | "swiglu" | "relu"
+  int64_t ffn_hidden = 0;
+  int64_t ffn_multiple_of = 64;
+  std::optional<nn::Position> position;
+  std::optional<nn::NormKind> norm;
+  std::optional<nn::Activation> activation;
   std::optional<bool> bias;
   std::optional<bool> tie_embeddings;
-  int64_t window = 0;  // sliding attention window; 0 = none
+  int64_t window = 0;
   double init_std = 0.02;
-  attn::Kernel attn_kernel = attn::Kernel::fused;  // "fused" | "reference"
-  // Which attention (old checkpoints load as "full"):
-  //   full (softmax, the default) | window | strided | global | bigbird | block_sparse: softmax
-  //     attention under that sparse pattern (definitions: attention/attention.h), ANDed with the
-  //     causal mask and model.window; parameters in the model.pattern_* keys below;
-  //   linear (attention/linear/linear_attention.h): O(N) time and memory, a recurrent decode state; it
-  //     refuses ALiBi, attn_dropout > 0, window > 0 and attn_kernel = "reference" (none has a
-  //     linear meaning), and every model.pattern_* key.
+  attn::Kernel attn_kernel = attn::Kernel::fused;
   AttentionChoice attention_pattern;
-  attn::LinearFeature linear_feature = attn::LinearFeature::elu1;  // linear's φ: "elu1" | "relu" | "favor"
-  int64_t linear_features = 0;                                     // favor's m random features; 0 = the head size
-  int64_t linear_chunk = 64;                    // keys per chunk of the causal (training) form; any value is exact
-  int64_t pattern_stride = 0;                   // strided: s; 0 = ceil(sqrt(block_size))
-  int64_t pattern_local = 0;                    // local width l; 0 = the pattern's default (window, bigbird: the
-                                                // pattern block size; strided: s; global: 1)
-  int64_t pattern_global = 1;                   // global, bigbird: the first g positions are global
-  std::string pattern_global_tokens;            // global, bigbird: "0,17,33" lists the global positions instead
-  int64_t pattern_random_blocks = 2;            // bigbird: random key blocks per query block
-  int64_t pattern_block_size = 0;               // bigbird, block_sparse: 0 = clamp(block_size / 4, 1, 64)
-  std::string pattern_layout = "local_global";  // block_sparse: local_global | fixed | a file of 0/1 rows
-  int64_t pattern_seed = 0;                     // bigbird: seed of the random blocks
+  attn::LinearFeature linear_feature = attn::LinearFeature::elu1;
+  int64_t linear_features = 0;
+  int64_t linear_chunk = 64;
+  int64_t pattern_stride = 0;
+  int64_t pattern_local = 0;
+  int64_t pattern_global = 1;
+  std::string pattern_global_tokens;
+  int64_t pattern_random_blocks = 2;
+  int64_t pattern_block_size = 0;
+  std::string pattern_layout = "local_global";
+  int64_t pattern_seed = 0;
 
   nn::Position resolved_position() const;      // gpt2: learned, llama: rope
   nn::NormKind resolved_norm() const;          // gpt2: layernorm, llama: rmsnorm
@@ -99,62 +94,56 @@ struct ModelSettings {
 };
 
 struct DataSettings {
-  std::string path;                                    // a text file or a prepared .h5; may be empty with random_tokens
-  TokenizerKind tokenizer = TokenizerKind::character;  // "char" | "byte" | "bpe" | "gpt2_bpe" (GPT-2's, from HF
-                                                       // files: a checkpoint made by `qkv import`; not built
-                                                       // from a corpus)
+  std::string path;
+  TokenizerKind tokenizer = TokenizerKind::character;
   int64_t bpe_vocab_size = 512;
-  DocSeparator separator = DocSeparator::blank_line;  // "blank_line" | "percent_line" | "none"
+  DocSeparator separator = DocSeparator::blank_line;
   double val_fraction = 0.1;
-  BatchMode batching = BatchMode::random_windows;  // kBatchModes
-  Padding padding_side = Padding::right;           // kPaddingSides
-  bool random_tokens = false;                      // train on uniform random tokens (benchmarks), no corpus needed
+  BatchMode batching = BatchMode::random_windows;
+  Padding padding_side = Padding::right;
+  bool random_tokens = false;
   bool operator==(const DataSettings&) const = default;
 };
 
 struct TrainSettings {
-  Device device = Device::cpu;  // "cpu" | "cuda"
-  DType dtype = DType::f32;     // "float32" | "bf16" (autocast: matmuls and attention in bf16)
+  Device device = Device::cpu;
+  DType dtype = DType::f32;
   int64_t batch_size = 12;
   int64_t grad_accum = 1;
-  int64_t seq_len = 0;  // tokens per training row; 0 = model.block_size
+  int64_t seq_len = 0;
   int64_t resolved_seq_len(int64_t block_size) const { return seq_len > 0 ? seq_len : block_size; }
   int64_t max_steps = 100;
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 0;
-  train::LrScheduleKind lr_schedule = train::LrScheduleKind::cosine;  // "cosine" | "constant"
+  train::LrScheduleKind lr_schedule = train::LrScheduleKind::cosine;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;  // global L2 norm; 0 = off
+  double grad_clip = 1.0;
   int64_t seed = 1337;
   std::string out_dir = "runs/default";
   int64_t eval_interval = 100;
   int64_t eval_batches = 20;
-  int64_t checkpoint_interval = 0;  // 0 = only at the end
+  int64_t checkpoint_interval = 0;
   int64_t keep_last = 3;
-  int64_t max_bad_steps = 5;  // consecutive non-finite steps before training stops
-  bool recompute = false;     // activation recomputation per block
-  int64_t threads = 0;        // 0 = all cores
+  int64_t max_bad_steps = 5;
+  bool recompute = false;
+  int64_t threads = 0;
   int64_t log_interval = 10;
-  int64_t zero = 0;  // optimizer-state sharding: 0 = none, 1 = ZeRO-1 (kMaxZeroStage)
-  // Data parallelism's gradient all-reduce (distributed/data_parallel.h); speed only, the same bits
-  // whatever their values.
-  int64_t dp_bucket_kb = 4096;  // KiB of gradients per all-reduce bucket
-  bool dp_overlap = true;       // start buckets during the step's last backward; false: after it
-  // bf16 autocast on CUDA: attention on the tensor-core kernels where they apply; false keeps the
-  // float32 kernels (a bad tensor-core kernel told apart from the rest of a bf16 run).
+  int64_t zero = 0;
+  int64_t dp_bucket_kb = 4096;
+  bool dp_overlap = true;
   bool cuda_mma = true;
   bool operator==(const TrainSettings&) const = default;
 };
 
 struct SampleSettings {
   int64_t max_new_tokens = 200;
-  double temperature = 1.0;  // 0 = greedy
-  int64_t top_k = 0;         // 0 = off
-  double top_p = 1.0;        // 1 = off
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
   int64_t seed = 1337;
   std::string prompt;
   bool operator==(const SampleSettings&) const = default;
@@ -201,5 +190,14 @@ RealRange real_key_range(std::string_view key);
 
 // Every key as "section.key", in declaration order (for help text and tests).
 std::vector<std::string> config_keys();
+
+// Every key as Markdown tables, one per section (key, type, default, accepted range, meaning, the
+// attention patterns it applies to), from the key table: docs/config.md, printed by `qkv keys`.
+std::string config_reference();
+
+// "section.key=value" overrides that put model.attention_pattern, model.window and every key of one
+// attention pattern only back to their defaults (plain full attention): what a reader that
+// compares tensors, not attention, applies to a stored config (train/checkpoint.cpp).
+std::vector<std::string> attention_defaults();
 
 }  // namespace qkv

@@ -96,42 +96,13 @@ int64_t ceil_sqrt(int64_t n) {
 
 // model.attention_pattern and its model.pattern_* keys as the resolved pattern every layer passes
 // to attention: "auto" stride and block size fixed from block_size (so decode keeps them), a
-// layout file read. A key set for a pattern that does not use it is an error naming the key.
+// layout file read.
 attn::SparsePattern sparse_pattern(const ModelSettings& m) {
   attn::SparsePattern p;
-  // linear attention forms no weights to mask: its pattern is full, and every pattern_* key is refused below.
+  // Linear attention forms no weights to mask: its pattern is full. A key of another pattern is
+  // refused before this by the config's validator (the key table's used_by, train/config.cpp).
   p.kind = m.attention_pattern.sparse;
-  const std::string_view name = name_of(m.attention_pattern);
-  const bool strided = p.kind == attn::Pattern::strided,
-             globals = p.kind == attn::Pattern::global || p.kind == attn::Pattern::bigbird;
-  const bool blocks = p.kind == attn::Pattern::bigbird || p.kind == attn::Pattern::block_sparse;
-  QKV_CHECK(m.pattern_stride == 0 || strided, "model.pattern_stride = ", m.pattern_stride,
-            " is only used by model.attention_pattern = strided, not ", name);
-  QKV_CHECK(m.pattern_local == 0 || (p.kind != attn::Pattern::full && p.kind != attn::Pattern::block_sparse),
-            "model.pattern_local = ", m.pattern_local, " is not used by model.attention_pattern = ", name);
-  QKV_CHECK(m.pattern_global_tokens.empty() || globals,
-            "model.pattern_global_tokens is only used by "
-            "model.attention_pattern = global or bigbird, not ",
-            name);
-  QKV_CHECK(m.pattern_layout == "local_global" || p.kind == attn::Pattern::block_sparse, "model.pattern_layout = \"",
-            m.pattern_layout, "\" is only used by model.attention_pattern = block_sparse, not ", name);
-  QKV_CHECK(m.pattern_block_size == 0 || blocks, "model.pattern_block_size = ", m.pattern_block_size,
-            " is only used by model.attention_pattern = bigbird or block_sparse, not ", name);
-  const ModelSettings defaults;
-  QKV_CHECK(m.pattern_global == defaults.pattern_global || globals, "model.pattern_global = ", m.pattern_global,
-            " is only used by model.attention_pattern = global or bigbird, not ", name);
-  QKV_CHECK(m.pattern_random_blocks == defaults.pattern_random_blocks || p.kind == attn::Pattern::bigbird,
-            "model.pattern_random_blocks = ", m.pattern_random_blocks,
-            " is only used by model.attention_pattern = bigbird, not ", name);
-  QKV_CHECK(m.pattern_seed == defaults.pattern_seed || p.kind == attn::Pattern::bigbird,
-            "model.pattern_seed = ", m.pattern_seed, " is only used by model.attention_pattern = bigbird, not ", name);
-  const bool linear = m.attention_pattern.linear();
-  QKV_CHECK(m.linear_feature == defaults.linear_feature || linear, "model.linear_feature = \"",
-            name_of(m.linear_feature), "\" is only used by model.attention_pattern = linear, not ", name);
-  QKV_CHECK(m.linear_features == defaults.linear_features || linear, "model.linear_features = ", m.linear_features,
-            " is only used by model.attention_pattern = linear, not ", name);
-  QKV_CHECK(m.linear_chunk == defaults.linear_chunk || linear, "model.linear_chunk = ", m.linear_chunk,
-            " is only used by model.attention_pattern = linear, not ", name);
+  const bool strided = p.kind == attn::Pattern::strided;
   p.stride = strided && m.pattern_stride == 0 ? ceil_sqrt(m.block_size) : m.pattern_stride;
   p.local = m.pattern_local;
   p.global = m.pattern_global;

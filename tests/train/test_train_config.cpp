@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "distributed/data_parallel.h"
 #include "tensor/error.h"
@@ -497,4 +498,73 @@ TEST_CASE("model_difference names the first differing model key with both values
   REQUIRE(d);
   CHECK(d->key == "model.family");
   CHECK(d->b == "\"gpt2\"");
+}
+
+TEST_CASE("docs/config.md's key reference is `qkv keys`, one row per key", "[train][config]") {
+  std::ifstream in(std::string(QKV_SOURCE_DIR) + "/docs/config.md");
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string reference = config_reference();
+  // A key added, renamed or re-ranged without regenerating the doc fails here:
+  //   (sed -n '1,/qkv keys: begin/p' docs/config.md; build/qkv keys; echo '<!-- qkv keys: end -->')
+  CHECK(doc.find("<!-- qkv keys: begin -->\n" + reference + "<!-- qkv keys: end -->\n") != std::string::npos);
+  for (const std::string& key : config_keys()) {
+    INFO(key);
+    const std::string row = "| `" + key + "` |";
+    const size_t at = reference.find(row);
+    REQUIRE(at != std::string::npos);
+    CHECK(reference.find(row, at + 1) == std::string::npos);
+  }
+  CHECK(reference.find("| `model.n_layer` | integer | `4` | an integer in [1, 1024] |") != std::string::npos);
+  CHECK(reference.find("| `model.pattern_seed` | integer | `0` | an integer in [0, 9223372036854775807] | seed of "
+                       "the random blocks; only under model.attention_pattern = bigbird |") != std::string::npos);
+  CHECK(reference.find("| `model.position` | learned \\| rope \\| sinusoidal \\| alibi \\| none | the family's |") !=
+        std::string::npos);
+}
+
+TEST_CASE("a key of one attention pattern set under another is refused by name", "[train][config]") {
+  struct Case {
+    std::vector<std::string> sets;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{"model.attention_pattern=window", "model.pattern_stride=3"},
+       "model.pattern_stride = 3 is only used by model.attention_pattern = strided, not window"},
+      {{"model.attention_pattern=block_sparse", "model.pattern_local=2"},
+       "model.pattern_local = 2 is only used by model.attention_pattern = window, strided, global or bigbird, not "
+       "block_sparse"},
+      {{"model.attention_pattern=strided", "model.pattern_global_tokens=0,3"},
+       "model.pattern_global_tokens = \"0,3\" is only used by model.attention_pattern = global or bigbird, not "
+       "strided"},
+      {{"model.pattern_layout=fixed"},
+       "model.pattern_layout = \"fixed\" is only used by model.attention_pattern = block_sparse, not full"},
+      {{"model.attention_pattern=window", "model.pattern_block_size=4"},
+       "model.pattern_block_size = 4 is only used by model.attention_pattern = bigbird or block_sparse, not window"},
+      {{"model.attention_pattern=linear", "model.pattern_global=2"},
+       "model.pattern_global = 2 is only used by model.attention_pattern = global or bigbird, not linear"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.message);
+    CHECK_THROWS_WITH(parse_config_text("", "cfg", c.sets), Catch::Contains(c.message));
+  }
+  // The same keys at their defaults, or under their own pattern, are accepted.
+  CHECK_NOTHROW(parse_config_text("", "cfg", {"model.attention_pattern=window", "model.pattern_stride=0"}));
+  CHECK_NOTHROW(parse_config_text("", "cfg",
+                                  {"model.attention_pattern=bigbird", "model.pattern_block_size=4",
+                                   "model.pattern_global_tokens=0,3", "model.pattern_local=4"}));
+}
+
+TEST_CASE("attention_defaults puts every attention key back to plain full attention", "[train][config]") {
+  const Config bigbird = parse_config_text(
+      "", "cfg",
+      {"model.attention_pattern=bigbird", "model.pattern_block_size=4", "model.pattern_global_tokens=0,3",
+       "model.pattern_local=4", "model.pattern_random_blocks=1", "model.pattern_seed=9", "model.window=8"});
+  std::vector<std::string> sets = attention_defaults();
+  Config reset = bigbird;
+  for (const std::string& s : sets) apply_override(reset, s);
+  CHECK(reset.model == Config{}.model);
+  const Config linear = parse_config_text("", "cfg", {"model.attention_pattern=linear", "model.linear_chunk=7"});
+  reset = linear;
+  for (const std::string& s : sets) apply_override(reset, s);
+  CHECK(reset.model == Config{}.model);
 }
