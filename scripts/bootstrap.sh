@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian 12, apt), then configures and builds qkv in build/ with -j2.
 # Usage: scripts/bootstrap.sh [extra cmake args...]   (BUILD_DIR=... to build elsewhere;
-# BOOTSTRAP_BUILD=0 installs the packages and stops there)
+# BOOTSTRAP_BUILD=0 installs the packages and stops there; TARGETS="qkv" builds only those targets)
 # When ccache is installed (it is in the list below) every compile goes through it: the cache is
 # CCACHE_DIR (default .ccache/ in the repository), so a second build folder with other
 # preprocessor settings (scripts/test.sh's QKV_CUDA=EMULATE one) reuses every object whose
@@ -30,5 +30,7 @@ fi
 
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} $(scripts/ccache_flags.sh) "$@" >&2
-cmake --build "$build_dir" -j2 >&2
-echo "bootstrap: built $build_dir/qkv" >&2
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j2 "${targets[@]}" >&2
+echo "bootstrap: built $build_dir/${TARGETS:-qkv and every test}" >&2

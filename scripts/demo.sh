@@ -8,7 +8,7 @@
 #   STEPS=300 scripts/demo.sh            # shorter
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
+TARGETS=qkv scripts/bootstrap.sh  # the CLI only: the demo runs no test
 build_dir=${BUILD_DIR:-build}
 mkdir -p runs/demo
 
