@@ -10,23 +10,52 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
+only=("${@:2}")
 work=${WORK:-build/fuzz}
 command -v clang++ >/dev/null || { echo "run_fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 2; }
+command -v ld.lld >/dev/null || { echo "run_fuzz.sh: ld.lld not found (apt-get install lld)" >&2; exit 2; }
 
-# build NAME SOURCE...: compiles $work/NAME/NAME from the sources when one is newer than it.
+# clang 14 has no _Float16 on x86-64 (tensor/dtype.h's half conversions): there __fp16, its
+# storage-only half type, stands in, converting through compiler-rt's builtins with the same
+# round-to-nearest-even.
+half=() half_link=()
+if (($(clang++ -dumpversion | cut -d. -f1) < 15)); then half=(-D_Float16=__fp16) half_link=(-rtlib=compiler-rt); fi
+jobs=${JOBS:-2}
+# wanted NAME: whether the command line names NAME, or names no target.
+wanted() { [[ ${#only[@]} == 0 || " ${only[*]} " == *" $1 "* ]]; }
+
+# build NAME FILE... [-- LINK_ARG...]: compiles $work/NAME/NAME from the .cpp files when one of
+# the files is newer than it, each .cpp on its own ($jobs at a time) with its functions in
+# sections of their own, and links with lld's --gc-sections: a parser's file may define functions
+# (a model's constructor) that the target never reaches, whose own dependencies then need not
+# link. (GNU ld keeps such functions alive through the sanitizers' metadata; lld drops them.)
 build() {
-  local name=$1 bin="$work/$1/$1" stale=0
+  local name=$1 bin="$work/$1/$1" stale=0 files=() link=()
   shift
-  mkdir -p "$work/$name/corpus" "$work/$name/crashes"
+  while (($#)) && [[ $1 != -- ]]; do files+=("$1"); shift; done
+  (($#)) && shift && link=("$@")
+  mkdir -p "$work/$name/corpus" "$work/$name/crashes" "$work/$name/obj"
   [[ -x $bin ]] || stale=1
-  for s in "$@"; do [[ $s -nt $bin ]] && stale=1; done
-  if [[ $stale == 1 ]]; then
-    local cpp=()
-    for s in "$@"; do [[ $s == *.cpp ]] && cpp+=("$s"); done
-    clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
-      "${cpp[@]}" -o "$bin"
-  fi
+  for s in "${files[@]}"; do [[ $s -nt $bin ]] && stale=1; done
+  [[ $stale == 1 ]] || return 0
+  local objs=() pids=() s o p
+  for s in "${files[@]}"; do
+    [[ $s == *.cpp ]] || continue
+    o="$work/$name/obj/$(tr / _ <<< "${s%.cpp}").o"
+    objs+=("$o")
+    clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+      -fno-sanitize=vptr -fsanitize-address-globals-dead-stripping \
+      -ffunction-sections -fdata-sections "${half[@]}" -I. "${cflags[@]}" -c "$s" -o "$o" &
+    pids+=($!)
+    if ((${#pids[@]} >= jobs)); then
+      wait "${pids[0]}"
+      pids=("${pids[@]:1}")
+    fi
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  clang++ -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections "${half_link[@]}" "${objs[@]}" "${link[@]}" -o "$bin"
 }
+cflags=()
 
 # run NAME MAX_LEN: runs the target for $seconds over its corpus and prints its line.
 failed=0
@@ -49,6 +78,7 @@ run() {
 }
 
 # --- the safetensors header parser ---
+if wanted fuzz_safetensors_header; then
 build fuzz_safetensors_header tests/fuzz/fuzz_safetensors_header.cpp data/safetensors.cpp data/safetensors.h \
   data/input_file.cpp data/input_file.h tensor/error.h
 # Seeds: a valid file, and the hand-corrupted headers of tests/data/test_safetensors.cpp's kind.
@@ -66,8 +96,10 @@ seed dup '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F3
 seed big '{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}' 8
 seed empty '{"e":{"dtype":"I64","shape":[0,5],"data_offsets":[0,0]}}' 0
 run fuzz_safetensors_header 4096
+fi
 
 # --- the command line's number parser ---
+if wanted fuzz_cli_numbers; then
 build fuzz_cli_numbers tests/fuzz/fuzz_cli_numbers.cpp app/options.cpp app/options.h tensor/value_range.cpp \
   tensor/value_range.h tensor/error.h
 # Seeds: two range bytes, then the text of an argument.
@@ -78,5 +110,25 @@ for text in 0 +7 -5 100 9223372036854775807 18446744073709551621 '' ' 1' 1e3 0.2
   i=$((i + 1))
 done
 run fuzz_cli_numbers 64
+fi
+
+# --- the run configuration's parser ---
+if wanted fuzz_config; then
+# config.cpp validates through the model's rules (nn/transformer.cpp) and a block_sparse layout's
+# reader (attention/pattern/pattern.cpp); of those files only the functions it reaches are linked.
+# TOML is read by the installed toml++ library, as qkv links it (its parser is not ours to fuzz:
+# a header-only build would also turn on its debug assertions, which its release build answers
+# with a syntax error).
+read -ra cflags <<< "$(pkg-config --cflags tomlplusplus)"
+build fuzz_config tests/fuzz/fuzz_config.cpp train/config.cpp train/config.h train/config_schema.h \
+  train/model_factory.cpp nn/transformer.cpp attention/pattern/pattern.cpp tensor/value_range.cpp \
+  data/input_file.cpp tensor/error.h -- $(pkg-config --libs tomlplusplus)
+cflags=()
+# Seeds: the shipped configs, and one with overrides after its 0x00 bytes.
+cp configs/*.toml configs/bench/*.toml "$work/fuzz_config/corpus/"
+printf '[model]\nfamily = "llama"\n\0model.n_head=2\0train.lr=3e-4\0data.tokenizer="bpe"' \
+  > "$work/fuzz_config/corpus/overrides"
+run fuzz_config 4096
+fi
 
 exit $failed
