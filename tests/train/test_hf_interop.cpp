@@ -322,6 +322,21 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
              Catch::Contains("not a .safetensors file name inside"));
 }
 
+TEST_CASE("hf tokenizer files with a value of the wrong JSON type are refused naming the file and key", "[hf]") {
+  TempDir dir;
+  const std::string d = dir.file("mapping");
+  std::filesystem::create_directories(d);
+  const json byte = json::parse(ByteTokenizer().serialize());
+  write_text(d + "/qkv_tokenizer.json", json{{"format", 5}, {"qkv", byte}}.dump());
+  CHECK(error_of([&] { train::read_hf_tokenizer(d, ""); }) == d + "/qkv_tokenizer.json: \"format\" is 5, not a string");
+  write_text(d + "/qkv_tokenizer.json",
+             json{{"format", "qkv-tokenizer-mapping"}, {"qkv", {{"kind", "byte"}, {"version", "1"}}}}.dump());
+  CHECK(error_of([&] { train::read_hf_tokenizer(d, ""); }) ==
+        d + "/qkv_tokenizer.json: [tokenizer] stored byte tokenizer has version \"1\", this build reads version 1");
+  write_text(d + "/qkv_tokenizer.json", json{{"format", "qkv-tokenizer-mapping"}, {"qkv", byte}}.dump());
+  CHECK(std::string(train::read_hf_tokenizer(d, "")->kind()) == "byte");
+}
+
 TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer",
           "[hf]") {
   const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
