@@ -57,12 +57,15 @@ build() {
 }
 cflags=()
 
-# run NAME MAX_LEN: runs the target for $seconds over its corpus and prints its line.
+# run NAME MAX_LEN [DICT]: runs the target for $seconds over its corpus (with libFuzzer's
+# dictionary DICT: tokens its mutations insert) and prints its line.
 failed=0
 run() {
   local name=$1 dir="$work/$1" log="$work/$1/fuzz.log" status
   set +e
-  "$dir/$name" -max_total_time="$seconds" -max_len="$2" -timeout=10 -rss_limit_mb=2048 \
+  local dict=()
+  [[ -n ${3:-} ]] && dict=(-dict="$3")
+  "$dir/$name" -max_total_time="$seconds" -max_len="$2" -timeout=10 -rss_limit_mb=2048 "${dict[@]}" \
     -artifact_prefix="$dir/crashes/" "$dir/corpus" > "$log" 2>&1
   status=$?
   set -e
@@ -129,6 +132,28 @@ cp configs/*.toml configs/bench/*.toml "$work/fuzz_config/corpus/"
 printf '[model]\nfamily = "llama"\n\0model.n_head=2\0train.lr=3e-4\0data.tokenizer="bpe"' \
   > "$work/fuzz_config/corpus/overrides"
 run fuzz_config 4096
+fi
+
+# --- the tokenizer files of a Hugging Face directory ---
+if wanted fuzz_tokenizer_files; then
+read -ra cflags <<< "$(pkg-config --cflags hdf5)"  # tokenizer.cpp's HDF5 reader is linked out
+build fuzz_tokenizer_files tests/fuzz/fuzz_tokenizer_files.cpp train/hf_interop.cpp train/hf_interop.h \
+  data/byte_level_bpe.cpp data/byte_level_bpe.h data/tokenizer.cpp data/tokenizer.h data/bpe.cpp \
+  data/input_file.cpp data/input_file.h tensor/error.h
+cflags=()
+# Seeds: a selector byte (0 tokenizer.json, 1 vocab.json 0x00 merges.txt, 2 qkv_tokenizer.json),
+# then the file: GPT-2's format from tests/reference, and qkv's mapping of each stored kind.
+corpus=$work/fuzz_tokenizer_files/corpus
+{ printf '\x00'; cat tests/reference/gpt2_bpe/tokenizer.json; } > "$corpus/tokenizer_json"
+{ printf '\x01'; cat tests/reference/gpt2_bpe/vocab.json; printf '\x00'; cat tests/reference/gpt2_bpe/merges.txt; } \
+  > "$corpus/vocab_merges"
+i=0
+for qkv in '{"kind":"byte","version":1}' '{"kind":"char","version":1,"vocab":["\n"," ","a","b",200]}' \
+  '{"kind":"bpe","version":1,"pre_split":"qkv-words-64","merges":[[97,98],[256,99]]}'; do
+  printf '\x02{"format":"qkv-tokenizer-mapping","kind":"x","qkv":%s}' "$qkv" > "$corpus/qkv$i"
+  i=$((i + 1))
+done
+run fuzz_tokenizer_files 65536 tests/fuzz/tokenizer_files.dict
 fi
 
 exit $failed
