@@ -50,6 +50,12 @@ struct Input {
   }
 };
 
+std::vector<qkv::train::OptimParam> optim_params(const qkv::nn::DecoderModel& model) {
+  std::vector<qkv::train::OptimParam> out;
+  for (const auto& p : model.named_parameters()) out.push_back({p.name, p.tensor, p.decay});
+  return out;
+}
+
 struct Paths {
   std::string dir, checkpoint, dataset, work, other;
 };
@@ -94,7 +100,7 @@ const Paths& paths() {
 struct Names {
   std::vector<std::string> objects, attributes;
 };
-herr_t visit(hid_t, const char* name, const H5O_info2_t*, void* data) {
+herr_t visit(hid_t, const char* name, const H5O_info_t*, void* data) {
   auto* n = static_cast<Names*>(data);
   n->objects.push_back(std::string(name) == "." ? "/" : "/" + std::string(name));
   return 0;
@@ -104,25 +110,27 @@ herr_t attr_name(hid_t, const char* name, const H5A_info_t*, void* data) {
   return 0;
 }
 
-std::vector<qkv::train::OptimParam> optim_params(const qkv::nn::DecoderModel& model) {
-  std::vector<qkv::train::OptimParam> out;
-  for (const auto& p : model.named_parameters()) out.push_back({p.name, p.tensor, p.decay});
-  return out;
-}
-
 const char* const kNewNames[] = {"x", "weight", "model", "json", "config", "tokens", "offsets", "exp_avg", ""};
 
 // A datatype: integers and floats of each width, fixed and variable strings, an array, a compound.
 hid_t make_type(Input& in) {
   switch (in.byte() % 12) {
-    case 0: return H5Tcopy(H5T_STD_I8LE);
-    case 1: return H5Tcopy(H5T_STD_U8LE);
-    case 2: return H5Tcopy(H5T_STD_I32LE);
-    case 3: return H5Tcopy(H5T_STD_I64LE);
-    case 4: return H5Tcopy(H5T_STD_U64LE);
-    case 5: return H5Tcopy(H5T_IEEE_F32LE);
-    case 6: return H5Tcopy(H5T_IEEE_F64LE);
-    case 7: return H5Tcopy(H5T_IEEE_F32BE);
+    case 0:
+      return H5Tcopy(H5T_STD_I8LE);
+    case 1:
+      return H5Tcopy(H5T_STD_U8LE);
+    case 2:
+      return H5Tcopy(H5T_STD_I32LE);
+    case 3:
+      return H5Tcopy(H5T_STD_I64LE);
+    case 4:
+      return H5Tcopy(H5T_STD_U64LE);
+    case 5:
+      return H5Tcopy(H5T_IEEE_F32LE);
+    case 6:
+      return H5Tcopy(H5T_IEEE_F64LE);
+    case 7:
+      return H5Tcopy(H5T_IEEE_F32BE);
     case 8: {
       hid_t t = H5Tcopy(H5T_C_S1);
       H5Tset_size(t, 1 + in.byte() % 16);
@@ -256,8 +264,8 @@ void replace_text_dataset(hid_t file, const std::string& path, const std::string
   if (d >= 0) {
     const char* p = text.c_str();
     H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p);
-    set_int_attribute(d, "fnv1a64", right_checksum ? static_cast<int64_t>(qkv::h5::fnv1a64(text.data(), text.size()))
-                                                   : 12345);
+    set_int_attribute(d, "fnv1a64",
+                      right_checksum ? static_cast<int64_t>(qkv::h5::fnv1a64(text.data(), text.size())) : 12345);
     H5Dclose(d);
   }
   H5Sclose(space);
@@ -270,27 +278,28 @@ void edit(const std::string& path, Input& in) {
   if (file < 0) std::abort();
   for (int step = 0; step < 8 && in.n > 0; ++step) {
     Names names;
-    H5Ovisit3(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &names, H5O_INFO_BASIC);
+    H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &names, H5O_INFO_BASIC);
     const std::string obj = names.objects[in.byte() % names.objects.size()];
     const std::string target = names.objects[in.byte() % names.objects.size()];
     const std::string leaf = kNewNames[in.byte() % std::size(kNewNames)];
     const std::string beside = (obj == "/" ? std::string() : obj) + "/" + (leaf.empty() ? "y" : leaf);
-    H5O_info2_t info;
-    H5Oget_info_by_name3(file, obj.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT);
+    H5O_info_t info;
+    H5Oget_info_by_name2(file, obj.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT);
     const bool group = info.type == H5O_TYPE_GROUP;
     switch (in.byte() % 10) {
       case 0:  // delete the object (its link)
         if (obj != "/") H5Ldelete(file, obj.c_str(), H5P_DEFAULT);
         break;
       case 1:  // a soft link, maybe dangling
-        if (group) H5Lcreate_soft(in.byte() % 2 ? target.c_str() : "/nowhere", file, beside.c_str(), H5P_DEFAULT,
-                                  H5P_DEFAULT);
+        if (group)
+          H5Lcreate_soft(in.byte() % 2 ? target.c_str() : "/nowhere", file, beside.c_str(), H5P_DEFAULT, H5P_DEFAULT);
         break;
       case 2:  // a second hard link to an object
         if (group) H5Lcreate_hard(file, target.c_str(), file, beside.c_str(), H5P_DEFAULT, H5P_DEFAULT);
         break;
       case 3:  // an external link into another qkv file
-        if (group) H5Lcreate_external(paths().dataset.c_str(), "/train", file, beside.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+        if (group)
+          H5Lcreate_external(paths().dataset.c_str(), "/train", file, beside.c_str(), H5P_DEFAULT, H5P_DEFAULT);
         break;
       case 4:  // replace a dataset (or add one beside a group's children)
         if (!group) {
@@ -312,8 +321,7 @@ void edit(const std::string& path, Input& in) {
       case 6: {  // delete an attribute
         hid_t o = H5Oopen(file, obj.c_str(), H5P_DEFAULT);
         H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, attr_name, &names);
-        if (!names.attributes.empty())
-          H5Adelete(o, names.attributes[in.byte() % names.attributes.size()].c_str());
+        if (!names.attributes.empty()) H5Adelete(o, names.attributes[in.byte() % names.attributes.size()].c_str());
         H5Oclose(o);
         break;
       }

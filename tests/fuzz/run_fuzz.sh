@@ -156,4 +156,32 @@ done
 run fuzz_tokenizer_files 65536 tests/fuzz/tokenizer_files.dict
 fi
 
+# --- the HDF5 readers: checkpoints and prepared datasets ---
+# The readers are built here with the sanitizers; the model, tensors and optimizer they load into
+# come from the CMake build's library (BUILD_DIR, default build/: run after building qkv), linked
+# as its link line for qkv says. Without that library the target is skipped.
+if wanted fuzz_checkpoint; then
+  build_dir=${BUILD_DIR:-build}
+  if [[ -f $build_dir/libqkv_core.a && -f $build_dir/CMakeFiles/qkv.dir/link.txt ]]; then
+    # The libraries after "-o qkv" on qkv's link line, the core library by its path.
+    read -ra libs <<< "$(sed -e 's/.* -o qkv //' -e 's/ libqkv_bench\.a / /' \
+      -e "s| libqkv_core\.a | $build_dir/libqkv_core.a |" "$build_dir/CMakeFiles/qkv.dir/link.txt")"
+    read -ra cflags <<< "$(pkg-config --cflags hdf5) $(pkg-config --cflags tomlplusplus)"
+    build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.cpp train/checkpoint.cpp train/checkpoint.h data/h5.cpp \
+      data/h5.h data/h5_driver.cpp data/dataset.cpp data/dataset.h data/tokenizer.cpp data/input_file.cpp \
+      tensor/error.h "$build_dir/libqkv_core.a" -- "${libs[@]}"
+    cflags=()
+    # Seeds: edit programs of a few steps each (the base files are made by the target itself).
+    corpus=$work/fuzz_checkpoint/corpus
+    printf '\x01' > "$corpus/unchanged_checkpoint"
+    printf '\x00' > "$corpus/unchanged_dataset"
+    printf '\x01\x05\x00\x00\x08\x00\x0c[model]\nn_layer=2\x01' > "$corpus/config"
+    printf '\x01\x03\x00\x00\x02' > "$corpus/hard_link"
+    printf '\x01\x07\x03\x00\x04\x05\x03\x04' > "$corpus/dataset"
+    run fuzz_checkpoint 4096
+  else
+    echo "fuzz_checkpoint: skipped (no $build_dir/libqkv_core.a: build qkv first, or set BUILD_DIR)"
+  fi
+fi
+
 exit $failed
