@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #ifdef QKV_WITH_CUDA
 #include "attention/cuda/mma_attention.h"
@@ -21,6 +22,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/functions.h"
 #include "data/h5.h"
+#include "data/input_file.h"
 #include "distributed/distributed.h"
 #include "distributed/nccl.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -341,8 +343,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
   // whose writes report it.
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
+  std::istringstream in(read_input_file(path, kMetricsLogCap, "a run's metrics log"));
   std::string kept, line;
   bool dropped = false;
   while (std::getline(in, line)) {
