@@ -54,6 +54,9 @@ struct Field {
   const char* key;
   FieldPtr ptr;
   KeyRange range = {};
+  // Why values above the range are refused, when the range alone does not say (a feature not
+  // implemented): appended to the range error.
+  const char* above = nullptr;
   std::string name() const { return std::string(section) + "." + key; }
 };
 
@@ -134,7 +137,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "recompute", &t.recompute},
       {"train", "threads", &t.threads, IntRange{0, 4096}},
       {"train", "log_interval", &t.log_interval, IntRange{1, kMaxSteps}},
-      {"train", "zero", &t.zero, IntRange{0, kMaxZeroStage}},
+      {"train", "zero", &t.zero, IntRange{0, kMaxZeroStage},
+       "ZeRO stages 2 and 3, which shard gradients and parameters, are not implemented"},
       {"train", "dp_bucket_kb", &t.dp_bucket_kb, IntRange{1, kMaxSize}},
       {"train", "dp_overlap", &t.dp_overlap},
       {"train", "cuda_mma", &t.cuda_mma},
@@ -341,7 +345,9 @@ void check_ranges(Config& cfg, const std::string& origin) {
   for (const Field& f : fields_of(cfg)) {
     if (const auto* r = std::get_if<IntRange>(&f.range)) {
       const int64_t v = *std::get<int64_t*>(f.ptr);
-      if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", v);
+      if (!r->contains(v))
+        fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", v,
+             v > r->hi && f.above ? std::string(" (") + f.above + ")" : std::string());
     } else if (const auto* r = std::get_if<RealRange>(&f.range)) {
       const double v = *std::get<double*>(f.ptr);
       if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", format_double(v));
