@@ -322,6 +322,28 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
              Catch::Contains("not a .safetensors file name inside"));
 }
 
+TEST_CASE("hf config.json values of the wrong JSON type are refused naming the file and key", "[hf]") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const std::string d = dir.file("typed");
+  fs::copy(hf_fixture("gpt2_tiny"), d, fs::copy_options::recursive);
+  const json original = read_json_file(d + "/config.json");
+  const std::pair<const char*, json> cases[] = {{"n_layer", "12"},
+                                                {"n_layer", -1},
+                                                {"layer_norm_epsilon", "1e-5"},
+                                                {"tie_word_embeddings", 1},
+                                                {"activation_function", json::array({"gelu"})}};
+  const char* const want[] = {"not a non-negative integer", "not a non-negative integer", "not a number",
+                              "not true or false", "not a string"};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    json c = original;
+    c[cases[i].first] = cases[i].second;
+    write_text(d + "/config.json", c.dump());
+    CHECK(error_of([&] { train::import_hf(d, dir.file("o.h5")); }) ==
+          d + "/config.json: \"" + cases[i].first + "\" is " + cases[i].second.dump() + ", " + want[i]);
+  }
+}
+
 TEST_CASE("hf tokenizer files with a value of the wrong JSON type are refused naming the file and key", "[hf]") {
   TempDir dir;
   const std::string d = dir.file("mapping");
