@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (AddressSanitizer and UndefinedBehaviorSanitizer) and runs
-# each for SECONDS (default 60) from a seed corpus:
+# Builds the libFuzzer targets with clang (AddressSanitizer and UndefinedBehaviorSanitizer, linked
+# with lld) and runs each for SECONDS (default 60) from a seed corpus:
 #   fuzz_safetensors_header  the safetensors header parser (data/safetensors.h), whole files;
 #   fuzz_cli_numbers         the command line's number parser (app/options.h) against an
-#                            independent reading.
-# Prints one line per target "NAME: N executions, C crashes"; exit status 1 when a crash was found
-# (the reproducer is left in the work directory), 2 when clang is missing.
-# Usage: tests/fuzz/run_fuzz.sh [SECONDS]   (WORK=dir to keep the builds and corpora elsewhere)
+#                            independent reading;
+#   fuzz_config              the run configuration's parser (train/config.h): TOML text and --set
+#                            assignments; accepted configs must round-trip through to_toml;
+#   fuzz_tokenizer_files     a Hugging Face directory's tokenizer files (read_hf_tokenizer):
+#                            tokenizer.json, vocab.json + merges.txt, qkv_tokenizer.json;
+#   fuzz_checkpoint          the checkpoint and prepared-dataset readers on valid HDF5 files that
+#                            the input's edits make from real ones through the HDF5 C API (raw
+#                            HDF5 bytes are libhdf5's concern, not fuzzed); it links the CMake
+#                            build's libqkv_core.a (BUILD_DIR, default build/) and is skipped
+#                            without it.
+# Every input must end in success or qkv::Error. Prints one line per target "NAME: N executions,
+# C crashes"; exit status 1 when a crash was found (the reproducer is left in the work directory),
+# 2 when clang++ or ld.lld is missing.
+# Usage: tests/fuzz/run_fuzz.sh [SECONDS [TARGET...]]   (only the TARGETs named, when any; WORK=dir
+# keeps the builds and corpora elsewhere; JOBS=n compiles n files at a time, default 2)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
