@@ -15,7 +15,8 @@
 #                            without it.
 # Every input must end in success or qkv::Error. Prints one line per target "NAME: N executions,
 # C crashes"; exit status 1 when a crash was found (the reproducer is left in the work directory),
-# 2 when clang++ or ld.lld is missing.
+# 2 when clang++ is missing. Without ld.lld the targets that need it (all but the first two) are
+# skipped, each saying so.
 # Usage: tests/fuzz/run_fuzz.sh [SECONDS [TARGET...]]   (only the TARGETs named, when any; WORK=dir
 # keeps the builds and corpora elsewhere; JOBS=n compiles n files at a time, default 2)
 set -euo pipefail
@@ -24,7 +25,6 @@ seconds=${1:-60}
 only=("${@:2}")
 work=${WORK:-build/fuzz}
 command -v clang++ >/dev/null || { echo "run_fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 2; }
-command -v ld.lld >/dev/null || { echo "run_fuzz.sh: ld.lld not found (apt-get install lld)" >&2; exit 2; }
 
 # clang 14 has no _Float16 on x86-64 (tensor/dtype.h's half conversions): there __fp16, its
 # storage-only half type, stands in, converting through compiler-rt's builtins with the same
@@ -34,6 +34,14 @@ if (($(clang++ -dumpversion | cut -d. -f1) < 15)); then half=(-D_Float16=__fp16)
 jobs=${JOBS:-2}
 # wanted NAME: whether the command line names NAME, or names no target.
 wanted() { [[ ${#only[@]} == 0 || " ${only[*]} " == *" $1 "* ]]; }
+# with_lld NAME: whether ld.lld is there for NAME's link (below); says NAME is skipped otherwise.
+linker=()
+command -v ld.lld >/dev/null && linker=(-fuse-ld=lld)
+with_lld() {
+  [[ ${#linker[@]} != 0 ]] && return 0
+  echo "$1: skipped (ld.lld not found: apt-get install lld)"
+  return 1
+}
 
 # build NAME FILE... [-- LINK_ARG...]: compiles $work/NAME/NAME from the .cpp files when one of
 # the files is newer than it, each .cpp on its own ($jobs at a time) with its functions in
@@ -64,7 +72,7 @@ build() {
     fi
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  clang++ -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections "${half_link[@]}" "${objs[@]}" "${link[@]}" -o "$bin"
+  clang++ -fsanitize=fuzzer,address,undefined "${linker[@]}" -Wl,--gc-sections "${half_link[@]}" "${objs[@]}" "${link[@]}" -o "$bin"
 }
 cflags=()
 
@@ -127,7 +135,7 @@ run fuzz_cli_numbers 64
 fi
 
 # --- the run configuration's parser ---
-if wanted fuzz_config; then
+if wanted fuzz_config && with_lld fuzz_config; then
 # config.cpp validates through the model's rules (nn/transformer.cpp) and a block_sparse layout's
 # reader (attention/pattern/pattern.cpp); of those files only the functions it reaches are linked.
 # TOML is read by the installed toml++ library, as qkv links it (its parser is not ours to fuzz:
@@ -146,7 +154,7 @@ run fuzz_config 4096
 fi
 
 # --- the tokenizer files of a Hugging Face directory ---
-if wanted fuzz_tokenizer_files; then
+if wanted fuzz_tokenizer_files && with_lld fuzz_tokenizer_files; then
 read -ra cflags <<< "$(pkg-config --cflags hdf5)"  # tokenizer.cpp's HDF5 reader is linked out
 build fuzz_tokenizer_files tests/fuzz/fuzz_tokenizer_files.cpp train/hf_interop.cpp train/hf_interop.h \
   data/byte_level_bpe.cpp data/byte_level_bpe.h data/tokenizer.cpp data/tokenizer.h data/bpe.cpp \
@@ -171,7 +179,7 @@ fi
 # The readers are built here with the sanitizers; the model, tensors and optimizer they load into
 # come from the CMake build's library (BUILD_DIR, default build/: run after building qkv), linked
 # as its link line for qkv says. Without that library the target is skipped.
-if wanted fuzz_checkpoint; then
+if wanted fuzz_checkpoint && with_lld fuzz_checkpoint; then
   build_dir=${BUILD_DIR:-build}
   if [[ -f $build_dir/libqkv_core.a && -f $build_dir/CMakeFiles/qkv.dir/link.txt ]]; then
     # The libraries after "-o qkv" on qkv's link line, the core library by its path.
