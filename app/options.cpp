@@ -19,7 +19,9 @@ int64_t parse_int(std::string_view name, std::string_view text, IntRange r) {
   int64_t v = 0;
   const char* first = text.data();
   const char* last = text.data() + text.size();
-  if (first != last && *first == '+') ++first;  // from_chars takes '-' but not '+'
+  // from_chars takes '-' but not '+': a '+' is dropped when a digit follows it (never before a
+  // '-', which would read "+-5" as -5).
+  if (last - first >= 2 && *first == '+' && first[1] >= '0' && first[1] <= '9') ++first;
   const auto [end, ec] = std::from_chars(first, last, v);
   if (text.empty() || ec != std::errc() || end != last || !r.contains(v))
     fail(name, " must be ", describe(r), "; got \"", text, "\"");

@@ -209,9 +209,19 @@ std::vector<hsize_t> chunk_dims(const Shape& shape, size_t elem_size) {
   return chunk;
 }
 
+// Refuses `obj` (an attribute, or a dataset) unless it holds exactly one value: strings and
+// scalar attributes are read into room for one, and HDF5 writes every element it holds there.
+void require_one_value(hid_t obj, bool is_attr, const std::string& what, const File& f) {
+  Id space(is_attr ? H5Aget_space(obj) : H5Dget_space(obj));
+  const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  if (n < 0) f.fail("cannot read the shape of ", what, " (corrupt file?)");
+  if (n != 1) f.fail(what, " holds ", n, " values, expected one");
+}
+
 std::string read_string_value(hid_t obj, hid_t stored_type, bool is_attr, const std::string& what, const File& f) {
   if (H5Tget_class(stored_type) != H5T_STRING)
     f.fail(what, " has type ", describe_type(stored_type), ", expected string");
+  require_one_value(obj, is_attr, what, f);
   std::string out;
   if (H5Tis_variable_str(stored_type) > 0) {
     Id mem = utf8_string_type();
@@ -669,6 +679,7 @@ int64_t File::attr_int(const std::string& obj, const std::string& name) const {
   if (H5Tget_class(type.get()) != H5T_INTEGER)
     fail("attribute '", name, "' of ", normalize(obj), " has type ", describe_type(type.get()),
          ", expected an integer");
+  require_one_value(a.get(), true, "attribute '" + name + "' of " + normalize(obj), *this);
   int64_t v = 0;
   if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) fail("cannot read attribute '", name, "' of ", normalize(obj));
   return v;
@@ -680,6 +691,7 @@ double File::attr_double(const std::string& obj, const std::string& name) const 
   const H5T_class_t cls = H5Tget_class(type.get());
   if (cls != H5T_FLOAT && cls != H5T_INTEGER)
     fail("attribute '", name, "' of ", normalize(obj), " has type ", describe_type(type.get()), ", expected a number");
+  require_one_value(a.get(), true, "attribute '" + name + "' of " + normalize(obj), *this);
   double v = 0;
   if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) fail("cannot read attribute '", name, "' of ", normalize(obj));
   return v;

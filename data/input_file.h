@@ -25,6 +25,9 @@ inline constexpr uint64_t kJsonFileCap = uint64_t(256) << 20;
 inline constexpr uint64_t kTextCorpusCap = uint64_t(4) << 30;
 // A block_sparse layout: one 0/1 character per block pair.
 inline constexpr uint64_t kLayoutFileCap = uint64_t(64) << 20;
+// A run's metrics.jsonl, read on --resume to drop the rows past the checkpoint: about 200 bytes a
+// logged step, so 5 million logged steps.
+inline constexpr uint64_t kMetricsLogCap = uint64_t(1) << 30;
 // A safetensors file: the format's 64-bit offsets; its header has its own cap
 // (safetensors::kMaxHeaderBytes).
 inline constexpr uint64_t kSafetensorsFileCap = uint64_t(1) << 40;

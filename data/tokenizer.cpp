@@ -259,8 +259,9 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
   QKV_CHECK(j.is_object() && j.contains("kind") && j["kind"].is_string(),
             "[tokenizer] stored tokenizer has no \"kind\"");
   const std::string kind = j["kind"];
-  QKV_CHECK(j.value("version", 0) == kFormatVersion, "[tokenizer] stored ", kind, " tokenizer has version ",
-            j.value("version", 0), ", this build reads version ", kFormatVersion);
+  const json version = j.contains("version") ? j["version"] : json(0);
+  QKV_CHECK(version.is_number_integer() && version.get<int64_t>() == kFormatVersion, "[tokenizer] stored ", kind,
+            " tokenizer has version ", version.dump(), ", this build reads version ", kFormatVersion);
   const TokenizerKind* known = find_choice(kTokenizerKinds, kind);
   if (!known) fail("[tokenizer] unknown stored tokenizer kind '", kind, "'");
   try {
@@ -272,8 +273,8 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
                   "[tokenizer] stored char tokenizer has no \"vocab\" array");
         std::vector<std::string> vocab;
         for (const json& e : j["vocab"]) {
-          if (e.is_number_unsigned() && e.get<unsigned>() < 256)
-            vocab.emplace_back(1, static_cast<char>(e.get<unsigned>()));
+          if (e.is_number_unsigned() && e.get<uint64_t>() < 256)
+            vocab.emplace_back(1, static_cast<char>(e.get<uint64_t>()));
           else if (e.is_string()) vocab.push_back(e.get<std::string>());
           else fail("[tokenizer] stored char vocabulary entry ", vocab.size(), " is neither a string nor a byte value");
         }
@@ -288,9 +289,12 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text) {
         QKV_CHECK(pre == BpeTokenizer::kPreSplit, "[tokenizer] stored bpe tokenizer uses pre-split rule '", pre,
                   "', this build has '", BpeTokenizer::kPreSplit, "'");
         std::vector<BpeTokenizer::Pair> merges;
+        const auto is_id = [](const json& v) {
+          return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+        };
         for (const json& m : j["merges"]) {
-          QKV_CHECK(m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer(),
-                    "[tokenizer] stored bpe merge ", merges.size(), " is not a pair of token ids");
+          QKV_CHECK(m.is_array() && m.size() == 2 && is_id(m[0]) && is_id(m[1]), "[tokenizer] stored bpe merge ",
+                    merges.size(), " is not a pair of token ids");
           merges.emplace_back(m[0].get<int32_t>(), m[1].get<int32_t>());
         }
         return std::make_unique<BpeTokenizer>(std::move(merges));

@@ -61,6 +61,9 @@ struct Field {
   const char* help;
   KeyRange range = {};
   std::vector<std::string_view> used_by = {};
+  // Why values above the range are refused, when the range alone does not say (a feature not
+  // implemented): appended to the range error.
+  const char* above = nullptr;
   std::string name() const { return std::string(section) + "." + key; }
 };
 
@@ -194,8 +197,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "recompute", &t.recompute, "recompute each block's activations in backward (less memory)"},
       {"train", "threads", &t.threads, "CPU threads; 0 = all cores", IntRange{0, 4096}},
       {"train", "log_interval", &t.log_interval, "steps between log lines", IntRange{1, kMaxSteps}},
-      {"train", "zero", &t.zero, "optimizer-state sharding: 0 = none, 1 = ZeRO-1 (stages 2 and 3 do not exist here)",
-       IntRange{0, kMaxZeroStage}},
+      {"train", "zero", &t.zero, "optimizer-state sharding: 0 = none, 1 = ZeRO-1",
+       IntRange{0, kMaxZeroStage}, {}, "ZeRO stages 2 and 3, which shard gradients and parameters, are not implemented"},
       {"train", "dp_bucket_kb", &t.dp_bucket_kb,
        "KiB of gradients per data-parallel all-reduce bucket (speed only: the same bits for any value)",
        IntRange{1, kMaxSize}},
@@ -406,7 +409,9 @@ void check_ranges(Config& cfg, const std::string& origin) {
   for (const Field& f : fields_of(cfg)) {
     if (const auto* r = std::get_if<IntRange>(&f.range)) {
       const int64_t v = *std::get<int64_t*>(f.ptr);
-      if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", v);
+      if (!r->contains(v))
+        fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", v,
+             v > r->hi && f.above ? std::string(" (") + f.above + ")" : std::string());
     } else if (const auto* r = std::get_if<RealRange>(&f.range)) {
       const double v = *std::get<double*>(f.ptr);
       if (!r->contains(v)) fail(origin, ": ", f.name(), " must be ", describe(*r), ", got ", format_double(v));

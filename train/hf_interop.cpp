@@ -488,11 +488,10 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   if (fs::exists(vj, ec) && fs::exists(mt, ec))
     return with_path(vj, [v = read_text(vj), m = read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
   if (fs::exists(qj, ec)) {
-    return with_path(qj, [j = read_json(qj)] {
-      QKV_CHECK(j.is_object() && j.value("format", std::string()) == "qkv-tokenizer-mapping" && j.contains("qkv"),
-                "not a qkv-tokenizer-mapping file");
-      return tokenizer_from_json(j["qkv"].dump());
-    });
+    const json j = read_json(qj);
+    QKV_CHECK(j.is_object() && get_string(j, "format", qj, "") == "qkv-tokenizer-mapping" && j.contains("qkv"), qj,
+              ": not a qkv-tokenizer-mapping file");
+    return with_path(qj, [&j] { return tokenizer_from_json(j["qkv"].dump()); });
   }
   fail(dir,
        ": has no tokenizer files (tokenizer.json, vocab.json + merges.txt, or qkv_tokenizer.json); "

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 
 #ifdef QKV_WITH_CUDA
 #include "attention/cuda/mma_attention.h"
@@ -21,6 +22,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/functions.h"
 #include "data/h5.h"
+#include "data/input_file.h"
 #include "distributed/distributed.h"
 #include "distributed/nccl.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -244,6 +246,17 @@ StepResult train_step(StepContext& c, TrainState& state) {
   return r;
 }
 
+// The first setting in which `theirs` (the network --init-from loads) computes another function
+// than this run's model `ours`; dropout, init_std and attn_kernel (which change how it is trained
+// or computed, not what) may differ.
+std::optional<ConfigDifference> network_difference(const nn::ModelConfig& ours, nn::ModelConfig theirs) {
+  theirs.dropout = ours.dropout;
+  theirs.attn_dropout = ours.attn_dropout;
+  theirs.init_std = ours.init_std;
+  theirs.attn_kernel = ours.attn_kernel;
+  return model_difference(ours, theirs);
+}
+
 // The state the run starts from: step 0 (fresh weights, or --init-from's), or --resume's
 // checkpoint after checking it belongs to this run (settings, tokenizer, corpus), with its
 // weights, optimizer state and batcher position loaded.
@@ -265,15 +278,10 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
     state = meta.state;
     batcher.restore(state.data);
   } else if (!opts.init_from.empty() && is_hf_directory(opts.init_from)) {
-    // A Hugging Face directory (train/hf_interop.h): the network it describes must be this run's
-    // (settings that do not change the function, dropout and init, may differ).
-    nn::ModelConfig theirs = model_config(read_hf_config(opts.init_from, cfg.data.tokenizer).config, data.vocab_size);
-    nn::ModelConfig ours = model.config();
-    theirs.dropout = ours.dropout;
-    theirs.attn_dropout = ours.attn_dropout;
-    theirs.init_std = ours.init_std;
-    theirs.attn_kernel = ours.attn_kernel;
-    if (const auto d = model_difference(ours, theirs))
+    // A Hugging Face directory (train/hf_interop.h): the network it describes must be this run's.
+    const nn::ModelConfig theirs =
+        model_config(read_hf_config(opts.init_from, cfg.data.tokenizer).config, data.vocab_size);
+    if (const auto d = network_difference(model.config(), theirs))
       fail(opts.init_from, "/config.json: ", d->key, " is ", d->b, " there but ", d->a, " in this run's config");
     // Its ids must mean what the data's ids mean.
     if (has_hf_tokenizer(opts.init_from)) {
@@ -285,6 +293,14 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
     }
     load_hf_weights(opts.init_from, model);
   } else if (!opts.init_from.empty()) {
+    // A qkv checkpoint: the network its config describes must be this run's (its tensors fitting
+    // this model is not enough: norm_eps, rope_theta, the position kind, the attention pattern ...
+    // change the function without changing a shape).
+    const CheckpointMeta meta = read_checkpoint_meta(opts.init_from);
+    Config described = meta.config.resolved();
+    if (described.model.vocab_size == 0) described.model.vocab_size = meta.tokenizer->vocab_size();
+    if (const auto d = network_difference(model.config(), model_config(described, described.model.vocab_size)))
+      fail(opts.init_from, ": ", d->key, " is ", d->b, " there but ", d->a, " in this run's config");
     load_model_weights(opts.init_from, model);
   }
   state.corpus = corpus;
@@ -327,8 +343,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
   // whose writes report it.
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
+  std::istringstream in(read_input_file(path, kMetricsLogCap, "a run's metrics log"));
   std::string kept, line;
   bool dropped = false;
   while (std::getline(in, line)) {

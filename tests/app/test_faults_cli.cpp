@@ -21,6 +21,7 @@
 
 #include "autograd/grad_mode.h"
 #include "data/h5.h"
+#include "data/input_file.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -478,6 +479,19 @@ TEST_CASE("a failing write to metrics.jsonl stops the run naming the file", "[fa
   const CliResult res = run_cli("train --config " + write_config(dir, r) + " --quiet --json --resume " + ckpt);
   CHECK(res.rc == 2);
   CHECK(res.last_json().value("error", "").find("metrics.jsonl") != std::string::npos);
+}
+
+TEST_CASE("a metrics.jsonl over its cap is refused on resume, not read whole", "[faults][cli][train]") {
+  const std::string dir = temp_dir("metrics_big");
+  const Config c = tiny_config(dir);
+  const std::string ckpt = trained_checkpoint(c);
+  const std::string metrics = c.train.out_dir + "/metrics.jsonl";
+  fs::resize_file(metrics, kMetricsLogCap + 1);  // sparse: no disk space taken
+  Config r = c;
+  r.train.max_steps = 12;
+  CHECK_THROWS_MATCHES(train::run_training(r, {.resume = ckpt, .progress = false}), Error,
+                       Catch::Message(metrics + ": is 1073741825 bytes, over the 1073741824-byte limit for a run's "
+                                                "metrics log"));
 }
 
 TEST_CASE("train.out_dir belongs to one run: a second run is refused unless --resume from it or --overwrite",

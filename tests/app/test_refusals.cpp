@@ -54,7 +54,7 @@ TEST_CASE("parse_int and parse_real read the whole text or refuse it by name", "
   CHECK(app::parse_int("--n", "-5", r) == -5);
   CHECK(app::parse_int("--n", "100", r) == 100);
   for (const char* bad : {"", " 1", "1 ", "12abc", "1e2", "0x10", "101", "-6", "18446744073709551621",
-                          "-9223372036854775809", "9223372036854775808", "nan", "+", "-"}) {
+                          "-9223372036854775809", "9223372036854775808", "nan", "+", "-", "+-5", "++5", "-+5"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH(app::parse_int("--n", bad, r),
                       std::string("--n must be an integer in [-5, 100]; got \"") + bad + "\"");

@@ -219,6 +219,20 @@ TEST_CASE("stored tokenizers are validated when rebuilt", "[data][tokenizer]") {
                     Catch::Contains("does not exist yet"));
   CHECK_THROWS_WITH(tokenizer_from_json(R"({"kind":"char","version":1,"vocab":["b","a"]})"),
                     Catch::Contains("not strictly sorted"));
+  // An id past 32 bits is refused, not taken modulo 2^32 (4294967393 = 2^32 + 'a').
+  CHECK_THROWS_MATCHES(
+      tokenizer_from_json(R"({"kind":"bpe","version":1,"pre_split":"qkv-words-64","merges":[[4294967393,98]]})"), Error,
+      Catch::Message("[tokenizer] stored bpe merge 0 is not a pair of token ids"));
+  CHECK_THROWS_MATCHES(
+      tokenizer_from_json(R"({"kind":"char","version":1,"vocab":[4294967361]})"), Error,
+      Catch::Message("[tokenizer] stored char vocabulary entry 0 is neither a string nor a byte value"));
+  // A version that is not an integer is refused like a wrong one (one qkv::Error, no library text).
+  for (const char* version : {R"("1")", "1.0", "null", "[1]"}) {
+    const std::string text = std::string(R"({"kind":"byte","version":)") + version + "}";
+    CHECK_THROWS_MATCHES(tokenizer_from_json(text), Error,
+                         Catch::Message(std::string("[tokenizer] stored byte tokenizer has version ") + version +
+                                        ", this build reads version 1"));
+  }
 }
 
 TEST_CASE("streaming output holds back only an unfinished UTF-8 character", "[data][tokenizer]") {

@@ -306,3 +306,45 @@ TEST_CASE("input files: the CLI refuses a FIFO data path and a hard-linked check
     CHECK(err.find("HDF5-DIAG") == std::string::npos);
   }
 }
+
+TEST_CASE("an HDF5 string or scalar attribute holding several values is refused, not read into one", "[data][h5]") {
+  TempDir dir;
+  const std::string path = dir.file("multi.h5");
+  {
+    h5::File f = h5::File::create(path);
+    // Three int64 values where qkv reads one (a checkpoint's "step"), and two strings where it reads
+    // one (its tokenizer JSON), made as any HDF5 writer could.
+    const hsize_t three[1] = {3}, two[1] = {2};
+    const int64_t steps[3] = {1, 2, 3};
+    hid_t space = H5Screate_simple(1, three, nullptr);
+    hid_t a = H5Acreate2(f.id(), "step", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, steps);
+    H5Aclose(a);
+    a = H5Acreate2(f.id(), "loss", H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    const double losses[3] = {1, 2, 3};
+    H5Awrite(a, H5T_NATIVE_DOUBLE, losses);
+    H5Aclose(a);
+    H5Sclose(space);
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    space = H5Screate_simple(1, two, nullptr);
+    const char* texts[2] = {"{}", "{}"};
+    hid_t d = H5Dcreate2(f.id(), "json", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, texts);
+    H5Dclose(d);
+    a = H5Acreate2(f.id(), "config", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, type, texts);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Tclose(type);
+  }
+  const h5::File f = h5::File::open(path);
+  const std::string at = "[h5] " + path + ": ";
+  CHECK_THROWS_MATCHES(f.attr_int("/", "step"), Error,
+                       Catch::Message(at + "attribute 'step' of / holds 3 values, expected one"));
+  CHECK_THROWS_MATCHES(f.attr_double("/", "loss"), Error,
+                       Catch::Message(at + "attribute 'loss' of / holds 3 values, expected one"));
+  CHECK_THROWS_MATCHES(f.read_string("json"), Error, Catch::Message(at + "dataset /json holds 2 values, expected one"));
+  CHECK_THROWS_MATCHES(f.attr_string("/", "config"), Error,
+                       Catch::Message(at + "attribute 'config' of / holds 2 values, expected one"));
+}

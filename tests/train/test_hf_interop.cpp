@@ -322,6 +322,43 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
              Catch::Contains("not a .safetensors file name inside"));
 }
 
+TEST_CASE("hf config.json values of the wrong JSON type are refused naming the file and key", "[hf]") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  const std::string d = dir.file("typed");
+  fs::copy(hf_fixture("gpt2_tiny"), d, fs::copy_options::recursive);
+  const json original = read_json_file(d + "/config.json");
+  const std::pair<const char*, json> cases[] = {{"n_layer", "12"},
+                                                {"n_layer", -1},
+                                                {"layer_norm_epsilon", "1e-5"},
+                                                {"tie_word_embeddings", 1},
+                                                {"activation_function", json::array({"gelu"})}};
+  const char* const want[] = {"not a non-negative integer", "not a non-negative integer", "not a number",
+                              "not true or false", "not a string"};
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    json c = original;
+    c[cases[i].first] = cases[i].second;
+    write_text(d + "/config.json", c.dump());
+    CHECK(error_of([&] { train::import_hf(d, dir.file("o.h5")); }) ==
+          d + "/config.json: \"" + cases[i].first + "\" is " + cases[i].second.dump() + ", " + want[i]);
+  }
+}
+
+TEST_CASE("hf tokenizer files with a value of the wrong JSON type are refused naming the file and key", "[hf]") {
+  TempDir dir;
+  const std::string d = dir.file("mapping");
+  std::filesystem::create_directories(d);
+  const json byte = json::parse(ByteTokenizer().serialize());
+  write_text(d + "/qkv_tokenizer.json", json{{"format", 5}, {"qkv", byte}}.dump());
+  CHECK(error_of([&] { train::read_hf_tokenizer(d, ""); }) == d + "/qkv_tokenizer.json: \"format\" is 5, not a string");
+  write_text(d + "/qkv_tokenizer.json",
+             json{{"format", "qkv-tokenizer-mapping"}, {"qkv", {{"kind", "byte"}, {"version", "1"}}}}.dump());
+  CHECK(error_of([&] { train::read_hf_tokenizer(d, ""); }) ==
+        d + "/qkv_tokenizer.json: [tokenizer] stored byte tokenizer has version \"1\", this build reads version 1");
+  write_text(d + "/qkv_tokenizer.json", json{{"format", "qkv-tokenizer-mapping"}, {"qkv", byte}}.dump());
+  CHECK(std::string(train::read_hf_tokenizer(d, "")->kind()) == "byte");
+}
+
 TEST_CASE("train --init-from an HF directory starts from its weights and refuses another network or tokenizer",
           "[hf]") {
   const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";

@@ -101,6 +101,33 @@ TEST_CASE("training reduces the loss on a tiny corpus", "[train][loop]") {
   CHECK(fs::exists(c.train.out_dir + "/best.h5"));
 }
 
+TEST_CASE("train --init-from a checkpoint refuses a model that computes another function", "[train][loop]") {
+  const std::string dir = temp_dir("init_from");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 2;
+  c.train.out_dir = dir + "/base";
+  const std::string ckpt = train::run_training(c, {.progress = false}).checkpoint;
+  // Each setting keeps every tensor's shape, so the weights alone would load.
+  const std::pair<const char*, const char*> changes[] = {
+      {"model.norm_eps=1e-3", "model.norm_eps is 0.00001 there but 0.001 in this run's config"},
+      {"model.activation=gelu", "model.activation is \"gelu_tanh\" there but \"gelu\" in this run's config"},
+      {"model.window=4", "model.window is 0 there but 4 in this run's config"},
+      {"model.n_head=4", "model.n_head is 2 there but 4 in this run's config"}};
+  int i = 0;
+  for (const auto& [assignment, message] : changes) {
+    Config f = c;
+    apply_override(f, assignment);
+    f.train.out_dir = dir + "/ft" + std::to_string(i++);
+    CHECK_THROWS_MATCHES(train::run_training(f, {.init_from = ckpt, .progress = false}), Error,
+                         Catch::Message(ckpt + ": " + message));
+  }
+  // Dropout changes how the model is trained, not its function.
+  Config f = c;
+  f.model.dropout = 0.1;
+  f.train.out_dir = dir + "/dropout";
+  CHECK(train::run_training(f, {.init_from = ckpt, .progress = false}).step == 2);
+}
+
 namespace {
 
 // 20 steps straight vs 10 steps, a checkpoint, and 10 resumed steps, with dropout on, on `device`:
