@@ -22,7 +22,7 @@
 #include "tensor/cpu/parallel.h"
 #include "tensor/error.h"
 #include "tensor/ops_checks.h"
-#if defined(__FMA__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
