@@ -77,14 +77,21 @@ void micro(const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k, 
     for (int v = 0; v < V; ++v) store(tile + r * P * PN + v * 8, a[r][v]);
 }
 
-// Panels a micro-kernel call covers for a block of `rows` rows: enough independent accumulators
-// (8 to 12) to keep the FMA units busy while each waits for its previous result.
-constexpr int64_t panels_per_call(int64_t rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }
+// Panels a micro-kernel call covers for a block of `rows` rows with `left` panels to go: enough
+// independent accumulators (8 to 12 where there are panels enough) to keep the FMA units busy
+// while each waits for its previous result.
+constexpr int64_t panels_per_call(int64_t rows, int64_t left) {
+  const int64_t want = rows == 1 ? 4 : rows <= 3 ? 2 : 1;
+  return want <= left ? want : want == 4 && left >= 2 ? 2 : 1;
+}
 
 void micro_rows(int64_t rows, int64_t pn, const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k,
                 float* tile) {
   if (pn == 4) return micro<1, 4>(x, ldx, wp, ps, k, tile);
-  if (pn == 2) return rows == 2 ? micro<2, 2>(x, ldx, wp, ps, k, tile) : micro<3, 2>(x, ldx, wp, ps, k, tile);
+  if (pn == 2)
+    return rows == 1   ? micro<1, 2>(x, ldx, wp, ps, k, tile)
+           : rows == 2 ? micro<2, 2>(x, ldx, wp, ps, k, tile)
+                       : micro<3, 2>(x, ldx, wp, ps, k, tile);
   switch (rows) {
     case 1:
       return micro<1, 1>(x, ldx, wp, ps, k, tile);
@@ -101,36 +108,44 @@ void micro_rows(int64_t rows, int64_t pn, const float* x, int64_t ldx, const flo
   }
 }
 
+#if defined(__AVX__)
+// d[k*16 + i] = s[i*ldw + k] for i, k < 8: one 8x8 transpose. t[i] = [row i, k 0..3 | row i+4,
+// k 0..3] and t[4+i] the same for k 4..7, loaded as halves, so two 4x4 transposes within the
+// 128-bit lanes finish the job (16 shuffles).
+inline void transpose8(const float* s, int64_t ldw, float* d) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    const float* lo = s + i * ldw;
+    const float* hi = s + (i + 4) * ldw;
+    t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
+    t[4 + i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo + 4)), _mm_loadu_ps(hi + 4), 1);
+  }
+  for (int g = 0; g < 2; ++g) {  // k 4g .. 4g+3
+    const __m256 u0 = _mm256_unpacklo_ps(t[4 * g], t[4 * g + 1]), u1 = _mm256_unpackhi_ps(t[4 * g], t[4 * g + 1]),
+                 u2 = _mm256_unpacklo_ps(t[4 * g + 2], t[4 * g + 3]),
+                 u3 = _mm256_unpackhi_ps(t[4 * g + 2], t[4 * g + 3]);
+    _mm256_storeu_ps(d + (4 * g) * P, _mm256_shuffle_ps(u0, u2, 0x44));
+    _mm256_storeu_ps(d + (4 * g + 1) * P, _mm256_shuffle_ps(u0, u2, 0xEE));
+    _mm256_storeu_ps(d + (4 * g + 2) * P, _mm256_shuffle_ps(u1, u3, 0x44));
+    _mm256_storeu_ps(d + (4 * g + 3) * P, _mm256_shuffle_ps(u1, u3, 0xEE));
+  }
+}
+#endif
+
 // dst[k*16 + j] = w[(n0 + j)*ldw + k] for j < cols, 0 for cols <= j < 16: one panel.
 void pack_panel(const float* w, int64_t ldw, int64_t n0, int64_t cols, int64_t k, float* dst) {
   const float* src = w + n0 * ldw;
   int64_t kk = 0;
 #if defined(__AVX__)
-  if (cols == P) {  // 8x8 transposes, two per 8 values of k
-    for (; kk + 8 <= k; kk += 8) {
-      for (int half = 0; half < 2; ++half) {
-        // t[i] = [row i, k 0..3 | row i+4, k 0..3] and t[4+i] = the same for k 4..7: loaded halves,
-        // so that two 4x4 transposes within the 128-bit lanes finish the job.
-        const float* s = src + half * 8 * ldw + kk;
-        __m256 t[8];
-        for (int i = 0; i < 4; ++i) {
-          const float* lo = s + i * ldw;
-          const float* hi = s + (i + 4) * ldw;
-          t[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
-          t[4 + i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo + 4)), _mm_loadu_ps(hi + 4), 1);
-        }
-        float* d = dst + kk * P + half * 8;
-        for (int g = 0; g < 2; ++g) {  // k 4g .. 4g+3
-          const __m256 u0 = _mm256_unpacklo_ps(t[4 * g], t[4 * g + 1]), u1 = _mm256_unpackhi_ps(t[4 * g], t[4 * g + 1]),
-                       u2 = _mm256_unpacklo_ps(t[4 * g + 2], t[4 * g + 3]),
-                       u3 = _mm256_unpackhi_ps(t[4 * g + 2], t[4 * g + 3]);
-          _mm256_storeu_ps(d + (4 * g) * P, _mm256_shuffle_ps(u0, u2, 0x44));
-          _mm256_storeu_ps(d + (4 * g + 1) * P, _mm256_shuffle_ps(u0, u2, 0xEE));
-          _mm256_storeu_ps(d + (4 * g + 2) * P, _mm256_shuffle_ps(u1, u3, 0x44));
-          _mm256_storeu_ps(d + (4 * g + 3) * P, _mm256_shuffle_ps(u1, u3, 0xEE));
-        }
-      }
-    }
+  if (cols == P) {
+    // 16 values of k (a 64-byte line of each row) per step, each 8 rows' lines used up back to
+    // back: rows 4 KiB apart share an L1 set, and 16 of them would evict each other.
+    for (; kk + 16 <= k; kk += 16)
+      for (int half = 0; half < 2; ++half)
+        for (int sub = 0; sub < 2; ++sub)
+          transpose8(src + half * 8 * ldw + kk + 8 * sub, ldw, dst + (kk + 8 * sub) * P + half * 8);
+    for (; kk + 8 <= k; kk += 8)
+      for (int half = 0; half < 2; ++half) transpose8(src + half * 8 * ldw + kk, ldw, dst + kk * P + half * 8);
   }
 #endif
   for (; kk < k; ++kk) {
@@ -159,7 +174,7 @@ void run_task(const Problem& pr, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
   for (int64_t r0 = m0; r0 < m1;) {
     const int64_t rows = std::min(kInvariantRows, m1 - r0);
     for (int64_t p = p0; p < p1;) {
-      const int64_t pn = p + panels_per_call(rows) <= p1 ? panels_per_call(rows) : 1;
+      const int64_t pn = panels_per_call(rows, p1 - p);
       micro_rows(rows, pn, pr.x + r0 * pr.ldx, pr.ldx, packed + (p - p0) * ps, ps, pr.k, tile);
       for (int64_t q = 0; q < pn; ++q, ++p) {
         const int64_t n0 = p * P, cols = std::min(P, pr.n - n0);
@@ -182,8 +197,10 @@ void run(const Problem& pr) {
   if (pr.m <= 0 || pr.n <= 0) return;
   const int64_t panels = (pr.n + P - 1) / P;
   const int64_t panel_floats = pr.k * P;
+  // At least the panels one micro-kernel call takes for the first rows (4 at M = 1).
+  const int64_t by_bytes = kGroupBytes / (std::max<int64_t>(panel_floats, 1) * int64_t(sizeof(float)));
   const int64_t group =
-      std::clamp<int64_t>(kGroupBytes / (std::max<int64_t>(panel_floats, 1) * int64_t(sizeof(float))), 1, panels);
+      std::clamp<int64_t>(std::max(by_bytes, panels_per_call(std::min(pr.m, kInvariantRows), panels)), 1, panels);
   const int64_t groups = (panels + group - 1) / group;
   const int64_t row_tasks = (pr.m + kTaskRows - 1) / kTaskRows;
   const int64_t tasks = groups * row_tasks;

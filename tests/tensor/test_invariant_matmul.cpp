@@ -224,6 +224,15 @@ TEST_CASE("invariant_linear on tensors: shapes, views, bias and refusals", "[inv
   // Close to qkv::linear (BLAS, another order).
   CHECK(max_abs_diff(invariant_linear(x, w, b), linear(x, w, b)) < 1e-5);
 
+  // Empty sums: K = 0 gives the bias (or +0); no rows or no columns give an empty result.
+  const Tensor y_k0 = invariant_linear(Tensor::empty({4, 0}), Tensor::empty({9, 0}), b);
+  REQUIRE(y_k0.shape() == Shape{4, 9});
+  for (int64_t i = 0; i < 36; ++i) CHECK(same_bits(y_k0.data<float>()[i], b.data<float>()[i % 9]));
+  const Tensor y_k0_nobias = invariant_linear(Tensor::empty({2, 0}), Tensor::empty({3, 0}), Tensor());
+  for (int64_t i = 0; i < 6; ++i) CHECK(same_bits(y_k0_nobias.data<float>()[i], 0.0f));
+  CHECK(invariant_linear(Tensor::empty({0, 20}), w, b).shape() == Shape{0, 9});
+  CHECK(invariant_linear(x, Tensor::empty({0, 20}), Tensor()).shape() == Shape{2, 3, 0});
+
   CHECK_THROWS_WITH(invariant_linear(x, randn({9, 21}, 1), b), Catch::Contains("weight [out, in]"));
   CHECK_THROWS_WITH(invariant_linear(x, w, randn({8}, 1)), Catch::Contains("need float32 [9]"));
   CHECK_THROWS_WITH(invariant_linear(x.to(DType::f64), w, b), Catch::Contains("must be float32"));
