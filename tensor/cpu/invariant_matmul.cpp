@@ -56,6 +56,7 @@ inline v8 fmadd(v8 acc, v8 a, v8 b) {
 constexpr int64_t P = kInvariantPanel;
 constexpr int64_t kGroupBytes = 192 << 10;  // packed W per task: with a few rows of x, fits a 512 KB L2
 constexpr int64_t kTaskRows = 384;          // rows per task (a multiple of 6): W is packed M / 384 times
+constexpr int64_t kDirectMaxLd = 1024;      // M = 1 reads W unpacked up to this row stride (4 KiB)
 
 // tile[r*(16 PN) + 16 q + j] = sum over k of x[r, k] * wp[q*ps + k*16 + j] for r < R, q < PN (PN
 // panels ps floats apart), in the order of the header: 2 PN lanes-vectors of accumulators per row.
@@ -109,10 +110,10 @@ void micro_rows(int64_t rows, int64_t pn, const float* x, int64_t ldx, const flo
 }
 
 #if defined(__AVX__)
-// d[k*16 + i] = s[i*ldw + k] for i, k < 8: one 8x8 transpose. t[i] = [row i, k 0..3 | row i+4,
-// k 0..3] and t[4+i] the same for k 4..7, loaded as halves, so two 4x4 transposes within the
-// 128-bit lanes finish the job (16 shuffles).
-inline void transpose8(const float* s, int64_t ldw, float* d) {
+// c[k][i] = s[i*ldw + k] for i, k < 8: one 8x8 transpose. t[i] = [row i, k 0..3 | row i+4, k 0..3]
+// and t[4+i] the same for k 4..7, loaded as halves, so two 4x4 transposes within the 128-bit lanes
+// finish the job (16 shuffles).
+inline void transpose8(const float* s, int64_t ldw, __m256 c[8]) {
   __m256 t[8];
   for (int i = 0; i < 4; ++i) {
     const float* lo = s + i * ldw;
@@ -124,11 +125,49 @@ inline void transpose8(const float* s, int64_t ldw, float* d) {
     const __m256 u0 = _mm256_unpacklo_ps(t[4 * g], t[4 * g + 1]), u1 = _mm256_unpackhi_ps(t[4 * g], t[4 * g + 1]),
                  u2 = _mm256_unpacklo_ps(t[4 * g + 2], t[4 * g + 3]),
                  u3 = _mm256_unpackhi_ps(t[4 * g + 2], t[4 * g + 3]);
-    _mm256_storeu_ps(d + (4 * g) * P, _mm256_shuffle_ps(u0, u2, 0x44));
-    _mm256_storeu_ps(d + (4 * g + 1) * P, _mm256_shuffle_ps(u0, u2, 0xEE));
-    _mm256_storeu_ps(d + (4 * g + 2) * P, _mm256_shuffle_ps(u1, u3, 0x44));
-    _mm256_storeu_ps(d + (4 * g + 3) * P, _mm256_shuffle_ps(u1, u3, 0xEE));
+    c[4 * g] = _mm256_shuffle_ps(u0, u2, 0x44);
+    c[4 * g + 1] = _mm256_shuffle_ps(u0, u2, 0xEE);
+    c[4 * g + 2] = _mm256_shuffle_ps(u1, u3, 0x44);
+    c[4 * g + 3] = _mm256_shuffle_ps(u1, u3, 0xEE);
   }
+}
+inline void transpose8(const float* s, int64_t ldw, float* d) {  // d[k*16 + i] = s[i*ldw + k]
+  __m256 c[8];
+  transpose8(s, ldw, c);
+  for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(d + kk * P, c[kk]);
+}
+
+// One row against G*8 columns read straight from W's rows (no packing; the matrix-vector product
+// of decode): out[8g + i] = sum over k of x[k] * w[(8g + i)*ldw + k], each lane in the order of
+// the header (the 8x8 transposes only bring W[n, k..k+7] into lane n; the FMAs go k by k).
+template <int G>
+void direct1(const float* x, const float* w, int64_t ldw, int64_t k, float* out) {
+  v8 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = v8{};
+  int64_t kk = 0;
+  // 16 values of k per row (its 64-byte line) before the next 8 rows: rows 4 KiB apart share an L1
+  // set, and a line evicted before its second half is read would be fetched twice.
+  for (; kk + 16 <= k; kk += 16)
+    for (int g = 0; g < G; ++g) {
+      for (int h = 0; h < 16; h += 8) {
+        __m256 c[8];
+        transpose8(w + 8 * g * ldw + kk + h, ldw, c);
+        for (int i = 0; i < 8; ++i) acc[g] = fmadd(acc[g], broadcast(x[kk + h + i]), (v8)c[i]);
+      }
+    }
+  for (; kk + 8 <= k; kk += 8)
+    for (int g = 0; g < G; ++g) {
+      __m256 c[8];
+      transpose8(w + 8 * g * ldw + kk, ldw, c);
+      for (int i = 0; i < 8; ++i) acc[g] = fmadd(acc[g], broadcast(x[kk + i]), (v8)c[i]);
+    }
+  for (; kk < k; ++kk)
+    for (int g = 0; g < G; ++g) {
+      v8 col;
+      for (int i = 0; i < 8; ++i) col[i] = w[(8 * g + i) * ldw + kk];
+      acc[g] = fmadd(acc[g], broadcast(x[kk]), col);
+    }
+  for (int g = 0; g < G; ++g) store(out + 8 * g, acc[g]);
 }
 #endif
 
@@ -215,6 +254,31 @@ void run(const Problem& pr) {
       run_task(pr, m0, m1, p0, p1, pr.wp + p0 * panel_floats);
       return;
     }
+#if defined(__AVX__)
+    // At M = 1, W straight from its rows, the columns [n0, n1) in blocks of 8, where rows lie less
+    // than 4 KiB apart: farther apart, the 32 rows read side by side share few L1 sets and this ran
+    // slower than packing (K = 3072: 10 GB/s against 13).
+    if (pr.m == 1 && pr.ldw <= kDirectMaxLd) {
+      alignas(32) float out[32];
+      const int64_t n1 = std::min(pr.n, p1 * P);
+      for (int64_t n0 = p0 * P; n0 < n1;) {
+        const int64_t cols = std::min<int64_t>(32, n1 - n0);
+        const float* wn = pr.w + n0 * pr.ldw;
+        if (cols == 32) direct1<4>(pr.x, wn, pr.ldw, pr.k, out);
+        else if (cols >= 8) direct1<1>(pr.x, wn, pr.ldw, pr.k, out);
+        const int64_t done = cols == 32 ? 32 : cols >= 8 ? 8 : 0;
+        for (int64_t j = done; j < std::min<int64_t>(cols, 8); ++j) {  // fewer than 8 left: one by one
+          float acc = 0.0f;
+          for (int64_t kk = 0; kk < pr.k; ++kk) acc = std::fma(pr.x[kk], wn[j * pr.ldw + kk], acc);
+          out[j] = acc;
+        }
+        const int64_t step = std::max<int64_t>(done, std::min<int64_t>(cols, 8));
+        for (int64_t j = 0; j < step; ++j) pr.y[n0 + j] = pr.bias ? out[j] + pr.bias[n0 + j] : out[j];
+        n0 += step;
+      }
+      return;
+    }
+#endif
     thread_local std::vector<float> buf;  // one group of panels: at most ~kGroupBytes, or one panel
     buf.resize(static_cast<size_t>((p1 - p0) * panel_floats));
     for (int64_t p = p0; p < p1; ++p)

@@ -103,6 +103,27 @@ TEST_CASE("invariant_linear equals a sequential std::fma loop bit for bit", "[in
   }
 }
 
+TEST_CASE("invariant_linear reads W and x through leading dimensions in the same order", "[invariant][exact]") {
+  // W rows 1030 or 3100 floats apart: M = 1 reads W unpacked up to 1024, packs it beyond; x and y
+  // rows apart too. Only the first K of each row of W and x may count.
+  for (int64_t ldw : {1030, 3100})
+    for (int64_t m : {1, 7})
+      for (int64_t n : {5, 40, 67}) {
+        const int64_t k = 1000, ldx = 1003, ldy = n + 2;
+        const std::vector<float> w = random_floats(n * ldw, 41), x = random_floats(m * ldx, 42),
+                                 bias = random_floats(n, 43);
+        std::vector<float> y(static_cast<size_t>(m * ldy), 0.0f);
+        invariant_linear(x.data(), ldx, w.data(), ldw, bias.data(), y.data(), ldy, m, n, k);
+        const std::vector<float> want = sequential_fma(x.data(), ldx, w.data(), ldw, bias.data(), m, n, k);
+        std::vector<float> got;
+        for (int64_t i = 0; i < m; ++i) got.insert(got.end(), y.begin() + i * ldy, y.begin() + i * ldy + n);
+        INFO("ldw " << ldw << " M " << m << " N " << n);
+        CHECK(count_differing(got, want) == 0);
+        for (int64_t i = 0; i < m; ++i)  // the gap between rows of y is left alone
+          for (int64_t j = n; j < ldy; ++j) CHECK(y[static_cast<size_t>(i * ldy + j)] == 0.0f);
+      }
+}
+
 TEST_CASE("invariant_linear keeps the sequential order through infinities, NaNs, zeros and subnormals",
           "[invariant][exact]") {
   const int64_t m = 7, n = 19, k = 37;
