@@ -2,12 +2,16 @@
 //
 // Blocking, none of which touches the order of any element's sum:
 // - micro-kernel: R <= 6 rows x 16 columns (two 8-lane vectors per row, 12 accumulators in
-//   registers); per k it loads 16 packed weights and broadcasts x[r, k], so every lane performs
+//   registers), or 1 row x 64 / 2-3 rows x 32 columns so that small blocks too keep 8-12 chains;
+//   per k it loads the packed weights and broadcasts x[r, k], so every lane performs
 //   acc = fma(x[r, k], W[n, k], acc) for k = 0..K-1 over the whole K;
 // - tasks: a group of panels (about kGroupBytes of packed W, which stays in L2 while the task's rows
 //   sweep it) times a range of rows (kTaskRows). A task packs its group once (unless W came packed)
 //   and runs all its rows against it. Tasks go to threads through run_split (tensor/cpu/parallel.h);
 //   which thread runs a task changes nothing in its values;
+// - decode (M = 1, rows of W at most 4 KiB apart): no packed copy; 8x8 transposes in registers
+//   bring W[n, k..k+7] into lane n and the FMAs go k by k (direct1); the last N % 8 columns run
+//   the same chain one at a time with std::fma;
 // - edges: the last panel is zero-padded to 16 columns and the lanes past N are dropped when the tile
 //   is written; the last rows run the same kernel with R < 6. Lane arithmetic is the same in every
 //   case, so an edge element equals the interior one bitwise.

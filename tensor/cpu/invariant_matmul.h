@@ -15,11 +15,12 @@
 // with std::fma. The file is compiled with -ffp-contract=off (CMakeLists.txt) so the compiler adds
 // no contraction of its own.
 //
-// W [N, K] is read transposed, as [K, N] panels of kPanel columns: pack_weight() builds them once
-// (a layer can keep them while its weight is unchanged, e.g. across decode steps), or
-// invariant_linear() packs per call: for M <= kFusedPackRows each panel is packed into a small
-// per-thread buffer just before use (W is read once, as a matrix-vector product must), for larger M
-// all of W is packed first (N*K copies against M*N*K multiply-adds).
+// W [N, K] is read as [K, 16] panels (16 columns n, k-major): pack_weight() builds them once, for a
+// caller that keeps them while the weight is unchanged (a decode loop); invariant_linear() on a
+// raw W packs per call: each task (a group of panels, ~192 KiB packed, times up to 384 rows) packs
+// its panels into a per-thread buffer, so W is packed ceil(M / 384) times (N*K copies against
+// 384*N*K multiply-adds). At M = 1 with W's rows at most 1024 floats apart it reads W unpacked
+// (8x8 register transposes feed the lanes), streaming W once.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,8 +32,6 @@ namespace qkv::cpu {
 // Columns per packed panel (two 8-lane vectors) and rows per register block of the micro-kernel.
 constexpr int64_t kInvariantPanel = 16;
 constexpr int64_t kInvariantRows = 6;
-// invariant_linear() packs W per panel on the fly up to this many rows, else all of W first.
-constexpr int64_t kFusedPackRows = 16;
 
 // W [N, K] (row n at W + n*ldw) as ceil(N / 16) panels; panel p holds W[16p + j, k] at
 // data[(p*K + k)*16 + j], zero where 16p + j >= N.
