@@ -259,8 +259,8 @@ void run(const Problem& pr) {
       return;
     }
 #if defined(__AVX__)
-    // At M = 1, W straight from its rows, the columns [n0, n1) in blocks of 8, where rows lie less
-    // than 4 KiB apart: farther apart, the 32 rows read side by side share few L1 sets and this ran
+    // At M = 1, W straight from its rows, the columns [n0, n1) in blocks of 8, where rows lie at
+    // most 4 KiB apart: farther apart, the 32 rows read side by side share few L1 sets and this ran
     // slower than packing (K = 3072: 10 GB/s against 13).
     if (pr.m == 1 && pr.ldw <= kDirectMaxLd) {
       alignas(32) float out[32];
@@ -283,7 +283,7 @@ void run(const Problem& pr) {
       return;
     }
 #endif
-    thread_local std::vector<float> buf;  // one group of panels: at most ~kGroupBytes, or one panel
+    thread_local std::vector<float> buf;  // one group: ~kGroupBytes, or 1-4 panels of a long K
     buf.resize(static_cast<size_t>((p1 - p0) * panel_floats));
     for (int64_t p = p0; p < p1; ++p)
       pack_panel(pr.w, pr.ldw, p * P, std::min(P, pr.n - p * P), pr.k, buf.data() + (p - p0) * panel_floats);
