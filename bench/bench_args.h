@@ -1,4 +1,4 @@
-// The positional arguments of the bench programs (qkv_bench_tiles, qkv_bench_gemm,
+// The positional arguments of the bench programs (qkv_bench_tiles, qkv_bench_gemm, qkv_bench_invariant,
 // qkv_bench_allreduce): each a decimal integer in [1, max] with a default where it is absent.
 // Anything else is a one-line error naming the argument and a non-zero exit; std::atoi read
 // "--help" as 0, and qkv_bench_tiles then printed a table of NaN rates for D = 0.

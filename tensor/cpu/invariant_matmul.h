@@ -1,0 +1,58 @@
+// Batch-invariant float32 GEMM for a linear layer's forward: y = x · W^T (+ bias), written by hand
+// so that every output element is reduced in ONE order, whatever the batch (issue 38).
+//
+//   y[m, n] = s[m, n]            (no bias)
+//   y[m, n] = s[m, n] + bias[n]  (bias: one rounded addition after the sum)
+//   s[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 1], W[n, 1], fma(x[m, 0], W[n, 0], +0.0f)) ...)
+//
+// i.e. one float accumulator per element, starting at +0, updated with a fused multiply-add
+// (one rounding) for k = 0, 1, ..., K-1 in that order. No other order is ever used: the kernel
+// vectorises across output columns n (each vector lane is one element's accumulator), and blocks
+// and threads split only rows m and columns n, never k. So y[m, :] is bitwise a function of
+// x[m, :], W and bias alone: it does not depend on M, on the row m, on the other rows, on the
+// tiling (an edge column or row runs the same lane operations as an interior one), on the thread
+// count, or on the BLAS library. The portable build (no FMA instruction) computes the same values
+// with std::fma. The file is compiled with -ffp-contract=off (CMakeLists.txt) so the compiler adds
+// no contraction of its own.
+//
+// W [N, K] is read as [K, 16] panels (16 columns n, k-major): pack_weight() builds them once, for a
+// caller that keeps them while the weight is unchanged (a decode loop); invariant_linear() on a
+// raw W packs per call: each task (a group of panels, ~192 KiB packed, times up to 384 rows) packs
+// its panels into a per-thread buffer, so W is packed ceil(M / 384) times (N*K copies against
+// 384*N*K multiply-adds). At M = 1 with W's rows at most 1024 floats apart it reads W unpacked
+// (8x8 register transposes feed the lanes), streaming W once.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace qkv::cpu {
+
+// Columns per packed panel (two 8-lane vectors) and rows per register block of the micro-kernel.
+constexpr int64_t kInvariantPanel = 16;
+constexpr int64_t kInvariantRows = 6;
+
+// W [N, K] (row n at W + n*ldw) as ceil(N / 16) panels; panel p holds W[16p + j, k] at
+// data[(p*K + k)*16 + j], zero where 16p + j >= N.
+struct PackedWeight {
+  int64_t n = 0, k = 0;
+  std::vector<float> data;
+};
+PackedWeight pack_weight(const float* w, int64_t ldw, int64_t n, int64_t k);
+
+// y [M, N] (row m at y + m*ldy) = x [M, K] (row m at x + m*ldx) · W^T (+ bias [N] when not null),
+// in the order stated above. ldx >= K, ldw >= K, ldy >= N; y must not overlap x, W or bias. Threads:
+// omp_get_max_threads(), split over rows and columns only (tensor/cpu/parallel.h).
+void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
+                      int64_t ldy, int64_t m, int64_t n, int64_t k);
+// The same product on a weight packed by pack_weight (bitwise the same result).
+void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
+                      int64_t m);
+
+// Tensor form, CPU float32: x [..., K] (rows of unit stride), weight [N, K] (unit column stride),
+// bias [N] or undefined -> [..., N]. The counterpart of qkv::linear (tensor/ops.h) with the order
+// above; bad shapes, dtypes or devices throw qkv::Error.
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+}  // namespace qkv::cpu
