@@ -7,7 +7,7 @@
 # again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
 # Before ctest, torch and transformers are installed for the interop test (INTEROP=0 skips that);
-# after it, the safetensors fuzz target runs for FUZZ_SECONDS (default 20; 0 skips) when clang is there.
+# after it, the fuzz targets run for FUZZ_SECONDS each (default 20; 0 skips) when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each stage prints its wall time (and the running total) as it ends.
@@ -22,21 +22,34 @@ BOOTSTRAP_BUILD=0 scripts/bootstrap.sh
 
 # The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
 # against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
-# transformers==4.36.2 (a release that works with that torch). Installed here when missing, in the
-# background while the build runs; INTEROP=0 skips the install, and without them the test reports
-# itself skipped (the committed fixtures of tests/train/test_hf_interop.cpp still run). A failed install
-# (no network) only warns.
+# transformers==4.36.2 (a release that works with that torch); the fuzz stage needs clang and lld.
+# Installed here when missing, in the background while the build runs; INTEROP=0 and
+# FUZZ_SECONDS=0 skip their installs. Without torch or transformers the interop test reports
+# itself skipped (the committed fixtures of tests/train/test_hf_interop.cpp still run); without
+# clang the fuzz stage says it is skipped. A failed install (no network) only warns.
 interop_pid=""
 interop_log=$(mktemp)
+background_packages=()
+want_interop=0
+if [[ ${FUZZ_SECONDS:-20} != 0 ]] && ! { command -v clang++ && command -v ld.lld; } >/dev/null; then
+  background_packages+=(clang lld)
+fi
 if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
-  echo "test.sh: installing python3-torch and transformers==4.36.2 for the interop test (in the background)" >&2
+  background_packages+=(python3-torch python3-pip)
+  want_interop=1
+fi
+if ((${#background_packages[@]})); then
+  echo "test.sh: installing ${background_packages[*]} in the background" >&2
   sudo_cmd=""
   [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
   {
     $sudo_cmd apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-torch python3-pip &&
-      $sudo_cmd /usr/bin/python3 -m pip install -q --break-system-packages transformers==4.36.2 &&
-      /usr/bin/python3 -c "import torch, transformers"
+      DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+        "${background_packages[@]}" &&
+      if [[ $want_interop == 1 ]]; then
+        $sudo_cmd /usr/bin/python3 -m pip install -q --break-system-packages transformers==4.36.2 &&
+          /usr/bin/python3 -c "import torch, transformers"
+      fi
   } >"$interop_log" 2>&1 </dev/null &
   interop_pid=$!
 fi
@@ -51,11 +64,11 @@ stage_done format
 if [[ -n $interop_pid ]]; then
   wait "$interop_pid" || {
     tail -5 "$interop_log" >&2
-    echo "test.sh: WARNING: could not install torch/transformers; the interop test will be skipped" >&2
+    echo "test.sh: WARNING: could not install ${background_packages[*]}; the tests that need them are skipped" >&2
   }
 fi
 rm -f "$interop_log"
-stage_done "interop install"
+stage_done "background install"
 build_dir=${BUILD_DIR:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 args=(--test-dir "$build_dir" --output-on-failure --timeout 900 -j2)
@@ -65,9 +78,10 @@ fi
 ctest "${args[@]}"
 stage_done ctest
 
-# The libFuzzer targets (tests/fuzz/run_fuzz.sh: the safetensors header and the CLI number parsers,
-# under AddressSanitizer and UndefinedBehaviorSanitizer), each for FUZZ_SECONDS (default 20) when
-# clang++ is installed; 0 skips them.
+# The libFuzzer targets (tests/fuzz/run_fuzz.sh: the safetensors header, the CLI number parsers,
+# the config parser, the tokenizer files and the checkpoint readers, under AddressSanitizer and
+# UndefinedBehaviorSanitizer), each for FUZZ_SECONDS (default 20) when clang++ is installed; 0
+# skips them.
 if [[ ${FUZZ_SECONDS:-20} != 0 ]]; then
   if command -v clang++ >/dev/null; then
     WORK="$build_dir/fuzz" tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-20}" >&2
