@@ -7,7 +7,7 @@
 # again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
 # Before ctest, torch and transformers are installed for the interop test (INTEROP=0 skips that);
-# after it, the fuzz targets run for FUZZ_SECONDS each (default 20; 0 skips) when clang is there.
+# after it, the fuzz targets run for FUZZ_SECONDS each (default 10; 0 skips) when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each stage prints its wall time (and the running total) as it ends.
@@ -31,7 +31,7 @@ interop_pid=""
 interop_log=$(mktemp)
 background_packages=()
 want_interop=0
-if [[ ${FUZZ_SECONDS:-20} != 0 ]] && ! { command -v clang++ && command -v ld.lld; } >/dev/null; then
+if [[ ${FUZZ_SECONDS:-10} != 0 ]] && ! { command -v clang++ && command -v ld.lld; } >/dev/null; then
   background_packages+=(clang lld)
 fi
 if [[ ${INTEROP:-1} == 1 ]] && ! /usr/bin/python3 -c "import torch, transformers" 2>/dev/null; then
@@ -80,11 +80,11 @@ stage_done ctest
 
 # The libFuzzer targets (tests/fuzz/run_fuzz.sh: the safetensors header, the CLI number parsers,
 # the config parser, the tokenizer files and the checkpoint readers, under AddressSanitizer and
-# UndefinedBehaviorSanitizer), each for FUZZ_SECONDS (default 20) when clang++ is installed; 0
+# UndefinedBehaviorSanitizer), each for FUZZ_SECONDS (default 10) when clang++ is installed; 0
 # skips them.
-if [[ ${FUZZ_SECONDS:-20} != 0 ]]; then
+if [[ ${FUZZ_SECONDS:-10} != 0 ]]; then
   if command -v clang++ >/dev/null; then
-    WORK="$build_dir/fuzz" tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-20}" >&2
+    WORK="$build_dir/fuzz" tests/fuzz/run_fuzz.sh "${FUZZ_SECONDS:-10}" >&2
   else
     echo "test.sh: clang++ not installed; the fuzz runs are skipped (apt-get install clang)" >&2
   fi
