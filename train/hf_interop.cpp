@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <variant>
 
 #include "autograd/grad_mode.h"
 #include "data/byte_level_bpe.h"
@@ -120,6 +121,30 @@ int32_t special_token(const Tokenizer& tok) {
   return added.empty() ? -1 : added.front();
 }
 
+// The [model] settings a Hugging Face config.json holds one to one: the name each architecture's
+// config gives it (nullptr: that config has none) and the value Transformers takes when the key is
+// absent or null (nullopt: required). Export writes them and import reads them from this one list.
+// A qkv 0 means the family's default (ffn_hidden: 4C for gpt2; n_kv_head: n_head).
+struct HfField {
+  std::variant<int64_t ModelSettings::*, double ModelSettings::*> setting;
+  const char* gpt2;   // GPT2Config
+  const char* llama;  // LlamaConfig and MistralConfig
+  std::optional<double> gpt2_absent = std::nullopt, llama_absent = std::nullopt;
+};
+const HfField kHfFields[] = {
+    {&ModelSettings::vocab_size, "vocab_size", "vocab_size"},
+    {&ModelSettings::block_size, "n_positions", "max_position_embeddings"},
+    {&ModelSettings::n_embd, "n_embd", "hidden_size"},
+    {&ModelSettings::n_layer, "n_layer", "num_hidden_layers"},
+    {&ModelSettings::n_head, "n_head", "num_attention_heads"},
+    {&ModelSettings::n_kv_head, nullptr, "num_key_value_heads", std::nullopt, 0},
+    {&ModelSettings::ffn_hidden, "n_inner", "intermediate_size", 0, std::nullopt},
+    {&ModelSettings::norm_eps, "layer_norm_epsilon", "rms_norm_eps", 1e-5, 1e-6},
+    {&ModelSettings::rope_theta, nullptr, "rope_theta", std::nullopt, 10000.0},
+    {&ModelSettings::dropout, "resid_pdrop", nullptr, 0.1, std::nullopt},
+    {&ModelSettings::attn_dropout, "attn_pdrop", "attention_dropout", 0.1, 0.0},
+};
+
 json config_json(const Config& cfg, const ExportTarget& target, int64_t vocab, int32_t special,
                  const std::string& dtype) {
   const ModelSettings& m = cfg.model;
@@ -127,43 +152,31 @@ json config_json(const Config& cfg, const ExportTarget& target, int64_t vocab, i
   const json eos = special >= 0 ? json(special) : json(nullptr);
   json j;
   j["architectures"] = {arch};
-  j["vocab_size"] = vocab;
   j["tie_word_embeddings"] = m.resolved_tie_embeddings();
   j["initializer_range"] = m.init_std;
   j["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
   j["bos_token_id"] = eos;
   j["eos_token_id"] = eos;
   j["use_cache"] = true;
-  if (arch == "GPT2LMHeadModel") {
+  const bool gpt2 = arch == "GPT2LMHeadModel";
+  const ModelSettings resolved = cfg.resolved().model;
+  for (const HfField& f : kHfFields)
+    if (const char* name = gpt2 ? f.gpt2 : f.llama)
+      std::visit([&](auto setting) { j[name] = resolved.*setting; }, f.setting);
+  j["vocab_size"] = vocab;  // the tokenizer's when model.vocab_size is 0
+  if (gpt2) {
     j["model_type"] = "gpt2";
-    j["n_positions"] = m.block_size;
     j["n_ctx"] = m.block_size;
-    j["n_embd"] = m.n_embd;
-    j["n_layer"] = m.n_layer;
-    j["n_head"] = m.n_head;
-    j["n_inner"] = m.resolved_ffn_hidden();
     j["activation_function"] = gpt2_activation_name(m.resolved_activation());
-    j["layer_norm_epsilon"] = m.norm_eps;
-    j["resid_pdrop"] = m.dropout;
     j["embd_pdrop"] = m.dropout;
-    j["attn_pdrop"] = m.attn_dropout;
     j["scale_attn_weights"] = true;
     j["scale_attn_by_inverse_layer_idx"] = false;
     j["reorder_and_upcast_attn"] = false;
   } else {
     j["model_type"] = target.sliding_window > 0 ? "mistral" : "llama";
-    j["hidden_size"] = m.n_embd;
-    j["intermediate_size"] = m.resolved_ffn_hidden();
-    j["num_hidden_layers"] = m.n_layer;
-    j["num_attention_heads"] = m.n_head;
-    j["num_key_value_heads"] = m.resolved_n_kv_head();
     j["hidden_act"] = "silu";
-    j["max_position_embeddings"] = m.block_size;
-    j["rms_norm_eps"] = m.norm_eps;
-    j["rope_theta"] = m.rope_theta;
     j["rope_scaling"] = nullptr;
     j["attention_bias"] = false;
-    j["attention_dropout"] = m.attn_dropout;
     if (target.sliding_window > 0) j["sliding_window"] = target.sliding_window;
     else j["pretraining_tp"] = 1;
   }
@@ -384,23 +397,34 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
   const auto refuse = [&](const std::string& key, const json& value, const char* why) {
     fail(where, ": \"", key, "\" = ", value.dump(), " cannot be imported: ", why);
   };
+  // The one-to-one settings of kHfFields; the rest below, by architecture.
+  const auto read_fields = [&](bool gpt2) {
+    for (const HfField& f : kHfFields) {
+      const char* name = gpt2 ? f.gpt2 : f.llama;
+      if (!name) continue;
+      const std::optional<double> absent = gpt2 ? f.gpt2_absent : f.llama_absent;
+      std::visit(
+          [&](auto setting) {
+            using T = std::remove_reference_t<decltype(m.*setting)>;
+            if constexpr (std::is_same_v<T, int64_t>)
+              m.*setting = get_int(j, name, where,
+                                   absent ? std::optional<int64_t>(static_cast<int64_t>(*absent)) : std::nullopt);
+            else {
+              QKV_CHECK(absent || (j.contains(name) && !j[name].is_null()), where, ": lacks \"", name, "\"");
+              m.*setting = get_real(j, name, where, absent.value_or(0.0));
+            }
+          },
+          f.setting);
+    }
+  };
   if (arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2")) {
     m.family = nn::Family::gpt2;
-    m.vocab_size = get_int(j, "vocab_size", where);
-    m.block_size = get_int(j, "n_positions", where);
-    m.n_embd = get_int(j, "n_embd", where);
-    m.n_layer = get_int(j, "n_layer", where);
-    m.n_head = get_int(j, "n_head", where);
-    m.n_kv_head = m.n_head;
-    m.ffn_hidden = get_int(j, "n_inner", where, 4 * m.n_embd);
+    read_fields(true);
     const std::string act = get_string(j, "activation_function", where, "gelu_new");
     if (act == "gelu_new" || act == "gelu_pytorch_tanh") m.activation = nn::Activation::gelu_tanh;
     else if (act == "gelu") m.activation = nn::Activation::gelu;
     else if (act == "relu") m.activation = nn::Activation::relu;
     else refuse("activation_function", act, "qkv has gelu_new (tanh), gelu and relu");
-    m.norm_eps = get_real(j, "layer_norm_epsilon", where, 1e-5);
-    m.dropout = get_real(j, "resid_pdrop", where, 0.1);
-    m.attn_dropout = get_real(j, "attn_pdrop", where, 0.1);
     if (get_real(j, "embd_pdrop", where, m.dropout) != m.dropout)
       refuse("embd_pdrop", j["embd_pdrop"], "qkv has one dropout for embeddings and residuals (resid_pdrop)");
     if (!get_bool(j, "scale_attn_weights", where, true))
@@ -415,16 +439,7 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
              (arch.empty() && (type == "llama" || type == "mistral"))) {
     m.family = nn::Family::llama;
-    m.vocab_size = get_int(j, "vocab_size", where);
-    m.n_embd = get_int(j, "hidden_size", where);
-    m.ffn_hidden = get_int(j, "intermediate_size", where);
-    m.n_layer = get_int(j, "num_hidden_layers", where);
-    m.n_head = get_int(j, "num_attention_heads", where);
-    m.n_kv_head = get_int(j, "num_key_value_heads", where, m.n_head);
-    m.block_size = get_int(j, "max_position_embeddings", where);
-    m.norm_eps = get_real(j, "rms_norm_eps", where, 1e-6);
-    m.rope_theta = get_real(j, "rope_theta", where, 10000.0);
-    m.attn_dropout = get_real(j, "attention_dropout", where, 0.0);
+    read_fields(false);
     const std::string act = get_string(j, "hidden_act", where, "silu");
     if (act != "silu") refuse("hidden_act", act, "qkv's llama MLP is SwiGLU (silu)");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
