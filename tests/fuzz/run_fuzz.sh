@@ -90,7 +90,10 @@ run() {
   set -e
   local execs crashes
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
-  [[ -z $execs ]] && execs=$(grep -oE '#[0-9]+' "$log" | tail -1 | tr -d '#')
+  # libFuzzer's closing "Done N runs in S second(s)"; else its last status line "#N ...". (Not any
+  # "#N": the recommended dictionary it prints at the end holds arbitrary bytes.)
+  [[ -z $execs ]] && execs=$(grep -oE '^Done [0-9]+ runs' "$log" | tail -1 | grep -oE '[0-9]+' || true)
+  [[ -z $execs ]] && execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#' || true)
   crashes=$(find "$dir/crashes" -type f | wc -l)
   echo "$name: ${execs:-0} executions, $crashes crashes (${seconds} s; log $log)"
   if [[ $status -ne 0 || $crashes -ne 0 ]]; then
