@@ -33,6 +33,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   static bool profile = false, json = false;
   add_path_option(cmd, "--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
+  add_numerics_option(cmd, sets);
   cmd->add_option("--what", what, "step | attention | gemm | decode")->capture_default_str();
   add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode: tokens to generate");
   add_int_option(cmd, "--steps", steps, {1, 100000}, "timed steps after the warm-up");

@@ -65,6 +65,8 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5) to check");
   add_path_option(cmd, "--config", config, "config file: check a freshly initialised model of it");
   cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
+  static std::optional<Numerics> numerics;
+  add_numerics_option(cmd, numerics);
   cmd->add_option("--device", device, "cpu | cuda: where the model and the checks run")->capture_default_str();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   add_path_option(cmd, "--report", report_dir, "write DIR/index.html with the tables and attention heatmaps");
@@ -108,6 +110,8 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
       report.subject = "config " + config + " (freshly initialised, seed " + std::to_string(cfg.train.seed) + ")";
     }
     train::apply_thread_setting(cfg);
+    if (numerics) cfg.train.numerics = *numerics;
+    set_numerics(cfg.train.numerics);
     model->eval();
     model->to(dev);
     if (dev != Device::cpu) report.subject += ", on " + device;

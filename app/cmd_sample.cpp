@@ -1,6 +1,5 @@
 // qkv sample --checkpoint CKPT [--prompt TEXT] [--max-new-tokens N] [--temperature T] [--top-k K]
 //            [--top-p P] [--seed S] [--no-kv-cache] [--device cpu|cuda] [--json]
-// qkv eval --checkpoint CKPT --data FILE [--device cpu|cuda] [--json]
 // --device: where the model runs; cpu by default, whatever device trained it.
 #include <chrono>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <optional>
 
 #include "app/commands.h"
+#include "app/inference.h"
 #include "app/options.h"
 #include "data/dataset.h"
 #include "tensor/allocator.h"
@@ -21,36 +21,6 @@
 #include "train/session.h"
 
 namespace qkv::app {
-namespace {
-
-struct LoadedModel {
-  train::CheckpointMeta meta;
-  std::unique_ptr<nn::DecoderModel> model;
-};
-
-LoadedModel load_for_inference(const std::string& path, const std::string& device) {
-  const Device dev = device_option(device);
-  LoadedModel m;
-  m.meta = train::read_checkpoint_meta(path);
-  m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
-  // The model is built zero-filled; swapping its parameters for untouched buffers and returning
-  // the zeros to the OS before the load takes the checkpoint's buffers over keeps one copy of the
-  // weights resident instead of two (peak RSS of a GPT-2 124M sample: 1.0 -> 0.52 GB).
-  // All fresh buffers are taken before any zeros are let go, or the cache would hand the zeros back.
-  const auto params = m.model->named_parameters();
-  std::vector<Tensor> fresh;
-  for (const auto& p : params) fresh.push_back(Tensor::empty(p.tensor.shape(), p.tensor.dtype()));
-  for (size_t i = 0; i < params.size(); ++i) Tensor(params[i].tensor).set_data(fresh[i]);
-  fresh.clear();
-  release_cached_memory();
-  train::load_model_weights(path, *m.model, /*take_buffers=*/true);
-  m.model->eval();
-  train::apply_thread_setting(m.meta.config);
-  m.model->to(dev);
-  return m;
-}
-
-}  // namespace
 
 void add_sample_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("sample", "generate text from a checkpoint (KV cache by default)");
@@ -71,11 +41,13 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
   static std::string device = "cpu";
   cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
+  static std::optional<Numerics> numerics;
+  add_numerics_option(cmd, numerics);
   cmd->add_flag("--json", json,
                 "print {\"prompt\", \"text\", \"tokens\"} as one JSON line at the end (bytes that are not "
                 "valid UTF-8 appear as U+FFFD in the strings; \"tokens\" has the exact ids)");
   cmd->callback([&exit_code, cmd] {
-    LoadedModel m = load_for_inference(ckpt, device);
+    LoadedModel m = load_for_inference(ckpt, device, numerics);
     const SampleSettings& s = m.meta.config.sample;  // validated when the checkpoint's config was parsed
     train::SampleOptions o;
     o.max_new_tokens = max_new.value_or(s.max_new_tokens);
@@ -113,30 +85,6 @@ void add_sample_command(CLI::App& root, int& exit_code) {
                   {"tokens", tokens},
                   {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
                   {"peak_rss_bytes", train::peak_rss_bytes()}});
-    exit_code = 0;
-  });
-}
-
-void add_eval_command(CLI::App& root, int& exit_code) {
-  auto* cmd = root.add_subcommand("eval", "score a file: mean loss over consecutive windows of block_size + 1 tokens");
-  static std::string ckpt, data_path;
-  static bool json = false;
-  add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
-  add_path_option(cmd, "--data", data_path, "text file or prepared .h5 (scored whole, no split)")->required();
-  cmd->add_flag("--json", json, "print {loss, perplexity, tokens} as one JSON line");
-  static std::string device = "cpu";
-  cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
-  cmd->callback([&exit_code] {
-    LoadedModel m = load_for_inference(ckpt, device);
-    const std::vector<int32_t> tokens = load_eval_tokens(data_path, *m.meta.tokenizer);
-    for (size_t i = 0; i < tokens.size(); ++i)
-      QKV_CHECK(tokens[i] >= 0 && tokens[i] < m.model->config().vocab_size, data_path, ": token ", tokens[i], " at ", i,
-                " is outside the model's vocabulary of ", m.model->config().vocab_size);
-    const train::LossSum s = train::evaluate_windows(*m.model, tokens, data_path);
-    const double loss = s.mean();
-    std::fprintf(json ? stderr : stdout, "loss %.4f  perplexity %.3f  tokens %lld\n", loss, std::exp(loss),
-                 static_cast<long long>(s.tokens));
-    if (json) print_json({{"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", s.tokens}});
     exit_code = 0;
   });
 }

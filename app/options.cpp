@@ -100,4 +100,25 @@ CLI::Option* add_path_option(CLI::App* cmd, const std::string& name, std::string
       help);
 }
 
+CLI::Option* add_numerics_option(CLI::App* cmd, std::optional<Numerics>& target) {
+  return cmd->add_option_function<std::string>(
+      "--numerics",
+      [&target](const std::string& s) {
+        const Numerics* mode = find_choice(kNumericsModes, s);
+        if (!mode) fail("--numerics must be ", names_or(kNumericsModes), "; got \"", s, "\"");
+        target = *mode;
+      },
+      "standard | invariant: the kernels' numerics (default: the config's train.numerics)");
+}
+
+CLI::Option* add_numerics_option(CLI::App* cmd, std::vector<std::string>& sets) {
+  return cmd->add_option_function<std::string>(
+      "--numerics",
+      [&sets](const std::string& s) {
+        QKV_CHECK(find_choice(kNumericsModes, s), "--numerics must be ", names_or(kNumericsModes), "; got \"", s, "\"");
+        sets.push_back("train.numerics=" + s);
+      },
+      "standard | invariant: the kernels' numerics (sets train.numerics)");
+}
+
 }  // namespace qkv::app

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tensor/numerics.h"
 #include "tensor/value_range.h"
 
 namespace qkv::app {
@@ -41,5 +42,11 @@ CLI::Option* add_real_option(CLI::App* cmd, const std::string& name, std::option
 
 // A file or directory path: refused when given empty (`--resume ""` is not "no resume").
 CLI::Option* add_path_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& help);
+
+// --numerics standard|invariant (tensor/numerics.h): unset means the config's train.numerics.
+CLI::Option* add_numerics_option(CLI::App* cmd, std::optional<Numerics>& target);
+// The same option for a command that reads a config: it adds "train.numerics=MODE" to `sets`
+// (the command's --set overrides).
+CLI::Option* add_numerics_option(CLI::App* cmd, std::vector<std::string>& sets);
 
 }  // namespace qkv::app

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <climits>
 
+#include "tensor/cpu/invariant_matmul.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/numerics.h"
 #include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 
@@ -82,6 +84,18 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
   else cpu::matmul_forward(a, b, out, alpha, beta);  // float32 GEMM: exact on bf16-valued operands too
 }
 
+// numerics = invariant (tensor/numerics.h): the Linear GEMM in one fixed reduction order per
+// output element. float32 only: the float64 GEMM (gradient checks) has no such kernel, and taking
+// the BLAS one would break the mode's promise without a word.
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  QKV_CHECK(x.dtype() == DType::f32 && weight.dtype() == DType::f32,
+            "[linear] numerics = invariant computes float32 only; x is ", dtype_name(x.dtype()), ", weight ",
+            dtype_name(weight.dtype()));
+  if (x.device() == Device::cpu) return cpu::invariant_linear(x, weight, bias);
+  detail::require_same_device("linear", x, weight);
+  return cuda::invariant_linear(x, weight, bias);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool bf16_operands) {
@@ -122,6 +136,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf
               dtype_name(weight.dtype()));
     detail::require_same_device("linear", weight, bias);
   }
+  if (numerics() == Numerics::invariant) return invariant_linear(x, weight, bias);
   Shape lead(x.shape().begin(), x.shape().end() - 1);
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;

@@ -31,7 +31,7 @@ using FieldPtr =
     std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, nn::Family*,
                  std::optional<nn::Position>*, std::optional<nn::NormKind>*, std::optional<nn::Activation>*,
                  attn::Kernel*, AttentionChoice*, attn::LinearFeature*, TokenizerKind*, DocSeparator*, BatchMode*,
-                 Padding*, Device*, DType*, train::LrScheduleKind*>;
+                 Padding*, Device*, DType*, train::LrScheduleKind*, Numerics*>;
 
 template <class T>
 struct IsOptionalEnum : std::false_type {};
@@ -211,6 +211,9 @@ std::vector<Field> fields_of(Config& c) {
        "start all-reduce buckets during the step's last backward (speed only); false: after it"},
       {"train", "cuda_mma", &t.cuda_mma,
        "bf16 on CUDA: attention on the tensor-core kernels where they apply; false keeps the float32 kernels"},
+      {"train", "numerics", &t.numerics,
+       "standard: the fastest kernels; invariant: each token's logits bitwise a function of its prefix "
+       "(any batch, chunking, KV cache, thread count or BLAS; docs/consistency.md)"},
       {"sample", "max_new_tokens", &s.max_new_tokens, "tokens to generate", IntRange{0, 10'000'000}},
       {"sample", "temperature", &s.temperature, "softmax temperature; 0 = greedy", RealRange{0, 10000}},
       {"sample", "top_k", &s.top_k, "keep the k most likely tokens; 0 = off", IntRange{0, int64_t{1} << 24}},

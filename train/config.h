@@ -27,6 +27,7 @@
 #include "data/tokenizer.h"
 #include "nn/transformer.h"
 #include "tensor/dtype.h"
+#include "tensor/numerics.h"
 #include "tensor/value_range.h"
 #include "train/schedule.h"
 
@@ -136,6 +137,7 @@ struct TrainSettings {
   int64_t dp_bucket_kb = 4096;
   bool dp_overlap = true;
   bool cuda_mma = true;
+  Numerics numerics = Numerics::standard;
   bool operator==(const TrainSettings&) const = default;
 };
 

@@ -71,6 +71,7 @@ constexpr const auto& spellings(Padding) { return kPaddingSides; }
 constexpr const auto& spellings(Device) { return kDevices; }
 constexpr const auto& spellings(DType) { return kDtypes; }
 constexpr const auto& spellings(train::LrScheduleKind) { return kLrSchedules; }
+constexpr const auto& spellings(Numerics) { return kNumericsModes; }
 
 // The spelling of an enumerated setting's value, as config files and checkpoints write it.
 template <class E>

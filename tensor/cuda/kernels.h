@@ -37,6 +37,9 @@ void copy_cast(const Tensor& src, const Tensor& dst);
 // product runs on bf16 tensor cores with float32 accumulation (cublasGemmStridedBatchedEx).
 void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,
                     bool bf16_operands = false);
+// numerics = invariant: y [..., N] = x [..., K]·weight [N, K]^T (+ bias [N]), float32, each element
+// reduced as tensor/cpu/invariant_matmul.h states (the same bits as the CPU kernel).
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // out [R, C] rows each set to `row` [C] (the bias pre-broadcast of linear).
 void fill_rows(const Tensor& out, const Tensor& row);
 

@@ -106,7 +106,56 @@ __global__ void fill_rows_kernel(T* out, int64_t rows, int64_t cols, int64_t ld,
     out[(i / cols) * ld + i % cols] = row[(i % cols) * rs];
 }
 
+// numerics = invariant: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], +0.0f)) (+ bias[n]),
+// the order of tensor/cpu/invariant_matmul.h, so a row's output does not depend on the batch (and
+// equals the CPU kernel's bit for bit). One thread per output element; the block stages 16 x 16
+// tiles of x and W in shared memory, which changes where operands are read from, never the order
+// of the additions.
+constexpr int kInvTile = 16;
+__global__ void invariant_linear_kernel(const float* x, const float* w, const float* bias, float* y, int64_t m,
+                                        int64_t n, int64_t k) {
+  __shared__ float xs[kInvTile][kInvTile + 1];
+  __shared__ float ws[kInvTile][kInvTile + 1];
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kInvTile + threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kInvTile + threadIdx.x;
+  const int64_t wrow = static_cast<int64_t>(blockIdx.x) * kInvTile + threadIdx.y;  // W row this thread stages
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < k; k0 += kInvTile) {
+    const int64_t kk = k0 + threadIdx.x;
+    xs[threadIdx.y][threadIdx.x] = row < m && kk < k ? x[row * k + kk] : 0.0f;
+    ws[threadIdx.y][threadIdx.x] = wrow < n && kk < k ? w[wrow * k + kk] : 0.0f;
+    __syncthreads();
+    const int64_t steps = k - k0 < kInvTile ? k - k0 : kInvTile;
+    for (int64_t j = 0; j < steps; ++j) acc = __fmaf_rn(xs[threadIdx.y][j], ws[threadIdx.x][j], acc);
+    __syncthreads();
+  }
+  if (row < m && col < n) y[row * n + col] = bias ? __fadd_rn(acc, bias[col]) : acc;
+}
+
 }  // namespace
+
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  QKV_CHECK(x.dtype() == DType::f32 && weight.dtype() == DType::f32, "[invariant_linear] needs float32");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape lead(x.shape().begin(), x.shape().end() - 1);
+  int64_t rows = 1;
+  for (int64_t s : lead) rows *= s;
+  const Tensor x2 = x.reshape({rows, in}).contiguous(), w = weight.contiguous();
+  const Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor y = Tensor::empty({rows, out_features}, DType::f32, Device::cuda);
+  lead.push_back(out_features);
+  if (rows == 0 || out_features == 0) return y.view(lead);
+  const dim3 block(kInvTile, kInvTile);
+  const int64_t gx = (out_features + kInvTile - 1) / kInvTile, gy = (rows + kInvTile - 1) / kInvTile;
+  QKV_CHECK(gx < (int64_t{1} << 31) && gy < 65536, "[invariant_linear] ", rows, " x ", out_features,
+            " outputs exceed one CUDA grid");
+  invariant_linear_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block>>>(
+      static_cast<const float*>(x2.raw_data()), static_cast<const float*>(w.raw_data()),
+      b.defined() ? static_cast<const float*>(b.raw_data()) : nullptr, static_cast<float*>(y.raw_data()), rows,
+      out_features, in);
+  QKV_CUDA_LAUNCHED("invariant_linear_kernel");
+  return y.view(lead);
+}
 
 void matmul_forward(const Tensor& a_in, const Tensor& b_in, const Tensor& out, double alpha, double beta,
                     bool bf16_operands) {

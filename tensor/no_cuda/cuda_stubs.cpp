@@ -44,6 +44,7 @@ void mul_inplace(const Tensor&, double) { no_cuda(); }
 void fill(const Tensor&, double) { no_cuda(); }
 void copy_cast(const Tensor&, const Tensor&) { no_cuda(); }
 void matmul_forward(const Tensor&, const Tensor&, const Tensor&, double, double, bool) { no_cuda(); }
+Tensor invariant_linear(const Tensor&, const Tensor&, const Tensor&) { no_cuda(); }
 void fill_rows(const Tensor&, const Tensor&) { no_cuda(); }
 void sum_forward(const Tensor&, const std::vector<bool>&, const Tensor&, double) { no_cuda(); }
 void max_forward(const Tensor&, int, const Tensor&, const Tensor&) { no_cuda(); }

@@ -1,0 +1,172 @@
+// numerics = invariant (tensor/numerics.h): a token's logits are bitwise a function of its prefix
+// and the weights, however the forward was batched, chunked, cached or threaded. Each case
+// computes one sequence's logits several ways and compares them bit for bit (max |Δ| == 0).
+// The last case shows the inputs reach the regime the mode guards: with the standard kernels the
+// same comparisons differ.
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "autograd/grad_mode.h"
+#include "compare_util.h"
+#include "nn/transformer.h"
+#include "tensor/numerics.h"
+#include "tensor/ops.h"
+
+using namespace qkv;
+using test::with_threads;
+
+namespace {
+
+nn::ModelConfig gpt2_like() {
+  nn::ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 4;
+  c.n_embd = 100;  // head size 25 and rows of 100 floats: every kernel meets its ragged edges
+  c.ffn_hidden = 400;
+  c.vocab_size = 259;
+  c.block_size = 96;
+  return c;
+}
+
+nn::ModelConfig llama_like() {
+  nn::ModelConfig c = gpt2_like();
+  c.family = nn::Family::llama;
+  c.position = nn::Position::rope;
+  c.norm = nn::NormKind::rmsnorm;
+  c.activation = nn::Activation::swiglu;
+  c.bias = false;
+  c.tie_embeddings = false;
+  c.n_embd = 96;
+  c.n_kv_head = 2;  // GQA
+  c.ffn_hidden = 256;
+  return c;
+}
+
+std::vector<int64_t> tokens(int64_t n, uint64_t seed, int64_t vocab) {
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& v : t) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<int64_t>(s % static_cast<uint64_t>(vocab));
+  }
+  return t;
+}
+
+// Logits [T, V] of `seq` in one forward of batch 1.
+Tensor whole(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {
+  autograd::NoGradGuard ng;
+  nn::ForwardArgs a;
+  a.ids = from_vector_i64(seq, {1, static_cast<int64_t>(seq.size())});
+  return m.forward(a).select(0, 0);
+}
+
+// The same through the KV cache in chunks of `chunk` tokens (1: token-by-token decoding).
+Tensor chunked(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t chunk) {
+  autograd::NoGradGuard ng;
+  nn::ModelCache cache = m.make_cache(1, static_cast<int64_t>(seq.size()));
+  std::vector<Tensor> parts;
+  for (size_t s = 0; s < seq.size(); s += static_cast<size_t>(chunk)) {
+    const size_t e = std::min(seq.size(), s + static_cast<size_t>(chunk));
+    nn::ForwardArgs a;
+    a.cache = &cache;
+    a.ids = from_vector_i64(std::vector<int64_t>(seq.begin() + s, seq.begin() + e), {1, static_cast<int64_t>(e - s)});
+    parts.push_back(m.forward(a).select(0, 0));
+  }
+  return cat(parts, 0);
+}
+
+// Row `row` of a batch of `batch` rows of the same length whose other rows hold other tokens.
+Tensor among_others(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t batch, int64_t row) {
+  autograd::NoGradGuard ng;
+  const int64_t T = static_cast<int64_t>(seq.size());
+  std::vector<int64_t> ids;
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto r = b == row ? seq : tokens(T, 100 + b, m.config().vocab_size);
+    ids.insert(ids.end(), r.begin(), r.end());
+  }
+  nn::ForwardArgs a;
+  a.ids = from_vector_i64(ids, {batch, T});
+  return m.forward(a).select(0, row);
+}
+
+// `seq` right-padded to `len` with key padding (the padded keys masked): its first T rows.
+Tensor padded(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t len) {
+  autograd::NoGradGuard ng;
+  const int64_t T = static_cast<int64_t>(seq.size());
+  std::vector<int64_t> ids = seq;
+  ids.resize(static_cast<size_t>(len), 0);
+  std::vector<int64_t> keep(static_cast<size_t>(len), 0);
+  std::fill(keep.begin(), keep.begin() + T, 1);
+  nn::ForwardArgs a;
+  a.ids = from_vector_i64(ids, {1, len});
+  a.key_padding = from_vector_i64(keep, {1, len}, DType::boolean);
+  return m.forward(a).select(0, 0).narrow(0, 0, T);
+}
+
+// `seq` packed after another document in one row (segment ids, positions restarting at 0).
+Tensor packed(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {
+  autograd::NoGradGuard ng;
+  const int64_t T = static_cast<int64_t>(seq.size()), P = 13;
+  std::vector<int64_t> ids = tokens(P, 77, m.config().vocab_size), seg(static_cast<size_t>(P), 0), pos;
+  ids.insert(ids.end(), seq.begin(), seq.end());
+  seg.resize(static_cast<size_t>(P + T), 1);
+  for (int64_t i = 0; i < P; ++i) pos.push_back(i);
+  for (int64_t i = 0; i < T; ++i) pos.push_back(i);
+  nn::ForwardArgs a;
+  a.ids = from_vector_i64(ids, {1, P + T});
+  a.segment_ids = from_vector_i64(seg, {1, P + T});
+  a.positions = from_vector_i64(pos, {1, P + T});
+  return m.forward(a).select(0, 0).narrow(0, P, T);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return x.shape() == y.shape() && std::memcmp(x.data<float>(), y.data<float>(), x.numel() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("invariant numerics: a token's logits do not depend on batch, chunking, cache, padding or threads",
+          "[invariant][exact][model]") {
+  const NumericsGuard mode(Numerics::invariant);
+  for (const nn::ModelConfig& mc : {gpt2_like(), llama_like()}) {
+    nn::DecoderModel m(mc);
+    m.init_weights(5);
+    m.eval();
+    const auto seq = tokens(71, 1, mc.vocab_size);
+    const Tensor ref = with_threads(2, [&] { return whole(m, seq); });
+    INFO("family " << nn::family_name(mc.family));
+    for (int64_t chunk : {1, 7, 64}) {
+      INFO("chunk " << chunk);
+      CHECK(bitwise_equal(chunked(m, seq, chunk), ref));
+    }
+    for (int64_t batch : {2, 8}) {
+      INFO("batch " << batch);
+      CHECK(bitwise_equal(among_others(m, seq, batch, batch - 1), ref));
+    }
+    CHECK(bitwise_equal(padded(m, seq, 96), ref));
+    CHECK(bitwise_equal(with_threads(1, [&] { return whole(m, seq); }), ref));
+    CHECK(bitwise_equal(with_threads(1, [&] { return chunked(m, seq, 1); }), ref));
+  }
+}
+
+TEST_CASE("standard numerics: the same comparisons differ (the checks above are not vacuous)", "[invariant][model]") {
+  // Wide enough that OpenBLAS's GEMV (decoding) and GEMM (whole sequence) sum in other orders.
+  nn::ModelConfig mc = gpt2_like();
+  mc.n_embd = 256;
+  mc.ffn_hidden = 1024;
+  nn::DecoderModel m(mc);
+  m.init_weights(5);
+  m.eval();
+  const auto seq = tokens(40, 2, mc.vocab_size);
+  const NumericsGuard mode(Numerics::standard);
+  const Tensor ref = whole(m, seq);
+  const double gap = max_abs_diff(chunked(m, seq, 1), ref);
+  CHECK(gap > 0);
+  CHECK(gap < 1e-3);
+  // The invariant mode's logits are a different rounding of the same function.
+  const NumericsGuard inv(Numerics::invariant);
+  CHECK(max_abs_diff(whole(m, seq), ref) < 1e-3);
+  CHECK(max_abs_diff(chunked(m, seq, 1), whole(m, seq)) == 0.0);
+}
