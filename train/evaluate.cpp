@@ -26,6 +26,23 @@ Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngCont
   return ag::cross_entropy(ag::reshape(logits, {-1, V}), batch.y.reshape({-1}).to(logits.device()), kIgnoreIndex);
 }
 
+std::vector<double> token_logprobs(const Tensor& logits, const std::vector<int32_t>& targets) {
+  QKV_CHECK(logits.dim() == 2 && logits.size(0) == static_cast<int64_t>(targets.size()), "[token_logprobs] logits ",
+            shape_str(logits.shape()), " for ", targets.size(), " targets: need [N, V] with N = the target count");
+  const Tensor z = logits.to(Device::cpu).to(DType::f32).contiguous();
+  const int64_t V = z.size(1);
+  std::vector<int64_t> t(targets.begin(), targets.end());
+  for (size_t i = 0; i < t.size(); ++i)
+    QKV_CHECK(t[i] >= 0 && t[i] < V, "[token_logprobs] target ", t[i], " at row ", i, " is outside [0, ", V, ")");
+  const CrossEntropyResult ce = cross_entropy(z, from_vector_i64(t, {static_cast<int64_t>(t.size())}));
+  const float* zp = z.data<float>();
+  const float* lse = ce.lse.data<float>();
+  std::vector<double> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i)
+    out[i] = static_cast<double>(zp[static_cast<int64_t>(i) * V + t[i]]) - static_cast<double>(lse[i]);
+  return out;
+}
+
 LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
                        const BatcherOptions& opts, int64_t n_batches) {
   autograd::NoGradGuard no_grad;

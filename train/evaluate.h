@@ -1,6 +1,7 @@
 // Loss evaluation, model in eval mode, no graph recorded.
 #pragma once
 #include <span>
+#include <vector>
 
 #include "data/batcher.h"
 #include "nn/transformer.h"
@@ -17,6 +18,13 @@ struct LossSum {
 // the caller's business. Returns the differentiable mean loss when grad mode is on.
 Tensor batch_loss(const nn::DecoderModel& model, const Batch& batch, nn::RngContext rng,
                   int64_t* masked_rows = nullptr);
+
+// log p(target_i | prefix) for each row of logits [N, V]: z[i, t_i] − lse_i in float64, with lse_i
+// from the training loss's kernel (qkv::cross_entropy, whose per-row loss is lse_i − z[i, t_i]).
+// `qkv eval --per-token` and `qkv sample --logprobs` both call it, so under numerics = invariant
+// (equal logits) the sampler's log-probabilities are the trainer's to the bit. Targets must be in
+// [0, V) (qkv::Error otherwise).
+std::vector<double> token_logprobs(const Tensor& logits, const std::vector<int32_t>& targets);
 
 // Periodic validation: `n_batches` batches from a batcher over `split` seeded with `seed` (the
 // same batches at every evaluation, so successive values are comparable).
