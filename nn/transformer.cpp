@@ -1,5 +1,7 @@
 #include "nn/transformer.h"
 
+#include "tensor/numerics.h"
+
 #include <cmath>
 
 #include "attention/alibi.h"
@@ -9,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/profiler.h"
+#include "tensor/numerics.h"
 #include "tensor/value_range.h"
 
 namespace qkv::nn {
@@ -188,7 +191,7 @@ class SelfAttention : public Module {
       // gradients land in one [B, T, Hq + 2 Hkv, hd] buffer (NarrowBackward adds into it) that
       // reshapes back to the projection's output without a copy.
       Tensor qkv = ag::reshape(c_attn_->forward(x), {B, T, Hq + 2 * Hkv, hd});
-      if (cfg_.position != Position::rope && !args.cache && !args.attention && !linear()) {
+      if (cfg_.position != Position::rope && !args.cache && !args.attention && !linear() && !by_document(args)) {
         // A whole sequence without RoPE: attention reads q, k, v in place from the packed
         // projection and returns [B, T, Hq, hd], so neither direction copies a head transpose and
         // backward writes dq, dk, dv into one gradient (attention/attention.h).
@@ -224,7 +227,8 @@ class SelfAttention : public Module {
       k = kv.first;
       v = kv.second;
     }
-    Tensor y = ops_->attention(q, k, v, options(args));  // [B, Hq, T, hd]
+    Tensor y = by_document(args) ? attention_by_document(q, k, v, args)
+                                 : ops_->attention(q, k, v, options(args));  // [B, Hq, T, hd]
     if (args.attention) args.attention->back().out = y;
     y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
     return c_proj_->forward(y);
@@ -232,6 +236,56 @@ class SelfAttention : public Module {
 
  private:
   bool linear() const { return cfg_.attention_pattern == AttentionPattern::linear; }
+
+  // Under numerics = invariant, a row with segment ids (packed documents) or key padding is
+  // attended document by document: each run of real tokens with one segment id as a sequence of
+  // its own, from key 0. The fused kernel's key tiles and sum lanes are counted from a sequence's
+  // first key, so only then does a document's output equal the same document alone (or decoded).
+  // Padded query rows get zeros (their targets are ignored; no real query reads a padded key).
+  bool by_document(const ForwardArgs& args) const {
+    return numerics() == Numerics::invariant && !args.cache && !linear() &&
+           (args.segment_ids.defined() || args.key_padding.defined());
+  }
+
+  Tensor attention_by_document(const Tensor& q, const Tensor& k, const Tensor& v, ForwardArgs& args) const {
+    const int64_t B = q.size(0), T = q.size(2);
+    QKV_CHECK(!args.key_padding.defined() || args.key_padding.shape() == Shape({B, T}), "[model] key_padding is ",
+              shape_str(args.key_padding.shape()), ", need [", B, ", ", T, "]");
+    QKV_CHECK(!args.segment_ids.defined() || args.segment_ids.shape() == Shape({B, T}), "[model] segment_ids is ",
+              shape_str(args.segment_ids.shape()), ", need [", B, ", ", T, "]");
+    const std::vector<double> keep = args.key_padding.defined() ? args.key_padding.to_vector() : std::vector<double>{};
+    const std::vector<double> seg = args.segment_ids.defined() ? args.segment_ids.to_vector() : std::vector<double>{};
+    ForwardArgs alone;
+    alone.rng = args.rng;
+    attn::AttentionOptions o = options(alone);
+    args.rng = alone.rng;
+    // Attention dropout: each piece draws from its own stretch of the layer's counter range (a
+    // piece's Hq·n·n elements after the previous pieces'), within the B·Hq·T·T of the whole call.
+    const uint64_t dropout_base = o.dropout_offset;
+    uint64_t used = 0;
+    std::vector<Tensor> rows;
+    for (int64_t b = 0; b < B; ++b) {
+      auto real = [&](int64_t t) { return keep.empty() || keep[b * T + t] != 0; };
+      auto same_doc = [&](int64_t s, int64_t t) { return seg.empty() || seg[b * T + s] == seg[b * T + t]; };
+      std::vector<Tensor> pieces;
+      for (int64_t s = 0; s < T;) {
+        int64_t e = s + 1;
+        if (!real(s)) {
+          while (e < T && !real(e)) ++e;
+          pieces.push_back(zeros({1, q.size(1), e - s, v.size(3)}, q.dtype(), q.device()));
+        } else {
+          while (e < T && real(e) && same_doc(s, e)) ++e;
+          auto part = [&](const Tensor& x) { return ag::narrow(ag::narrow(x, 0, b, 1), 2, s, e - s); };
+          o.dropout_offset = dropout_base + used;
+          used += static_cast<uint64_t>(q.size(1) * (e - s) * (e - s));
+          pieces.push_back(ops_->attention(part(q), part(k), part(v), o));
+        }
+        s = e;
+      }
+      rows.push_back(pieces.size() == 1 ? pieces[0] : ag::cat(pieces, 2));
+    }
+    return B == 1 ? rows[0] : ag::cat(rows, 0);
+  }
 
   // model.attention_pattern = linear: the chunked causal op on a whole sequence, or one step of the
   // layer's recurrent state when decoding (key padding: the columns of this call's tokens).

@@ -74,4 +74,40 @@ LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t>
   return s;
 }
 
+TokenScores score_tokens(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
+                         int64_t rows_per_batch) {
+  autograd::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(tokens.size()), T = model.config().block_size;
+  QKV_CHECK(n >= 2, name, ": ", n, " tokens: per-token scores need at least 2 (a context token and a target)");
+  TokenScores out;
+  // Window starts: full windows go rows_per_batch at a time, the partial one alone.
+  std::vector<int64_t> starts;
+  for (int64_t s = 0; n - s >= 2; s += T + 1) starts.push_back(s);
+  for (size_t w = 0; w < starts.size();) {
+    const int64_t len = std::min(T + 1, n - starts[w]);
+    size_t end = w + 1;
+    while (end < starts.size() && static_cast<int64_t>(end - w) < rows_per_batch &&
+           std::min(T + 1, n - starts[end]) == len)
+      ++end;
+    const int64_t rows = static_cast<int64_t>(end - w);
+    std::vector<int64_t> ids;
+    for (size_t r = w; r < end; ++r)
+      ids.insert(ids.end(), tokens.begin() + starts[r], tokens.begin() + starts[r] + len - 1);
+    nn::ForwardArgs args;
+    args.ids = from_vector_i64(ids, {rows, len - 1});
+    const Tensor logits = model.forward(args);  // [rows, len - 1, V]
+    for (size_t r = w; r < end; ++r) {
+      std::vector<int32_t> targets(tokens.begin() + starts[r] + 1, tokens.begin() + starts[r] + len);
+      const auto lp = token_logprobs(logits.select(0, static_cast<int64_t>(r - w)), targets);
+      for (int64_t i = 0; i + 1 < len; ++i) {
+        out.index.push_back(starts[r] + 1 + i);
+        out.token.push_back(targets[static_cast<size_t>(i)]);
+        out.logprob.push_back(lp[static_cast<size_t>(i)]);
+      }
+    }
+    w = end;
+  }
+  return out;
+}
+
 }  // namespace qkv::train

@@ -35,4 +35,16 @@ LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const Toke
 LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
                          int64_t rows_per_batch = 8);
 
+// `qkv eval --per-token`: the log-probability of every token of `tokens` after the first of its
+// window, windows as evaluate_windows takes them (block_size + 1 tokens from the start, x the first
+// block_size) plus a final partial window of >= 2 tokens, so a text shorter than a window is scored
+// too. Each target's log p(token | the tokens before it in its window), by token_logprobs.
+struct TokenScores {
+  std::vector<int64_t> index;  // the target's index in `tokens`
+  std::vector<int32_t> token;
+  std::vector<double> logprob;
+};
+TokenScores score_tokens(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
+                         int64_t rows_per_batch = 8);
+
 }  // namespace qkv::train

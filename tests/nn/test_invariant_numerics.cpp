@@ -104,6 +104,21 @@ Tensor padded(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_
   return m.forward(a).select(0, 0).narrow(0, 0, T);
 }
 
+// `seq` left-padded to `len` (positions counted from its first real token).
+Tensor left_padded(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t len) {
+  autograd::NoGradGuard ng;
+  const int64_t T = static_cast<int64_t>(seq.size()), P = len - T;
+  std::vector<int64_t> ids(static_cast<size_t>(P), 0), keep(static_cast<size_t>(P), 0), pos(static_cast<size_t>(P), 0);
+  ids.insert(ids.end(), seq.begin(), seq.end());
+  keep.resize(static_cast<size_t>(len), 1);
+  for (int64_t i = 0; i < T; ++i) pos.push_back(i);
+  nn::ForwardArgs a;
+  a.ids = from_vector_i64(ids, {1, len});
+  a.key_padding = from_vector_i64(keep, {1, len}, DType::boolean);
+  a.positions = from_vector_i64(pos, {1, len});
+  return m.forward(a).select(0, 0).narrow(0, P, T);
+}
+
 // `seq` packed after another document in one row (segment ids, positions restarting at 0).
 Tensor packed(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {
   autograd::NoGradGuard ng;
@@ -146,6 +161,8 @@ TEST_CASE("invariant numerics: a token's logits do not depend on batch, chunking
       CHECK(bitwise_equal(among_others(m, seq, batch, batch - 1), ref));
     }
     CHECK(bitwise_equal(padded(m, seq, 96), ref));
+    CHECK(bitwise_equal(left_padded(m, seq, 90), ref));
+    CHECK(bitwise_equal(packed(m, seq), ref));
     CHECK(bitwise_equal(with_threads(1, [&] { return whole(m, seq); }), ref));
     CHECK(bitwise_equal(with_threads(1, [&] { return chunked(m, seq, 1); }), ref));
   }

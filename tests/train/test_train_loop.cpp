@@ -11,8 +11,10 @@
 #include "compare_util.h"
 #include "data/dataset.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/numerics.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/evaluate.h"
 #include "train/model_factory.h"
 #include "train/sampler.h"
 #include "train/trainer.h"
@@ -295,6 +297,28 @@ TEST_CASE("eval scores consecutive windows and prints the pinned JSON", "[train]
   const int64_t n_tokens = static_cast<int64_t>(read_text_file(c.data.path).size());
   CHECK(j["tokens"].get<int64_t>() == n_tokens / 17 * 16);
   CHECK(std::fabs(j["perplexity"].get<double>() - std::exp(j["loss"].get<double>())) < 1e-9);
+
+  // --per-token on ids: one entry per target, the loss their negated mean, the same bits as
+  // train::score_tokens on the checkpoint's model.
+  const std::string per = dir + "/per.json";
+  const std::string cmd2 = std::string(QKV_BINARY_DIR) + "/qkv eval --checkpoint " + s.checkpoint +
+                           " --ids 3,1,4,1,5,9,2,6 --per-token --numerics invariant --json 2>/dev/null | tail -n 1 > " +
+                           per;
+  REQUIRE(std::system(cmd2.c_str()) == 0);
+  std::ifstream in2(per);
+  const auto p = nlohmann::json::parse(in2);
+  const auto lp = p["per_token"]["logprob"].get<std::vector<double>>();
+  CHECK(p["per_token"]["index"].get<std::vector<int64_t>>() == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7});
+  CHECK(p["per_token"]["token"].get<std::vector<int32_t>>() == std::vector<int32_t>{1, 4, 1, 5, 9, 2, 6});
+  double sum = 0;
+  for (double v : lp) sum -= v;
+  CHECK(p["loss"].get<double>() == Approx(sum / 7).epsilon(1e-12));
+  const auto meta = train::read_checkpoint_meta(s.checkpoint);
+  auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
+  train::load_model_weights(s.checkpoint, *model);
+  model->eval();
+  const NumericsGuard inv(Numerics::invariant);
+  CHECK(train::score_tokens(*model, std::vector<int32_t>{3, 1, 4, 1, 5, 9, 2, 6}, "ids").logprob == lp);
 }
 
 TEST_CASE("resume refuses a changed model setting or seed, naming the key and both values", "[train][resume]") {
