@@ -236,7 +236,16 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                    "context, %lld params)\n",
                    config.c_str(), r.tokens_per_s, r.ms_per_token, r.peak_rss_bytes / 1048576.0, r.threads,
                    static_cast<long long>(r.context_tokens), static_cast<long long>(r.params));
+      std::fprintf(out,
+                   "  weights read at %.1f GB/s (%.0f MB per token); streaming the same bytes on %d threads: %.1f "
+                   "GB/s (%.0f%%)\n",
+                   r.weight_gb_per_s, r.weight_bytes / 1e6, r.threads, r.stream_gb_per_s,
+                   100 * r.weight_gb_per_s / r.stream_gb_per_s);
       results.push_back({{"name", "decode"},
+                         {"numerics", std::string(choice_name(kNumericsModes, cfg.train.numerics))},
+                         {"weight_bytes", r.weight_bytes},
+                         {"weight_gb_per_s", r.weight_gb_per_s},
+                         {"stream_gb_per_s", r.stream_gb_per_s},
                          {"config", config},
                          {"tokens_per_s", r.tokens_per_s},
                          {"ms_per_token", r.ms_per_token},

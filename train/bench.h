@@ -51,8 +51,16 @@ struct DecodeBenchResult {
   int64_t params = 0;
   int threads = 0;
   std::vector<double> token_ms;
+  // A decode step at batch 1 is a matrix-vector product per layer: bound by reading the weights.
+  int64_t weight_bytes = 0;    // float32 bytes of every weight a step reads (Linear layers, norms, LM head)
+  double weight_gb_per_s = 0;  // weight_bytes / median step time
+  double stream_gb_per_s = 0;  // the same threads streaming a weight_bytes buffer, measured in this run
 };
 DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
+
+// GB/s of omp_get_max_threads() threads summing a `bytes` buffer (split in equal parts), median of
+// 5 passes after a warm one: the read bandwidth a matrix-vector product over that many bytes can reach.
+double stream_read_gb_per_s(int64_t bytes);
 
 int64_t peak_rss_bytes();
 

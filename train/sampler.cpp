@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "autograd/grad_mode.h"
+#include "tensor/cpu/invariant_matmul.h"
 #include "tensor/ops.h"
 #include "tensor/philox.h"
 
@@ -51,6 +52,9 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
             "[sample] temperature must be a finite number >= 0 (0 = greedy), got ", opts.temperature);
   QKV_CHECK(opts.max_new_tokens >= 0, "[sample] max_new_tokens must be >= 0, got ", opts.max_new_tokens);
   autograd::NoGradGuard no_grad;
+  // numerics = invariant: the Linear weights packed once for the whole generation (the model is
+  // const here); the same bits as unpacked, read faster by the decode steps.
+  const cpu::PackedWeightScope packed_weights;
   const int64_t T = model.config().block_size, V = model.config().vocab_size;
   QKV_CHECK(opts.token_count >= 0 && opts.token_count <= V, "[sample] the tokenizer's ", opts.token_count,
             " tokens must be at most the model's vocabulary of ", V);

@@ -22,6 +22,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
 
 #include "tensor/cpu/parallel.h"
 #include "tensor/error.h"
@@ -326,6 +329,53 @@ void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const 
   run(Problem{x, ldx, nullptr, 0, w.data.data(), bias, y, ldy, m, w.n, w.k});
 }
 
+namespace {
+
+struct PackKey {
+  const float* w;
+  int64_t n, k, ldw;
+  bool operator==(const PackKey&) const = default;
+};
+struct PackKeyHash {
+  size_t operator()(const PackKey& key) const {
+    return std::hash<const void*>()(key.w) ^ (std::hash<int64_t>()(key.n * 1000003 + key.k) << 1) ^
+           std::hash<int64_t>()(key.ldw);
+  }
+};
+struct PackCache {
+  std::mutex mutex;
+  int scopes = 0;
+  std::unordered_map<PackKey, PackedWeight, PackKeyHash> panels;  // nodes: references stay valid
+};
+PackCache& pack_cache() {
+  static PackCache c;
+  return c;
+}
+
+// The panels of W while a scope lives, else nullptr.
+const PackedWeight* cached_panels(const float* w, int64_t ldw, int64_t n, int64_t k) {
+  PackCache& c = pack_cache();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (c.scopes == 0) return nullptr;
+  const PackKey key{w, n, k, ldw};
+  auto it = c.panels.find(key);
+  if (it == c.panels.end()) it = c.panels.emplace(key, pack_weight(w, ldw, n, k)).first;
+  return &it->second;
+}
+
+}  // namespace
+
+PackedWeightScope::PackedWeightScope() {
+  const std::lock_guard<std::mutex> lock(pack_cache().mutex);
+  ++pack_cache().scopes;
+}
+
+PackedWeightScope::~PackedWeightScope() {
+  PackCache& c = pack_cache();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  if (--c.scopes == 0) c.panels.clear();
+}
+
 Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::require_defined("invariant_linear", x, "x");
   detail::require_defined("invariant_linear", weight, "weight");
@@ -353,9 +403,16 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
   for (int64_t s : lead) rows *= s;
   const Tensor x2 = x.reshape({rows, in}).contiguous();
   Tensor y = Tensor::empty({rows, out_features});
-  invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), w.data<float>(), std::max<int64_t>(w.stride(0), in),
-                   b.defined() ? b.data<float>() : nullptr, y.data<float>(), std::max<int64_t>(out_features, 1), rows,
-                   out_features, in);
+  const int64_t ldw = std::max<int64_t>(w.stride(0), in);
+  const PackedWeight* packed =
+      rows <= kPackedRows && rows > 0 ? cached_panels(w.data<float>(), ldw, out_features, in) : nullptr;
+  if (packed)
+    invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), *packed, b.defined() ? b.data<float>() : nullptr,
+                     y.data<float>(), std::max<int64_t>(out_features, 1), rows);
+  else
+    invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), w.data<float>(), ldw,
+                     b.defined() ? b.data<float>() : nullptr, y.data<float>(), std::max<int64_t>(out_features, 1), rows,
+                     out_features, in);
   lead.push_back(out_features);
   return y.view(lead);
 }

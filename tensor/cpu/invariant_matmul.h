@@ -50,6 +50,23 @@ void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, 
 void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
                       int64_t m);
 
+// Packed weights for a decode loop. While a PackedWeightScope is alive (anywhere in the process),
+// the Tensor form below packs each weight it sees with at most kPackedRows rows of x once, keyed
+// by the weight's data pointer and layout, and reuses the panels for every later call: a decode
+// step then streams panels (pure loads and FMAs) instead of transposing W's rows on the fly. The
+// values are the same bits either way (the order is the kernel's, not the layout's). The scope
+// owner promises the weights do not change while it lives (train::generate holds one for a
+// generation, whose model is const); the panels are freed when the last scope ends. They take as
+// much memory as the weights they copy.
+constexpr int64_t kPackedRows = 16;
+class PackedWeightScope {
+ public:
+  PackedWeightScope();
+  ~PackedWeightScope();
+  PackedWeightScope(const PackedWeightScope&) = delete;
+  PackedWeightScope& operator=(const PackedWeightScope&) = delete;
+};
+
 // Tensor form, CPU float32: x [..., K] (rows of unit stride), weight [N, K] (unit column stride),
 // bias [N] or undefined -> [..., N]. The counterpart of qkv::linear (tensor/ops.h) with the order
 // above; bad shapes, dtypes or devices throw qkv::Error.

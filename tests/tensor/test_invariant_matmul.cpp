@@ -261,3 +261,23 @@ TEST_CASE("invariant_linear on tensors: shapes, views, bias and refusals", "[inv
   CHECK_THROWS_WITH(invariant_linear(buf.data(), 3, buf.data(), 4, nullptr, buf.data(), 4, 2, 4, 4),
                     Catch::Contains("leading dimensions"));
 }
+
+TEST_CASE("inside a PackedWeightScope small-M products use cached panels with the same bits", "[invariant][exact]") {
+  // K = 3072 and K = 100: a row stride past the unpacked M = 1 path's reach and a ragged one.
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{200, 3072}, {37, 100}}) {
+    const Tensor w = randn({n, k}, 21, 0, 0.0, 0.1, DType::f32), b = randn({n}, 22, 0, 0.0, 0.1, DType::f32);
+    for (int64_t m : {int64_t{1}, int64_t{3}, cpu::kPackedRows, cpu::kPackedRows + 1}) {
+      const Tensor x = randn({m, k}, 23 + m, 0, 0.0, 1.0, DType::f32);
+      const Tensor plain = invariant_linear(x, w, b);
+      Tensor scoped, again;
+      {
+        const cpu::PackedWeightScope scope;
+        scoped = invariant_linear(x, w, b);
+        again = invariant_linear(x, w, b);
+      }
+      INFO("N " << n << " K " << k << " M " << m);
+      CHECK(std::memcmp(plain.data<float>(), scoped.data<float>(), plain.numel() * sizeof(float)) == 0);
+      CHECK(std::memcmp(plain.data<float>(), again.data<float>(), plain.numel() * sizeof(float)) == 0);
+    }
+  }
+}
