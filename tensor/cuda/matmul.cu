@@ -116,20 +116,21 @@ __global__ void invariant_linear_kernel(const float* x, const float* w, const fl
                                         int64_t n, int64_t k) {
   __shared__ float xs[kInvTile][kInvTile + 1];
   __shared__ float ws[kInvTile][kInvTile + 1];
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * kInvTile + threadIdx.y;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kInvTile + threadIdx.x;
-  const int64_t wrow = static_cast<int64_t>(blockIdx.x) * kInvTile + threadIdx.y;  // W row this thread stages
+  const int tx = static_cast<int>(threadIdx.x) % kInvTile, ty = static_cast<int>(threadIdx.x) / kInvTile;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kInvTile + ty;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kInvTile + tx;
+  const int64_t wrow = static_cast<int64_t>(blockIdx.x) * kInvTile + ty;  // the W row this thread stages
   float acc = 0.0f;
   for (int64_t k0 = 0; k0 < k; k0 += kInvTile) {
-    const int64_t kk = k0 + threadIdx.x;
-    xs[threadIdx.y][threadIdx.x] = row < m && kk < k ? x[row * k + kk] : 0.0f;
-    ws[threadIdx.y][threadIdx.x] = wrow < n && kk < k ? w[wrow * k + kk] : 0.0f;
+    const int64_t kk = k0 + tx;
+    xs[ty][tx] = row < m && kk < k ? x[row * k + kk] : 0.0f;
+    ws[ty][tx] = wrow < n && kk < k ? w[wrow * k + kk] : 0.0f;
     __syncthreads();
     const int64_t steps = k - k0 < kInvTile ? k - k0 : kInvTile;
-    for (int64_t j = 0; j < steps; ++j) acc = __fmaf_rn(xs[threadIdx.y][j], ws[threadIdx.x][j], acc);
+    for (int64_t j = 0; j < steps; ++j) acc = fmaf(xs[ty][j], ws[tx][j], acc);
     __syncthreads();
   }
-  if (row < m && col < n) y[row * n + col] = bias ? __fadd_rn(acc, bias[col]) : acc;
+  if (row < m && col < n) y[row * n + col] = bias ? acc + bias[col] : acc;
 }
 
 }  // namespace
@@ -145,11 +146,10 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
   Tensor y = Tensor::empty({rows, out_features}, DType::f32, Device::cuda);
   lead.push_back(out_features);
   if (rows == 0 || out_features == 0) return y.view(lead);
-  const dim3 block(kInvTile, kInvTile);
   const int64_t gx = (out_features + kInvTile - 1) / kInvTile, gy = (rows + kInvTile - 1) / kInvTile;
   QKV_CHECK(gx < (int64_t{1} << 31) && gy < 65536, "[invariant_linear] ", rows, " x ", out_features,
             " outputs exceed one CUDA grid");
-  invariant_linear_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block>>>(
+  invariant_linear_kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kInvTile * kInvTile>>>(
       static_cast<const float*>(x2.raw_data()), static_cast<const float*>(w.raw_data()),
       b.defined() ? static_cast<const float*>(b.raw_data()) : nullptr, static_cast<float*>(y.raw_data()), rows,
       out_features, in);

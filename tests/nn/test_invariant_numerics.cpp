@@ -4,6 +4,7 @@
 // The last case shows the inputs reach the regime the mode guards: with the standard kernels the
 // same comparisons differ.
 #include <catch2/catch.hpp>
+#include <array>
 #include <cstring>
 
 #include "autograd/grad_mode.h"
@@ -136,7 +137,7 @@ Tensor packed(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.contiguous(), y = b.contiguous();
+  const Tensor x = a.to(Device::cpu).contiguous(), y = b.to(Device::cpu).contiguous();
   return x.shape() == y.shape() && std::memcmp(x.data<float>(), y.data<float>(), x.numel() * sizeof(float)) == 0;
 }
 
@@ -186,4 +187,35 @@ TEST_CASE("standard numerics: the same comparisons differ (the checks above are 
   const NumericsGuard inv(Numerics::invariant);
   CHECK(max_abs_diff(whole(m, seq), ref) < 1e-3);
   CHECK(max_abs_diff(chunked(m, seq, 1), whole(m, seq)) == 0.0);
+}
+
+TEST_CASE("invariant numerics on CUDA: the Linear kernel equals the CPU's bits; logits as on the CPU",
+          "[invariant][cuda]") {
+  if (!test::cuda_device_present()) return;
+  const NumericsGuard mode(Numerics::invariant);
+  // The CUDA invariant GEMM runs the CPU kernel's order: fma over k from +0, then + bias.
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{1, 37, 100}, {70, 33, 17}, {5, 300, 768}}) {
+    const Tensor x = randn({m, k}, 31, 0, 0.0, 1.0, DType::f32), w = randn({n, k}, 32, 0, 0.0, 0.1, DType::f32);
+    const Tensor b = randn({n}, 33, 0, 0.0, 0.1, DType::f32);
+    const Tensor cpu_y = linear(x, w, b);
+    const Tensor gpu_y = linear(x.to(Device::cuda), w.to(Device::cuda), b.to(Device::cuda)).to(Device::cpu);
+    INFO("M " << m << " N " << n << " K " << k);
+    CHECK(bitwise_equal(gpu_y, cpu_y));
+    CHECK(bitwise_equal(linear(x.to(Device::cuda), w.to(Device::cuda), Tensor()).to(Device::cpu),
+                        linear(x, w, Tensor())));
+  }
+  // The model on the device: its CUDA attention visits a row's visible keys one by one in key
+  // order, so decoding, chunks, batches and padding give its whole-sequence logits bit for bit.
+  nn::ModelConfig mc = llama_like();
+  mc.n_layer = 1;
+  nn::DecoderModel model(mc);
+  model.init_weights(5);
+  model.eval();
+  model.to(Device::cuda);
+  const auto seq = tokens(23, 1, mc.vocab_size);
+  const Tensor ref = whole(model, seq).to(Device::cpu);
+  CHECK(bitwise_equal(chunked(model, seq, 1).to(Device::cpu), ref));
+  CHECK(bitwise_equal(chunked(model, seq, 7).to(Device::cpu), ref));
+  CHECK(bitwise_equal(among_others(model, seq, 3, 2).to(Device::cpu), ref));
+  CHECK(bitwise_equal(packed(model, seq).to(Device::cpu), ref));
 }
