@@ -108,6 +108,25 @@ if [[ ${BLAS_KERNELS:-all} != 0 && $(uname -m) == x86_64 ]]; then
     echo "test.sh: the [exact] cases with OPENBLAS_CORETYPE=$kernel" >&2
     OPENBLAS_CORETYPE=$kernel QKV_EXPECT_BLAS_KERNEL=$kernel "$build_dir/tests/qkv_tests" "[exact]" >&2
   done
+  # Across processes: under numerics = invariant a checkpoint's per-token log-probabilities are
+  # the same bits whatever the kernel and the thread count (docs/consistency.md).
+  run_dir="$build_dir/invariant-kernels"
+  "$build_dir/qkv" train --config configs/tiny.toml --set train.max_steps=5 --set "train.out_dir=\"$run_dir\"" \
+    --overwrite --quiet >/dev/null
+  reference=""
+  for kernel in "${kernels[@]}"; do
+    for threads in 1 2; do
+      got=$(OPENBLAS_CORETYPE=$kernel OMP_NUM_THREADS=$threads "$build_dir/qkv" eval --checkpoint "$run_dir/best.h5" \
+        --ids 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5,0,2,8,8 --per-token \
+        --numerics invariant --json 2>/dev/null | tail -n 1)
+      if [[ -z $reference ]]; then reference=$got; fi
+      if [[ $got != "$reference" ]]; then
+        echo "test.sh: invariant log-probs differ under OPENBLAS_CORETYPE=$kernel with $threads threads" >&2
+        exit 1
+      fi
+    done
+  done
+  echo "test.sh: invariant per-token log-probs identical under ${kernels[*]} x 1, 2 threads" >&2
 fi
 stage_done "BLAS kernels"
 
