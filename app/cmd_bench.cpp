@@ -1,5 +1,6 @@
-// qkv bench [--config FILE] [--what step|attention|gemm|decode] [--steps N] [--threads N] [--profile] [--json]
+// qkv bench [--config FILE] [--what step|attention|gemm|decode|numerics] [--steps N] [--threads N] [--profile] [--json]
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
+//           numerics: step and decode under numerics = standard and invariant, alternated [--rounds R] (default 3)
 //           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
 //           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
 //           [--pattern-block-size BS] [--versus-full [--rounds R]] [--interleave-n [--rounds R]]; a config with train.device = "cuda" selects the GPU
@@ -34,7 +35,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   add_path_option(cmd, "--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
   add_numerics_option(cmd, sets);
-  cmd->add_option("--what", what, "step | attention | gemm | decode")->capture_default_str();
+  cmd->add_option("--what", what, "step | attention | gemm | decode | numerics (invariant vs standard, alternated)")
+      ->capture_default_str();
   add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode: tokens to generate");
   add_int_option(cmd, "--steps", steps, {1, 100000}, "timed steps after the warm-up");
   add_int_option(cmd, "--threads", threads, {0, 4096}, "OpenMP threads; 0 = the config's, else all");
@@ -57,7 +59,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                 "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
                 "the same process, and report the ratio of their times per kept pair");
   add_int_option(cmd, "--rounds", rounds, {0, 100000},
-                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); --interleave-n: rounds "
+                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); numerics: rounds (0: 3); "
+                 "--interleave-n: rounds "
                  "over the N (0: about 20 s)");
   static bool interleave_n = false;
   cmd->add_flag("--interleave-n", interleave_n,
@@ -226,6 +229,39 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         }
         results.push_back(row);
       }
+    } else if (what == "numerics") {
+      QKV_CHECK(!config.empty(), "[bench] --what numerics needs --config");
+      Config cfg = parse_config(config, sets);
+      if (threads > 0) cfg.train.threads = threads;
+      const int n_rounds = rounds > 0 ? rounds : 3;
+      const auto r = train::bench_numerics(cfg, steps, tokens, n_rounds);
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::fprintf(out,
+                   "%s, %d rounds alternating: step %.2f ms standard, %.2f ms invariant (x%.3f); decode %.2f "
+                   "ms/token standard, %.2f invariant (x%.3f)\n",
+                   config.c_str(), n_rounds, med(r.step_ms[0]), med(r.step_ms[1]), r.step_ratio, med(r.token_ms[0]),
+                   med(r.token_ms[1]), r.decode_ratio);
+      for (int mode = 0; mode < 2; ++mode)
+        std::fprintf(out, "  decode %-9s weights read at %.1f GB/s of %.1f streaming (%.0f%%)\n",
+                     mode == 0 ? "standard" : "invariant", r.decode[mode].weight_gb_per_s,
+                     r.decode[mode].stream_gb_per_s,
+                     100 * r.decode[mode].weight_gb_per_s / r.decode[mode].stream_gb_per_s);
+      results.push_back({{"name", "numerics"},
+                         {"config", config},
+                         {"rounds", n_rounds},
+                         {"step_ms_standard", r.step_ms[0]},
+                         {"step_ms_invariant", r.step_ms[1]},
+                         {"step_ratio", r.step_ratio},
+                         {"token_ms_standard", r.token_ms[0]},
+                         {"token_ms_invariant", r.token_ms[1]},
+                         {"decode_ratio", r.decode_ratio},
+                         {"weight_gb_per_s_standard", r.decode[0].weight_gb_per_s},
+                         {"weight_gb_per_s_invariant", r.decode[1].weight_gb_per_s},
+                         {"stream_gb_per_s", r.decode[1].stream_gb_per_s},
+                         {"threads", r.decode[1].threads}});
     } else if (what == "decode") {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");
       Config cfg = parse_config(config, sets);
@@ -255,7 +291,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                          {"threads", r.threads},
                          {"params", r.params}});
     } else {
-      fail("[bench] --what must be step, attention, gemm or decode, got '", what, "'");
+      fail("[bench] --what must be step, attention, gemm, decode or numerics, got '", what, "'");
     }
     // What the figures depend on besides the code: the BLAS kernel family (OpenBLAS picks one per
     // CPU; OPENBLAS_CORETYPE overrides it) and OpenMP's barrier spin (app/main.cpp sets it).

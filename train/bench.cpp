@@ -163,6 +163,29 @@ DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
   return r;
 }
 
+NumericsBenchResult bench_numerics(const Config& cfg, int steps, int64_t tokens, int rounds) {
+  QKV_CHECK(rounds >= 1, "[bench] --rounds must be at least 1 for --what numerics, got ", rounds);
+  NumericsBenchResult r;
+  std::vector<double> step_ratio, decode_ratio;
+  for (int round = 0; round < rounds; ++round) {
+    double step[2], token[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      Config c = cfg;
+      c.train.numerics = mode == 0 ? Numerics::standard : Numerics::invariant;
+      step[mode] = bench_step(c, steps, 1).ms_per_step;
+      r.decode[mode] = bench_decode(c, tokens);
+      token[mode] = r.decode[mode].ms_per_token;
+      r.step_ms[mode].push_back(step[mode]);
+      r.token_ms[mode].push_back(token[mode]);
+    }
+    step_ratio.push_back(step[1] / step[0]);
+    decode_ratio.push_back(token[1] / token[0]);
+  }
+  r.step_ratio = median(step_ratio);
+  r.decode_ratio = median(decode_ratio);
+  return r;
+}
+
 double stream_read_gb_per_s(int64_t bytes) {
   const int64_t n = std::max<int64_t>(bytes / 4, 1);
   std::vector<uint32_t> buf(static_cast<size_t>(n), 1u);

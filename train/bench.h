@@ -58,6 +58,17 @@ struct DecodeBenchResult {
 };
 DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
 
+// numerics = invariant against standard on the same config, side by side: `rounds` rounds, each a
+// training step benchmark (`steps` timed steps) and a decode benchmark (`tokens` tokens) in either
+// mode back to back, so both modes see the same machine state. Ratios are invariant / standard
+// times, per round, then the median over the rounds.
+struct NumericsBenchResult {
+  std::vector<double> step_ms[2], token_ms[2];  // per round: [0] standard, [1] invariant
+  double step_ratio = 0, decode_ratio = 0;
+  DecodeBenchResult decode[2];  // the last round's decode figures (bandwidth), per mode
+};
+NumericsBenchResult bench_numerics(const Config& cfg, int steps, int64_t tokens, int rounds);
+
 // GB/s of omp_get_max_threads() threads summing a `bytes` buffer (split in equal parts), median of
 // 5 passes after a warm one: the read bandwidth a matrix-vector product over that many bytes can reach.
 double stream_read_gb_per_s(int64_t bytes);

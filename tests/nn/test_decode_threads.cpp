@@ -16,6 +16,7 @@
 #include "compare_util.h"
 #include "nn/transformer.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/numerics.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
@@ -178,8 +179,35 @@ TEST_CASE("bench_decode reports tokens/s, ms/token, peak RSS, context and thread
   CHECK(r.ms_per_token > 0);
   CHECK(r.peak_rss_bytes > 0);
   CHECK(r.threads == 2);
+  // The weights a step reads: every Linear and norm parameter, and the tied head's [V, C] table
+  // (the position table is only gathered from).
+  const int64_t C = cfg.model.n_embd, V = 70, L = cfg.model.n_layer, T = cfg.model.block_size;
+  const int64_t kv = cfg.model.resolved_n_kv_head() * cfg.model.head_dim(),
+                F = cfg.resolved().model.resolved_ffn_hidden();
+  const int64_t per_layer = 2 * 2 * C + (C * (C + 2 * kv) + C + 2 * kv) + (C * C + C) + (C * F + F) + (F * C + C);
+  CHECK(r.params == V * C + T * C + L * per_layer + 2 * C);
+  CHECK(r.weight_bytes == 4 * (L * per_layer + 2 * C + V * C));
+  CHECK(r.weight_gb_per_s == Approx(r.weight_bytes / (r.ms_per_token / 1e3) / 1e9));
+  CHECK(r.stream_gb_per_s > 0);
   CHECK_THROWS_WITH(train::bench_decode(cfg, cfg.model.block_size),
                     Catch::Contains("--tokens") && Catch::Contains("block_size"));
+}
+
+TEST_CASE("bench_numerics alternates the two modes and reports per-round ratios", "[decode][bench][invariant]") {
+  Config cfg = ckpt_test::tiny_config("gpt2");
+  cfg.model.vocab_size = 70;
+  cfg.train.threads = 1;
+  cfg.data.random_tokens = true;
+  const auto r = train::bench_numerics(cfg, 2, 6, 2);
+  for (int mode = 0; mode < 2; ++mode) {
+    REQUIRE(r.step_ms[mode].size() == 2);
+    REQUIRE(r.token_ms[mode].size() == 2);
+    CHECK(r.decode[mode].tokens == 6);
+  }
+  const double a = r.step_ms[1][0] / r.step_ms[0][0], b = r.step_ms[1][1] / r.step_ms[0][1];
+  CHECK(r.step_ratio == Approx((a + b) / 2));
+  CHECK(numerics() == Numerics::standard);  // each benchmark restores the mode it found
+  CHECK_THROWS_WITH(train::bench_numerics(cfg, 2, 6, 0), Catch::Contains("--rounds"));
 }
 
 TEST_CASE("qkv bench --what decode --json and qkv sample --json carry tokens_per_s and peak_rss_bytes",

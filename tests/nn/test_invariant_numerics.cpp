@@ -23,7 +23,7 @@ nn::ModelConfig gpt2_like() {
   c.n_layer = 2;
   c.n_head = 4;
   c.n_kv_head = 4;
-  c.n_embd = 100;  // head size 25 and rows of 100 floats: every kernel meets its ragged edges
+  c.n_embd = 100;      // head size 25 and rows of 100 floats: every kernel meets its ragged edges
   c.ffn_hidden = 402;  // not a multiple of 8: elementwise kernels meet their vector tails mid-row
   c.vocab_size = 259;
   c.block_size = 96;
