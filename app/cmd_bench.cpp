@@ -278,7 +278,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                    r.weight_gb_per_s, r.weight_bytes / 1e6, r.threads, r.stream_gb_per_s,
                    100 * r.weight_gb_per_s / r.stream_gb_per_s);
       results.push_back({{"name", "decode"},
-                         {"numerics", std::string(choice_name(kNumericsModes, cfg.train.numerics))},
+                         {"numerics", std::string(choice_name(kNumericsModes, cfg.train.resolved_numerics()))},
                          {"weight_bytes", r.weight_bytes},
                          {"weight_gb_per_s", r.weight_gb_per_s},
                          {"stream_gb_per_s", r.stream_gb_per_s},

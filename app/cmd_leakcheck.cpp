@@ -111,7 +111,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     }
     train::apply_thread_setting(cfg);
     if (numerics) cfg.train.numerics = *numerics;
-    set_numerics(cfg.train.numerics);
+    set_numerics(cfg.train.resolved_numerics());
     model->eval();
     model->to(dev);
     if (dev != Device::cpu) report.subject += ", on " + device;

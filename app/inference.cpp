@@ -25,7 +25,7 @@ LoadedModel load_for_inference(const std::string& path, const std::string& devic
   train::load_model_weights(path, *m.model, /*take_buffers=*/true);
   m.model->eval();
   train::apply_thread_setting(m.meta.config);
-  set_numerics(numerics.value_or(m.meta.config.train.numerics));
+  set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
   m.model->to(dev);
   return m;
 }

@@ -242,8 +242,11 @@ class SelfAttention : public Module {
   // its own, from key 0. The fused kernel's key tiles and sum lanes are counted from a sequence's
   // first key, so only then does a document's output equal the same document alone (or decoded).
   // Padded query rows get zeros (their targets are ignored; no real query reads a padded key).
+  // Only for a pattern whose keys depend on i − j alone: the others (global tokens, bigbird's and
+  // block_sparse's blocks) are defined on the row's positions, so a document's keys depend on
+  // where it sits and there is no "alone" to equal.
   bool by_document(const ForwardArgs& args) const {
-    return numerics() == Numerics::invariant && !args.cache && !linear() &&
+    return numerics() == Numerics::invariant && !args.cache && !linear() && cfg_.pattern.relative() &&
            (args.segment_ids.defined() || args.key_padding.defined());
   }
 

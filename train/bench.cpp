@@ -41,7 +41,7 @@ static double median(std::vector<double> v) {
 StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool profile) {
   const Config cfg = cfg_in.resolved();
   apply_thread_setting(cfg);
-  const NumericsGuard numerics_mode(cfg.train.numerics);
+  const NumericsGuard numerics_mode(cfg.train.resolved_numerics());
   RunData data = load_run_data(cfg);
   auto model = build_model(cfg, data.vocab_size, ModelUse::training);
   model->init_weights(static_cast<uint64_t>(cfg.train.seed));
@@ -123,7 +123,7 @@ DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
             " plus the 1-token prompt exceeds model.block_size ", cfg.model.block_size,
             " (decoding past it recomputes the window, which is not what decode measures)");
   apply_thread_setting(cfg);
-  const NumericsGuard numerics_mode(cfg.train.numerics);
+  const NumericsGuard numerics_mode(cfg.train.resolved_numerics());
   const int64_t V = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : 256;
   auto model = build_model(cfg, V);
   model->init_weights(static_cast<uint64_t>(cfg.train.seed));
@@ -214,7 +214,7 @@ double stream_read_gb_per_s(int64_t bytes) {
 std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
   const Config cfg = cfg_in.resolved();
   apply_thread_setting(cfg);
-  const NumericsGuard numerics_mode(cfg.train.numerics);
+  const NumericsGuard numerics_mode(cfg.train.resolved_numerics());
   const int64_t N = cfg.train.batch_size * cfg.train.resolved_seq_len(cfg.model.block_size);
   const int64_t C = cfg.model.n_embd, F = cfg.model.resolved_ffn_hidden();
   const int64_t hd = cfg.model.head_dim(), qkv = C + 2 * cfg.model.resolved_n_kv_head() * hd;

@@ -31,7 +31,7 @@ using FieldPtr =
     std::variant<int64_t*, double*, bool*, std::optional<bool>*, std::string*, nn::Family*,
                  std::optional<nn::Position>*, std::optional<nn::NormKind>*, std::optional<nn::Activation>*,
                  attn::Kernel*, AttentionChoice*, attn::LinearFeature*, TokenizerKind*, DocSeparator*, BatchMode*,
-                 Padding*, Device*, DType*, train::LrScheduleKind*, Numerics*>;
+                 Padding*, Device*, DType*, train::LrScheduleKind*, std::optional<Numerics>*>;
 
 template <class T>
 struct IsOptionalEnum : std::false_type {};
@@ -212,8 +212,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "cuda_mma", &t.cuda_mma,
        "bf16 on CUDA: attention on the tensor-core kernels where they apply; false keeps the float32 kernels"},
       {"train", "numerics", &t.numerics,
-       "standard: the fastest kernels; invariant: each token's logits bitwise a function of its prefix "
-       "(any batch, chunking, KV cache, thread count or BLAS; docs/consistency.md)"},
+       "invariant: each token's logits bitwise a function of its prefix (any batch, chunking, KV cache, thread "
+       "count or BLAS; docs/consistency.md); standard: BLAS GEMMs; \"\" = invariant on the CPU, standard on CUDA"},
       {"sample", "max_new_tokens", &s.max_new_tokens, "tokens to generate", IntRange{0, 10'000'000}},
       {"sample", "temperature", &s.temperature, "softmax temperature; 0 = greedy", RealRange{0, 10000}},
       {"sample", "top_k", &s.top_k, "keep the k most likely tokens; 0 = off", IntRange{0, int64_t{1} << 24}},
@@ -480,6 +480,7 @@ Config Config::resolved() const {
   m.tie_embeddings = m.resolved_tie_embeddings();
   m.n_kv_head = m.resolved_n_kv_head();
   m.ffn_hidden = m.resolved_ffn_hidden();
+  c.train.numerics = c.train.resolved_numerics();
   return c;
 }
 
@@ -703,7 +704,10 @@ std::string config_reference() {
       help += "; only under model.attention_pattern = ";
       for (size_t u = 0; u < f.used_by.size(); ++u) help += (u ? ", " : "") + std::string(f.used_by[u]);
     }
-    const std::string def = unset_optional(f.ptr) ? "the family's" : "`" + field_text(f) + "`";
+    // An unset optional resolves by the family (model keys) or the device (train.numerics).
+    const std::string def = !unset_optional(f.ptr)                   ? "`" + field_text(f) + "`"
+                            : std::string_view(f.section) == "train" ? "by train.device"
+                                                                     : "the family's";
     os << "| `" << f.name() << "` | " << type_text(f.ptr) << " | " << def << " | " << range_text(f) << " | " << help
        << " |\n";
   }

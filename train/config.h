@@ -137,7 +137,12 @@ struct TrainSettings {
   int64_t dp_bucket_kb = 4096;
   bool dp_overlap = true;
   bool cuda_mma = true;
-  Numerics numerics = Numerics::standard;
+  std::optional<Numerics> numerics;  // unset: resolved_numerics()
+  // invariant on the CPU, where its kernels run at the standard ones' speed (docs/consistency.md);
+  // standard on CUDA, whose invariant GEMM is a plain tiled kernel without tensor cores.
+  Numerics resolved_numerics() const {
+    return numerics.value_or(device == Device::cuda ? Numerics::standard : Numerics::invariant);
+  }
   bool operator==(const TrainSettings&) const = default;
 };
 
@@ -158,7 +163,8 @@ struct Config {
   SampleSettings sample;
 
   // A copy with every family default filled in (position, norm, activation, bias,
-  // tie_embeddings, n_kv_head, ffn_hidden); vocab_size stays as is (the tokenizer decides it).
+  // tie_embeddings, n_kv_head, ffn_hidden) and train.numerics by the device; vocab_size stays as
+  // is (the tokenizer decides it).
   Config resolved() const;
   bool operator==(const Config&) const = default;
 };

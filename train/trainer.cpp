@@ -427,7 +427,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   // backward and evaluation of this run; weights, gradients and AdamW state stay float32.
   const autograd::AutocastGuard autocast(cfg.train.dtype == DType::bf16);
   const TensorCoreAttention tensor_cores(cfg.train.cuda_mma);
-  const NumericsGuard numerics_mode(cfg.train.numerics);  // train.numerics for every forward of the run
+  const NumericsGuard numerics_mode(cfg.train.resolved_numerics());  // train.numerics for every forward of the run
   QKV_CHECK(opts.resume.empty() || opts.init_from.empty(), "--resume and --init-from are exclusive");
   apply_thread_setting(cfg);
   // [dist] One rank per process (dist::world(): MPI under mpirun, else one process); only rank 0

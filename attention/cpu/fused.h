@@ -5,6 +5,7 @@
 
 #include "attention/mask.h"
 #include "attention/cpu/tile_products.h"
+#include "tensor/numerics.h"
 
 namespace qkv::attn {
 
@@ -48,7 +49,11 @@ FusedGrads fused_attention_backward(const Tensor& dout, const Tensor& q, const T
 // default). Tests turn it off to compare against the grid walk.
 void set_strided_regroup(bool on);
 bool strided_regroup();
-inline bool use_strided_walk(const MaskPlan& plan) { return plan.has_walk() && strided_regroup(); }
+// Not under numerics = invariant: the walk's tiles follow the residue groups of the call's rows,
+// so one row's keys would be grouped differently alone (decoding) than in a block.
+inline bool use_strided_walk(const MaskPlan& plan) {
+  return plan.has_walk() && strided_regroup() && numerics() != Numerics::invariant;
+}
 
 // Query rows per tile of the regrouped walk. Its tiles sit on triangles (the band's parallelogram,
 // each residue group's causal triangle): at 64 rows they waste half their area, at 16 about a

@@ -62,8 +62,12 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
   // clipped to the structural range.
   const BlockLayout* layout = plan.has_pattern() ? &plan.layout() : nullptr;
   const int64_t qt = i0 / kBlockQ;
+  // Without a layout the tiles start at multiples of Bk (the first one clipped to j_lo): a row's
+  // keys are then cut into the same tiles, and its softmax rescaled at the same keys, whichever
+  // block or call it is computed in (a window's j_lo moves with the block's first row).
+  const int64_t j_base = j_lo - j_lo % kBlockK;
   const int64_t n_tiles =
-      layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_lo + kBlockK - 1) / kBlockK;
+      layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_base + kBlockK - 1) / kBlockK;
   for (int64_t t = 0; t < n_tiles; ++t) {
     int64_t j0, bk, r0 = 0, nr = bq;  // the tile's keys [j0, j0 + bk) and block rows [r0, r0 + nr)
     bool full;
@@ -78,8 +82,8 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
       if (nr <= 0) continue;
       full = plan.tile_full(b, qt, kt, j0 + bk);
     } else {
-      j0 = j_lo + t * kBlockK;
-      bk = std::min(kBlockK, j_hi - j0);
+      j0 = std::max(j_base + t * kBlockK, j_lo);
+      bk = std::min(j_base + (t + 1) * kBlockK, j_hi) - j0;
       full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
     }
     T* ot = ob + r0 * os;
@@ -94,7 +98,7 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
         std::fill_n(sr, bk, T(0));
         continue;
       }
-      const T sum = tile::exp_shift_sum(sr, bk, m_new);
+      const T sum = tile::exp_shift_sum(sr, bk, m_new, j0);
       if (mt[r] != m_new) {
         const T alpha = mt[r] == ninf ? T(0) : tile::exp_fast(mt[r] - m_new);
         lt[r] *= alpha;

@@ -55,28 +55,28 @@ T row_dot(const T* x, const T* y, int64_t n) {
   return s;
 }
 
-// x[c] = exp(x[c] - shift); returns the sum (shift finite), in an order that depends on the
-// columns alone, not on n: column c is added to lane c mod 8 (each lane in column order), then the
-// lanes as ((0+1)+(2+3))+((4+5)+(6+7)). A masked column adds exp(-inf) = +0, which changes no lane,
-// so a row's sum is the same whether its tile stops at its last visible key (decoding, a short
-// chunk) or runs on over masked keys (the same row inside a training forward's 64-row block).
+// x[c] = exp(x[c] - shift); returns the sum (shift finite), in an order fixed by the columns' key
+// indices alone: column c (key first_key + c) is added to lane (first_key + c) mod 8, each lane in
+// key order, then the lanes as ((0+1)+(2+3))+((4+5)+(6+7)). A masked column adds exp(-inf) = +0,
+// which changes no lane. So a row's sum over a tile is the same whether the tile starts at its
+// first visible key or earlier, and stops at its last visible key (decoding, a short chunk) or
+// runs on over masked keys (the same row inside a training forward's 64-row block).
 // (`omp simd reduction` would let the compiler split a tail of n mod 8 columns off differently.)
 template <class T>
-T exp_shift_sum(T* x, int64_t n, T shift) {
+T exp_shift_sum(T* x, int64_t n, T shift, int64_t first_key = 0) {
   constexpr int64_t L = 8;
   T lane[L] = {};
-  int64_t c0 = 0;
-  for (; c0 + L <= n; c0 += L)
-    for (int64_t j = 0; j < L; ++j) {
-      const T e = exp_fast(x[c0 + j] - shift);
-      x[c0 + j] = e;
-      lane[j] += e;
-    }
-  for (int64_t j = 0; c0 + j < n; ++j) {
-    const T e = exp_fast(x[c0 + j] - shift);
-    x[c0 + j] = e;
-    lane[j] += e;
-  }
+  auto add = [&](int64_t c, int64_t l) {
+    const T e = exp_fast(x[c] - shift);
+    x[c] = e;
+    lane[l] += e;
+  };
+  const int64_t off = first_key & (L - 1);
+  int64_t c = 0;
+  for (; c < n && ((off + c) & (L - 1)) != 0; ++c) add(c, (off + c) & (L - 1));
+  for (; c + L <= n; c += L)
+    for (int64_t j = 0; j < L; ++j) add(c + j, j);
+  for (int64_t j = 0; c + j < n; ++j) add(c + j, j);
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 

@@ -56,6 +56,12 @@ struct SparsePattern {
   }
   bool operator!=(const SparsePattern& o) const { return !(*this == o); }
   bool sparse() const { return kind != Pattern::full; }
+  // Whether a key's visibility depends on the distance i − j alone (full, window, strided with a
+  // resolved stride): a document then sees the same keys wherever it starts in a row. global,
+  // bigbird and block_sparse place their global tokens and blocks at positions of the row.
+  bool relative() const {
+    return kind == Pattern::full || kind == Pattern::window || (kind == Pattern::strided && stride > 0);
+  }
   // Checks the parameters' signs and the layout's presence; throws qkv::Error.
   void validate() const;
   // validate(), then checks that each parameter the pattern uses means something in a context of

@@ -141,18 +141,34 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return x.shape() == y.shape() && std::memcmp(x.data<float>(), y.data<float>(), x.numel() * sizeof(float)) == 0;
 }
 
+// A sliding window and the strided pattern: a row's keys start past key 0, where a block's first
+// row and a row alone begin at different keys.
+nn::ModelConfig windowed() {
+  nn::ModelConfig c = llama_like();
+  c.window = 9;
+  return c;
+}
+nn::ModelConfig strided() {
+  nn::ModelConfig c = gpt2_like();
+  c.pattern.kind = attn::Pattern::strided;
+  c.pattern.stride = 5;
+  c.pattern.local = 3;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("invariant numerics: a token's logits do not depend on batch, chunking, cache, padding or threads",
           "[invariant][exact][model]") {
   const NumericsGuard mode(Numerics::invariant);
-  for (const nn::ModelConfig& mc : {gpt2_like(), llama_like()}) {
+  for (const nn::ModelConfig& mc : {gpt2_like(), llama_like(), windowed(), strided()}) {
     nn::DecoderModel m(mc);
     m.init_weights(5);
     m.eval();
     const auto seq = tokens(71, 1, mc.vocab_size);
     const Tensor ref = with_threads(2, [&] { return whole(m, seq); });
-    INFO("family " << nn::family_name(mc.family));
+    INFO("family " << nn::family_name(mc.family) << ", window " << mc.window << ", pattern "
+                   << attn::pattern_name(mc.pattern.kind));
     for (int64_t chunk : {1, 7, 64}) {
       INFO("chunk " << chunk);
       CHECK(bitwise_equal(chunked(m, seq, chunk), ref));

@@ -257,7 +257,7 @@ TEST_CASE("a checkpoint written before the settings were enums loads with the sa
   const size_t zero = expected.find("\nzero = 0\n");
   REQUIRE(zero != std::string::npos);
   expected.insert(zero + std::string("\nzero = 0\n").size(),
-                  "dp_bucket_kb = 4096\ndp_overlap = true\ncuda_mma = true\nnumerics = \"standard\"\n");
+                  "dp_bucket_kb = 4096\ndp_overlap = true\ncuda_mma = true\nnumerics = \"invariant\"\n");
   CHECK(to_toml(c) == expected);
   // And the model it describes loads the stored weights.
   auto model = train::build_model(c, 11);  // the fixture corpus's 11 characters (embed_tokens is [11, 8])
