@@ -287,14 +287,15 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
   std::string detail = "max |Δlogit|, 3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) +
                        ", " + std::to_string(len[2]) +
                        ") alone vs in right- and left-padded batches with positions and key_padding (" + sides + ")";
-  if (!nonfinite.empty()) {
-    per.push_back(INFINITY);
-    detail += "; non-finite logits in the " + nonfinite + "-padded batch";
-  }
+  if (!nonfinite.empty()) detail += "; non-finite logits in the " + nonfinite + "-padded batch";
   const double tol = leak::rounding_tolerance(c, L);
   std::vector<LeakCheck> out;
   out.push_back(leak::make_consistency_check("padding_invariance", per, diverges,
                                              leak::consistency_bound(c, L, alone_scale, false), detail));
+  if (!nonfinite.empty()) {  // non-finite logits anywhere in the batch, pads included, fail it
+    out.back().value = INFINITY;
+    out.back().pass = false;
+  }
   out.push_back(leak::make_check("padding_target_loss", worst_loss, tol,
                                  "|Δloss| / loss: padded batch with ignore_index at pads vs the sequences alone "
                                  "(token-weighted mean " +

@@ -536,5 +536,26 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
     const nlohmann::json j = nlohmann::json::parse(out);  // --json: stdout is the one JSON line
     CHECK(j["failed"] == 0);
     CHECK(j["passed"] == 22);  // 20 model checks + 2 data checks
+    // --json also runs the consistency checks under both numerics modes.
+    REQUIRE(j["consistency"].size() == analysis::consistency_check_names().size());
+    for (const auto& c : j["consistency"]) {
+      INFO(c.dump());
+      CHECK(c["standard"]["threshold"].get<double>() > 0);
+      CHECK(c["invariant"]["threshold"] == 0.0);
+    }
+  }
+  // --numerics invariant reaches the checks: each is held to exactly 0 (the values of padding and
+  // packing are the case "numerics = invariant: padded and packed sequences ..." of
+  // test_leakcheck_numerics.cpp).
+  {
+    run_qkv("leakcheck --config configs/tiny.toml --numerics invariant --json", &out, &err);
+    const nlohmann::json j = nlohmann::json::parse(out);
+    for (const auto& c : j["checks"])
+      for (const auto& name : analysis::consistency_check_names())
+        if (c["name"] == name) {
+          INFO(c.dump());
+          CHECK(c["threshold"] == 0.0);
+          if (name != "padding_invariance" && name != "packing_invariance") CHECK(c["value"] == 0.0);
+        }
   }
 }
