@@ -148,6 +148,31 @@ TEST_CASE("numerics = invariant: padded and packed sequences give the same bits 
   }
 }
 
+TEST_CASE("numerics = invariant: linear attention's recurrent decode keeps a rounding bound",
+          "[leakcheck][invariant][exact]") {
+  // The recurrent state sums S = Σ φ(k) vᵀ one token at a time, the chunked form chunk by chunk:
+  // two orders of one sum, so only the whole-sequence comparisons can be exact.
+  const NumericsGuard mode(Numerics::invariant);
+  auto base = llama_odd();
+  nn::ModelConfig c = base->config();
+  c.attention_pattern = nn::AttentionPattern::linear;
+  c.linear_chunk = 4;
+  c.linear_features = c.head_dim();
+  nn::DecoderModel model(c);
+  model.init_weights(23);
+  model.eval();
+  const auto checks = analysis::run_consistency_checks(model, {});
+  for (const char* name : {"kv_decode", "chunked_prefill", "trainer_vs_sampler"}) {
+    const auto& k = find(checks, name);
+    INFO(name << " = " << k.value << " (threshold " << k.threshold << "): " << k.detail);
+    CHECK(k.pass);
+    CHECK(k.threshold > 0);
+    CHECK(k.detail.find("recurrent state") != std::string::npos);
+  }
+  for (const char* name : {"batch_composition", "thread_count"})
+    expect_exact(find(checks, name), name == std::string("thread_count") ? 40 : 30);
+}
+
 TEST_CASE("numerics = standard: the consistency checks measure a nonzero rounding gap within tolerance",
           "[leakcheck][invariant]") {
   // Wide enough that OpenBLAS's GEMV (decoding) and GEMM (the whole sequence) sum in other orders.
