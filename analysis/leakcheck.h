@@ -14,11 +14,26 @@
 //               (each perturbed row is compared with the probe at the same batch row of a batch of
 //               the same shape: identical rounding, so a model that reads no future token gives
 //               exactly 0 whatever the BLAS kernel, and any change is a leak)
-//   kv_decode / chunked_prefill  max |Δlogit| vs the parallel forward     1e-4
-//   greedy_generation  tokens that differ, KV cache vs full recompute     0
-//   padding_invariance  max|Δlogit| / max|logit|, alone vs right/left padded   1e-5
-//   padding_target_loss  |Δloss| / loss, ignore_index on pads vs alone    1e-5
-//   packing_invariance  max|Δlogit| / max|logit|, alone vs packed        1e-5
+//   The consistency checks: one sequence's logits computed two ways that are mathematically
+//   equal; value max |Δlogit| (trainer_vs_sampler: max |Δ log-prob|), per_position the gap at
+//   each position of the sequence, diverges_at the first position whose greedy argmax differs.
+//   Threshold: under numerics() == invariant exactly 0 (tensor/numerics.h: a token's logits are
+//   bitwise a function of its prefix and the weights); under standard the float32 rounding bound
+//   rounding_tolerance times max |logit| (2x that for log-probs), as the paths group their sums
+//   differently. model.attention_pattern = linear keeps the rounding bound in both modes for the
+//   checks that decode through its recurrent state (another summation than the chunked form).
+//   kv_decode   the parallel forward vs one token at a time with the KV cache
+//   chunked_prefill  the parallel forward vs prefill in chunks of 1, 7, 64 and the whole probe
+//   padding_invariance  sequences alone vs in right- and left-padded batches (key padding)
+//   packing_invariance  documents alone vs packed into rows (segment_ids, per-document positions)
+//   batch_composition  the probe alone vs at row 5 of 8 rows of other lengths, right-padded
+//   thread_count  the parallel forward on 1 vs 2 OpenMP threads
+//   trainer_vs_sampler  per-token log-probs (train::token_logprobs) from the training step's
+//               forward (training mode, dropout zeroed on a copy, grad mode on, 4 rows) vs
+//               decoding the same tokens one at a time through the KV cache
+//   greedy_generation  tokens that differ, KV cache vs full recompute     0 (standard: a first
+//               difference after a tie within rounding is not counted)
+//   padding_target_loss  |Δloss| / loss, ignore_index on pads vs alone    rounding tolerance
 //   mask.*      masked weights (exactly 0), row sums, fully masked rows, bottom-right alignment,
 //               window boundary, fused kernel vs naive float64          see each
 //   reference_attention  max over layers of max|Δout| / max(max|out|, floor) against naive
@@ -59,6 +74,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "analysis/png.h"
 #include "data/dataset.h"
 #include "nn/transformer.h"
 
@@ -68,15 +84,19 @@ struct LeakCheck {
   std::string name;
   double value = 0, threshold = 0;
   bool pass = false;
-  std::string detail;                // how it was measured, and where the worst case is
-  std::vector<double> per_position;  // kv_decode / chunked_prefill: max |Δlogit| at each position
+  std::string detail;  // how it was measured, and where the worst case is
+  // The consistency checks (consistency_check_names): the gap at each position of the compared
+  // sequence (max over rows / chunk sizes / sides), and the first position where the two ways'
+  // greedy next token (argmax of the logits) differs, -1 when never.
+  std::vector<double> per_position;
+  int64_t diverges_at = -1;
 };
 
 struct LeakCheckOptions {
-  uint64_t seed = 0x1eac4ec4;  // probe tokens
-  int64_t max_probe_len = 64;  // probe length L = min(block_size, this)
-  int64_t greedy_tokens = 0;   // generated tokens compared; 0 = min(block_size, 64)
-  std::vector<int64_t> chunk_sizes = {2, 3, 7};
+  uint64_t seed = 0x1eac4ec4;                     // probe tokens
+  int64_t max_probe_len = 64;                     // probe length L = min(block_size, this)
+  int64_t greedy_tokens = 0;                      // generated tokens compared; 0 = min(block_size, 64)
+  std::vector<int64_t> chunk_sizes = {1, 7, 64};  // chunked_prefill; the whole probe is always added
   int ngram_n = 32;
   double max_ngram_share = 0.05;
   int64_t max_duplicated_docs = 0;
@@ -98,6 +118,10 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
 // padding_invariance, padding_target_loss
 std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// batch_composition, thread_count, trainer_vs_sampler (leakcheck_consistency.cpp)
+LeakCheck check_batch_composition(const nn::DecoderModel& model, const LeakCheckOptions& o);
+LeakCheck check_thread_count(const nn::DecoderModel& model, const LeakCheckOptions& o);
+LeakCheck check_trainer_vs_sampler(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // mask.* on synthetic q, k, v shaped like the model's attention (heads, head dim, window)
 std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o);
@@ -122,6 +146,18 @@ std::string permutation_not_applicable(const nn::ModelConfig& c);
 // Every model check above that applies, in table order (not_applicable_checks below lists the
 // rest). A check that throws is recorded as failed (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+
+// ---- training vs inference consistency, in both numerics modes ----
+// The consistency checks, in table order: kv_decode, chunked_prefill, padding_invariance,
+// packing_invariance, batch_composition, thread_count, trainer_vs_sampler.
+const std::vector<std::string>& consistency_check_names();
+// Those of them that apply to `model` (not_applicable_checks), run in the process's numerics mode.
+std::vector<LeakCheck> run_consistency_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// The same checks run under each mode in turn (NumericsGuard), whatever the process's mode.
+struct NumericsComparison {
+  std::vector<LeakCheck> standard, invariant;  // the same names in the same order
+};
+NumericsComparison compare_numerics_modes(const nn::DecoderModel& model, const LeakCheckOptions& o);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
 // dropout / kernel / window but must have the same parameter shapes. Eval mode.
@@ -208,15 +244,25 @@ struct LeakCheckReport {
   int passed() const;
   int failed() const;
 };
-// --json: {"checks":[{"name","value","threshold","pass","detail"}],"passed","failed"} plus
-// "self_test":{"planted","detected","false_alarms","faults":[...],"models":[...]} when given.
+// --json: {"checks":[{"name","value","threshold","pass","detail"}],"passed","failed"} (the
+// consistency checks add "per_position" and "diverges_at", null when never) plus
+// "self_test":{"planted","detected","false_alarms","faults":[...],"models":[...]} when given, and
+// "consistency":[{"name","standard":{...},"invariant":{...}}] (each mode: "max_abs_delta",
+// "threshold", "pass", "diverges_at" (null: never), "per_position") when `cmp` is given.
 // A value that is not finite (a NaN, or a check that threw) is written as null.
-nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st);
+nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st,
+                              const NumericsComparison* cmp = nullptr);
 std::string leakcheck_table(const LeakCheckReport& r);
 std::string self_test_table(const SelfTestResult& st);
+// The side-by-side table of a NumericsComparison.
+std::string numerics_comparison_table(const NumericsComparison& cmp);
+// |Δ| by position of one consistency check in both modes, on a log scale (zeros on the floor line).
+Image render_gap_plot(const LeakCheck& standard, const LeakCheck& invariant);
 // DIR/index.html (the tables) with DIR/attention_map.png and DIR/attention_grid.png of `model` on
-// `probe_ids` (labels from `tok` when given); every file written atomically.
+// `probe_ids` (labels from `tok` when given), and with `cmp` a "Training vs inference
+// consistency" section with DIR/consistency_<check>.png per check; every file written atomically.
 void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, const SelfTestResult* st,
-                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok);
+                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok,
+                            const NumericsComparison* cmp = nullptr);
 
 }  // namespace qkv::analysis

@@ -2,11 +2,12 @@
 // not move an earlier position's logits), training path vs inference paths (KV-cache decode,
 // chunked prefill, greedy generation), padding and packing invariance.
 //
-// Each compares two ways of computing the same thing on the seeded probe batch. Comparisons are
-// relative to the largest reference value (max|Δ| / max|ref|) where the paths are mathematically
-// identical but may round differently (different batch shapes reach different GEMM blockings and
-// attention tiles), and absolute where the threshold is on |Δlogit| itself (KV decode, chunked
-// prefill: 1e-4, leakcheck.h).
+// Each compares two ways of computing the same thing on the seeded probe batch. The consistency
+// checks (KV decode, chunked prefill, padding, packing) measure max |Δlogit| against a threshold
+// of 0 under numerics = invariant and of the float32 rounding bound times max |logit| under
+// standard, where different batch shapes reach different GEMM blockings and attention tiles
+// (leak::consistency_bound). The future-token perturbation compares equal shapes, so it is exact
+// in both modes.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -112,57 +113,62 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
   const Tensor ids = leak::ids_tensor(rows);
   const Tensor full = leak::forward(*m, ids);  // [B, L, V], the training path in eval mode
   const double scale = max_abs(full);
-  // The decode paths round differently from the parallel forward (M = 1 GEMMs, other tiles): the
-  // threshold on |Δlogit| is the float32 rounding bound relative to the largest logit.
-  const double tol = leak::rounding_tolerance(c, L), threshold = tol * scale;
-  const std::string bound = "threshold " + leak::rounding_tolerance_note(c, L) + " times max |logit|";
+  // Both decode paths step linear attention's recurrent state (leak::consistency_bound).
+  const leak::ConsistencyBound bound = leak::consistency_bound(c, L, scale, leak::recurrent_decode(c));
+  const double tol = leak::rounding_tolerance(c, L);
+  const std::string rows_note = std::to_string(B) + "x" + std::to_string(L) + " tokens";
   std::vector<LeakCheck> out;
 
   // Token by token through the KV cache.
   {
     nn::ModelCache cache = m->make_cache(B, L);
-    std::vector<double> per(static_cast<size_t>(L), 0.0);
+    std::vector<Tensor> steps;
     for (int64_t t = 0; t < L; ++t) {
       nn::ForwardArgs a;
       a.ids = ids.narrow(1, t, 1);
       a.cache = &cache;
-      per[t] = max_delta(leak::forward(*m, a), full.narrow(1, t, 1));
+      steps.push_back(leak::forward(*m, a));
     }
-    const auto it = std::max_element(per.begin(), per.end());
-    LeakCheck k =
-        leak::make_check("kv_decode", *it, threshold,
-                         "max |Δlogit|, parallel forward vs one token at a time with the KV cache, " +
-                             std::to_string(B) + "x" + std::to_string(L) + " tokens (max |logit| " + fmt(scale) +
-                             ", worst at position " + std::to_string(it - per.begin()) + "); " + bound);
-    k.per_position = per;
-    out.push_back(k);
+    const Tensor decoded = cat(steps, 1);
+    std::vector<double> per;
+    int64_t diverges = -1;
+    for (int64_t b = 0; b < B; ++b) leak::fold_gaps(per, diverges, 0, decoded.select(0, b), full.select(0, b));
+    out.push_back(leak::make_consistency_check(
+        "kv_decode", per, diverges, bound,
+        "max |Δlogit|, parallel forward vs one token at a time with the KV cache, " + rows_note));
   }
 
-  // Chunked prefill at several chunk sizes.
+  // Chunked prefill at each chunk size and the whole probe in one call.
   {
-    std::vector<double> per(static_cast<size_t>(L), 0.0);
-    std::string sizes;
-    for (int64_t cs : o.chunk_sizes) {
-      if (cs < 1 || (cs >= L && !sizes.empty())) continue;
+    std::vector<int64_t> sizes;
+    for (int64_t cs : o.chunk_sizes)
+      if (cs >= 1) sizes.push_back(std::min(cs, L));
+    sizes.push_back(L);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    std::vector<double> per;
+    int64_t diverges = -1;
+    std::string each;
+    for (int64_t cs : sizes) {
       nn::ModelCache cache = m->make_cache(B, L);
+      std::vector<Tensor> parts;
       for (int64_t s = 0; s < L; s += cs) {
-        const int64_t n = std::min(cs, L - s);
         nn::ForwardArgs a;
-        a.ids = ids.narrow(1, s, n);
+        a.ids = ids.narrow(1, s, std::min(cs, L - s));
         a.cache = &cache;
-        const Tensor lg = leak::forward(*m, a);
-        for (int64_t i = 0; i < n; ++i)
-          per[s + i] = std::max(per[s + i], max_delta(lg.narrow(1, i, 1), full.narrow(1, s + i, 1)));
+        parts.push_back(leak::forward(*m, a));
       }
-      sizes += (sizes.empty() ? "" : ", ") + std::to_string(cs);
+      const Tensor chunked = cat(parts, 1);
+      std::vector<double> mine;
+      for (int64_t b = 0; b < B; ++b) leak::fold_gaps(mine, diverges, 0, chunked.select(0, b), full.select(0, b));
+      per.resize(std::max(per.size(), mine.size()), 0.0);
+      for (size_t t = 0; t < mine.size(); ++t) per[t] = std::max(per[t], mine[t]);
+      each += (each.empty() ? "" : ", ") + (cs == L ? "whole (" + std::to_string(L) + ")" : std::to_string(cs)) + ": " +
+              fmt(*std::max_element(mine.begin(), mine.end()));
     }
-    const auto it = std::max_element(per.begin(), per.end());
-    LeakCheck k =
-        leak::make_check("chunked_prefill", *it, threshold,
-                         "max |Δlogit|, parallel forward vs prefill in chunks of " + sizes +
-                             " tokens (worst at position " + std::to_string(it - per.begin()) + "); " + bound);
-    k.per_position = per;
-    out.push_back(k);
+    out.push_back(leak::make_consistency_check(
+        "chunked_prefill", per, diverges, bound,
+        "max |Δlogit|, parallel forward vs prefill through the KV cache in chunks of " + each + ", " + rows_note));
   }
 
   // Greedy generation with and without the cache.
@@ -184,7 +190,12 @@ std::vector<LeakCheck> check_train_vs_inference(const nn::DecoderModel& model, c
       }
     std::string detail = std::to_string(so.max_new_tokens) + " greedy tokens after a " + std::to_string(P) +
                          "-token prompt, KV cache vs full recompute";
-    if (first >= 0) {
+    // Bitwise-equal logits (numerics = invariant, softmax attention) cannot break a tie two ways.
+    const bool exact = bound.threshold == 0;
+    if (first >= 0 && exact) {
+      detail += "; first difference at token " + std::to_string(first) +
+                " (numerics = invariant: the logits of both paths must be equal, so no tie excuses it)";
+    } else if (first >= 0) {
       detail += "; first difference at token " + std::to_string(first);
       // Both paths are right when the two tokens they chose tie to within rounding: the two
       // rounding paths may then break the tie either way, and the sequences part from there on.
@@ -235,8 +246,10 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
   }
   const double loss_ref = loss_sum / static_cast<double>(loss_count);
 
-  double worst = 0, worst_loss = 0;
-  std::string worst_side = "right", nonfinite;
+  double worst_loss = 0;
+  std::vector<double> per;  // max over sides and sequences, by position within the sequence
+  int64_t diverges = -1;
+  std::string sides, nonfinite;
   for (const bool left : {false, true}) {
     std::vector<int64_t> ids(static_cast<size_t>(B * L)), pos(static_cast<size_t>(B * L)),
         tgt(static_cast<size_t>(B * L), -100);
@@ -260,35 +273,33 @@ std::vector<LeakCheck> check_padding(const nn::DecoderModel& model, const LeakCh
     a.key_padding = bool_tensor(valid, {B, L});
     const Tensor lg = leak::forward(*m, a);
     if (!std::isfinite(max_abs(lg))) nonfinite = left ? "left" : "right";
+    std::vector<double> side;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t off = left ? L - len[b] : 0;
-      const double d =
-          leak::ratio(max_delta(lg.select(0, b).narrow(0, off, len[b]), alone[b].select(0, 0)), alone_scale);
-      if (d > worst) {
-        worst = d;
-        worst_side = left ? "left" : "right";
-      }
+      leak::fold_gaps(side, diverges, 0, lg.select(0, b).narrow(0, off, len[b]), alone[b].select(0, 0));
     }
+    per.resize(std::max(per.size(), side.size()), 0.0);
+    for (size_t t = 0; t < side.size(); ++t) per[t] = std::max(per[t], side[t]);
+    sides += std::string(left ? ", left " : "right ") + fmt(*std::max_element(side.begin(), side.end()));
     const CrossEntropyResult ce = cross_entropy(lg.reshape({B * L, V}), from_vector_i64(tgt, {B * L}).to(lg.device()));
     worst_loss = std::max(worst_loss, leak::ratio(std::abs(ce.loss.item() - loss_ref), std::abs(loss_ref)));
   }
-  std::string detail = "3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) + ", " +
-                       std::to_string(len[2]) +
-                       ") alone vs in right- and left-padded batches with positions and "
-                       "key_padding; max|Δlogit| / max|logit| (worst: " +
-                       worst_side + " padding)";
-  if (!nonfinite.empty()) {
-    worst = INFINITY;
-    detail += "; non-finite logits in the " + nonfinite + "-padded batch";
-  }
+  std::string detail = "max |Δlogit|, 3 sequences (lengths " + std::to_string(len[0]) + ", " + std::to_string(len[1]) +
+                       ", " + std::to_string(len[2]) +
+                       ") alone vs in right- and left-padded batches with positions and key_padding (" + sides + ")";
+  if (!nonfinite.empty()) detail += "; non-finite logits in the " + nonfinite + "-padded batch";
   const double tol = leak::rounding_tolerance(c, L);
-  const std::string bound = "; threshold: " + leak::rounding_tolerance_note(c, L);
   std::vector<LeakCheck> out;
-  out.push_back(leak::make_check("padding_invariance", worst, tol, detail + bound));
+  out.push_back(leak::make_consistency_check("padding_invariance", per, diverges,
+                                             leak::consistency_bound(c, L, alone_scale, false), detail));
+  if (!nonfinite.empty()) {  // non-finite logits anywhere in the batch, pads included, fail it
+    out.back().value = INFINITY;
+    out.back().pass = false;
+  }
   out.push_back(leak::make_check("padding_target_loss", worst_loss, tol,
                                  "|Δloss| / loss: padded batch with ignore_index at pads vs the sequences alone "
                                  "(token-weighted mean " +
-                                     fmt(loss_ref) + ")" + bound));
+                                     fmt(loss_ref) + "); threshold: " + leak::rounding_tolerance_note(c, L)));
   return out;
 }
 
@@ -314,7 +325,7 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
   a.positions = from_vector_i64(pos, {B, L});
   a.segment_ids = from_vector_i64(seg, {B, L});
   const Tensor packed = leak::forward(*m, a);
-  double worst = 0, scale = 0;
+  double scale = 0;
   int64_t n_docs = 0;
   std::vector<std::pair<Tensor, Tensor>> pairs;
   for (int64_t b = 0; b < B; ++b) {
@@ -328,12 +339,13 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
       ++n_docs;
     }
   }
-  for (const auto& [p, q] : pairs) worst = std::max(worst, leak::ratio(max_delta(p, q), scale));
-  return leak::make_check("packing_invariance", worst, leak::rounding_tolerance(c, L),
-                          std::to_string(n_docs) +
-                              " documents packed into 2 rows with segment_ids and per-document "
-                              "positions vs each alone; max|Δlogit| / max|logit|; threshold: " +
-                              leak::rounding_tolerance_note(c, L));
+  std::vector<double> per;  // by position within the document
+  int64_t diverges = -1;
+  for (const auto& [p, q] : pairs) leak::fold_gaps(per, diverges, 0, p, q);
+  return leak::make_consistency_check("packing_invariance", per, diverges, leak::consistency_bound(c, L, scale, false),
+                                      "max |Δlogit|, " + std::to_string(n_docs) +
+                                          " documents packed into 2 rows with segment_ids and per-document "
+                                          "positions vs each alone");
 }
 
 }  // namespace qkv::analysis

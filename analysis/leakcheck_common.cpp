@@ -12,6 +12,7 @@
 #include <map>
 
 #include "autograd/grad_mode.h"
+#include "tensor/numerics.h"
 #include "tensor/ops.h"
 #include "tensor/philox.h"
 #include "analysis/leakcheck_internal.h"
@@ -123,6 +124,74 @@ LeakCheck make_check(std::string name, double value, double threshold, std::stri
   c.pass = std::isfinite(c.value) && c.value <= threshold;
   c.detail = std::move(detail);
   return c;
+}
+
+std::vector<double> position_gaps(const Tensor& a, const Tensor& b) {
+  QKV_CHECK(a.dim() == 2 && a.shape() == b.shape(), "[leakcheck] comparing ", shape_str(a.shape()), " with ",
+            shape_str(b.shape()), " (need two [T, V])");
+  const int64_t T = a.size(0), V = a.size(1);
+  const Tensor x = a.to(Device::cpu).to(DType::f64).contiguous(), y = b.to(Device::cpu).to(DType::f64).contiguous();
+  const double *px = x.data<double>(), *py = y.data<double>();
+  std::vector<double> out(static_cast<size_t>(T), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t v = 0; v < V; ++v) {
+      const double d = std::abs(px[t * V + v] - py[t * V + v]);
+      out[t] = std::isnan(d) ? INFINITY : std::max(out[t], d);
+    }
+  return out;
+}
+
+int64_t first_argmax_divergence(const Tensor& a, const Tensor& b) {
+  QKV_CHECK(a.dim() == 2 && a.shape() == b.shape(), "[leakcheck] comparing ", shape_str(a.shape()), " with ",
+            shape_str(b.shape()), " (need two [T, V])");
+  const int64_t T = a.size(0), V = a.size(1);
+  const Tensor x = a.to(Device::cpu).to(DType::f64).contiguous(), y = b.to(Device::cpu).to(DType::f64).contiguous();
+  auto argmax = [V](const double* row) { return std::max_element(row, row + V) - row; };
+  for (int64_t t = 0; t < T; ++t)
+    if (argmax(x.data<double>() + t * V) != argmax(y.data<double>() + t * V)) return t;
+  return -1;
+}
+
+void fold_gaps(std::vector<double>& per, int64_t& diverges_at, int64_t offset, const Tensor& got, const Tensor& want) {
+  const std::vector<double> g = position_gaps(got, want);
+  const size_t at = static_cast<size_t>(offset);
+  if (per.size() < at + g.size()) per.resize(at + g.size(), 0.0);
+  for (size_t t = 0; t < g.size(); ++t) per[at + t] = std::max(per[at + t], g[t]);
+  const int64_t d = first_argmax_divergence(got, want);
+  if (d >= 0 && (diverges_at < 0 || offset + d < diverges_at)) diverges_at = offset + d;
+}
+
+bool recurrent_decode(const nn::ModelConfig& c) { return c.attention_pattern == nn::AttentionPattern::linear; }
+
+ConsistencyBound consistency_bound(const nn::ModelConfig& c, int64_t L, double scale, bool recurrent) {
+  ConsistencyBound b;
+  const bool exact = numerics() == Numerics::invariant && !recurrent;
+  if (exact) {
+    b.note = "threshold 0: numerics = invariant, so both ways must give the same bits";
+    return b;
+  }
+  b.threshold = rounding_tolerance(c, L) * scale;
+  b.note = "threshold " + rounding_tolerance_note(c, L) + " times max |logit| " + fmt(scale);
+  if (recurrent)
+    b.note += numerics() == Numerics::invariant
+                  ? " (kept under numerics = invariant: linear attention decodes through its recurrent state, "
+                    "which sums in another order than the parallel chunked form, so the two cannot be bitwise equal)"
+                  : " (linear attention: the recurrent decode sums in another order than the chunked form)";
+  else b.note += " (numerics = standard: the ways group their sums differently)";
+  return b;
+}
+
+LeakCheck make_consistency_check(std::string name, std::vector<double> per, int64_t diverges_at,
+                                 const ConsistencyBound& bound, std::string detail) {
+  const auto it = std::max_element(per.begin(), per.end());
+  const double worst = it == per.end() ? 0.0 : *it;
+  if (it != per.end() && worst > 0) detail += "; worst at position " + std::to_string(it - per.begin());
+  detail += diverges_at >= 0 ? "; greedy argmax first differs at position " + std::to_string(diverges_at)
+                             : "; greedy argmax never differs";
+  LeakCheck k = make_check(std::move(name), worst, bound.threshold, detail + "; " + bound.note);
+  k.per_position = std::move(per);
+  k.diverges_at = diverges_at;
+  return k;
 }
 
 std::string fmt(double v) {
@@ -290,6 +359,9 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
     guarded("padding", [&] { return check_padding(*m, o); });
     guarded("packing_invariance", [&] { return V{check_packing(*m, o)}; });
   }
+  guarded("batch_composition", [&] { return V{check_batch_composition(*m, o)}; });
+  guarded("thread_count", [&] { return V{check_thread_count(*m, o)}; });
+  guarded("trainer_vs_sampler", [&] { return V{check_trainer_vs_sampler(*m, o)}; });
   if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });

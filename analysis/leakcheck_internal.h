@@ -87,6 +87,27 @@ double rounding_tolerance(const nn::ModelConfig& c, int64_t probe_len);
 std::string rounding_tolerance_note(const nn::ModelConfig& c, int64_t probe_len);  // the formula, filled in
 std::string fmt(double v);                                                         // "%.3g"
 
+// ---- the consistency checks' measures (leakcheck.h) ----
+// Logits a, b [T, V] (any device, float): max_v |a[t, v] − b[t, v]| for each t.
+std::vector<double> position_gaps(const Tensor& a, const Tensor& b);
+// The first t whose argmax over v differs between a and b [T, V] (first index on ties), -1 if none.
+int64_t first_argmax_divergence(const Tensor& a, const Tensor& b);
+// Folds one compared row into a check's per-position maximum and first divergence.
+void fold_gaps(std::vector<double>& per, int64_t& diverges_at, int64_t offset, const Tensor& got, const Tensor& want);
+// The threshold on |Δlogit| for a consistency check whose logits reach `scale`: 0 under
+// numerics() == invariant, else rounding_tolerance(c, L) · scale. `recurrent` (the compared way
+// decodes linear attention through its recurrent state) keeps the rounding bound in both modes.
+struct ConsistencyBound {
+  double threshold = 0;
+  std::string note;  // how the threshold was set, for the check's detail
+};
+ConsistencyBound consistency_bound(const nn::ModelConfig& c, int64_t L, double scale, bool recurrent);
+// Whether `c` decodes through linear attention's recurrent state (model.attention_pattern = linear).
+bool recurrent_decode(const nn::ModelConfig& c);
+// Builds a consistency check from its per-position gaps: value their max, detail + where the worst is.
+LeakCheck make_consistency_check(std::string name, std::vector<double> per, int64_t diverges_at,
+                                 const ConsistencyBound& bound, std::string detail);
+
 // ---- naive float64 attention, the textbook loop: masked softmax(s·QKᵀ + ALiBi)·V ----
 // Row-major arrays: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv], out [B, Hq, Nq, Dv],
 // weights [B, Hq, Nq, Nk]. Query i sits at absolute position p = Nk - Nq + i (bottom-right).

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
+#include <algorithm>
 
 #include "train/atomic_file.h"
 #include "analysis/html.h"
@@ -40,7 +42,7 @@ std::string caught_list(const std::vector<CaughtBy>& v, size_t max_items) {
 
 }  // namespace
 
-nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st) {
+nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st, const NumericsComparison* cmp) {
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : r.checks) {
     nlohmann::json j = {{"name", c.name},
@@ -52,6 +54,7 @@ nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st
       nlohmann::json per = nlohmann::json::array();
       for (double v : c.per_position) per.push_back(number(v));
       j["per_position"] = per;
+      j["diverges_at"] = c.diverges_at >= 0 ? nlohmann::json(c.diverges_at) : nlohmann::json();
     }
     checks.push_back(j);
   }
@@ -82,6 +85,24 @@ nlohmann::json leakcheck_json(const LeakCheckReport& r, const SelfTestResult* st
                         {"models", models},
                         {"faults", faults},
                         {"false_alarm_checks", caught(st->false_alarms)}};
+  }
+  if (cmp) {
+    auto mode = [](const LeakCheck& c) {
+      nlohmann::json per = nlohmann::json::array();
+      for (double v : c.per_position) per.push_back(number(v));
+      return nlohmann::json{{"max_abs_delta", number(c.value)},
+                            {"threshold", c.threshold},
+                            {"pass", c.pass},
+                            {"diverges_at", c.diverges_at >= 0 ? nlohmann::json(c.diverges_at) : nlohmann::json()},
+                            {"per_position", per},
+                            {"detail", c.detail}};
+    };
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t i = 0; i < cmp->standard.size() && i < cmp->invariant.size(); ++i)
+      rows.push_back({{"name", cmp->standard[i].name},
+                      {"standard", mode(cmp->standard[i])},
+                      {"invariant", mode(cmp->invariant[i])}});
+    out["consistency"] = rows;
   }
   return out;
 }
@@ -118,9 +139,107 @@ std::string self_test_table(const SelfTestResult& st) {
   return s;
 }
 
+namespace {
+std::string divergence(const LeakCheck& c) {
+  return c.diverges_at >= 0 ? "position " + std::to_string(c.diverges_at) : "none";
+}
+}  // namespace
+
+std::string numerics_comparison_table(const NumericsComparison& cmp) {
+  std::string s =
+      "training vs inference consistency, max |dlogit| (trainer_vs_sampler: |dlog-prob|) by numerics mode:\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %11s %-4s %-15s %11s %-4s %-15s\n", "check", "standard", "pass",
+                "greedy differs", "invariant", "pass", "greedy differs");
+  s += line;
+  for (size_t i = 0; i < cmp.standard.size() && i < cmp.invariant.size(); ++i) {
+    const LeakCheck &a = cmp.standard[i], &b = cmp.invariant[i];
+    std::snprintf(line, sizeof line, "%-20s %11s %-4s %-15s %11s %-4s %-15s\n", a.name.c_str(), sci(a.value).c_str(),
+                  a.pass ? "ok" : "FAIL", divergence(a).c_str(), sci(b.value).c_str(), b.pass ? "ok" : "FAIL",
+                  divergence(b).c_str());
+    s += line;
+  }
+  return s;
+}
+
+namespace {
+
+// A straight line of 1-pixel dots between two points (Bresenham).
+void draw_line(Image& img, int x0, int y0, int x1, int y1, Rgb c) {
+  const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0), sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
+  int err = dx + dy;
+  for (;;) {
+    img.set(x0, y0, c);
+    if (x0 == x1 && y0 == y1) return;
+    const int e2 = 2 * err;
+    if (e2 >= dy) err += dy, x0 += sx;
+    if (e2 <= dx) err += dx, y0 += sy;
+  }
+}
+
+constexpr Rgb kStandardColour{31, 119, 180}, kInvariantColour{230, 110, 0}, kAxisColour{90, 90, 90},
+    kGridColour{225, 225, 225};
+
+}  // namespace
+
+Image render_gap_plot(const LeakCheck& standard, const LeakCheck& invariant) {
+  constexpr int W = 640, H = 300, left = 64, right = 16, top = 44, bottom = 36;
+  Image img(W, H);
+  const int pw = W - left - right, ph = H - top - bottom;
+  // Decades from one below the smallest nonzero gap (the floor, where zeros sit) to the largest.
+  double lo = INFINITY, hi = 0;
+  int64_t T = 1;
+  for (const LeakCheck* c : {&standard, &invariant}) {
+    T = std::max<int64_t>(T, static_cast<int64_t>(c->per_position.size()));
+    for (double v : c->per_position)
+      if (v > 0 && std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+  }
+  int lo_exp = -8, hi_exp = -6;
+  if (hi > 0) {
+    lo_exp = static_cast<int>(std::floor(std::log10(lo))) - 1;
+    hi_exp = std::max(static_cast<int>(std::ceil(std::log10(hi))), lo_exp + 2);
+  }
+  const auto y_of = [&](double v) {
+    if (!(v > 0)) return top + ph;  // zero: the floor line
+    const double f = std::isfinite(v) ? (std::log10(v) - lo_exp) / (hi_exp - lo_exp) : 1.0;
+    return top + ph - static_cast<int>(std::lround(std::clamp(f, 0.0, 1.0) * ph));
+  };
+  const auto x_of = [&](int64_t t) { return left + (T > 1 ? static_cast<int>(t * (pw - 1) / (T - 1)) : pw / 2); };
+  for (int e = lo_exp; e <= hi_exp; ++e) {
+    const int y = y_of(std::pow(10.0, e));
+    img.fill_rect(left, y, pw, 1, kGridColour);
+    const std::string label = e == lo_exp ? "0" : "1e" + std::to_string(e);
+    img.draw_text(left - 6 - Image::text_width(label), y - 3, label, kAxisColour);
+  }
+  img.fill_rect(left, top, 1, ph + 1, kAxisColour);
+  img.fill_rect(left, top + ph, pw, 1, kAxisColour);
+  for (int64_t t : {int64_t{0}, (T - 1) / 2, T - 1}) {
+    const std::string label = std::to_string(t);
+    img.fill_rect(x_of(t), top + ph, 1, 4, kAxisColour);
+    img.draw_text(x_of(t) - Image::text_width(label) / 2, top + ph + 7, label, kAxisColour);
+  }
+  img.draw_text(left + pw / 2 - Image::text_width("position") / 2, top + ph + 20, "position", kAxisColour);
+  const std::string measure = standard.name == "trainer_vs_sampler" ? "|dlog-prob|" : "|dlogit|";
+  img.draw_text(4, 4, standard.name + ": " + measure + " by position (log scale; 0 on the floor line)", {0, 0, 0});
+  int lx = left;
+  for (const auto& [c, colour, mode] :
+       {std::tuple{&standard, kStandardColour, "standard"}, std::tuple{&invariant, kInvariantColour, "invariant"}}) {
+    img.fill_rect(lx, 22, 10, 8, colour);
+    const std::string label = std::string(mode) + " (max " + sci(c->value) + ")";
+    lx += 14 + img.draw_text(lx + 14, 22, label, {0, 0, 0}) + 16;
+    const auto& v = c->per_position;
+    for (size_t t = 0; t < v.size(); ++t) {
+      const int x = x_of(static_cast<int64_t>(t)), y = y_of(v[t]);
+      if (t > 0) draw_line(img, x_of(static_cast<int64_t>(t) - 1), y_of(v[t - 1]), x, y, colour);
+      img.fill_rect(x - 1, y - 1, 3, 3, colour);
+    }
+  }
+  return img;
+}
+
 void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, const SelfTestResult* st,
-                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids,
-                            const Tokenizer* tok) {
+                            const nn::DecoderModel& model, const std::vector<int32_t>& probe_ids, const Tokenizer* tok,
+                            const NumericsComparison* cmp) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   QKV_CHECK(!ec, "[leakcheck] cannot create report directory ", dir, ": ", ec.message());
@@ -162,6 +281,31 @@ void write_leakcheck_report(const std::string& dir, const LeakCheckReport& r, co
     h += "</table>\n";
     if (!st->false_alarms.empty())
       h += "<p class=\"fail\">false alarms: " + html_escape(caught_list(st->false_alarms, 100)) + "</p>\n";
+  }
+  if (cmp) {
+    h += "<h2>Training vs inference consistency</h2>\n<p>Each check computes the same logits two ways (the "
+         "table above says how), here under both numerics modes whatever mode the command ran in: "
+         "<b>standard</b> (the fastest kernel for each op; the ways may round differently) and <b>invariant</b> "
+         "(every op reduces in one fixed order, so a token's logits are bitwise a function of its prefix and "
+         "the weights; the threshold is 0). max |Δ| is on the logits (trainer_vs_sampler: on the per-token "
+         "log-probs); \"greedy differs\" is the first position where the two ways' argmax next token "
+         "differs.</p>\n";
+    h += "<table><tr><th>check</th><th>standard max |Δ|</th><th>threshold</th><th>pass</th><th>greedy "
+         "differs</th><th>invariant max |Δ|</th><th>threshold</th><th>pass</th><th>greedy differs</th></tr>\n";
+    auto cells = [](const LeakCheck& c) {
+      return "<td class=\"num\">" + sci(c.value) + "</td><td class=\"num\">" + sci(c.threshold) + "</td><td class=\"" +
+             (c.pass ? "ok\">ok" : "fail\">FAIL") + "</td><td>" + divergence(c) + "</td>";
+    };
+    const size_t n = std::min(cmp->standard.size(), cmp->invariant.size());
+    for (size_t i = 0; i < n; ++i)
+      h += "<tr><td>" + html_escape(cmp->standard[i].name) + "</td>" + cells(cmp->standard[i]) +
+           cells(cmp->invariant[i]) + "</tr>\n";
+    h += "</table>\n";
+    for (size_t i = 0; i < n; ++i) {
+      const std::string file = "consistency_" + cmp->standard[i].name + ".png";
+      write_png(dir + "/" + file, render_gap_plot(cmp->standard[i], cmp->invariant[i]));
+      h += "<p><img src=\"" + file + "\" alt=\"" + html_escape(cmp->standard[i].name) + " gap by position\"></p>\n";
+    }
   }
   h += "<h2>Attention</h2>\n<p>Weights of the reference kernel on the probe text (" + std::to_string(maps.tokens) +
        " tokens); rows are queries, columns keys, grey cells masked.</p>\n";

@@ -1,7 +1,10 @@
 // qkv leakcheck (--checkpoint CKPT | --config FILE [--set k=v]...) [--device cpu|cuda] [--json] [--report DIR]
 //               [--self-test]
 //   Runs the leakage and consistency checks (analysis/leakcheck.h) on a trained checkpoint or a
-//   freshly initialised model, plus the data-leakage checks when the dataset can be loaded.
+//   freshly initialised model, plus the data-leakage checks when the dataset can be loaded, in the
+//   numerics mode of train.numerics / --numerics (invariant: the consistency checks must measure
+//   exactly 0). With --report or --json the consistency checks also run under both modes side by
+//   side ("Training vs inference consistency").
 //   Exit 1 when a check fails, or with --self-test when a planted fault is missed or a clean
 //   model false-alarms.
 #include <cstdio>
@@ -132,6 +135,13 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     }
     std::fputs(analysis::leakcheck_table(report).c_str(), out);
 
+    // The consistency checks side by side in both numerics modes, for the report and --json.
+    std::optional<analysis::NumericsComparison> cmp;
+    if (json || !report_dir.empty()) {
+      cmp = analysis::compare_numerics_modes(*model, opts);
+      std::fputs(analysis::numerics_comparison_table(*cmp).c_str(), out);
+    }
+
     std::optional<analysis::SelfTestResult> st;
     if (self_test) {
       st = analysis::run_self_test(*model, opts,
@@ -140,10 +150,11 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     }
     if (!report_dir.empty()) {
       const auto probe = report_probe(*model, data ? &*data : nullptr, tok.get(), opts.seed);
-      analysis::write_leakcheck_report(report_dir, report, st ? &*st : nullptr, *model, probe, tok.get());
+      analysis::write_leakcheck_report(report_dir, report, st ? &*st : nullptr, *model, probe, tok.get(),
+                                       cmp ? &*cmp : nullptr);
       std::fprintf(stderr, "leakcheck: report written to %s/index.html\n", report_dir.c_str());
     }
-    if (json) print_json(analysis::leakcheck_json(report, st ? &*st : nullptr));
+    if (json) print_json(analysis::leakcheck_json(report, st ? &*st : nullptr, cmp ? &*cmp : nullptr));
     exit_code = report.failed() > 0 || (st && !st->pass()) ? 1 : 0;
   });
 }

@@ -107,7 +107,7 @@ void expect_clean_models_pass(Device dev) {
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
     model->to(dev);
     const auto checks = analysis::run_model_checks(*model, o);
-    CHECK(checks.size() == 17);
+    CHECK(checks.size() == 20);
     for (const auto& c : checks) {
       INFO(nn::family_name(model->config().family)
            << " " << c.name << " = " << c.value << " (threshold " << c.threshold << "): " << c.detail);
@@ -134,6 +134,8 @@ void expect_planted_faults_caught(Device dev) {
       {"kv_decode", F::top_left_causal, false},
       {"chunked_prefill", F::top_left_causal, false},
       {"greedy_generation", F::top_left_causal, false},
+      {"trainer_vs_sampler", F::top_left_causal, false},
+      {"trainer_vs_sampler", F::rope_cache_relative, true},
       {"kv_decode", F::rope_cache_relative, true},
       {"chunked_prefill", F::rope_cache_relative, true},
       {"padding_invariance", F::ignore_key_padding, false},
@@ -533,6 +535,27 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
     REQUIRE(run_qkv("leakcheck --config configs/tiny.toml --json", &out, &err) == 0);
     const nlohmann::json j = nlohmann::json::parse(out);  // --json: stdout is the one JSON line
     CHECK(j["failed"] == 0);
-    CHECK(j["passed"] == 19);  // 17 model checks + 2 data checks
+    CHECK(j["passed"] == 22);  // 20 model checks + 2 data checks
+    // --json also runs the consistency checks under both numerics modes.
+    REQUIRE(j["consistency"].size() == analysis::consistency_check_names().size());
+    for (const auto& c : j["consistency"]) {
+      INFO(c.dump());
+      CHECK(c["standard"]["threshold"].get<double>() > 0);
+      CHECK(c["invariant"]["threshold"] == 0.0);
+    }
+  }
+  // --numerics invariant reaches the checks: each is held to exactly 0 (the values of padding and
+  // packing are the case "numerics = invariant: padded and packed sequences ..." of
+  // test_leakcheck_numerics.cpp).
+  {
+    run_qkv("leakcheck --config configs/tiny.toml --numerics invariant --json", &out, &err);
+    const nlohmann::json j = nlohmann::json::parse(out);
+    for (const auto& c : j["checks"])
+      for (const auto& name : analysis::consistency_check_names())
+        if (c["name"] == name) {
+          INFO(c.dump());
+          CHECK(c["threshold"] == 0.0);
+          if (name != "padding_invariance" && name != "packing_invariance") CHECK(c["value"] == 0.0);
+        }
   }
 }
