@@ -544,9 +544,7 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
       CHECK(c["invariant"]["threshold"] == 0.0);
     }
   }
-  // --numerics invariant reaches the checks: each is held to exactly 0 (the values of padding and
-  // packing are the case "numerics = invariant: padded and packed sequences ..." of
-  // test_leakcheck_numerics.cpp).
+  // --numerics invariant reaches the checks: each is held to exactly 0, and measures 0.
   {
     run_qkv("leakcheck --config configs/tiny.toml --numerics invariant --json", &out, &err);
     const nlohmann::json j = nlohmann::json::parse(out);
@@ -555,7 +553,7 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
         if (c["name"] == name) {
           INFO(c.dump());
           CHECK(c["threshold"] == 0.0);
-          if (name != "padding_invariance" && name != "packing_invariance") CHECK(c["value"] == 0.0);
+          CHECK(c["value"] == 0.0);
         }
   }
 }

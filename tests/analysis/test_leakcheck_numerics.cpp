@@ -97,10 +97,15 @@ class DecodeSkew : public nn::AttentionOps {
 class BatchOrThreadSkew : public nn::AttentionOps {
  public:
   explicit BatchOrThreadSkew(bool threads) : threads_(threads) {}
+  // The batch-dependent skew sits in RoPE, which sees the whole batch: under invariant numerics a
+  // padded batch's attention runs one document per call.
+  Tensor rope(const Tensor& x, const Tensor& positions, double theta, int64_t cached) const override {
+    const Tensor y = AttentionOps::rope(x, positions, theta, cached);
+    return !threads_ && x.size(0) > 1 ? add(y, 1e-6) : y;
+  }
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const attn::AttentionOptions& o) const override {
     const Tensor y = AttentionOps::attention(q, k, v, o);
-    const bool skew = threads_ ? omp_get_max_threads() > 1 : q.size(0) > 1;
-    return skew ? add(y, 1e-6) : y;
+    return threads_ && omp_get_max_threads() > 1 ? add(y, 1e-6) : y;
   }
 
  private:
