@@ -55,17 +55,17 @@ struct DecodeBenchResult {
 DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
 
 // `qkv bench --what batch`, on the config's model (random weights from train.seed, on the CPU):
-//  throughput: greedy generation of the same `prompts` prompts (lengths varying) with continuous
+//  throughput: greedy generation of the same `prompts` prompts (1 to 16 tokens) with continuous
 //    batching (generate_batch) at batch size 1 and at `batch_size`, in the config's numerics mode;
 //  consistency: `count` greedy completions of ONE target prompt, trial i mixing it among other
 //    prompts of other lengths at batch size 1 + i % 16, at a varying place in the queue (so it
 //    decodes at varying rows and sometimes joins a running batch), run in the standard and in the
 //    invariant numerics mode; the number of distinct completions in each (invariant: 1).
 struct BatchBenchOptions {
-  int64_t prompts = 16;         // throughput: prompts generated per run
-  int64_t max_new_tokens = 32;  // per prompt (both experiments)
-  int64_t batch_size = 8;       // throughput: the batched run's size
-  int64_t count = 1000;         // consistency: trials (0 = skip the experiment)
+  int64_t prompts = 16;        // throughput: prompts generated per run
+  int64_t max_new_tokens = 0;  // per prompt (both experiments); 0 = min(64, block_size / 2)
+  int64_t batch_size = 8;      // throughput: the batched run's size
+  int64_t count = 1000;        // consistency: trials (0 = skip the experiment)
   bool throughput = true;
 };
 struct BatchThroughput {

@@ -289,3 +289,49 @@ TEST_CASE("bench --what batch: the consistency count is 1 in the invariant mode"
   CHECK(r.distinct_invariant == 1);
   CHECK(r.distinct_standard >= 1);
 }
+
+TEST_CASE("standard numerics: a row decoded among others differs from it alone (the checks above are not vacuous)",
+          "[invariant][sample]") {
+  // Wide enough that the batch's GEMM (M = 4 rows) and the lone row's GEMV sum in other orders.
+  nn::ModelConfig mc = gpt2_like();
+  mc.n_embd = 256;
+  mc.ffn_hidden = 1024;
+  auto m = make_model(mc);
+  autograd::NoGradGuard ng;
+  auto gap = [&] {
+    std::vector<nn::ModelCache> rows, alone;
+    for (int64_t b = 0; b < 4; ++b)
+      for (auto* set : {&rows, &alone}) {
+        set->push_back(m->make_cache(1, 32));
+        nn::ForwardArgs a;
+        a.ids = ids_of(tokens(10, 60 + static_cast<uint64_t>(b), mc.vocab_size), 0, 10);
+        a.cache = &set->back();
+        m->forward(a);
+      }
+    double worst = 0;
+    for (int64_t step = 0; step < 8; ++step) {
+      const std::vector<int32_t> next = tokens(4, 90 + static_cast<uint64_t>(step), mc.vocab_size);
+      nn::ForwardArgs batched;
+      batched.ids = from_vector_i64(std::vector<int64_t>(next.begin(), next.end()), {4, 1});
+      for (auto& c : rows) batched.row_caches.push_back(&c);
+      const Tensor logits = m->forward(batched);
+      nn::ForwardArgs one;
+      one.ids = ids_of(next, 0, 1);
+      one.cache = &alone[0];
+      worst = std::max(worst, max_abs_diff(logits.select(0, 0), m->forward(one).select(0, 0)));
+    }
+    return worst;
+  };
+  double standard = 0, invariant = 0;
+  {
+    const NumericsGuard mode(Numerics::standard);
+    standard = gap();
+  }
+  {
+    const NumericsGuard mode(Numerics::invariant);
+    invariant = gap();
+  }
+  CHECK(standard > 0);
+  CHECK(standard < 1e-3);
+  CHECK(invariant == 0.0);
+}
