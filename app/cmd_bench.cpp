@@ -277,10 +277,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (r.trials > 0)
         std::fprintf(out,
                      "  %lld greedy completions (%lld new tokens) of one %lld-token prompt among others: %lld distinct "
-                     "(standard), %lld distinct (invariant)\n",
+                     "(standard), %lld distinct (invariant); distinct log-prob sequences %lld (standard), %lld "
+                     "(invariant)\n",
                      static_cast<long long>(r.trials), static_cast<long long>(r.max_new_tokens),
                      static_cast<long long>(r.target_tokens), static_cast<long long>(r.distinct_standard),
-                     static_cast<long long>(r.distinct_invariant));
+                     static_cast<long long>(r.distinct_invariant), static_cast<long long>(r.distinct_logprobs_standard),
+                     static_cast<long long>(r.distinct_logprobs_invariant));
       results.push_back({{"name", "batch"},
                          {"config", config},
                          {"runs", runs},
@@ -290,6 +292,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                          {"target_tokens", r.target_tokens},
                          {"distinct_standard", r.distinct_standard},
                          {"distinct_invariant", r.distinct_invariant},
+                         {"distinct_logprobs_standard", r.distinct_logprobs_standard},
+                         {"distinct_logprobs_invariant", r.distinct_logprobs_invariant},
                          {"threads", r.threads},
                          {"params", r.params}});
     } else {

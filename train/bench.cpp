@@ -228,6 +228,7 @@ BatchBenchResult bench_batch(const Config& cfg_in, const BatchBenchOptions& o) {
     for (const Numerics mode : {Numerics::standard, Numerics::invariant}) {
       const NumericsGuard guard(mode);
       std::set<std::vector<int32_t>> distinct;
+      std::set<std::vector<double>> distinct_logprobs;
       for (int64_t i = 0; i < o.count; ++i) {
         const auto u = static_cast<uint64_t>(i);
         const int64_t batch = 1 + i % 16;
@@ -238,9 +239,14 @@ BatchBenchResult bench_batch(const Config& cfg_in, const BatchBenchOptions& o) {
           prompts.push_back(bench_prompt(length(u * 31 + static_cast<uint64_t>(j), max_prompt),
                                          u * 1000 + static_cast<uint64_t>(j) + 1, V));
         prompts.insert(prompts.begin() + static_cast<std::ptrdiff_t>(place), target);
-        distinct.insert(generate_batch(*model, prompts, so, batch)[place].tokens);
+        const Completion c = generate_batch(*model, prompts, so, batch, /*logprobs=*/true)[place];
+        distinct.insert(c.tokens);
+        distinct_logprobs.insert(c.logprobs);
       }
-      (mode == Numerics::standard ? r.distinct_standard : r.distinct_invariant) = static_cast<int64_t>(distinct.size());
+      const bool standard = mode == Numerics::standard;
+      (standard ? r.distinct_standard : r.distinct_invariant) = static_cast<int64_t>(distinct.size());
+      (standard ? r.distinct_logprobs_standard : r.distinct_logprobs_invariant) =
+          static_cast<int64_t>(distinct_logprobs.size());
     }
   }
   return r;

@@ -60,7 +60,8 @@ DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
 //  consistency: `count` greedy completions of ONE target prompt, trial i mixing it among other
 //    prompts of other lengths at batch size 1 + i % 16, at a varying place in the queue (so it
 //    decodes at varying rows and sometimes joins a running batch), run in the standard and in the
-//    invariant numerics mode; the number of distinct completions in each (invariant: 1).
+//    invariant numerics mode; the number of distinct completions in each (invariant: 1), and of
+//    distinct log-prob sequences (bitwise; invariant: 1).
 struct BatchBenchOptions {
   int64_t prompts = 16;        // throughput: prompts generated per run
   int64_t max_new_tokens = 0;  // per prompt (both experiments); 0 = min(64, block_size / 2)
@@ -79,7 +80,10 @@ struct BatchBenchResult {
   double speedup = 0;                 // tokens/s at batch_size over tokens/s at 1
   int64_t trials = 0;
   int64_t distinct_standard = 0, distinct_invariant = 0;  // distinct completions of the target prompt
-  int64_t target_tokens = 0;                              // the target prompt's length
+  // Distinct sequences of the completion's log-probs (bitwise): they show a difference in the
+  // logits even where it is too small to change a greedy pick.
+  int64_t distinct_logprobs_standard = 0, distinct_logprobs_invariant = 0;
+  int64_t target_tokens = 0;  // the target prompt's length
   int64_t max_new_tokens = 0;
   int64_t params = 0;
   int threads = 0;

@@ -287,7 +287,9 @@ TEST_CASE("bench --what batch: the consistency count is 1 in the invariant mode"
   CHECK(r.speedup > 0);
   CHECK(r.trials == 20);
   CHECK(r.distinct_invariant == 1);
+  CHECK(r.distinct_logprobs_invariant == 1);
   CHECK(r.distinct_standard >= 1);
+  CHECK(r.distinct_logprobs_standard >= r.distinct_standard);
 }
 
 TEST_CASE("standard numerics: a row decoded among others differs from it alone (the checks above are not vacuous)",
