@@ -127,11 +127,14 @@ struct AttentionCapture {
 };
 
 struct ForwardArgs {
-  Tensor ids;                   // [B, T] int64 (or int32)
-  Tensor positions;             // optional [B, T] int64 absolute positions; default: cache length + t
-  Tensor key_padding;           // optional bool [B, Nk] true = real token (Nk = cache length + T)
-  Tensor segment_ids;           // optional [B, T] document index (packed rows): block-diagonal attention
-  ModelCache* cache = nullptr;  // append this call's K/V and attend over all cached keys
+  Tensor ids;                             // [B, T] int64 (or int32)
+  Tensor positions;                       // optional [B, T] int64 absolute positions; default: cache length + t
+  Tensor key_padding;                     // optional bool [B, Nk] true = real token (Nk = cache length + T)
+  Tensor segment_ids;                     // optional [B, T] document index (packed rows): block-diagonal attention
+  ModelCache* cache = nullptr;            // append this call's K/V and attend over all cached keys
+  std::vector<Tensor>* hidden = nullptr;  // if set, receives every block's output [B,T,C]
+  std::vector<AttentionCapture>* attention = nullptr;  // if set, receives every layer's attention
+  RngContext rng;                                      // dropout masks (training mode only)
   // Per-row caches (continuous batching): row b of ids appends to and attends over
   // *row_caches[b] alone, a cache of batch 1 (make_cache(1, capacity)); the rows' caches may hold
   // different lengths, and row b's default positions are row_caches[b]->length() + t. The
@@ -140,9 +143,6 @@ struct ForwardArgs {
   // numerics = invariant row b's logits are bitwise those of decoding it alone). Excludes
   // `cache`, key_padding and segment_ids.
   std::vector<ModelCache*> row_caches;
-  std::vector<Tensor>* hidden = nullptr;               // if set, receives every block's output [B,T,C]
-  std::vector<AttentionCapture>* attention = nullptr;  // if set, receives every layer's attention
-  RngContext rng;                                      // dropout masks (training mode only)
 };
 
 class Block;
