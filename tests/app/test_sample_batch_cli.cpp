@@ -124,5 +124,19 @@ TEST_CASE("sample --prompts: JSON lines in prompt order, each generate's tokens;
   CHECK(bad2.rc == 2);
   CHECK(bad2.err.find("bad.jsonl:2:") != std::string::npos);
   CHECK(bad2.err.find("not valid JSON") != std::string::npos);
+  // Options that do not go together are refused by name, before any generation.
+  const std::string prompts = " --prompts " + (dir / "prompts.jsonl").string();
+  const std::pair<std::string, const char*> clash[] = {{" --prompt x" + prompts, "--prompt or --prompts"},
+                                                       {" --batch-size 4", "--batch-size needs --prompts"},
+                                                       {prompts + " --no-kv-cache", "--no-kv-cache"},
+                                                       {prompts + " --logprobs", "--logprobs"},
+                                                       {prompts + " --batch-size 0", "--batch-size"}};
+  for (const auto& [args, name] : clash) {
+    const Run c = run_qkv(dir.string(), "sample --checkpoint " + ckpt + args);
+    INFO(args << ": " << c.err);
+    CHECK(c.rc == 2);
+    CHECK(c.err.find(name) != std::string::npos);
+    CHECK(c.lines.empty());
+  }
   fs::remove_all(dir);
 }
