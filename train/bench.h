@@ -61,7 +61,10 @@ DecodeBenchResult bench_decode(const Config& cfg, int64_t tokens);
 //    prompts of other lengths at batch size 1 + i % 16, at a varying place in the queue (so it
 //    decodes at varying rows and sometimes joins a running batch), run in the standard and in the
 //    invariant numerics mode; the number of distinct completions in each (invariant: 1), and of
-//    distinct log-prob sequences (bitwise; invariant: 1).
+//    distinct log-prob sequences (bitwise; invariant: 1). In the standard mode the target's decode
+//    rows go through GEMMs of other row counts from trial to trial (one row: qkv's GEMV; more:
+//    OpenBLAS), so its logits differ in the last bits; a greedy pick changes only where two logits
+//    are that close, which a model with random weights rarely reaches.
 struct BatchBenchOptions {
   int64_t prompts = 16;        // throughput: prompts generated per run
   int64_t max_new_tokens = 0;  // per prompt (both experiments); 0 = min(64, block_size / 2)
