@@ -1,6 +1,8 @@
 // qkv bench [--config FILE] [--what step|attention|gemm|decode|numerics] [--steps N] [--threads N] [--profile] [--json]
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
 //           numerics: step and decode under numerics = standard and invariant, alternated [--rounds R] (default 3)
+//           batch also: [--tokens N] [--prompts N] [--batch-size B] [--count N] (continuous batching:
+//           throughput at B vs 1, distinct greedy completions of one prompt, standard vs invariant)
 //           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
 //           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
 //           [--pattern-block-size BS] [--versus-full [--rounds R]] [--interleave-n [--rounds R]]; a config with train.device = "cuda" selects the GPU
@@ -35,9 +37,15 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   add_path_option(cmd, "--config", config, "config whose step (or GEMM shapes) to measure");
   cmd->add_option("--set", sets, "override a config key (repeatable)");
   add_numerics_option(cmd, sets);
-  cmd->add_option("--what", what, "step | attention | gemm | decode | numerics (invariant vs standard, alternated)")
+  cmd->add_option("--what", what,
+                  "step | attention | gemm | decode | numerics (invariant vs standard, alternated) | batch")
       ->capture_default_str();
   add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode: tokens to generate");
+  static int64_t batch_prompts = 16, batch_size = 8, batch_count = 1000;
+  add_int_option(cmd, "--prompts", batch_prompts, {1, 1 << 20}, "batch: prompts per throughput run");
+  add_int_option(cmd, "--batch-size", batch_size, {1, 4096}, "batch: rows decoded together (compared with 1)");
+  add_int_option(cmd, "--count", batch_count, {0, 1 << 24},
+                 "batch: greedy completions of the target prompt per numerics mode (0 = skip)");
   add_int_option(cmd, "--steps", steps, {1, 100000}, "timed steps after the warm-up");
   add_int_option(cmd, "--threads", threads, {0, 4096}, "OpenMP threads; 0 = the config's, else all");
   add_int_list_option(cmd, "--n", ns, {1, 1 << 20}, "attention: sequence lengths (default 256 1024 4096)");
@@ -74,7 +82,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   add_real_option(cmd, "--peak-tflops", peak_tflops, {0, 1e9},
                   "step on the GPU: peak TFLOP/s for MFU; 0 = the card's dense bf16");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, cmd] {
     nlohmann::json results = nlohmann::json::array();
     std::FILE* out = json ? stderr : stdout;
     if (threads > 0) omp_set_num_threads(threads);
@@ -290,8 +298,52 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                          {"peak_rss_bytes", r.peak_rss_bytes},
                          {"threads", r.threads},
                          {"params", r.params}});
+    } else if (what == "batch") {
+      QKV_CHECK(!config.empty(), "[bench] --what batch needs --config");
+      Config cfg = parse_config(config, sets);
+      if (threads > 0) cfg.train.threads = threads;
+      train::BatchBenchOptions bo;
+      bo.prompts = batch_prompts;
+      bo.batch_size = batch_size;
+      bo.count = batch_count;
+      if (cmd->count("--tokens")) bo.max_new_tokens = tokens;
+      const auto r = train::bench_batch(cfg, bo);
+      nlohmann::json runs = nlohmann::json::array();
+      for (const auto& t : r.runs) {
+        std::fprintf(out, "%s: batch %lld: %.1f tok/s (%lld tokens in %.2f s)\n", config.c_str(),
+                     static_cast<long long>(t.batch_size), t.tokens_per_s, static_cast<long long>(t.tokens), t.seconds);
+        runs.push_back({{"batch_size", t.batch_size},
+                        {"tokens", t.tokens},
+                        {"seconds", t.seconds},
+                        {"tokens_per_s", t.tokens_per_s}});
+      }
+      if (!r.runs.empty())
+        std::fprintf(out, "  batch %lld / batch 1 throughput: %.2fx (%d threads, %lld params)\n",
+                     static_cast<long long>(bo.batch_size), r.speedup, r.threads, static_cast<long long>(r.params));
+      if (r.trials > 0)
+        std::fprintf(out,
+                     "  %lld greedy completions (%lld new tokens) of one %lld-token prompt among others: %lld distinct "
+                     "(standard), %lld distinct (invariant); distinct log-prob sequences %lld (standard), %lld "
+                     "(invariant)\n",
+                     static_cast<long long>(r.trials), static_cast<long long>(r.max_new_tokens),
+                     static_cast<long long>(r.target_tokens), static_cast<long long>(r.distinct_standard),
+                     static_cast<long long>(r.distinct_invariant), static_cast<long long>(r.distinct_logprobs_standard),
+                     static_cast<long long>(r.distinct_logprobs_invariant));
+      results.push_back({{"name", "batch"},
+                         {"config", config},
+                         {"runs", runs},
+                         {"speedup", r.speedup},
+                         {"trials", r.trials},
+                         {"max_new_tokens", r.max_new_tokens},
+                         {"target_tokens", r.target_tokens},
+                         {"distinct_standard", r.distinct_standard},
+                         {"distinct_invariant", r.distinct_invariant},
+                         {"distinct_logprobs_standard", r.distinct_logprobs_standard},
+                         {"distinct_logprobs_invariant", r.distinct_logprobs_invariant},
+                         {"threads", r.threads},
+                         {"params", r.params}});
     } else {
-      fail("[bench] --what must be step, attention, gemm, decode or numerics, got '", what, "'");
+      fail("[bench] --what must be step, attention, gemm, decode, numerics or batch, got '", what, "'");
     }
     // What the figures depend on besides the code: the BLAS kernel family (OpenBLAS picks one per
     // CPU; OPENBLAS_CORETYPE overrides it) and OpenMP's barrier spin (app/main.cpp sets it).

@@ -191,7 +191,8 @@ class SelfAttention : public Module {
       // gradients land in one [B, T, Hq + 2 Hkv, hd] buffer (NarrowBackward adds into it) that
       // reshapes back to the projection's output without a copy.
       Tensor qkv = ag::reshape(c_attn_->forward(x), {B, T, Hq + 2 * Hkv, hd});
-      if (cfg_.position != Position::rope && !args.cache && !args.attention && !linear() && !by_document(args)) {
+      if (cfg_.position != Position::rope && !args.cache && args.row_caches.empty() && !args.attention && !linear() &&
+          !by_document(args)) {
         // A whole sequence without RoPE: attention reads q, k, v in place from the packed
         // projection and returns [B, T, Hq, hd], so neither direction copies a head transpose and
         // backward writes dq, dk, dv into one gradient (attention/attention.h).
@@ -210,6 +211,11 @@ class SelfAttention : public Module {
     k = ag::transpose(k, 1, 2);  // [B, Hkv, T, hd]
     v = ag::transpose(v, 1, 2);
     if (args.attention) args.attention->push_back({q, k, v, Tensor()});
+    if (!args.row_caches.empty()) {
+      Tensor y = attend_rows(q, k, v, positions, args, layer);  // [B, Hq, T, hd]
+      if (args.attention) args.attention->back().out = y;
+      return c_proj_->forward(ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd}));
+    }
     if (cfg_.position == Position::rope) {
       // Rotations by absolute position, so cached keys and fresh queries agree.
       const int64_t cached = args.cache ? args.cache->length() : 0;
@@ -288,6 +294,34 @@ class SelfAttention : public Module {
       rows.push_back(pieces.size() == 1 ? pieces[0] : ag::cat(pieces, 2));
     }
     return B == 1 ? rows[0] : ag::cat(rows, 0);
+  }
+
+  // ForwardArgs::row_caches: row b's RoPE, cache append and attention (or linear-state step), each
+  // on [1, H, T, hd] exactly as a batch-1 forward with ForwardArgs::cache does them.
+  Tensor attend_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, ForwardArgs& args,
+                     int64_t layer) const {
+    std::vector<Tensor> rows;
+    for (size_t b = 0; b < args.row_caches.size(); ++b) {
+      ModelCache& cache = *args.row_caches[b];
+      const auto r = static_cast<int64_t>(b);
+      Tensor qb = ag::narrow(q, 0, r, 1), kb = ag::narrow(k, 0, r, 1), vb = ag::narrow(v, 0, r, 1);
+      if (cfg_.position == Position::rope) {
+        const Tensor pos = positions.dim() == 1 ? positions : positions.select(0, r);
+        qb = ops_->rope(qb, pos, cfg_.rope_theta, cache.length());
+        kb = ops_->rope(kb, pos, cfg_.rope_theta, cache.length());
+      }
+      if (linear()) {
+        QKV_CHECK(static_cast<int64_t>(cache.linear.size()) > layer,
+                  "[model] a linear-attention model needs the caches make_cache() builds (recurrent states)");
+        rows.push_back(cache.linear[layer].step(qb, kb, vb));
+        continue;
+      }
+      QKV_CHECK(static_cast<int64_t>(cache.layers.size()) > layer,
+                "[model] a softmax-attention model needs the KV caches make_cache() builds");
+      const auto [kc, vc] = cache.layers[layer].append(kb, vb);
+      rows.push_back(ops_->attention(qb, kc, vc, options(args)));
+    }
+    return rows.size() == 1 ? rows[0] : ag::cat(rows, 0);
   }
 
   // model.attention_pattern = linear: the chunked causal op on a whole sequence, or one step of the
@@ -492,8 +526,8 @@ class CheckpointedBlockBackward : public autograd::Node {
 Tensor Block::forward(const Tensor& x, const Tensor& positions, ForwardArgs& args, int64_t layer) const {
   // Only a block whose input carries a graph is checkpointed (the replay hands dx back through
   // it); a block fed by frozen layers records normally.
-  const bool checkpoint = cfg_.recompute && autograd::grad_enabled() && !args.cache && !args.attention &&
-                          (x.requires_grad() || x.grad_fn());
+  const bool checkpoint = cfg_.recompute && autograd::grad_enabled() && !args.cache && args.row_caches.empty() &&
+                          !args.attention && (x.requires_grad() || x.grad_fn());
   if (!checkpoint) return forward_recorded(x, positions, args, layer);
   const ForwardArgs before = args;
   Tensor y;
@@ -583,6 +617,19 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
   const int64_t B = args.ids.size(0), T = args.ids.size(1);
   const int64_t start = args.cache ? args.cache->length() : 0;
   Tensor positions = args.positions;
+  if (!args.row_caches.empty()) {
+    QKV_CHECK(static_cast<int64_t>(args.row_caches.size()) == B, "[model] row_caches has ", args.row_caches.size(),
+              " caches for ", B, " rows of ids (one cache per row)");
+    QKV_CHECK(!args.cache, "[model] give either cache (one cache for the batch) or row_caches (one per row), not both");
+    QKV_CHECK(!args.key_padding.defined() && !args.segment_ids.defined(),
+              "[model] row_caches decode whole rows: key_padding and segment_ids are not supported with them");
+    std::vector<int64_t> pos;
+    for (ModelCache* c : args.row_caches) {
+      QKV_CHECK(c != nullptr, "[model] row_caches holds a null cache");
+      for (int64_t t = 0; t < T; ++t) pos.push_back(c->length() + t);
+    }
+    if (!positions.defined()) positions = from_vector_i64(pos, {B, T});
+  }
   if (!positions.defined()) positions = arange(start, start + T, DType::i64);
   QKV_CHECK((positions.shape() == Shape{T} || positions.shape() == Shape{B, T}),
             "[model] positions must be [T] or [B, T]");

@@ -135,6 +135,14 @@ struct ForwardArgs {
   std::vector<Tensor>* hidden = nullptr;  // if set, receives every block's output [B,T,C]
   std::vector<AttentionCapture>* attention = nullptr;  // if set, receives every layer's attention
   RngContext rng;                                      // dropout masks (training mode only)
+  // Per-row caches (continuous batching): row b of ids appends to and attends over
+  // *row_caches[b] alone, a cache of batch 1 (make_cache(1, capacity)); the rows' caches may hold
+  // different lengths, and row b's default positions are row_caches[b]->length() + t. The
+  // projections, norms, MLP and LM head run once on the whole [B, T, C] batch; only attention
+  // loops over the rows, each exactly the call a batch-1 forward with `cache` makes (so under
+  // numerics = invariant row b's logits are bitwise those of decoding it alone). Excludes
+  // `cache`, key_padding and segment_ids.
+  std::vector<ModelCache*> row_caches;
 };
 
 class Block;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -209,6 +210,103 @@ double stream_read_gb_per_s(int64_t bytes) {
   }
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the sums
   return median(gbs);
+}
+
+namespace {
+
+// `n` ids in [0, V) from a xorshift stream of `seed` (the bench's prompts: any tokens will do).
+std::vector<int32_t> bench_prompt(int64_t n, uint64_t seed, int64_t V) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& id : ids) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    id = static_cast<int32_t>(s % static_cast<uint64_t>(V));
+  }
+  return ids;
+}
+
+}  // namespace
+
+BatchBenchResult bench_batch(const Config& cfg_in, const BatchBenchOptions& o) {
+  const Config cfg = cfg_in.resolved();
+  QKV_CHECK(cfg.train.device != Device::cuda,
+            "[bench] --what batch runs on the CPU (train.device = \"cuda\" is not supported)");
+  QKV_CHECK(o.prompts >= 1 && o.batch_size >= 1 && o.max_new_tokens >= 0 && o.count >= 0,
+            "[bench] batch: prompts and batch size must be >= 1, tokens and count >= 0");
+  const int64_t block = cfg.model.block_size;
+  const int64_t new_tokens = o.max_new_tokens > 0 ? o.max_new_tokens : std::min<int64_t>(64, block / 2);
+  // The longest prompt must leave room for every new token in its KV cache (generate_batch).
+  const int64_t max_prompt = block - new_tokens + 1;
+  QKV_CHECK(new_tokens >= 1 && max_prompt >= 4, "[bench] --tokens ", new_tokens,
+            " leaves prompts fewer than 4 tokens within model.block_size ", block, " (use --tokens <= ", block - 3,
+            ")");
+  apply_thread_setting(cfg);
+  const int64_t V = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : 256;
+  auto model = build_model(cfg, V);
+  model->init_weights(static_cast<uint64_t>(cfg.train.seed));
+  model->eval();
+  SampleOptions so;
+  so.temperature = 0;  // greedy
+  so.max_new_tokens = new_tokens;
+  BatchBenchResult r;
+  r.threads = omp_get_max_threads();
+  r.params = model->parameter_count();
+  r.max_new_tokens = new_tokens;
+  // Prompt lengths spread over [1, limit].
+  auto length = [](uint64_t k, int64_t limit) {
+    return 1 + static_cast<int64_t>((k * 2654435761ull) % static_cast<uint64_t>(limit));
+  };
+  if (o.throughput) {
+    const NumericsGuard mode(cfg.train.resolved_numerics());
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < o.prompts; ++i)
+      // Short prompts (at most 16 tokens): the run's time is decoding, what batching speeds up.
+      prompts.push_back(bench_prompt(length(static_cast<uint64_t>(i), std::min<int64_t>(16, max_prompt)),
+                                     static_cast<uint64_t>(i), V));
+    generate_batch(*model, {prompts[0]}, so, 1);  // warm-up: caches, allocator, helper threads
+    for (const int64_t b : {int64_t{1}, o.batch_size}) {
+      BatchThroughput t;
+      t.batch_size = b;
+      const auto t0 = Clock::now();
+      for (const Completion& c : generate_batch(*model, prompts, so, b))
+        t.tokens += static_cast<int64_t>(c.tokens.size());
+      t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      t.tokens_per_s = static_cast<double>(t.tokens) / t.seconds;
+      r.runs.push_back(t);
+    }
+    r.speedup = r.runs[1].tokens_per_s / r.runs[0].tokens_per_s;
+  }
+  if (o.count > 0) {
+    // The target prompt depends on train.seed, as the weights do: --set train.seed=S is another trial.
+    const std::vector<int32_t> target =
+        bench_prompt(std::min<int64_t>(12, max_prompt), 0xC0FFEE + static_cast<uint64_t>(cfg.train.seed), V);
+    r.target_tokens = static_cast<int64_t>(target.size());
+    r.trials = o.count;
+    for (const Numerics mode : {Numerics::standard, Numerics::invariant}) {
+      const NumericsGuard guard(mode);
+      std::set<std::vector<int32_t>> distinct;
+      std::set<std::vector<double>> distinct_logprobs;
+      for (int64_t i = 0; i < o.count; ++i) {
+        const auto u = static_cast<uint64_t>(i);
+        const int64_t batch = 1 + i % 16;
+        const int64_t others = batch - 1 + i % 3;  // i % 3 > 0: more prompts than rows, so rows refill
+        const auto place = static_cast<size_t>((u * 7) % static_cast<uint64_t>(others + 1));
+        std::vector<std::vector<int32_t>> prompts;
+        for (int64_t j = 0; j < others; ++j)
+          prompts.push_back(bench_prompt(length(u * 31 + static_cast<uint64_t>(j), max_prompt),
+                                         u * 1000 + static_cast<uint64_t>(j) + 1, V));
+        prompts.insert(prompts.begin() + static_cast<std::ptrdiff_t>(place), target);
+        const Completion c = generate_batch(*model, prompts, so, batch, /*logprobs=*/true)[place];
+        distinct.insert(c.tokens);
+        distinct_logprobs.insert(c.logprobs);
+      }
+      const bool standard = mode == Numerics::standard;
+      (standard ? r.distinct_standard : r.distinct_invariant) = static_cast<int64_t>(distinct.size());
+      (standard ? r.distinct_logprobs_standard : r.distinct_logprobs_invariant) =
+          static_cast<int64_t>(distinct_logprobs.size());
+    }
+  }
+  return r;
 }
 
 std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {

@@ -73,6 +73,45 @@ NumericsBenchResult bench_numerics(const Config& cfg, int steps, int64_t tokens,
 // 5 passes after a warm one: the read bandwidth a matrix-vector product over that many bytes can reach.
 double stream_read_gb_per_s(int64_t bytes);
 
+// `qkv bench --what batch`, on the config's model (random weights from train.seed, on the CPU):
+//  throughput: greedy generation of the same `prompts` prompts (1 to 16 tokens) with continuous
+//    batching (generate_batch) at batch size 1 and at `batch_size`, in the config's numerics mode;
+//  consistency: `count` greedy completions of ONE target prompt, trial i mixing it among other
+//    prompts of other lengths at batch size 1 + i % 16, at a varying place in the queue (so it
+//    decodes at varying rows and sometimes joins a running batch), run in the standard and in the
+//    invariant numerics mode; the number of distinct completions in each (invariant: 1), and of
+//    distinct log-prob sequences (bitwise; invariant: 1). In the standard mode the target's decode
+//    rows go through GEMMs of other row counts from trial to trial (one row: qkv's GEMV; more:
+//    OpenBLAS), so its logits differ in the last bits; a greedy pick changes only where two logits
+//    are that close, which a model with random weights rarely reaches.
+struct BatchBenchOptions {
+  int64_t prompts = 16;        // throughput: prompts generated per run
+  int64_t max_new_tokens = 0;  // per prompt (both experiments); 0 = min(64, block_size / 2)
+  int64_t batch_size = 8;      // throughput: the batched run's size
+  int64_t count = 1000;        // consistency: trials (0 = skip the experiment)
+  bool throughput = true;
+};
+struct BatchThroughput {
+  int64_t batch_size = 0;
+  int64_t tokens = 0;  // generated
+  double seconds = 0;  // wall time of the run, prefills included
+  double tokens_per_s = 0;
+};
+struct BatchBenchResult {
+  std::vector<BatchThroughput> runs;  // batch size 1, then options.batch_size
+  double speedup = 0;                 // tokens/s at batch_size over tokens/s at 1
+  int64_t trials = 0;
+  int64_t distinct_standard = 0, distinct_invariant = 0;  // distinct completions of the target prompt
+  // Distinct sequences of the completion's log-probs (bitwise): they show a difference in the
+  // logits even where it is too small to change a greedy pick.
+  int64_t distinct_logprobs_standard = 0, distinct_logprobs_invariant = 0;
+  int64_t target_tokens = 0;  // the target prompt's length
+  int64_t max_new_tokens = 0;
+  int64_t params = 0;
+  int threads = 0;
+};
+BatchBenchResult bench_batch(const Config& cfg, const BatchBenchOptions& options);
+
 int64_t peak_rss_bytes();
 
 }  // namespace qkv::train
