@@ -170,6 +170,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json) {
       nlohmann::json j = {{"prompt", text},
+                          {"prompt_tokens", ids},
                           {"text", all},
                           {"tokens", tokens},
                           {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
