@@ -223,7 +223,8 @@ class SelfAttention : public Module {
       k = ops_->rope(k, positions, cfg_.rope_theta, cached);
     }
     if (linear()) {
-      Tensor y = linear_attention(q, k, v, args, layer);  // [B, Hq, T, hd]
+      Tensor y = by_document(args) ? attention_by_document(q, k, v, args, layer)
+                                   : linear_attention(q, k, v, args, layer);  // [B, Hq, T, hd]
       if (args.attention) args.attention->back().out = y;
       y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});
       return c_proj_->forward(y);
@@ -233,7 +234,7 @@ class SelfAttention : public Module {
       k = kv.first;
       v = kv.second;
     }
-    Tensor y = by_document(args) ? attention_by_document(q, k, v, args)
+    Tensor y = by_document(args) ? attention_by_document(q, k, v, args, layer)
                                  : ops_->attention(q, k, v, options(args));  // [B, Hq, T, hd]
     if (args.attention) args.attention->back().out = y;
     y = ag::reshape(ag::contiguous(ag::transpose(y, 1, 2)), {B, T, Hq * hd});  // [B, T, C]
@@ -252,11 +253,14 @@ class SelfAttention : public Module {
   // block_sparse's blocks) are defined on the row's positions, so a document's keys depend on
   // where it sits and there is no "alone" to equal.
   bool by_document(const ForwardArgs& args) const {
-    return numerics() == Numerics::invariant && !args.cache && !linear() && cfg_.pattern.relative() &&
-           (args.segment_ids.defined() || args.key_padding.defined());
+    return numerics() == Numerics::invariant && !args.cache && args.row_caches.empty() &&
+           (linear() || cfg_.pattern.relative()) && (args.segment_ids.defined() || args.key_padding.defined());
   }
 
-  Tensor attention_by_document(const Tensor& q, const Tensor& k, const Tensor& v, ForwardArgs& args) const {
+  // Linear attention too: its chunks then start at the document's first token, so a padded or
+  // packed document is cut into the chunks it has alone.
+  Tensor attention_by_document(const Tensor& q, const Tensor& k, const Tensor& v, ForwardArgs& args,
+                               int64_t layer) const {
     const int64_t B = q.size(0), T = q.size(2);
     QKV_CHECK(!args.key_padding.defined() || args.key_padding.shape() == Shape({B, T}), "[model] key_padding is ",
               shape_str(args.key_padding.shape()), ", need [", B, ", ", T, "]");
@@ -287,7 +291,9 @@ class SelfAttention : public Module {
           auto part = [&](const Tensor& x) { return ag::narrow(ag::narrow(x, 0, b, 1), 2, s, e - s); };
           o.dropout_offset = dropout_base + used;
           used += static_cast<uint64_t>(q.size(1) * (e - s) * (e - s));
-          pieces.push_back(ops_->attention(part(q), part(k), part(v), o));
+          pieces.push_back(linear() ? ops_->linear_attention(part(q), part(k), part(v),
+                                                             linear_options(cfg_, layer, q.device(), alone))
+                                    : ops_->attention(part(q), part(k), part(v), o));
         }
         s = e;
       }
