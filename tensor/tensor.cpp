@@ -10,7 +10,40 @@
 namespace qkv {
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) { data_ = device_alloc(device, bytes); }
-Storage::~Storage() { device_free(device_, data_, bytes_); }
+Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {
+  QKV_CHECK(owner_ != nullptr, "[from_external] borrowed memory needs an owner to keep it alive");
+}
+Storage::~Storage() {
+  if (!owner_) device_free(device_, data_, bytes_);
+}
+
+Tensor Tensor::from_external(void* data, size_t bytes, const Shape& shape, const Strides& strides, DType dtype,
+                             Device device, std::shared_ptr<void> owner) {
+  QKV_CHECK(strides.size() == shape.size(), "[from_external] ", strides.size(), " strides for a shape of ",
+            shape.size(), " dims");
+  const int64_t n = checked_numel(shape);
+  const size_t es = dtype_size(dtype);
+  QKV_CHECK(reinterpret_cast<uintptr_t>(data) % es == 0, "[from_external] data at ", data, " is not aligned to its ",
+            es, "-byte elements");
+  int64_t last = 0;  // the furthest element the view reaches
+  for (size_t d = 0; d < shape.size(); ++d) {
+    QKV_CHECK(strides[d] >= 0, "[from_external] negative stride ", strides[d], " in dim ", d,
+              " (qkv views have non-negative strides)");
+    int64_t reach = 0;
+    QKV_CHECK(!__builtin_mul_overflow(shape[d] - (shape[d] > 0), strides[d], &reach) &&
+                  !__builtin_add_overflow(last, reach, &last),
+              "[from_external] the view of shape ", shape_str(shape), " overflows int64 offsets");
+  }
+  QKV_CHECK(n == 0 || static_cast<uint64_t>(last + 1) * es <= bytes, "[from_external] a view of shape ",
+            shape_str(shape), " reaches past the ", bytes, " bytes it was given");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, bytes, device, std::move(owner));
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const int64_t n = checked_numel(shape);

@@ -19,21 +19,26 @@ class Node;
 }
 class Tensor;
 
-// Owns one device buffer; freed back to the device's caching allocator.
+// One device buffer: either allocated here (freed back to the device's caching allocator) or
+// borrowed from another owner (a numpy array, a DLPack capsule), which the storage keeps alive
+// and never frees itself.
 class Storage {
  public:
   Storage(size_t bytes, Device device);
+  Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool borrowed() const { return owner_ != nullptr; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_ = Device::cpu;
+  std::shared_ptr<void> owner_;  // set for borrowed memory; released after the storage is gone
 };
 
 struct AutogradMeta;  // defined below: grad, producing node, requires_grad
@@ -54,6 +59,10 @@ class Tensor {
 
   // Uninitialised contiguous tensor (factories with values live in tensor/ops.h).
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
+  // A tensor over memory owned elsewhere (no copy): `owner` lives as long as any view of it.
+  // The geometry must stay inside [data, data + bytes) (checked) with non-negative strides.
+  static Tensor from_external(void* data, size_t bytes, const Shape& shape, const Strides& strides, DType dtype,
+                              Device device, std::shared_ptr<void> owner);
   // A view over `base`'s storage with the given geometry (no copy, no checks beyond bounds).
   static Tensor make_view(const Tensor& base, Shape shape, Strides strides, int64_t offset);
   // The same storage and geometry without the autograd slot (no grad_fn, no requires_grad): what
