@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "app/commands.h"
-#include "app/inference.h"
+#include "train/inference.h"
 #include "app/options.h"
 #include "data/dataset.h"
 #include "train/evaluate.h"
@@ -48,7 +48,7 @@ void add_eval_command(CLI::App& root, int& exit_code) {
   add_numerics_option(cmd, numerics);
   cmd->callback([&exit_code] {
     QKV_CHECK(!data_path.empty() || !ids_text.empty(), "[eval] give --data FILE or --ids LIST");
-    LoadedModel m = load_for_inference(ckpt, device, numerics);
+    train::LoadedModel m = train::load_for_inference(ckpt, device_option(device), numerics);
     const std::string source = data_path.empty() ? std::string("--ids") : data_path;
     const std::vector<int32_t> tokens =
         data_path.empty() ? parse_ids(ids_text) : load_eval_tokens(data_path, *m.meta.tokenizer);

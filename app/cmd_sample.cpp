@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "app/commands.h"
-#include "app/inference.h"
+#include "train/inference.h"
 #include "app/options.h"
 #include "data/dataset.h"
 #include "tensor/allocator.h"
@@ -104,7 +104,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     // Read before the checkpoint, so a bad prompts file is refused without loading a model.
     const std::vector<std::string> texts =
         cmd->count("--prompts") ? read_prompt_lines(prompts_path) : std::vector<std::string>{};
-    LoadedModel m = load_for_inference(ckpt, device, numerics);
+    train::LoadedModel m = train::load_for_inference(ckpt, device_option(device), numerics);
     const SampleSettings& s = m.meta.config.sample;  // validated when the checkpoint's config was parsed
     train::SampleOptions o;
     o.max_new_tokens = max_new.value_or(s.max_new_tokens);

@@ -1,17 +1,15 @@
-#include "app/inference.h"
+#include "train/inference.h"
 
-#include "app/commands.h"
 #include "tensor/allocator.h"
 #include "train/model_factory.h"
 #include "train/session.h"
 
-namespace qkv::app {
+namespace qkv::train {
 
-LoadedModel load_for_inference(const std::string& path, const std::string& device, std::optional<Numerics> numerics) {
-  const Device dev = device_option(device);
+LoadedModel load_for_inference(const std::string& path, Device device, std::optional<Numerics> numerics) {
   LoadedModel m;
-  m.meta = train::read_checkpoint_meta(path);
-  m.model = train::build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
+  m.meta = read_checkpoint_meta(path);
+  m.model = build_model(m.meta.config.resolved(), m.meta.tokenizer->vocab_size());
   // The model is built zero-filled; swapping its parameters for untouched buffers and returning
   // the zeros to the OS before the load takes the checkpoint's buffers over keeps one copy of the
   // weights resident instead of two (peak RSS of a GPT-2 124M sample: 1.0 -> 0.52 GB).
@@ -22,12 +20,12 @@ LoadedModel load_for_inference(const std::string& path, const std::string& devic
   for (size_t i = 0; i < params.size(); ++i) Tensor(params[i].tensor).set_data(fresh[i]);
   fresh.clear();
   release_cached_memory();
-  train::load_model_weights(path, *m.model, /*take_buffers=*/true);
+  load_model_weights(path, *m.model, /*take_buffers=*/true);
   m.model->eval();
-  train::apply_thread_setting(m.meta.config);
+  apply_thread_setting(m.meta.config);
   set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
-  m.model->to(dev);
+  m.model->to(device);
   return m;
 }
 
-}  // namespace qkv::app
+}  // namespace qkv::train

@@ -1,0 +1,23 @@
+// What `qkv sample`, `qkv eval` and the Python module's qkv.load share: a checkpoint loaded for
+// inference on a device, with the process settings (threads, numerics) it runs under.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "nn/transformer.h"
+#include "tensor/numerics.h"
+#include "train/checkpoint.h"
+
+namespace qkv::train {
+
+struct LoadedModel {
+  CheckpointMeta meta;
+  std::unique_ptr<nn::DecoderModel> model;
+};
+
+// The checkpoint's model in eval mode on `device`. Applies the checkpoint config's train.threads
+// and the numerics mode: `numerics` when given, else the config's train.numerics.
+LoadedModel load_for_inference(const std::string& path, Device device, std::optional<Numerics> numerics);
+
+}  // namespace qkv::train
