@@ -1,7 +1,7 @@
 // qkv bench [--config FILE] [--what step|attention|gemm|decode|numerics] [--steps N] [--threads N] [--profile] [--json]
 //           decode also: [--tokens N] (greedy KV-cache decoding of the config's model, random weights)
 //           numerics: step and decode under numerics = standard and invariant, alternated [--rounds R] (default 3)
-//           batch also: [--tokens N] [--prompts N] [--batch-size B] [--count N] (continuous batching:
+//           batch also: [--tokens N] [--prompts N] [--batch-size B] [--count N] [--rounds R] (continuous batching:
 //           throughput at B vs 1, distinct greedy completions of one prompt, standard vs invariant)
 //           attention also: [--n N...] [--head-dim D...] [--hkv H] [--kernel K] [--pattern NAME]
 //           [--pattern-stride S] [--pattern-local L] [--pattern-global G] [--pattern-random-blocks R]
@@ -67,9 +67,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                 "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
                 "the same process, and report the ratio of their times per kept pair");
   add_int_option(cmd, "--rounds", rounds, {0, 100000},
-                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); numerics: rounds (0: 3); "
-                 "--interleave-n: rounds "
-                 "over the N (0: about 20 s)");
+                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); numerics, batch: rounds "
+                 "(0: 3); --interleave-n: rounds over the N (0: about 20 s)");
   static bool interleave_n = false;
   cmd->add_flag("--interleave-n", interleave_n,
                 "attention: time the --n values round-robin in one process (each round a warm-up and a timed step "
@@ -306,6 +305,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       bo.prompts = batch_prompts;
       bo.batch_size = batch_size;
       bo.count = batch_count;
+      if (rounds > 0) bo.rounds = rounds;
       if (cmd->count("--tokens")) bo.max_new_tokens = tokens;
       const auto r = train::bench_batch(cfg, bo);
       nlohmann::json runs = nlohmann::json::array();
@@ -318,8 +318,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                         {"tokens_per_s", t.tokens_per_s}});
       }
       if (!r.runs.empty())
-        std::fprintf(out, "  batch %lld / batch 1 throughput: %.2fx (%d threads, %lld params)\n",
-                     static_cast<long long>(bo.batch_size), r.speedup, r.threads, static_cast<long long>(r.params));
+        std::fprintf(
+            out, "  batch %lld / batch 1 throughput: %.2fx (median of %d alternated rounds; %d threads, %lld params)\n",
+            static_cast<long long>(bo.batch_size), r.speedup, r.rounds, r.threads, static_cast<long long>(r.params));
       if (r.trials > 0)
         std::fprintf(out,
                      "  %lld greedy completions (%lld new tokens) of one %lld-token prompt among others: %lld distinct "
@@ -333,6 +334,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                          {"config", config},
                          {"runs", runs},
                          {"speedup", r.speedup},
+                         {"rounds", r.rounds},
                          {"trials", r.trials},
                          {"max_new_tokens", r.max_new_tokens},
                          {"target_tokens", r.target_tokens},

@@ -306,6 +306,7 @@ class SelfAttention : public Module {
   // on [1, H, T, hd] exactly as a batch-1 forward with ForwardArgs::cache does them.
   Tensor attend_rows(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& positions, ForwardArgs& args,
                      int64_t layer) const {
+    autograd::ProfileScope prof("forward attention rows");
     std::vector<Tensor> rows;
     for (size_t b = 0; b < args.row_caches.size(); ++b) {
       ModelCache& cache = *args.row_caches[b];
@@ -658,6 +659,7 @@ Tensor DecoderModel::forward(ForwardArgs& args) const {
     x = blocks_[l]->forward(x, positions, args, static_cast<int64_t>(l));
     if (args.hidden) args.hidden->push_back(x);
   }
+  if (args.last_logits_only && T > 1) x = x.narrow(1, T - 1, 1);
   x = static_cast<const Norm&>(*final_norm_).forward(x);
   autograd::ProfileScope prof("forward lm head");
   return ag::linear(x, lm_head_ ? lm_head_->weight : tok_emb_->weight, Tensor());

@@ -143,6 +143,10 @@ struct ForwardArgs {
   // numerics = invariant row b's logits are bitwise those of decoding it alone). Excludes
   // `cache`, key_padding and segment_ids.
   std::vector<ModelCache*> row_caches;
+  // Logits of each row's last position only ([B, 1, V]): what a sampler reads after a prefill.
+  // The final norm and LM head are row-wise, so under numerics = invariant these are bitwise that
+  // row of the full [B, T, V]; the other T - 1 rows' head GEMM is skipped (V·C FMAs per token).
+  bool last_logits_only = false;
 };
 
 class Block;

@@ -264,17 +264,33 @@ BatchBenchResult bench_batch(const Config& cfg_in, const BatchBenchOptions& o) {
       prompts.push_back(bench_prompt(length(static_cast<uint64_t>(i), std::min<int64_t>(16, max_prompt)),
                                      static_cast<uint64_t>(i), V));
     generate_batch(*model, {prompts[0]}, so, 1);  // warm-up: caches, allocator, helper threads
-    for (const int64_t b : {int64_t{1}, o.batch_size}) {
+    // Alternated rounds, medians: a noisy machine slows both sizes alike within a round.
+    const int rounds = std::max(1, o.rounds);
+    std::vector<double> seconds[2], ratio;
+    int64_t tokens[2] = {0, 0};
+    for (int round = 0; round < rounds; ++round) {
+      double tps[2] = {0, 0};
+      for (int which = 0; which < 2; ++which) {
+        const int64_t b = which == 0 ? 1 : o.batch_size;
+        const auto t0 = Clock::now();
+        tokens[which] = 0;
+        for (const Completion& c : generate_batch(*model, prompts, so, b))
+          tokens[which] += static_cast<int64_t>(c.tokens.size());
+        seconds[which].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        tps[which] = static_cast<double>(tokens[which]) / seconds[which].back();
+      }
+      ratio.push_back(tps[1] / tps[0]);
+    }
+    for (int which = 0; which < 2; ++which) {
       BatchThroughput t;
-      t.batch_size = b;
-      const auto t0 = Clock::now();
-      for (const Completion& c : generate_batch(*model, prompts, so, b))
-        t.tokens += static_cast<int64_t>(c.tokens.size());
-      t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      t.batch_size = which == 0 ? 1 : o.batch_size;
+      t.tokens = tokens[which];
+      t.seconds = median(seconds[which]);
       t.tokens_per_s = static_cast<double>(t.tokens) / t.seconds;
       r.runs.push_back(t);
     }
-    r.speedup = r.runs[1].tokens_per_s / r.runs[0].tokens_per_s;
+    r.rounds = rounds;
+    r.speedup = median(ratio);
   }
   if (o.count > 0) {
     // The target prompt depends on train.seed, as the weights do: --set train.seed=S is another trial.

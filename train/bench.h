@@ -90,16 +90,18 @@ struct BatchBenchOptions {
   int64_t batch_size = 8;      // throughput: the batched run's size
   int64_t count = 1000;        // consistency: trials (0 = skip the experiment)
   bool throughput = true;
+  int rounds = 3;  // throughput: batch 1 and batch_size alternated this many times (medians)
 };
 struct BatchThroughput {
   int64_t batch_size = 0;
   int64_t tokens = 0;  // generated
-  double seconds = 0;  // wall time of the run, prefills included
+  double seconds = 0;  // wall time of the run, prefills included (median over the rounds)
   double tokens_per_s = 0;
 };
 struct BatchBenchResult {
   std::vector<BatchThroughput> runs;  // batch size 1, then options.batch_size
-  double speedup = 0;                 // tokens/s at batch_size over tokens/s at 1
+  double speedup = 0;                 // median over the rounds of tokens/s at batch_size over tokens/s at 1
+  int rounds = 0;
   int64_t trials = 0;
   int64_t distinct_standard = 0, distinct_invariant = 0;  // distinct completions of the target prompt
   // Distinct sequences of the completion's log-probs (bitwise): they show a difference in the

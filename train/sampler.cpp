@@ -99,6 +99,7 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
     Tensor logits;
     const bool fits = static_cast<int64_t>(ctx.size()) <= T;
     nn::ForwardArgs args;
+    args.last_logits_only = true;
     if (opts.kv_cache && fits) {
       // Feed what the cache has not seen: the whole prompt first (prefill), then one token.
       const size_t seen = cache_live ? static_cast<size_t>(cache.length()) : 0;
@@ -183,8 +184,9 @@ std::vector<Completion> generate_batch(const nn::DecoderModel& model, const std:
       nn::ForwardArgs args;
       args.ids = ids_tensor(prompts[i], 0);
       args.cache = &r.cache;
+      args.last_logits_only = true;
       const Tensor logits = model.forward(args);
-      if (take(i, logits.select(0, 0).select(0, P - 1).contiguous().to(Device::cpu))) finish(i);
+      if (take(i, logits.select(0, 0).select(0, 0).contiguous().to(Device::cpu))) finish(i);
       else active.push_back(std::move(r));
     }
     if (active.empty()) continue;

@@ -64,6 +64,11 @@ constexpr int64_t P = kInvariantPanel;
 constexpr int64_t kGroupBytes = 192 << 10;  // packed W per task: with a few rows of x, fits a 512 KB L2
 constexpr int64_t kTaskRows = 384;          // rows per task (a multiple of 6): W is packed M / 384 times
 constexpr int64_t kDirectMaxLd = 1024;      // M = 1 reads W unpacked up to this row stride (4 KiB)
+// The micro-kernel asks for each panel's line kk + 32 (2 KiB ahead) while it works on line kk.
+// With several rows of x a line costs several FMA cycles, and the hardware prefetcher alone then
+// keeps too few lines in flight: a decode step at M = 8 streamed W at half the rate of M = 1.
+// (4 KiB ahead ran slower: it crosses pages that the walk has not reached.)
+constexpr int64_t kPrefetchAhead = 32;
 
 // tile[r*(16 PN) + 16 q + j] = sum over k of x[r, k] * wp[q*ps + k*16 + j] for r < R, q < PN (PN
 // panels ps floats apart), in the order of the header: 2 PN lanes-vectors of accumulators per row.
@@ -75,6 +80,7 @@ void micro(const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k, 
     for (int v = 0; v < V; ++v) a[r][v] = v8{};
   for (int64_t kk = 0; kk < k; ++kk) {
     v8 w[V];
+    for (int q = 0; q < PN; ++q) __builtin_prefetch(wp + q * ps + (kk + kPrefetchAhead) * P);
     for (int v = 0; v < V; ++v) w[v] = load(wp + (v / 2) * ps + kk * P + (v % 2) * 8);
     for (int r = 0; r < R; ++r) {
       const v8 xb = broadcast(x[r * ldx + kk]);

@@ -62,6 +62,23 @@ Tensor whole(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {
   return m.forward(a).select(0, 0);
 }
 
+// The last position's logits [1, V] alone (ForwardArgs::last_logits_only, a sampler's prefill)
+// after a prefill of all but `tail` tokens through the cache.
+Tensor last_only(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t tail) {
+  autograd::NoGradGuard ng;
+  nn::ModelCache cache = m.make_cache(1, static_cast<int64_t>(seq.size()));
+  const auto split = seq.end() - tail;
+  nn::ForwardArgs a;
+  a.cache = &cache;
+  a.ids = from_vector_i64(std::vector<int64_t>(seq.begin(), split), {1, static_cast<int64_t>(seq.size()) - tail});
+  m.forward(a);
+  nn::ForwardArgs b;
+  b.cache = &cache;
+  b.last_logits_only = true;
+  b.ids = from_vector_i64(std::vector<int64_t>(split, seq.end()), {1, tail});
+  return m.forward(b).select(0, 0);
+}
+
 // The same through the KV cache in chunks of `chunk` tokens (1: token-by-token decoding).
 Tensor chunked(const nn::DecoderModel& m, const std::vector<int64_t>& seq, int64_t chunk) {
   autograd::NoGradGuard ng;
@@ -180,6 +197,10 @@ TEST_CASE("invariant numerics: a token's logits do not depend on batch, chunking
     CHECK(bitwise_equal(padded(m, seq, 96), ref));
     CHECK(bitwise_equal(left_padded(m, seq, 90), ref));
     CHECK(bitwise_equal(packed(m, seq), ref));
+    for (int64_t tail : {1, 9}) {
+      INFO("last position only, after " << tail << " tokens");
+      CHECK(bitwise_equal(last_only(m, seq, tail), ref.narrow(0, 70, 1)));
+    }
     CHECK(bitwise_equal(with_threads(1, [&] { return whole(m, seq); }), ref));
     CHECK(bitwise_equal(with_threads(1, [&] { return chunked(m, seq, 1); }), ref));
   }
