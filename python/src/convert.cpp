@@ -171,10 +171,13 @@ Tensor from_dlpack(py::handle obj, const char* what) {
       QKV_CHECK(dev.first == kDLCPU, "argument '", what, "' lives on DLPack device type ", dev.first,
                 " (2 = CUDA); only CPU memory can be shared; pass a CPU copy (x.cpu())");
     }
+    QKV_CHECK(!(py::hasattr(obj, "requires_grad") && py::bool_(obj.attr("requires_grad"))), "argument '", what,
+              "' requires grad, which DLPack cannot carry; pass x.detach() (it shares the memory)");
     try {
       capsule = obj.attr("__dlpack__")();
     } catch (py::error_already_set& e) {
-      fail("argument '", what, "' cannot be shared through DLPack (", e.what(), "); pass a copy (x.detach().clone())");
+      fail("argument '", what, "' cannot be shared through DLPack (", py::str(e.value()).cast<std::string>(),
+           "); pass a copy");
     }
   }
   QKV_CHECK(PyCapsule_IsValid(capsule.ptr(), kCapsuleName), "argument '", what,
@@ -272,7 +275,8 @@ Tensor as_tensor(py::handle obj, const char* what) {
       try {
         arr = obj.attr("numpy")();
       } catch (py::error_already_set& e) {
-        fail("argument '", what, "' (a bool tensor) cannot be shared (", e.what(), "); pass a copy (x.detach().cpu())");
+        fail("argument '", what, "' (a bool tensor) cannot be shared (", py::str(e.value()).cast<std::string>(),
+             "); pass x.detach() or a CPU copy");
       }
       return from_numpy(py::reinterpret_borrow<py::array>(arr), what);
     }
