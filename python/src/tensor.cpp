@@ -120,7 +120,13 @@ void bind_tensor(py::module_& m) {
       .def("contiguous", &Tensor::contiguous, "self when already contiguous, else a contiguous copy")
       .def("clone", &Tensor::clone, "a fresh contiguous copy")
       .def(
-          "tolist", [](const Tensor& t) { return t.to_vector(); }, "every element as float, in row-major order")
+          "tolist",
+          [](const Tensor& t) {
+            const Tensor host = t.device() == Device::cpu ? t : t.to(Device::cpu);
+            const bool half = host.dtype() == DType::bf16 || host.dtype() == DType::f16;
+            return to_numpy(half ? host.to(DType::f32) : host).attr("tolist")();
+          },
+          "The elements as nested Python lists (bfloat16/float16 as their float values).")
       .def("item", &Tensor::item)
       .def("__repr__", &repr);
 

@@ -31,7 +31,7 @@ def test_numpy_to_qkv_shares_memory(dtype):
     np.testing.assert_array_equal(b, a)
     # Writes on either side are seen on the other.
     a[1, 2] = 0
-    assert b[1, 2] == 0 and t.tolist()[6] == 0
+    assert b[1, 2] == 0 and t.tolist()[1][2] == 0
     b[2, 3] = 1
     assert a[2, 3] == 1
 
@@ -44,7 +44,7 @@ def test_numpy_and_buffer_protocol_of_a_qkv_result():
     m = np.asarray(memoryview(c))
     assert addr(n) == c.data_ptr() == addr(m)
     n[0, 0] = 42
-    assert m[0, 0] == 42 and c.tolist()[0] == 42 and a[0, 0] == 0
+    assert m[0, 0] == 42 and c.tolist()[0][0] == 42 and a[0, 0] == 0
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_numpy_strided_views_are_kept(view):
     assert t.strides == tuple(s // 8 for s in a.strides)
     assert t.data_ptr() == addr(a)
     np.testing.assert_array_equal(np.asarray(t), a)
-    assert t.tolist() == a.flatten().tolist()  # row-major reads follow the strides
+    assert t.tolist() == a.tolist()  # reads follow the strides
     np.asarray(t)[0, 0] = -1
     assert a[0, 0] == -1
     assert t.is_contiguous() == a.flags.c_contiguous
@@ -79,7 +79,7 @@ def test_torch_to_qkv_and_back_shares_memory(dtype):
     x = x.reshape(3, 4)
     t = qkv.tensor(x)
     assert t.dtype == QKV_NAME[dtype] and t.shape == (3, 4) and t.data_ptr() == x.data_ptr()
-    expect = x.to(torch.float64).flatten().tolist()
+    expect = x.to(torch.float64).tolist()
     if dtype in (torch.bfloat16, torch.float16):  # stored words, and values through to()
         assert t.to("float32").tolist() == expect
     else:
@@ -120,7 +120,7 @@ def test_torch_strided_views_are_kept(view):
     assert t.data_ptr() == x.data_ptr()
     assert t.shape == tuple(x.shape)
     assert all(s == xs for s, xs, n in zip(t.strides, x.stride(), x.shape) if n > 1)
-    assert t.tolist() == x.flatten().tolist()
+    assert t.tolist() == x.tolist()
     y = torch.from_dlpack(t)
     assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
     y[0, 0] = -5
@@ -203,7 +203,7 @@ def test_properties_repr_and_conversions():
     assert repr(t) == "qkv.Tensor(shape=(2, 3), dtype=float32, device=cpu)"
     assert len(t) == 2 and t.dim() == 2
     d = t.to("float64")
-    assert d.dtype == "float64" and d.tolist() == [0, 1, 2, 3, 4, 5] and d.data_ptr() != t.data_ptr()
+    assert d.dtype == "float64" and d.tolist() == [[0, 1, 2], [3, 4, 5]] and d.data_ptr() != t.data_ptr()
     c = t.clone()
     assert c.data_ptr() != t.data_ptr() and c.tolist() == t.tolist()
     assert t.contiguous().data_ptr() == t.data_ptr()
