@@ -234,6 +234,7 @@ py::dict gradcheck(py::handle q, py::handle k, py::handle v, const py::kwargs& k
     return d;
   }
   QKV_CHECK(!q.is_none() && !k.is_none() && !v.is_none(), "arguments 'q', 'k' and 'v' go together (or none of them)");
+  QKV_CHECK(!kw.contains("only"), "argument 'only' selects registered cases: pass it without q, k and v");
   const Inputs in = inputs(q, k, v);
   const attn::AttentionOptions o = parse_options(kw, in.k.size(2), extra);
   // Central differences in float64 on copies: the caller's tensors are never perturbed.

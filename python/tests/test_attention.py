@@ -361,6 +361,10 @@ def test_gradcheck_attention_reports_like_the_cli():
     reg = qkv.gradcheck_attention(only="alibi")
     assert reg["passed"] == len(reg["checks"]) > 0 and reg["failed"] == 0
     assert all("alibi" in (c["op"] + " " + c["case"]) for c in reg["checks"])
+    with pytest.raises(qkv.Error, match=r"argument 'only' selects registered cases"):
+        qkv.gradcheck_attention(q, k, v, only="alibi")
+    with pytest.raises(qkv.Error, match=r"argument 'causal' needs q, k and v"):
+        qkv.gradcheck_attention(causal=True)
     with pytest.raises(qkv.Error, match=r"argument 'only' = 'nothing-matches' matches no registered"):
         qkv.gradcheck_attention(only="nothing-matches")
 
