@@ -5,8 +5,9 @@
 // so K and V are read in place by every head of their group, never repeated in memory.
 //
 // Fully masked rows: filling a whole row with -inf would make softmax 0/0 = NaN (every exp is 0),
-// so those rows are left unfilled and their weights multiplied by 0 afterwards — zero output and
-// zero gradient, the same policy as the fused kernel. Every other masked logit is -inf before
+// so those rows (and rows whose visible keys all have a bias of -inf) are set to 0 and their
+// weights multiplied by 0 afterwards — zero output and zero gradient, the same policy as the
+// fused kernel. Every other masked logit is -inf before
 // softmax.
 #include <cmath>
 
@@ -94,23 +95,44 @@ AttentionWeights reference_attention(const Tensor& q, const Tensor& k, const Ten
   if (!opts.alibi_slopes.empty())
     s = ag::add(s, (p.dtype == DType::f32 ? alibi_tensor<float>(p, plan) : alibi_tensor<double>(p, plan)).to(dev));
 
-  const Tensor valid =
-      (p.dtype == DType::f32 ? row_flags<float>(row_valid, p) : row_flags<double>(row_valid, p)).to(dev);
-  // fill = masked, except on rows with nothing visible (kept finite there, zeroed after softmax).
-  Tensor fill = Tensor::empty(vis.shape(), DType::boolean);
+  // A row is live when some visible key also has a bias above -inf (a bias of -inf masks too).
+  std::vector<uint8_t> row_live = row_valid;
+  if (bias.defined()) {
+    Tensor bh = bias.detach().to(Device::cpu);
+    Shape padded(static_cast<size_t>(4 - bh.dim()), 1);
+    padded.insert(padded.end(), bh.shape().begin(), bh.shape().end());
+    bh = bh.reshape(padded).expand(vis.shape()).to(DType::f64).contiguous();
+    const double* bd = bh.data<double>();
+    const bool* vd = vis.data<bool>();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!row_live[r]) continue;
+      bool live = false;
+      for (int64_t j = 0; j < p.Nk && !live; ++j) live = vd[r * p.Nk + j] && bd[r * p.Nk + j] != -INFINITY;
+      row_live[r] = live;
+    }
+  }
+  bool any_dead = false;
+  for (int64_t r = 0; r < rows; ++r) any_dead = any_dead || !row_live[r];
+  const Tensor valid = (p.dtype == DType::f32 ? row_flags<float>(row_live, p) : row_flags<double>(row_live, p)).to(dev);
+  // fill = masked on live rows; a row that is not live is set to 0 (finite, so softmax stays a
+  // number there) and zeroed after softmax.
+  Tensor fill = Tensor::empty(vis.shape(), DType::boolean), dead = Tensor::empty(vis.shape(), DType::boolean);
   bool any_fill = false;
   {
     const bool* vd = vis.data<bool>();
     bool* fd = fill.data<bool>();
+    bool* dd = dead.data<bool>();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < p.Nk; ++j) {
-        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && row_valid[r];
+        fd[r * p.Nk + j] = !vd[r * p.Nk + j] && row_live[r];
+        dd[r * p.Nk + j] = !row_live[r];
         any_fill = any_fill || fd[r * p.Nk + j];
       }
   }
+  if (any_dead) s = ag::masked_fill(s, dead.to(dev), 0.0);
   fill = fill.to(dev);
   Tensor a = ag::softmax(any_fill ? ag::masked_fill(s, fill, -INFINITY) : s, -1);
-  if (res.fully_masked_rows > 0) a = ag::mul(a, valid);
+  if (any_dead) a = ag::mul(a, valid);
   res.weights = a;
   if (opts.dropout_p > 0) a = ag::mul(a, dropout_scale_mask(p.shape(), opts, p.dtype).to(dev));
   Tensor o = ag::matmul(heads_to_groups(a, g), vv);  // [B, Hkv, G·Nq, Dv]
