@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <random>
 
@@ -428,9 +429,12 @@ py::object study(py::handle config, py::handle variants, std::vector<std::string
   o.run_checks = checks;
   if (!progress.is_none()) {
     QKV_CHECK(PyCallable_Check(progress.ptr()), "study: progress must be callable (it receives each line)");
-    o.progress = [progress](const std::string& line) {
+    // Held through a shared_ptr: run_study copies its options without the GIL, and a copied
+    // py::object would touch the reference count.
+    auto callable = std::make_shared<py::object>(std::move(progress));
+    o.progress = [callable](const std::string& line) {
       py::gil_scoped_acquire gil;
-      progress(line);
+      (*callable)(line);
     };
   }
   const auto specs = analysis::parse_variants(joined(strings_arg("study", "variants", variants), ","));
@@ -445,7 +449,8 @@ py::object study(py::handle config, py::handle variants, std::vector<std::string
   } else {
     o.dir = work.emplace().path.string();
   }
-  if (c.path.empty()) {  // run_study reads its base from a file: the text (or dict) written to one
+  const bool config_is_text = c.path.empty();
+  if (config_is_text) {  // run_study reads its base from a file: the text (or dict) written to one
     c.path = (base_dir.emplace().path / "base.toml").string();
     train::write_file_atomic(c.path, c.text);
   }
@@ -455,7 +460,8 @@ py::object study(py::handle config, py::handle variants, std::vector<std::string
     r = analysis::run_study(c.path, overrides, specs, o);
   }
   nlohmann::json j = analysis::study_json(r);
-  if (!dir) j["report"] = nullptr;  // the work directory is gone
+  if (!dir) j["report"] = nullptr;           // the work directory is gone
+  if (config_is_text) j["base"] = c.origin;  // not the file it was written to
   return to_python(j);
 }
 

@@ -242,6 +242,9 @@ def test_study_matches_the_cli_on_a_two_step_run(tmp_path):
     assert [c["val_loss"] for c in g["curve"]] == [c["val_loss"] for c in w["curve"]]
     for gl, wl in zip(g["lengths"], w["lengths"]):
         assert (gl["length"], gl["val_loss"], gl["kv_cache_bytes"]) == (wl["length"], wl["val_loss"], wl["kv_cache_bytes"])
+    # The base config as TOML text: written to a file for the run, reported by what it was.
+    as_text = qkv.study(open(TINY).read(), "full", sets, **STUDY)
+    assert as_text["base"] == "config text" and as_text["variants"][0]["val_loss"] == g["val_loss"]
     # A kept work directory resumes the finished variant.
     d = str(tmp_path / "py")
     qkv.study(TINY, ["full"], sets, dir=d, **STUDY)
