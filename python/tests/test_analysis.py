@@ -25,6 +25,17 @@ def cli(*args, ok=True):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def same_types(a, b):
+    """Whether a and b are equal in types too (1 == 1.0 == True for ==): json.loads' types."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_types(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def cli_error(*args):
     out = cli(*args, ok=False)
     assert out["exit"] == 2
@@ -51,7 +62,7 @@ def model(ckpt):
 def test_leakcheck_equals_the_cli_json(ckpt, model):
     got = qkv.leakcheck(model)
     want = cli("leakcheck", "--checkpoint", ckpt)
-    assert got == want
+    assert got == want and same_types(got, want)
     names = [c["name"] for c in got["checks"]]
     assert "kv_decode" in names and "data.val_ngram_share" in names and got["failed"] == 0
 
@@ -175,7 +186,7 @@ def test_heads_equals_the_cli_json_plus_grids(ckpt, model, tmp_path):
     # `qkv heads` runs in the process's default mode (standard), not the checkpoint's train.numerics.
     got = qkv.heads(qkv.load(ckpt, numerics="standard"), TEXT, windows=3, length=24)
     grids, mean_maps = got.pop("score_grids"), got.pop("mean_maps")
-    assert got == want
+    assert got == want and same_types(got, want)
     for h in want["heads"]:
         for name, v in h["scores"].items():
             assert grids[name][h["layer"], h["head"]] == v
@@ -194,7 +205,7 @@ def test_cost_equals_the_cli_json_for_a_path_text_or_dict(tmp_path):
     sets = ["model.n_layer=3", f'data.path="{CORPUS}"']
     want = cli("cost", "--config", TINY, "--set", sets[0], "--set", sets[1], "--context", "24")
     got = qkv.cost(TINY, sets, context=24)
-    assert got == want and got["params"] > 0 and got["context"] == 24
+    assert got == want and same_types(got, want) and got["params"] > 0 and got["context"] == 24
     # The same config as TOML text and as a dict of sections: the same figures ("config" is no path).
     text = open(TINY).read()
     del want["config"]
