@@ -345,9 +345,13 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
     return std::none_of(skipped.begin(), skipped.end(), [&](const auto& s) { return s.first == name; });
   };
   const bool shift_invariant = applies("padding_invariance"), softmax = applies("mask.*");
+  const auto& families = model_check_families();
   for (const auto& f : o.families)
-    QKV_CHECK(std::count(model_check_families().begin(), model_check_families().end(), f),
-              "leakcheck: unknown check family '", f, "'");
+    if (std::count(families.begin(), families.end(), f) == 0) {
+      std::string known;
+      for (const auto& k : families) known += (known.empty() ? "" : ", ") + k;
+      fail("leakcheck: unknown check family '", f, "'; the families are: ", known);
+    }
   auto guarded = [&](const char* family, auto&& fn) {
     if (!o.families.empty() && std::count(o.families.begin(), o.families.end(), family) == 0) return;
     try {
