@@ -100,6 +100,8 @@ struct LeakCheckOptions {
   int ngram_n = 32;
   double max_ngram_share = 0.05;
   int64_t max_duplicated_docs = 0;
+  // The families of model checks run_model_checks runs (model_check_families()); empty = every one.
+  std::vector<std::string> families;
 };
 
 // ---- the checks (each on an eval copy of `model`; none modifies it) ----
@@ -146,6 +148,11 @@ std::string permutation_not_applicable(const nn::ModelConfig& c);
 // Every model check above that applies, in table order (not_applicable_checks below lists the
 // rest). A check that throws is recorded as failed (value inf) with the error as its detail.
 std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// The families run_model_checks runs, in table order, by the names LeakCheckOptions::families
+// takes: one per check function above (train_vs_inference: kv_decode, chunked_prefill,
+// greedy_generation; padding: padding_invariance, padding_target_loss; mask: mask.*;
+// permutation_equivariance: both permutation checks); the others report the check they name.
+const std::vector<std::string>& model_check_families();
 
 // ---- training vs inference consistency, in both numerics modes ----
 // The consistency checks, in table order: kv_decode, chunked_prefill, padding_invariance,

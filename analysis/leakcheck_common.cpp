@@ -345,7 +345,15 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
     return std::none_of(skipped.begin(), skipped.end(), [&](const auto& s) { return s.first == name; });
   };
   const bool shift_invariant = applies("padding_invariance"), softmax = applies("mask.*");
+  const auto& families = model_check_families();
+  for (const auto& f : o.families)
+    if (std::count(families.begin(), families.end(), f) == 0) {
+      std::string known;
+      for (const auto& k : families) known += (known.empty() ? "" : ", ") + k;
+      fail("leakcheck: unknown check family '", f, "'; the families are: ", known);
+    }
   auto guarded = [&](const char* family, auto&& fn) {
+    if (!o.families.empty() && std::count(o.families.begin(), o.families.end(), family) == 0) return;
     try {
       for (auto& c : fn()) out.push_back(std::move(c));
     } catch (const std::exception& e) {
@@ -370,6 +378,23 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   if (applies("permutation_equivariance"))
     guarded("permutation_equivariance", [&] { return check_permutation_equivariance(*m, o); });
   return out;
+}
+
+const std::vector<std::string>& model_check_families() {
+  static const std::vector<std::string> families = {"future_token_perturbation",
+                                                    "train_vs_inference",
+                                                    "padding",
+                                                    "packing_invariance",
+                                                    "batch_composition",
+                                                    "thread_count",
+                                                    "trainer_vs_sampler",
+                                                    "mask",
+                                                    "reference_attention",
+                                                    "reference_attention_backward",
+                                                    "kernel_probes",
+                                                    "dropout_discipline",
+                                                    "permutation_equivariance"};
+  return families;
 }
 
 std::vector<std::pair<std::string, std::string>> not_applicable_checks(const nn::DecoderModel& model) {

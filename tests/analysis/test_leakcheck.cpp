@@ -353,6 +353,23 @@ TEST_CASE("the backward reference check fails on an attention whose gradient is 
   }
 }
 
+TEST_CASE("run_model_checks runs only the families asked for, and refuses an unknown one", "[leakcheck]") {
+  auto model = tiny_gpt2();
+  analysis::LeakCheckOptions o;
+  o.families = {"train_vs_inference", "thread_count"};
+  std::vector<std::string> names;
+  for (const auto& c : analysis::run_model_checks(*model, o)) names.push_back(c.name);
+  CHECK(names == std::vector<std::string>{"kv_decode", "chunked_prefill", "greedy_generation", "thread_count"});
+  // Every family the table lists is one run_model_checks runs: all of them give the full run.
+  o.families = analysis::model_check_families();
+  std::vector<std::string> all_names, listed_names;
+  for (const auto& c : analysis::run_model_checks(*model, o)) listed_names.push_back(c.name);
+  for (const auto& c : analysis::run_model_checks(*model, {})) all_names.push_back(c.name);
+  CHECK(listed_names == all_names);
+  o.families = {"kv_decode"};  // a check, not a family
+  CHECK_THROWS_WITH(analysis::run_model_checks(*model, o), Catch::Contains("unknown check family 'kv_decode'"));
+}
+
 TEST_CASE("data leakage checks flag validation text copied from train", "[leakcheck]") {
   auto split = [](const std::vector<std::vector<int32_t>>& docs) {
     TokenSplit s;
