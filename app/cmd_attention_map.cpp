@@ -6,6 +6,7 @@
 
 #include "app/commands.h"
 #include "app/options.h"
+#include "tensor/numerics.h"
 #include "analysis/attention_map.h"
 #include "train/checkpoint.h"
 #include "train/output_paths.h"
@@ -28,6 +29,8 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
   add_path_option(cmd, "--grid", grid_path, "PNG file for the grid of every layer and head");
   cmd->add_flag("--force", force, "replace --out and --grid if they exist");
   cmd->add_flag("--json", json, "print {out, grid, tokens, layer, head} as one JSON line");
+  static std::optional<Numerics> numerics;
+  add_numerics_option(cmd, numerics);
   cmd->callback([&exit_code] {
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
     train::OutputGuard guard;
@@ -48,6 +51,7 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
     train::load_model_weights(ckpt, *model);
     model->eval();
     train::apply_thread_setting(meta.config);
+    set_numerics(numerics.value_or(meta.config.train.resolved_numerics()));
     const nn::ModelConfig& c = model->config();
     QKV_CHECK(layer >= 0 && layer < c.n_layer, "[attention-map] --layer ", layer, " is outside [0, ", c.n_layer, ")");
     QKV_CHECK(head >= 0 && head < c.n_head, "[attention-map] --head ", head, " is outside [0, ", c.n_head, ")");

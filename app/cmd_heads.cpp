@@ -10,6 +10,7 @@
 #include "analysis/heads.h"
 #include "app/commands.h"
 #include "app/options.h"
+#include "tensor/numerics.h"
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
@@ -37,6 +38,8 @@ void add_heads_command(CLI::App& root, int& exit_code) {
   add_real_option(cmd, "--broad-threshold", broad, kThreshold, "entropy / max entropy for the label 'broad'");
   add_path_option(cmd, "--report", report, "directory for index.html and heads.png");
   cmd->add_flag("--json", json, "print {heads: [...]} as one JSON line");
+  static std::optional<Numerics> numerics;
+  add_numerics_option(cmd, numerics);
   cmd->callback([&exit_code] {
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
     if (!report.empty()) {
@@ -50,6 +53,7 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     train::load_model_weights(ckpt, *model);
     model->eval();
     train::apply_thread_setting(meta.config);
+    set_numerics(numerics.value_or(meta.config.train.resolved_numerics()));
     const std::vector<int32_t> ids = meta.tokenizer->encode(read_text_file(data));
     QKV_CHECK(ids.size() >= 2, "[heads] --data ", data, " encodes to ", ids.size(), " tokens; need at least 2");
     const int64_t len = length > 0 ? std::min(length, model->config().block_size) : model->config().block_size;

@@ -183,8 +183,8 @@ def test_heads_equals_the_cli_json_plus_grids(ckpt, model, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     want = cli("heads", "--checkpoint", ckpt, "--data", str(text), "--windows", "3", "--length", "24")
-    # `qkv heads` runs in the process's default mode (standard), not the checkpoint's train.numerics.
-    got = qkv.heads(qkv.load(ckpt, numerics="standard"), TEXT, windows=3, length=24)
+    # Both run in the checkpoint's train.numerics.
+    got = qkv.heads(qkv.load(ckpt), TEXT, windows=3, length=24)
     grids, mean_maps = got.pop("score_grids"), got.pop("mean_maps")
     assert got == want and same_types(got, want)
     for h in want["heads"]:
