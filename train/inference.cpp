@@ -1,10 +1,22 @@
 #include "train/inference.h"
 
 #include "tensor/allocator.h"
+#include "train/hf_interop.h"
 #include "train/model_factory.h"
 #include "train/session.h"
 
 namespace qkv::train {
+namespace {
+
+// What every loaded model gets: eval mode, the config's threads, the numerics mode, the device.
+void prepare(LoadedModel& m, Device device, std::optional<Numerics> numerics) {
+  m.model->eval();
+  apply_thread_setting(m.meta.config);
+  set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
+  m.model->to(device);
+}
+
+}  // namespace
 
 LoadedModel load_for_inference(const std::string& path, Device device, std::optional<Numerics> numerics) {
   LoadedModel m;
@@ -21,10 +33,29 @@ LoadedModel load_for_inference(const std::string& path, Device device, std::opti
   fresh.clear();
   release_cached_memory();
   load_model_weights(path, *m.model, /*take_buffers=*/true);
-  m.model->eval();
-  apply_thread_setting(m.meta.config);
-  set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
-  m.model->to(device);
+  prepare(m, device, numerics);
+  return m;
+}
+
+LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics) {
+  LoadedModel m;
+  m.meta.path = dir;
+  int64_t vocab = 0;
+  if (has_hf_tokenizer(dir)) {
+    m.meta.tokenizer = read_hf_tokenizer(dir);
+    HfModelInfo info =
+        read_hf_config(dir, parse_tokenizer_kind(m.meta.tokenizer->kind()), m.meta.tokenizer->vocab_size());
+    m.meta.config = std::move(info.config);
+    vocab = m.meta.tokenizer->vocab_size();
+    QKV_CHECK(vocab <= m.meta.config.model.vocab_size, dir, ": the tokenizer has ", vocab,
+              " tokens but config.json's vocab_size is ", m.meta.config.model.vocab_size);
+  } else {
+    m.meta.config = read_hf_config(dir).config;
+    vocab = m.meta.config.model.vocab_size;
+  }
+  m.model = build_model(m.meta.config, vocab);
+  load_hf_weights(dir, *m.model);
+  prepare(m, device, numerics);
   return m;
 }
 
