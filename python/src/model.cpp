@@ -199,20 +199,21 @@ py::dict train_binding(py::handle config, py::handle overrides, py::object callb
   o.overwrite = overwrite;
   o.progress = !quiet;
   // An exception the callback raises stops the run (as returning False does) and is raised again
-  // once run_training has returned.
+  // once run_training has returned; so does Ctrl-C (KeyboardInterrupt), noticed at the next logged
+  // step, so an interrupted notebook run still ends with its checkpoint.
   std::optional<py::error_already_set> raised;
-  if (!callback.is_none()) {
-    o.on_log = [&callback, &raised](const nlohmann::json& metrics) {
-      py::gil_scoped_acquire gil;
-      try {
-        const py::object r = callback(json_to_python(metrics));
-        return !(py::isinstance<py::bool_>(r) && !r.cast<bool>());
-      } catch (py::error_already_set& e) {
-        raised.emplace(std::move(e));
-        return false;
-      }
-    };
-  }
+  o.on_log = [&callback, &raised](const nlohmann::json& metrics) {
+    py::gil_scoped_acquire gil;
+    try {
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (callback.is_none()) return true;
+      const py::object r = callback(json_to_python(metrics));
+      return !(py::isinstance<py::bool_>(r) && !r.cast<bool>());
+    } catch (py::error_already_set& e) {
+      raised.emplace(std::move(e));
+      return false;
+    }
+  };
   train::TrainSummary s;
   {
     py::gil_scoped_release nogil;

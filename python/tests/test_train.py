@@ -97,3 +97,19 @@ def test_bad_override_raises_the_cli_message(tmp_path, bad):
     r = cli_train(tmp_path, [*SETS, bad])
     assert r.returncode == 2
     assert "qkv: " + str(e.value) == r.stderr.decode().strip().splitlines()[-1]
+
+
+def test_ctrl_c_stops_at_a_logged_step_with_a_checkpoint(tmp_path):
+    import os
+    import signal
+    import threading
+    # SIGINT from another thread while the run goes on (the GIL released, no callback to notice it).
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            qkv.train(str(CONFIG), [*SETS, "train.max_steps=2000"], out_dir=str(tmp_path))
+    finally:
+        timer.cancel()
+    last = metrics(tmp_path)[-1]["step"]
+    assert last < 2000 and (tmp_path / f"ckpt_{last:06d}.h5").exists()
