@@ -180,7 +180,8 @@ py::dict train_summary(const train::TrainSummary& s, const Config& cfg) {
 }
 
 py::dict train_binding(py::handle config, py::handle overrides, py::object callback, std::optional<std::string> out_dir,
-                       bool quiet, const std::string& resume, const std::string& init_from, bool overwrite) {
+                       bool quiet, const std::string& resume, const std::string& init_from, bool overwrite,
+                       const std::optional<std::string>& numerics) {
   std::vector<std::string> sets;
   if (py::isinstance<py::str>(overrides)) sets.push_back(overrides.cast<std::string>());
   else if (!overrides.is_none())
@@ -189,6 +190,10 @@ py::dict train_binding(py::handle config, py::handle overrides, py::object callb
                 " is not a string; each is \"section.key=value\" as --set takes it");
       sets.push_back(o.cast<std::string>());
     }
+  if (numerics) {
+    numerics_named(numerics);
+    sets.push_back("train.numerics=" + *numerics);
+  }
   if (out_dir) sets.push_back("train.out_dir=" + *out_dir);
   const Config cfg = config_argument(config, sets);
   QKV_CHECK(callback.is_none() || PyCallable_Check(callback.ptr()), "callback: a ",
@@ -254,8 +259,9 @@ bool is_single_prompt(py::handle p) {
   if (py::isinstance<py::array>(p)) return p.cast<py::array>().ndim() <= 1;
   if (py::isinstance<py::list>(p) || py::isinstance<py::tuple>(p)) {
     const py::sequence seq = p.cast<py::sequence>();
-    return seq.size() == 0 || !(py::isinstance<py::str>(seq[0]) || py::isinstance<py::sequence>(seq[0]) ||
-                                py::isinstance<py::array>(seq[0]));
+    QKV_CHECK(seq.size() > 0, "prompts: an empty list; give a prompt (text or ids) or a list of prompts");
+    return !(py::isinstance<py::str>(seq[0]) || py::isinstance<py::sequence>(seq[0]) ||
+             py::isinstance<py::array>(seq[0]));
   }
   return true;
 }
@@ -459,6 +465,14 @@ void bind_model(py::module_& m) {
           py::arg("ids"), "The text of ids (bytes that are not valid UTF-8 become U+FFFD).");
 
   py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A model loaded for inference (qkv.load).")
+      .def("__repr__",
+           [](const Model& self) {
+             const nn::ModelConfig& c = self.model->config();
+             return cat("<qkv.Model ", nn::family_name(c.family), " n_layer=", c.n_layer, " n_embd=", c.n_embd,
+                        " vocab_size=", c.vocab_size, " block_size=", c.block_size,
+                        " numerics=", choice_name(kNumericsModes, self.numerics), " device=", self.device, " path='",
+                        self.meta.path, "'>");
+           })
       .def_property_readonly("path", [](const Model& self) { return self.meta.path; })
       .def_property_readonly("numerics",
                              [](const Model& self) { return std::string(choice_name(kNumericsModes, self.numerics)); })
@@ -532,8 +546,10 @@ void bind_model(py::module_& m) {
   m.def("train", &train_binding, py::arg("config"), py::arg("overrides") = py::tuple(),
         py::arg("callback") = py::none(), py::arg("out_dir") = py::none(), py::arg("quiet") = true,
         py::arg("resume") = "", py::arg("init_from") = "", py::arg("overwrite") = false,
+        py::arg("numerics") = py::none(),
         "Trains as `qkv train` does. config: a TOML file's path, TOML text or a dict; overrides: --set "
-        "strings; callback(metrics) after every logged step (returning False stops the run, checkpoint "
+        "strings (numerics, out_dir: train.numerics, train.out_dir); callback(metrics) after every logged step "
+        "(returning False stops the run, checkpoint "
         "written); returns the summary as a dict.");
 }
 

@@ -121,6 +121,7 @@ def test_logits_match_transformers_llama_gqa(tmp_path):
     hf.save_pretrained(tmp_path, safe_serialization=True)
     m = qkv.load(str(tmp_path))
     assert m.config["model"]["family"] == "llama" and m.config["model"]["n_kv_head"] == 2
+    assert repr(m).startswith("<qkv.Model llama n_layer=2 n_embd=48 vocab_size=256 block_size=24")
     assert m.tokenizer is None  # no tokenizer files: ids only
     ids = np.random.default_rng(1).integers(0, 256, size=(3, 20))
     assert_logits_close(m.logits(ids), hf_logits64(hf, ids), ids)
@@ -212,6 +213,8 @@ def test_errors_carry_the_cli_message(model, ckpt, tmp_path):
         model.logits(list(range(33)))
     with pytest.raises(qkv.Error, match="numerics 'fast' is not one of"):
         qkv.load(ckpt, numerics="fast")
+    with pytest.raises(qkv.Error, match="prompts: an empty list"):
+        model.generate([], max_new_tokens=2)
     with pytest.raises(qkv.Error, match="temperature"):
         model.generate([1], max_new_tokens=2, temperature=-1)
 
