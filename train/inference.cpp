@@ -38,23 +38,12 @@ LoadedModel load_for_inference(const std::string& path, Device device, std::opti
 }
 
 LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics) {
+  HfModel hf = read_hf_model(dir, "", /*tokenizer_optional=*/true);
   LoadedModel m;
   m.meta.path = dir;
-  int64_t vocab = 0;
-  if (has_hf_tokenizer(dir)) {
-    m.meta.tokenizer = read_hf_tokenizer(dir);
-    HfModelInfo info =
-        read_hf_config(dir, parse_tokenizer_kind(m.meta.tokenizer->kind()), m.meta.tokenizer->vocab_size());
-    m.meta.config = std::move(info.config);
-    vocab = m.meta.tokenizer->vocab_size();
-    QKV_CHECK(vocab <= m.meta.config.model.vocab_size, dir, ": the tokenizer has ", vocab,
-              " tokens but config.json's vocab_size is ", m.meta.config.model.vocab_size);
-  } else {
-    m.meta.config = read_hf_config(dir).config;
-    vocab = m.meta.config.model.vocab_size;
-  }
-  m.model = build_model(m.meta.config, vocab);
-  load_hf_weights(dir, *m.model);
+  m.meta.config = std::move(hf.config);
+  m.meta.tokenizer = std::move(hf.tokenizer);
+  m.model = std::move(hf.model);
   prepare(m, device, numerics);
   return m;
 }
