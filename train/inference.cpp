@@ -37,8 +37,9 @@ LoadedModel load_for_inference(const std::string& path, Device device, std::opti
   return m;
 }
 
-LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics) {
-  HfModel hf = read_hf_model(dir, "", /*tokenizer_optional=*/true);
+LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics,
+                                  const std::string& tokenizer) {
+  HfModel hf = read_hf_model(dir, tokenizer, /*tokenizer_optional=*/true);
   LoadedModel m;
   m.meta.path = dir;
   m.meta.config = std::move(hf.config);

@@ -523,15 +523,19 @@ void bind_model(py::module_& m) {
 
   m.def(
       "load",
-      [](const std::string& path, const std::string& device, std::optional<std::string> numerics) {
+      [](const std::string& path, const std::string& device, std::optional<std::string> numerics,
+         const std::string& tokenizer) {
         const Device dev = device_named(device);
         const std::optional<Numerics> mode = numerics_named(numerics);
+        const bool hf = train::is_hf_directory(path);
+        QKV_CHECK(tokenizer.empty() || hf, "tokenizer='", tokenizer, "' is for a Hugging Face directory; ", path,
+                  " is a checkpoint, which holds its tokenizer");
         auto model = std::make_shared<Model>();
         {
           py::gil_scoped_release nogil;
           NumericsGuard keep_process_mode(qkv::numerics());  // the load sets the mode; the model keeps it
-          train::LoadedModel loaded = train::is_hf_directory(path) ? train::load_hf_for_inference(path, dev, mode)
-                                                                   : train::load_for_inference(path, dev, mode);
+          train::LoadedModel loaded = hf ? train::load_hf_for_inference(path, dev, mode, tokenizer)
+                                         : train::load_for_inference(path, dev, mode);
           model->numerics = qkv::numerics();
           model->model = std::move(loaded.model);
           model->meta = std::move(loaded.meta);
@@ -539,9 +543,10 @@ void bind_model(py::module_& m) {
         model->device = device;
         return model;
       },
-      py::arg("path"), py::arg("device") = "cpu", py::arg("numerics") = py::none(),
+      py::arg("path"), py::arg("device") = "cpu", py::arg("numerics") = py::none(), py::arg("tokenizer") = "",
       "Loads a qkv checkpoint (.h5) or a Hugging Face model directory (config.json + safetensors) for "
-      "inference; numerics: 'standard' or 'invariant' (default: the config's train.numerics).");
+      "inference; numerics: 'standard' or 'invariant' (default: the config's train.numerics); tokenizer: "
+      "'byte' for an HF directory without tokenizer files whose ids are bytes (as qkv import --tokenizer).");
 
   m.def("train", &train_binding, py::arg("config"), py::arg("overrides") = py::tuple(),
         py::arg("callback") = py::none(), py::arg("out_dir") = py::none(), py::arg("quiet") = true,

@@ -127,6 +127,11 @@ def test_logits_match_transformers_llama_gqa(tmp_path):
     assert_logits_close(m.logits(ids), hf_logits64(hf, ids), ids)
     with pytest.raises(qkv.Error, match="has none; give token ids"):
         m.generate("text", max_new_tokens=1)
+    # Its ids are bytes: said as `qkv import --tokenizer byte` says it.
+    b = qkv.load(str(tmp_path), tokenizer="byte")
+    assert b.tokenizer.kind == "byte" and b.tokenizer.encode("ROMEO:") == list(b"ROMEO:")
+    assert b.generate("ROMEO:", max_new_tokens=6, temperature=0) == m.generate(list(b"ROMEO:"), max_new_tokens=6,
+                                                                                 temperature=0)
 
 
 def log_softmax64(z):
@@ -211,6 +216,8 @@ def test_errors_carry_the_cli_message(model, ckpt, tmp_path):
         model.logits(np.zeros(4, dtype=np.float32))
     with pytest.raises(qkv.Error, match="33 tokens is more than the model's block_size of 32"):
         model.logits(list(range(33)))
+    with pytest.raises(qkv.Error, match="is a checkpoint, which holds its tokenizer"):
+        qkv.load(ckpt, tokenizer="byte")
     with pytest.raises(qkv.Error, match="numerics 'fast' is not one of"):
         qkv.load(ckpt, numerics="fast")
     with pytest.raises(qkv.Error, match="prompts: an empty list"):
