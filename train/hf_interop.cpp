@@ -608,34 +608,50 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
   }
 }
 
-HfImportResult import_hf(const std::string& dir, const std::string& out, const HfImportOptions& opts) {
+HfModel read_hf_model(const std::string& dir, const std::string& tokenizer, bool tokenizer_optional) {
   std::error_code ec;
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (qkv import reads a Hugging Face model directory)");
-  std::unique_ptr<Tokenizer> tok = read_hf_tokenizer(dir, opts.tokenizer);
-  HfModelInfo info =
-      read_hf_config(dir, choose(kTokenizerKinds, tok->kind(), "the tokenizer's kind"), tok->vocab_size());
+  HfModel r;
+  if (tokenizer_optional && tokenizer.empty() && !has_hf_tokenizer(dir)) {
+    HfModelInfo info = read_hf_config(dir);
+    r.architecture = info.architecture;
+    r.config = std::move(info.config);
+    r.model = build_model(r.config, r.config.model.vocab_size);
+    load_hf_weights(dir, *r.model);
+    return r;
+  }
+  r.tokenizer = read_hf_tokenizer(dir, tokenizer);
+  const Tokenizer& tok = *r.tokenizer;
+  HfModelInfo info = read_hf_config(dir, choose(kTokenizerKinds, tok.kind(), "the tokenizer's kind"), tok.vocab_size());
   const int64_t vocab = info.config.model.vocab_size;
-  QKV_CHECK(tok->vocab_size() <= vocab, dir, ": the tokenizer has ", tok->vocab_size(),
+  QKV_CHECK(tok.vocab_size() <= vocab, dir, ": the tokenizer has ", tok.vocab_size(),
             " tokens but config.json's vocab_size is ", vocab);
   // A tokenizer named on the command line is a claim about what the ids mean, and it must decode
   // every row: a byte tokenizer on a 50257-row model would leave ids 256.. without text. Rows past
   // the tokens of DIR's own tokenizer files are padding (qkv's model.vocab_size may exceed the
   // tokenizer's): encode never produces them and sample never draws them (train/sampler.h).
-  QKV_CHECK(opts.tokenizer.empty() || tok->vocab_size() == vocab, dir, ": --tokenizer ", opts.tokenizer, " decodes ",
-            tok->vocab_size(), " ids but config.json's vocab_size is ", vocab, "; ids ", tok->vocab_size(), "..",
+  QKV_CHECK(tokenizer.empty() || tok.vocab_size() == vocab, dir, ": --tokenizer ", tokenizer, " decodes ",
+            tok.vocab_size(), " ids but config.json's vocab_size is ", vocab, "; ids ", tok.vocab_size(), "..",
             vocab - 1, " would have no text. Give the directory its tokenizer files instead");
-  auto model = build_model(info.config, tok->vocab_size());
-  load_hf_weights(dir, *model);
+  r.architecture = info.architecture;
+  r.config = std::move(info.config);
+  r.model = build_model(r.config, tok.vocab_size());
+  load_hf_weights(dir, *r.model);
+  return r;
+}
+
+HfImportResult import_hf(const std::string& dir, const std::string& out, const HfImportOptions& opts) {
+  const HfModel m = read_hf_model(dir, opts.tokenizer);
   TrainState state;
-  state.seed = static_cast<uint64_t>(info.config.train.seed);
-  save_checkpoint(out, info.config, *model, nullptr, state, *tok);
+  state.seed = static_cast<uint64_t>(m.config.train.seed);
+  save_checkpoint(out, m.config, *m.model, nullptr, state, *m.tokenizer);
   HfImportResult r;
   r.checkpoint = out;
-  r.architecture = info.architecture;
-  r.tokenizer = tok->kind();
-  r.vocab_size = vocab;
-  r.tensors = static_cast<int64_t>(model->named_parameters().size());
-  r.parameters = model->parameter_count();
+  r.architecture = m.architecture;
+  r.tokenizer = m.tokenizer->kind();
+  r.vocab_size = m.config.model.vocab_size;
+  r.tensors = static_cast<int64_t>(m.model->named_parameters().size());
+  r.parameters = m.model->parameter_count();
   return r;
 }
 

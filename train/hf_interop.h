@@ -89,6 +89,18 @@ bool has_hf_tokenizer(const std::string& dir);
 // present with HF's shape; names the first tensor at fault.
 void load_hf_weights(const std::string& dir, nn::DecoderModel& model);
 
+// DIR's network with its weights loaded (CPU, float32) and its tokenizer: DIR's files, or
+// `tokenizer` = "byte" as a claim (import's --tokenizer, checked as described above). With
+// `tokenizer_optional`, a DIR without tokenizer files (and no claim) gives a null tokenizer and
+// config.json's vocab_size rows; otherwise that is refused naming the files looked for.
+struct HfModel {
+  std::string architecture;
+  Config config;  // as read_hf_config gives it
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<nn::DecoderModel> model;
+};
+HfModel read_hf_model(const std::string& dir, const std::string& tokenizer = "", bool tokenizer_optional = false);
+
 struct HfImportOptions {
   std::string tokenizer;  // "" (from DIR's files) or "byte"
 };

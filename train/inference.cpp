@@ -1,10 +1,22 @@
 #include "train/inference.h"
 
 #include "tensor/allocator.h"
+#include "train/hf_interop.h"
 #include "train/model_factory.h"
 #include "train/session.h"
 
 namespace qkv::train {
+namespace {
+
+// What every loaded model gets: eval mode, the config's threads, the numerics mode, the device.
+void prepare(LoadedModel& m, Device device, std::optional<Numerics> numerics) {
+  m.model->eval();
+  apply_thread_setting(m.meta.config);
+  set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
+  m.model->to(device);
+}
+
+}  // namespace
 
 LoadedModel load_for_inference(const std::string& path, Device device, std::optional<Numerics> numerics) {
   LoadedModel m;
@@ -21,10 +33,19 @@ LoadedModel load_for_inference(const std::string& path, Device device, std::opti
   fresh.clear();
   release_cached_memory();
   load_model_weights(path, *m.model, /*take_buffers=*/true);
-  m.model->eval();
-  apply_thread_setting(m.meta.config);
-  set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
-  m.model->to(device);
+  prepare(m, device, numerics);
+  return m;
+}
+
+LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics,
+                                  const std::string& tokenizer) {
+  HfModel hf = read_hf_model(dir, tokenizer, /*tokenizer_optional=*/true);
+  LoadedModel m;
+  m.meta.path = dir;
+  m.meta.config = std::move(hf.config);
+  m.meta.tokenizer = std::move(hf.tokenizer);
+  m.model = std::move(hf.model);
+  prepare(m, device, numerics);
   return m;
 }
 

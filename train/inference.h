@@ -20,4 +20,12 @@ struct LoadedModel {
 // and the numerics mode: `numerics` when given, else the config's train.numerics.
 LoadedModel load_for_inference(const std::string& path, Device device, std::optional<Numerics> numerics);
 
+// The same from a Hugging Face model directory (train/hf_interop.h: what is read and refused), in
+// memory: the network and weights `qkv import` would write, with meta.path = dir, meta.config the
+// imported config and meta.tokenizer DIR's tokenizer, or null when DIR has no tokenizer files
+// (the model then runs on ids alone). `tokenizer` "byte" claims the ids are bytes, as `qkv import
+// --tokenizer byte` does (and is checked the same way).
+LoadedModel load_hf_for_inference(const std::string& dir, Device device, std::optional<Numerics> numerics,
+                                  const std::string& tokenizer = "");
+
 }  // namespace qkv::train

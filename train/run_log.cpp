@@ -39,7 +39,7 @@ void RunLog::count_step(double ms, int64_t tokens) {
   window_tokens_ += tokens;
 }
 
-void RunLog::record(const LogRecord& r, bool end_line) {
+nlohmann::json RunLog::record(const LogRecord& r, bool end_line) {
   const double tokens_per_s = window_tokens_ / (window_ms_ / 1000.0);
   const double ms_per_step = window_ms_ / static_cast<double>(window_steps_);
   nlohmann::json j = {{"step", r.step},
@@ -71,6 +71,7 @@ void RunLog::record(const LogRecord& r, bool end_line) {
   }
   window_ms_ = 0;
   window_steps_ = window_tokens_ = 0;
+  return j;
 }
 
 }  // namespace qkv::train

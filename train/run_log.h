@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -36,9 +37,9 @@ class RunLog {
   // Adds one step to the current window.
   void count_step(double ms, int64_t tokens);
   int64_t window_steps() const { return window_steps_; }
-  // Writes the metrics line and the progress line for the window, then starts a new one. A
-  // failed write (full disk) throws naming metrics_path.
-  void record(const LogRecord& r, bool end_line);
+  // Writes the metrics line and the progress line for the window, then starts a new one, and
+  // returns the metrics line's object. A failed write (full disk) throws naming metrics_path.
+  nlohmann::json record(const LogRecord& r, bool end_line);
   const std::string& metrics_path() const { return path_; }
 
  private:

@@ -502,6 +502,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
     last_loss = s.loss;
 
     const bool last = state.step == cfg.train.max_steps;
+    bool stop = false;  // on_log asked to stop after this step
     std::optional<double> val;
     if (every(cfg.train.eval_interval, state.step) || last) {
       LossSum v = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
@@ -522,11 +523,19 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
                   .val_loss = val,
                   .comm_seconds = std::nullopt};
       if (dp.distributed()) r.comm_seconds = dp.take_comm_seconds();  // [dist]
-      log.record(r, val || last);
+      const nlohmann::json line = log.record(r, val || last);
+      if (opts.on_log) {
+        stop = root && !opts.on_log(line) && !last;
+        if (dp.distributed()) stop = comm.sum_ordered(static_cast<int64_t>(stop)) > 0;  // [dist]
+      }
     }
-    if (every(cfg.train.checkpoint_interval, state.step) || last) {
+    if (every(cfg.train.checkpoint_interval, state.step) || last || stop) {
       save(out_dir + "/" + checkpoint_name(state.step));
       if (root) prune_checkpoints(out_dir, cfg.train.keep_last);
+    }
+    if (stop) {
+      summary.stopped = true;
+      break;
     }
   }
   // [dist] Replicas must still agree (a transport that returned different sums would show here).

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "distributed/data_parallel.h"
@@ -48,6 +49,12 @@ struct TrainOptions {
   // Called on every rank just before each step runs, with the step about to run (0-based: the
   // number of steps done). Tests use it to inject faults (a rank that dies mid-run).
   std::function<void(int64_t step)> before_step;
+  // Called on rank 0 after each metrics line is written (train/run_log.h), with that line's
+  // object (step, loss, lr, tokens_per_s, ...). Returning false stops the run after that step:
+  // its checkpoint is written (as at the last step, without the final validation) and the
+  // summary says `stopped`. Under data parallelism set it on every rank (the ranks agree on
+  // stopping through one sum per logged step); other ranks' calls are not made.
+  std::function<bool(const nlohmann::json& metrics)> on_log;
 };
 
 struct TrainSummary {
@@ -58,6 +65,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;
   double tokens_per_s = 0;
   bool nothing_to_do = false;  // --resume from a checkpoint at step >= train.max_steps
+  bool stopped = false;        // TrainOptions::on_log returned false before train.max_steps
 };
 
 // The lock file every run holds in its out_dir (above).

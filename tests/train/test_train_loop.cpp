@@ -230,6 +230,40 @@ TEST_CASE("top-k and top-p restrict the draw to the most likely tokens", "[train
   CHECK(train::pick_token(logits, 5, o, 0.99) == 1);
 }
 
+TEST_CASE("on_log sees every metrics line and stops the run after the step it returns false on", "[train][loop]") {
+  const std::string dir = temp_dir("on_log");
+  Config c = tiny_config(dir);
+  c.train.max_steps = 8;
+  c.train.checkpoint_interval = 100;  // only the stop writes one
+  std::vector<nlohmann::json> seen;
+  train::TrainOptions o{.progress = false};
+  o.on_log = [&](const nlohmann::json& m) {
+    seen.push_back(m);
+    return m["step"].get<int64_t>() < 3;
+  };
+  const auto s = train::run_training(c, o);
+  CHECK(s.stopped);
+  CHECK(s.step == 3);
+  CHECK(s.checkpoint == c.train.out_dir + "/ckpt_000003.h5");
+  CHECK(fs::exists(s.checkpoint));
+  CHECK(seen == read_metrics(c.train.out_dir + "/metrics.jsonl"));  // the lines as written
+  REQUIRE(seen.size() == 3);
+  CHECK(s.loss == seen.back()["loss"].get<double>());
+  CHECK(train::read_checkpoint_meta(s.checkpoint).state.step == 3);
+
+  // Returning true throughout changes nothing: the run ends at max_steps, not stopped.
+  const std::string dir2 = temp_dir("on_log_all");
+  Config c2 = tiny_config(dir2);
+  c2.train.max_steps = 4;
+  int64_t calls = 0;
+  train::TrainOptions all{.progress = false};
+  all.on_log = [&](const nlohmann::json&) { return ++calls > 0; };
+  const auto s2 = train::run_training(c2, all);
+  CHECK_FALSE(s2.stopped);
+  CHECK(s2.step == 4);
+  CHECK(calls == 4);
+}
+
 TEST_CASE("non-finite gradients skip steps and stop the run after max_bad_steps", "[train][loop]") {
   const std::string dir = temp_dir("nan");
   Config c = tiny_config(dir);
