@@ -6,7 +6,8 @@
 # in build-sanitize/, or SANITIZE_BUILD_DIR; SANITIZE=0 skips it). Then the GPU tests ([cuda]) run
 # again on the host CUDA emulator (tests/emulation/README.md), so they run on machines without a
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
-# Before ctest, torch and transformers are installed for the interop test (INTEROP=0 skips that);
+# Before ctest, torch and transformers are installed for the interop test and the Python tests
+# (python/tests; INTEROP=0 skips the install, and those tests then report themselves skipped);
 # after it, the fuzz targets run for FUZZ_SECONDS each (default 10; 0 skips) when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +21,9 @@ stage_done() {
 # The packages first; the interop install (network-bound) then runs beside the build (CPU-bound).
 BOOTSTRAP_BUILD=0 scripts/bootstrap.sh
 
-# The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) runs
-# against the real `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
+# The Hugging Face interop test (ctest label "interop", tests/interop/hf_interop_check.py) and the
+# Python tests (label "python": PyTorch references, transformers' logits) run against the real
+# `transformers`: Debian's python3-torch (torch 1.13) and, with pip,
 # transformers==4.36.2 (a release that works with that torch); the fuzz stage needs clang and lld.
 # Installed here when missing, in the background while the build runs; INTEROP=0 and
 # FUZZ_SECONDS=0 skip their installs. Without torch or transformers the interop test reports
