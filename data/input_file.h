@@ -21,6 +21,8 @@ namespace qkv {
 // config.json, vocab.json, merges.txt, tokenizer.json, qkv_tokenizer.json, a sharded index:
 // GPT-2's tokenizer.json is 1.4 MB, 250k-token vocabularies about 20 MB.
 inline constexpr uint64_t kJsonFileCap = uint64_t(256) << 20;
+// A config's TOML (train, cost, study, ...): the shipped ones are under 2 kB.
+inline constexpr uint64_t kConfigFileCap = uint64_t(16) << 20;
 // A text corpus (prepare, train, eval, heads) is held whole in memory with its tokens.
 inline constexpr uint64_t kTextCorpusCap = uint64_t(4) << 30;
 // A block_sparse layout: one 0/1 character per block pair.

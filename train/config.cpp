@@ -4,6 +4,7 @@
 // to_toml and config_keys all walk it, so a new key is added in exactly two places: the struct
 // in config.h and this table.
 #include "train/config.h"
+
 #include "train/config_schema.h"
 
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <variant>
 
+#include "data/input_file.h"
 #include "tensor/error.h"
 #include "train/model_factory.h"
 
@@ -510,11 +512,7 @@ Config parse_config(const std::string& path, const std::vector<std::string>& ove
   if (S_ISDIR(st.st_mode)) fail(path, ": is a directory, not a config file");
   if (!S_ISREG(st.st_mode))
     fail(path, ": not a regular file (a pipe, FIFO or device?); the config must be a TOML file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open config file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_config_text(ss.str(), path, overrides);
+  return parse_config_text(read_input_file(path, kConfigFileCap, "config file"), path, overrides);
 }
 
 void apply_override(Config& cfg, const std::string& assignment) {

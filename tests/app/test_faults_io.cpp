@@ -21,6 +21,7 @@
 #include "data/dataset.h"
 #include "data/h5.h"
 #include "train/atomic_file.h"
+#include "data/input_file.h"
 #include "train/config.h"
 
 using namespace qkv;
@@ -342,6 +343,13 @@ TEST_CASE("a directory or other non-regular file as the config is refused naming
   CHECK_THAT(error_of([&] { parse_config("/dev/null"); }), Contains("/dev/null: not a regular file"));
   CHECK_THAT(error_of([&] { parse_config(dir.file("missing.toml")); }),
              Contains(dir.file("missing.toml") + ": cannot open config file"));
+  // A regular file past the cap (sparse: nothing is written) is refused before it is read.
+  const std::string huge = dir.file("huge.toml");
+  { std::ofstream(huge) << "[train]\n"; }
+  fs::resize_file(huge, kConfigFileCap + 1);
+  CHECK_THAT(error_of([&] { parse_config(huge); }),
+             Contains(huge + ": is " + std::to_string(kConfigFileCap + 1) + " bytes, over the " +
+                      std::to_string(kConfigFileCap) + "-byte limit for config file"));
   if (cli_available()) {
     std::string err;
     CHECK(run_qkv(qkv_cmd("train --config " + d), dir.path, err) == 2);
