@@ -205,6 +205,20 @@ auto json_guard(const std::string& what, const std::string& text, const F& f) {
   } catch (const json::exception& e) { fail(what, ": ", json_error(e, text)); }
 }
 
+// obj[key] checked to be a JSON string or boolean (T), or `fallback` when obj is not an object or
+// the key is absent or null. A value of another type is refused naming the file and the key
+// (`where` is the key's path prefix, e.g. "model.").
+template <class T>
+T field_or(const json& obj, const char* key, T fallback, const std::string& file, const std::string& where) {
+  if (!obj.is_object()) return fallback;
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  constexpr bool is_bool = std::is_same_v<T, bool>;
+  QKV_CHECK(is_bool ? it->is_boolean() : it->is_string(), file, ": ", where, key, " is a JSON ", it->type_name(),
+            ", expected a ", is_bool ? "boolean" : "string");
+  return it->get<T>();
+}
+
 constexpr int kSerializedVersion = 1;  // tokenizer.cpp's kFormatVersion for every kind
 
 }  // namespace
@@ -418,7 +432,7 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
     const json j = parse_json(text, what);
     QKV_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), what, ": has no \"model\" object");
     const json& m = j["model"];
-    const std::string type = m.value("type", std::string("BPE"));
+    const std::string type = field_or(m, "type", std::string("BPE"), what, "model.");
     QKV_CHECK(type == "BPE", what, ": model.type is ", q(type), " (only GPT-2's byte-level BPE is supported)");
     const auto refuse_set = [&](const json& obj, const char* key, const std::string& where) {
       if (obj.contains(key) && !obj[key].is_null() && !(obj[key].is_string() && obj[key].get<std::string>().empty()) &&
@@ -430,16 +444,19 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
       refuse_set(m, k, "model.");
     refuse_set(j, "normalizer", "");
     const json pre = j.value("pre_tokenizer", json());
-    QKV_CHECK(pre.is_object() && pre.value("type", std::string()) == "ByteLevel", what,
+    QKV_CHECK(pre.is_object() && field_or(pre, "type", std::string(), what, "pre_tokenizer.") == "ByteLevel", what,
               ": pre_tokenizer is not ByteLevel (", pre.dump(), ")");
-    QKV_CHECK(!pre.value("add_prefix_space", false), what, ": pre_tokenizer.add_prefix_space = true is not supported");
-    QKV_CHECK(pre.value("use_regex", true), what, ": pre_tokenizer.use_regex = false is not supported");
+    QKV_CHECK(!field_or(pre, "add_prefix_space", false, what, "pre_tokenizer."), what,
+              ": pre_tokenizer.add_prefix_space = true is not supported");
+    QKV_CHECK(field_or(pre, "use_regex", true, what, "pre_tokenizer."), what,
+              ": pre_tokenizer.use_regex = false is not supported");
     if (j.contains("decoder") && !j["decoder"].is_null())
-      QKV_CHECK(j["decoder"].value("type", std::string()) == "ByteLevel", what, ": decoder is not ByteLevel (",
-                j["decoder"].dump(), ")");
+      QKV_CHECK(field_or(j["decoder"], "type", std::string(), what, "decoder.") == "ByteLevel", what,
+                ": decoder is not ByteLevel (", j["decoder"].dump(), ")");
     if (j.contains("post_processor") && !j["post_processor"].is_null())
-      QKV_CHECK(j["post_processor"].value("type", std::string()) == "ByteLevel", what,
-                ": post_processor is not ByteLevel (", j["post_processor"].value("type", std::string("?")),
+      QKV_CHECK(field_or(j["post_processor"], "type", std::string(), what, "post_processor.") == "ByteLevel", what,
+                ": post_processor is not ByteLevel (",
+                field_or(j["post_processor"], "type", std::string("?"), what, "post_processor."),
                 " adds tokens qkv would not add)");
     std::vector<std::string> vocab = dense_vocab(m.value("vocab", json()), what + " model");
     std::vector<std::pair<std::string, std::string>> merges;
@@ -451,9 +468,10 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
         QKV_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_unsigned() && a.contains("content"), what,
                   ": an added_tokens entry lacks id or content");
         const uint64_t id = a["id"];
-        const std::string content = a.value("content", std::string());
+        const std::string content = field_or(a, "content", std::string(), what, "added_tokens[].");
         for (const char* k : {"single_word", "lstrip", "rstrip"})
-          QKV_CHECK(!a.value(k, false), what, ": added token ", q(content), " has ", k, " = true (not supported)");
+          QKV_CHECK(!field_or(a, k, false, what, "added_tokens[]."), what, ": added token ", q(content), " has ", k,
+                    " = true (not supported)");
         if (id < vocab.size()) {
           QKV_CHECK(vocab[id] == content, what, ": added token ", q(content), " has id ", id,
                     ", which the vocab gives to ", q(vocab[id]));

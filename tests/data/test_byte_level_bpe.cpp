@@ -115,6 +115,14 @@ TEST_CASE("gpt2_bpe refuses what it cannot reproduce, by name", "[tokenizer][gpt
   CHECK_THAT(with([](auto& k) { k["pre_tokenizer"] = {{"type", "Whitespace"}}; }), Catch::Contains("not ByteLevel"));
   CHECK_THAT(with([](auto& k) { k["added_tokens"][0]["lstrip"] = true; }), Catch::Contains("lstrip"));
   CHECK_THAT(with([](auto& k) { k["model"]["merges"].push_back("Ġt zz"); }), Catch::Contains("not in the vocabulary"));
+  // A value of the wrong JSON type is refused naming its key, not with the JSON library's text.
+  CHECK(with([](auto& k) { k["model"]["type"] = 7; }) ==
+        "tokenizer.json: model.type is a JSON number, expected a string");
+  CHECK(with([](auto& k) { k["pre_tokenizer"]["use_regex"] = "yes"; }) ==
+        "tokenizer.json: pre_tokenizer.use_regex is a JSON string, expected a boolean");
+  CHECK(with([](auto& k) { k["decoder"] = 3; }) == "tokenizer.json: decoder is not ByteLevel (3)");
+  CHECK(with([](auto& k) { k["added_tokens"][0]["content"] = 42; }) ==
+        "tokenizer.json: added_tokens[].content is a JSON number, expected a string");
   // A vocabulary without the byte token of 'a' (renamed to a text no byte maps to) is refused.
   CHECK_THAT(error_of([] { Gpt2BpeTokenizer::from_vocab_merges(R"({"b":0,"\u4e00":1})", ""); }),
              Catch::Contains("outside GPT-2's byte alphabet") || Catch::Contains("lacks the byte token"));
