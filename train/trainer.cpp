@@ -266,6 +266,13 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
   TrainState state;
   state.seed = static_cast<uint64_t>(cfg.train.seed);
   state.batch_mode = cfg.data.batching;
+  // --init-from: the weights' token ids must mean what the data's ids mean.
+  const auto require_same_tokenizer = [&](const Tokenizer& theirs) {
+    QKV_CHECK(theirs.serialize() == data.tokenizer->serialize(), opts.init_from, ": its tokenizer (", theirs.kind(),
+              ", ", theirs.vocab_size(), " tokens) is not the one of data.path (", data.tokenizer->kind(), ", ",
+              data.tokenizer->vocab_size(), " tokens); tokenize the text with `qkv prepare --tokenizer-from ",
+              opts.init_from, "`");
+  };
   if (!opts.resume.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(opts.resume);
     check_resumable(cfg, model.config(), meta.config.resolved(), data.vocab_size, opts.resume);
@@ -283,14 +290,7 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
         model_config(read_hf_config(opts.init_from, cfg.data.tokenizer).config, data.vocab_size);
     if (const auto d = network_difference(model.config(), theirs))
       fail(opts.init_from, "/config.json: ", d->key, " is ", d->b, " there but ", d->a, " in this run's config");
-    // Its ids must mean what the data's ids mean.
-    if (has_hf_tokenizer(opts.init_from)) {
-      const auto theirs_tok = read_hf_tokenizer(opts.init_from);
-      QKV_CHECK(theirs_tok->serialize() == data.tokenizer->serialize(), opts.init_from, ": its tokenizer (",
-                theirs_tok->kind(), ", ", theirs_tok->vocab_size(), " tokens) is not the one of data.path (",
-                data.tokenizer->kind(), ", ", data.tokenizer->vocab_size(),
-                " tokens); tokenize the text with `qkv prepare ", "--tokenizer-from ", opts.init_from, "`");
-    }
+    if (has_hf_tokenizer(opts.init_from)) require_same_tokenizer(*read_hf_tokenizer(opts.init_from));
     load_hf_weights(opts.init_from, model);
   } else if (!opts.init_from.empty()) {
     // A qkv checkpoint: the network its config describes must be this run's (its tensors fitting
@@ -301,6 +301,7 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
     if (described.model.vocab_size == 0) described.model.vocab_size = meta.tokenizer->vocab_size();
     if (const auto d = network_difference(model.config(), model_config(described, described.model.vocab_size)))
       fail(opts.init_from, ": ", d->key, " is ", d->b, " there but ", d->a, " in this run's config");
+    require_same_tokenizer(*meta.tokenizer);
     load_model_weights(opts.init_from, model);
   }
   state.corpus = corpus;

@@ -1,5 +1,6 @@
 // End-to-end training behaviour through the library (train/trainer.h) and the CLI binary.
 #include <catch2/catch.hpp>
+#include <cctype>
 
 #include <cmath>
 #include <cstdio>
@@ -122,6 +123,22 @@ TEST_CASE("train --init-from a checkpoint refuses a model that computes another 
     f.train.out_dir = dir + "/ft" + std::to_string(i++);
     CHECK_THROWS_MATCHES(train::run_training(f, {.init_from = ckpt, .progress = false}), Error,
                          Catch::Message(ckpt + ": " + message));
+  }
+  // The same network over other token ids: the corpus upper-cased has as many distinct characters
+  // (so the same vocab_size) but its char tokenizer maps them to other ids.
+  {
+    std::ifstream in(c.data.path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& ch : text) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    Config u = c;
+    u.data.path = dir + "/upper.txt";
+    std::ofstream(u.data.path) << text;
+    u.train.out_dir = dir + "/upper";
+    CHECK_THROWS_MATCHES(train::run_training(u, {.init_from = ckpt, .progress = false}), Error,
+                         Catch::Message(ckpt +
+                                        ": its tokenizer (char, 29 tokens) is not the one of data.path (char, 29 "
+                                        "tokens); tokenize the text with `qkv prepare --tokenizer-from " +
+                                        ckpt + "`"));
   }
   // Dropout changes how the model is trained, not its function.
   Config f = c;
