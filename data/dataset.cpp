@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "data/h5.h"
+#include "data/h5_atomic.h"
 #include "data/input_file.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"

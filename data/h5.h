@@ -13,12 +13,14 @@
 // File call throws it. HDF5 reacts to a write error by leaving the file half-closed in its
 // tables, and its exit-time cleanup then crashed (SIGSEGV); recorded this way, HDF5's state stays
 // consistent and the file closes normally. Tests can make that driver fail on purpose
-// (fail_writes_after()).
+// (fail_writes_after(), data/h5_atomic.h).
 //
 // Reading accepts only regular files and only objects stored in the file itself, each under one
 // name: a soft link, an external link (into another file) or a second hard link to one object is
 // refused by name, so a file can never pull its content from elsewhere or give two names the
 // same numbers.
+//
+// Replacing a file atomically (AtomicWriter) and temporary names live in data/h5_atomic.h.
 //
 // Everything is readable by h5py: numbers as numpy arrays with their shapes, strings as bytes
 // (`f["tokenizer/json"][()].decode()`), attributes as str / int / float.
@@ -44,17 +46,6 @@ void quiet();
 bool is_hdf5(const std::string& path);
 // True when `bytes` starts with the HDF5 signature.
 bool has_hdf5_signature(std::string_view bytes);
-
-// Fault injection for tests: after `bytes` more bytes, every write through the HDF5 driver and
-// train::write_file_atomic fails as if the disk were full (ENOSPC); a negative value turns it
-// off (the default). Only tests call it; a process started as the CLI never has a budget.
-void fail_writes_after(int64_t bytes);
-// Takes `n` bytes from the injected budget: false (with errno = ENOSPC) when it is exhausted.
-bool injected_write_allowed(size_t n);
-
-// A fresh temporary name next to `path`: PATH.tmp.<pid>.<counter>.<random>. Two processes (or
-// threads) writing the same target never share one; writers still create it exclusively.
-std::string unique_temp_path(const std::string& path);
 
 // An owned hid_t, released with the close function that matches its kind (file, group, ...).
 class Id {
@@ -194,25 +185,6 @@ class File {
   std::string path_;
   std::shared_ptr<WriteStatus> status_;  // declared before file_: outlives the open file
   Id file_;
-};
-
-// Writes PATH atomically: everything goes to a fresh temporary (unique_temp_path(), created
-// exclusively), which commit() flushes, closes, fsyncs and renames over PATH. Destroyed without
-// commit() (an error midway, a full disk), it removes the temporary and PATH is untouched.
-class AtomicWriter {
- public:
-  explicit AtomicWriter(std::string path);
-  AtomicWriter(const AtomicWriter&) = delete;
-  AtomicWriter& operator=(const AtomicWriter&) = delete;
-  ~AtomicWriter();
-  File& file() { return file_; }
-  const std::string& temp_path() const { return tmp_; }
-  void commit();
-
- private:
-  std::string path_, tmp_;
-  File file_;
-  bool done_ = false;
 };
 
 // 64-bit FNV-1a of a byte string (the string datasets' checksum; also handy for fingerprints).

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "data/h5_atomic.h"
+
 namespace qkv::h5 {
 namespace {
 

@@ -1,9 +1,10 @@
 // Internal to data/h5*.cpp: the HDF5 file driver every file made by File::create writes through.
 // Plain POSIX I/O like HDF5's default "sec2" driver, with the same feature flags (so files come
 // out byte-identical), except that a failed write (disk full, quota, I/O error, or an injected
-// failure: fail_writes_after) is recorded in the File's WriteStatus and reported to HDF5 as a
-// success. HDF5 then closes the file normally instead of crashing in its exit-time cleanup, and
-// File::check_writes() turns the recorded error into the one-line qkv::Error.
+// failure: fail_writes_after, data/h5_atomic.h) is recorded in the File's WriteStatus and
+// reported to HDF5 as a success. HDF5 then closes the file normally instead of crashing in its
+// exit-time cleanup, and File::check_writes() turns the recorded error into the one-line
+// qkv::Error.
 #pragma once
 #include <hdf5.h>
 

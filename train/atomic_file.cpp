@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "data/h5.h"
+#include "data/h5_atomic.h"
 #include "tensor/error.h"
 
 namespace qkv::train {

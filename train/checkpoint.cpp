@@ -34,6 +34,7 @@
 
 #include "autograd/grad_mode.h"
 #include "data/h5.h"
+#include "data/h5_atomic.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "train/model_factory.h"

@@ -15,6 +15,7 @@
 #include "analysis/leakcheck_internal.h"
 #include "analysis/png.h"
 #include "attention/attention.h"
+#include "model_fixtures.h"
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
 
@@ -26,42 +27,19 @@ namespace {
 // gpt2, n_embd 100 (head size 25): every kernel meets its ragged edges. Dropout on, so the
 // trainer_vs_sampler check must zero it to compare.
 std::unique_ptr<nn::DecoderModel> gpt2_odd(int64_t n_embd = 100, int64_t ffn = 300) {
-  nn::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 4;
+  nn::ModelConfig c = test::ragged_gpt2(ffn, /*block_size=*/40);
   c.n_embd = n_embd;
-  c.ffn_hidden = ffn;
-  c.vocab_size = 259;
-  c.block_size = 40;
   c.dropout = 0.1;
   c.attn_dropout = 0.1;
-  auto m = std::make_unique<nn::DecoderModel>(c);
-  m->init_weights(21);
-  m->eval();
-  return m;
+  return test::eval_model(c, 21);
 }
 
 // llama: RoPE, GQA 10:5, RMSNorm, SwiGLU, n_embd 100 (head size 10), ffn 172.
 std::unique_ptr<nn::DecoderModel> llama_odd() {
-  nn::ModelConfig c;
-  c.family = nn::Family::llama;
-  c.position = nn::Position::rope;
-  c.norm = nn::NormKind::rmsnorm;
-  c.activation = nn::Activation::swiglu;
-  c.bias = false;
-  c.tie_embeddings = false;
-  c.n_layer = 2;
+  nn::ModelConfig c = test::llama_family(test::ragged_gpt2(/*ffn_hidden=*/172, /*block_size=*/40));
   c.n_head = 10;
   c.n_kv_head = 5;
-  c.n_embd = 100;
-  c.ffn_hidden = 172;
-  c.vocab_size = 259;
-  c.block_size = 40;
-  auto m = std::make_unique<nn::DecoderModel>(c);
-  m->init_weights(22);
-  m->eval();
-  return m;
+  return test::eval_model(c, 22);
 }
 
 const analysis::LeakCheck& find(const std::vector<analysis::LeakCheck>& v, const std::string& name) {

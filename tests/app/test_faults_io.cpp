@@ -20,6 +20,7 @@
 #include "checkpoint_test_util.h"
 #include "data/dataset.h"
 #include "data/h5.h"
+#include "data/h5_atomic.h"
 #include "train/atomic_file.h"
 #include "data/input_file.h"
 #include "train/config.h"

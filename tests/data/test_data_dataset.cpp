@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/h5.h"
+#include "data/h5_atomic.h"
 #include "tensor/error.h"
 
 using namespace qkv;

@@ -190,8 +190,8 @@ if wanted fuzz_checkpoint && with_lld fuzz_checkpoint; then
       -e "s| libqkv_core\.a | $build_dir/libqkv_core.a |" "$build_dir/CMakeFiles/qkv.dir/link.txt")"
     read -ra cflags <<< "$(pkg-config --cflags hdf5) $(pkg-config --cflags tomlplusplus)"
     build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.cpp train/checkpoint.cpp train/checkpoint.h data/h5.cpp \
-      data/h5.h data/h5_driver.cpp data/dataset.cpp data/dataset.h data/tokenizer.cpp data/input_file.cpp \
-      tensor/error.h "$build_dir/libqkv_core.a" -- "${libs[@]}"
+      data/h5.h data/h5_atomic.cpp data/h5_atomic.h data/h5_driver.cpp data/dataset.cpp data/dataset.h \
+      data/tokenizer.cpp data/input_file.cpp tensor/error.h "$build_dir/libqkv_core.a" -- "${libs[@]}"
     cflags=()
     # Seeds: edit programs of a few steps each (the base files are made by the target itself).
     corpus=$work/fuzz_checkpoint/corpus

@@ -9,6 +9,7 @@
 
 #include "autograd/grad_mode.h"
 #include "compare_util.h"
+#include "model_fixtures.h"
 #include "nn/transformer.h"
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
@@ -18,41 +19,11 @@ using test::with_threads;
 
 namespace {
 
-nn::ModelConfig gpt2_like() {
-  nn::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 4;
-  c.n_embd = 100;      // head size 25 and rows of 100 floats: every kernel meets its ragged edges
-  c.ffn_hidden = 402;  // not a multiple of 8: elementwise kernels meet their vector tails mid-row
-  c.vocab_size = 259;
-  c.block_size = 96;
-  return c;
-}
+// ffn_hidden 402, not a multiple of 8: elementwise kernels meet their vector tails mid-row.
+nn::ModelConfig gpt2_like() { return test::ragged_gpt2(/*ffn_hidden=*/402, /*block_size=*/96); }
+nn::ModelConfig llama_like() { return test::ragged_llama(/*ffn_hidden=*/256, /*block_size=*/96); }
 
-nn::ModelConfig llama_like() {
-  nn::ModelConfig c = gpt2_like();
-  c.family = nn::Family::llama;
-  c.position = nn::Position::rope;
-  c.norm = nn::NormKind::rmsnorm;
-  c.activation = nn::Activation::swiglu;
-  c.bias = false;
-  c.tie_embeddings = false;
-  c.n_embd = 96;
-  c.n_kv_head = 2;  // GQA
-  c.ffn_hidden = 256;
-  return c;
-}
-
-std::vector<int64_t> tokens(int64_t n, uint64_t seed, int64_t vocab) {
-  std::vector<int64_t> t(static_cast<size_t>(n));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : t) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = static_cast<int64_t>(s % static_cast<uint64_t>(vocab));
-  }
-  return t;
-}
+std::vector<int64_t> tokens(int64_t n, uint64_t seed, int64_t vocab) { return test::tokens<int64_t>(n, seed, vocab); }
 
 // Logits [T, V] of `seq` in one forward of batch 1.
 Tensor whole(const nn::DecoderModel& m, const std::vector<int64_t>& seq) {

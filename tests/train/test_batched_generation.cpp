@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "autograd/grad_mode.h"
+#include "model_fixtures.h"
 #include "nn/transformer.h"
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
@@ -14,48 +15,17 @@
 #include "train/sampler.h"
 
 using namespace qkv;
+using test::tokens;
 
 namespace {
 
-nn::ModelConfig gpt2_like() {
-  nn::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 4;
-  c.n_embd = 100;  // ragged rows for every kernel
-  c.ffn_hidden = 200;
-  c.vocab_size = 259;
-  c.block_size = 64;
-  return c;
-}
-
-nn::ModelConfig llama_like() {
-  nn::ModelConfig c = gpt2_like();
-  c.family = nn::Family::llama;
-  c.position = nn::Position::rope;
-  c.norm = nn::NormKind::rmsnorm;
-  c.activation = nn::Activation::swiglu;
-  c.bias = false;
-  c.tie_embeddings = false;
-  c.n_embd = 96;
-  c.n_kv_head = 2;  // GQA
-  return c;
-}
+nn::ModelConfig gpt2_like() { return test::ragged_gpt2(/*ffn_hidden=*/200, /*block_size=*/64); }
+nn::ModelConfig llama_like() { return test::ragged_llama(/*ffn_hidden=*/200, /*block_size=*/64); }
 
 nn::ModelConfig linear_like() {
   nn::ModelConfig c = llama_like();
   c.attention_pattern = nn::AttentionPattern::linear;
   return c;
-}
-
-std::vector<int32_t> tokens(int64_t n, uint64_t seed, int64_t vocab) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : t) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    v = static_cast<int32_t>(s % static_cast<uint64_t>(vocab));
-  }
-  return t;
 }
 
 Tensor ids_of(const std::vector<int32_t>& ids, int64_t from, int64_t n) {
@@ -68,12 +38,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return x.shape() == y.shape() && std::memcmp(x.data<float>(), y.data<float>(), x.numel() * sizeof(float)) == 0;
 }
 
-std::unique_ptr<nn::DecoderModel> make_model(const nn::ModelConfig& c) {
-  auto m = std::make_unique<nn::DecoderModel>(c);
-  m->init_weights(7);
-  m->eval();
-  return m;
-}
+std::unique_ptr<nn::DecoderModel> make_model(const nn::ModelConfig& c) { return test::eval_model(c, 7); }
 
 // Prompts of lengths 1..: 3, 17, 1, 9, 30, 5, ... (more than any batch size below).
 std::vector<std::vector<int32_t>> prompts_for(int64_t n, int64_t vocab) {

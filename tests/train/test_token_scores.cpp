@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "autograd/grad_mode.h"
+#include "model_fixtures.h"
 #include "nn/transformer.h"
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
@@ -15,25 +16,11 @@ using namespace qkv;
 
 namespace {
 
+// Head size 18, vocabulary 67, windows of 16.
 std::unique_ptr<nn::DecoderModel> small_model() {
-  nn::ModelConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_kv_head = 2;
-  c.n_embd = 36;
-  c.ffn_hidden = 144;
-  c.vocab_size = 67;
-  c.block_size = 16;
-  auto m = std::make_unique<nn::DecoderModel>(c);
-  m->init_weights(3);
-  m->eval();
-  return m;
-}
-
-std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + 11) % vocab));
-  return t;
+  return test::eval_model(test::gpt2_config(/*n_head=*/2, /*n_embd=*/36, /*ffn_hidden=*/144, /*vocab_size=*/67,
+                                            /*block_size=*/16),
+                          3);
 }
 
 }  // namespace
@@ -58,7 +45,7 @@ TEST_CASE("score_tokens scores every target of full and partial windows against 
   const auto model = small_model();
   const nn::DecoderModel& m = *model;
   const int64_t T = m.config().block_size;
-  const auto tokens = some_tokens(2 * (T + 1) + 6, m.config().vocab_size);  // two full windows and 6 more
+  const auto tokens = test::stride_tokens(2 * (T + 1) + 6, m.config().vocab_size);  // two full windows and 6 more
   const auto s = train::score_tokens(m, tokens, "test");
   REQUIRE(s.logprob.size() == static_cast<size_t>(2 * T + 5));
   autograd::NoGradGuard ng;
@@ -87,7 +74,7 @@ TEST_CASE("under invariant numerics the scores equal KV-cache decoding's log-pro
           "[eval][per_token][invariant][exact]") {
   const auto model = small_model();
   const nn::DecoderModel& m = *model;
-  const auto tokens = some_tokens(14, m.config().vocab_size);
+  const auto tokens = test::stride_tokens(14, m.config().vocab_size);
   for (Numerics mode : {Numerics::invariant, Numerics::standard}) {
     const NumericsGuard guard(mode);
     const auto s = train::score_tokens(m, tokens, "test");
