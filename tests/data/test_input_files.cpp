@@ -160,10 +160,10 @@ TEST_CASE("input files: Hugging Face config.json and tokenizer files that are FI
   const std::string tok_msg = error_of([&] { train::read_hf_tokenizer(hf); });
   CHECK_THAT(tok_msg, Contains(tj + ": ") && Contains("not valid JSON at line 1, column 26"));
   CHECK(one_clean_line(tok_msg));
-  // A value of the wrong type inside valid JSON: named without the library's text.
+  // A value of the wrong type inside valid JSON: named by its key, without the library's text.
   write_text(tj, R"({"model": {"type": 5}})");
   const std::string type_msg = error_of([&] { train::read_hf_tokenizer(hf); });
-  CHECK_THAT(type_msg, Contains(tj + ": ") && Contains("wrong JSON type"));
+  CHECK_THAT(type_msg, Contains(tj + ": ") && Contains("model.type is a JSON number, expected a string"));
   CHECK(one_clean_line(type_msg));
   fs::remove(tj);
   // vocab.json + merges.txt, one of them a FIFO.
