@@ -17,6 +17,7 @@
 #include "data/batcher.h"
 #include "python/src/bindings.h"
 #include "python/src/convert.h"
+#include "python/src/json.h"
 #include "tensor/choice.h"
 #include "train/evaluate.h"
 #include "train/hf_interop.h"
@@ -74,33 +75,6 @@ std::vector<int32_t> id_list(const Model& m, py::handle obj, const char* what) {
   QKV_CHECK(t.size(0) == 1, what, ": shape ", shape_str(t.shape()), "; give one sequence of ids");
   const int64_t* p = t.data<int64_t>();
   return std::vector<int32_t>(p, p + t.numel());
-}
-
-py::object json_to_python(const nlohmann::json& j) {
-  switch (j.type()) {
-    case nlohmann::json::value_t::object: {
-      py::dict d;
-      for (const auto& [k, v] : j.items()) d[py::str(k)] = json_to_python(v);
-      return d;
-    }
-    case nlohmann::json::value_t::array: {
-      py::list l;
-      for (const auto& v : j) l.append(json_to_python(v));
-      return l;
-    }
-    case nlohmann::json::value_t::boolean:
-      return py::bool_(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-      return py::int_(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned:
-      return py::int_(j.get<uint64_t>());
-    case nlohmann::json::value_t::number_float:
-      return py::float_(j.get<double>());
-    case nlohmann::json::value_t::string:
-      return py::str(j.get<std::string>());
-    default:
-      return py::none();
-  }
 }
 
 py::object number_or_none(double v) { return std::isfinite(v) ? py::object(py::float_(v)) : py::object(py::none()); }
@@ -212,7 +186,7 @@ py::dict train_binding(py::handle config, py::handle overrides, py::object callb
     try {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (callback.is_none()) return true;
-      const py::object r = callback(json_to_python(metrics));
+      const py::object r = callback(to_python(metrics));
       return !(py::isinstance<py::bool_>(r) && !r.cast<bool>());
     } catch (py::error_already_set& e) {
       raised.emplace(std::move(e));
