@@ -16,6 +16,8 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "bench/attention_bench.h"
+#include "tensor/cpu/gemm/cpu_features.h"
+#include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/device_info.h"
@@ -140,9 +142,16 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         results.push_back(j);
       } else {
         for (const auto& g : train::bench_gemm(cfg)) {
-          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s\n", g.name.c_str(),
-                       static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops);
-          results.push_back({{"name", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflops", g.gflops}});
+          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s (%s)  BLAS %8.1f\n", g.name.c_str(),
+                       static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops,
+                       g.kernel.c_str(), g.blas_gflops);
+          results.push_back({{"name", g.name},
+                             {"m", g.m},
+                             {"n", g.n},
+                             {"k", g.k},
+                             {"gflops", g.gflops},
+                             {"kernel", g.kernel},
+                             {"blas_gflops", g.blas_gflops}});
         }
       }
     } else if (what == "attention") {
@@ -351,11 +360,21 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     // CPU; OPENBLAS_CORETYPE overrides it) and OpenMP's barrier spin (app/main.cpp sets it).
     const char* spin = std::getenv("GOMP_SPINCOUNT");
     const char* policy = std::getenv("OMP_WAIT_POLICY");
-    const nlohmann::json environment = {{"blas_kernel", cpu::blas_kernel_name()},
+    const cpu::CpuFeatures& features = cpu::cpu_features();
+    const nlohmann::json environment = {{"cpu",
+                                         {{"vendor", features.vendor},
+                                          {"brand", features.brand},
+                                          {"family", features.family},
+                                          {"model", features.model},
+                                          {"features", features.names()}}},
+                                        {"gemm_kernel", cpu::gemm_kernel_name(cpu::active_gemm_kernel())},
+                                        {"gemm_kernel_reason", cpu::gemm_kernel_reason()},
+                                        {"blas_kernel", cpu::blas_kernel_name()},
                                         {"omp_max_threads", omp_get_max_threads()},
                                         {"gomp_spincount", spin ? spin : ""},
                                         {"omp_wait_policy", policy ? policy : ""}};
-    std::fprintf(out, "BLAS kernel %s, %d OpenMP threads\n", cpu::blas_kernel_name().c_str(), omp_get_max_threads());
+    std::fprintf(out, "CPU %s (family %d model %d); GEMM kernel %s; %d OpenMP threads\n", features.brand.c_str(),
+                 features.family, features.model, cpu::gemm_kernel_reason().c_str(), omp_get_max_threads());
     if (json) print_json({{"results", results}, {"environment", environment}});
     exit_code = 0;
   });

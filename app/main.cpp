@@ -16,6 +16,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
 #include "train/config_schema.h"
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
   qkv::app::add_keys_command(app, exit_code);
   const bool json = json_requested(argc, argv);
   try {
+    // QKV_GEMM (tensor/cpu/gemm/gemm.h) is checked before any command reads or writes anything.
+    qkv::cpu::requested_gemm_kernel();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);

@@ -93,22 +93,35 @@ if [[ ${FUZZ_SECONDS:-10} != 0 ]]; then
 fi
 stage_done fuzz
 
-# The bitwise-exact cases ([exact]) again under every OpenBLAS kernel this CPU can run: a
-# machine's environment may set OPENBLAS_CORETYPE, and another kernel rounds GEMM tails
-# differently, so an exactness that rests on one kernel's rounding must fail here first.
-# BLAS_KERNELS=0 skips this part; BLAS_KERNELS="Haswell Zen" picks the kernels.
-if [[ ${BLAS_KERNELS:-all} != 0 && $(uname -m) == x86_64 ]]; then
-  kernels=(${BLAS_KERNELS:-})
-  if [[ ${BLAS_KERNELS:-all} == all ]]; then
-    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-    has() { for f in "$@"; do [[ $cpu_flags == *" $f "* ]] || return 1; done; }
-    kernels=(Prescott)                                   # the generic SSE3 path: any x86-64
-    if has avx2 fma; then kernels+=(Haswell Zen); fi
-    if has avx512f avx512bw avx512dq avx512vl avx512cd; then kernels+=(SkylakeX); fi
+# The bitwise-exact cases ([exact]) again under every GEMM kernel this CPU can run: qkv's own
+# (QKV_GEMM=sse, avx2, avx512: tensor/cpu/gemm/gemm.h) and OpenBLAS's (QKV_GEMM=blas with
+# OPENBLAS_CORETYPE: a machine's environment may set it, and another kernel rounds GEMM tails
+# differently), so an exactness that rests on one kernel's rounding must fail here first.
+# GEMM_KERNELS=0 skips this part; BLAS_KERNELS="Haswell" / OWN_KERNELS="sse avx2" pick the kernels.
+if [[ ${GEMM_KERNELS:-1} != 0 && $(uname -m) == x86_64 ]]; then
+  cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  has() { for f in "$@"; do [[ $cpu_flags == *" $f "* ]] || return 1; done; }
+  blas_kernels=(${BLAS_KERNELS:-})
+  own_kernels=(${OWN_KERNELS:-})
+  if [[ -z ${BLAS_KERNELS:-} ]]; then
+    blas_kernels=(Prescott)                              # the generic SSE3 path: any x86-64
+    if has avx2 fma; then blas_kernels+=(Haswell); fi    # (OpenBLAS's Zen sgemm is Haswell's)
+    if has avx512f avx512bw avx512dq avx512vl avx512cd; then blas_kernels+=(SkylakeX); fi
   fi
-  for kernel in "${kernels[@]}"; do
-    echo "test.sh: the [exact] cases with OPENBLAS_CORETYPE=$kernel" >&2
-    OPENBLAS_CORETYPE=$kernel QKV_EXPECT_BLAS_KERNEL=$kernel "$build_dir/tests/qkv_tests" "[exact]" >&2
+  if [[ -z ${OWN_KERNELS:-} ]]; then
+    own_kernels=(sse)
+    if has avx2 fma; then own_kernels+=(avx2); fi
+    if has avx512f fma; then own_kernels+=(avx512); fi
+  fi
+  # Each run as "QKV_GEMM:OPENBLAS_CORETYPE".
+  runs=()
+  for kernel in "${blas_kernels[@]}"; do runs+=("blas:$kernel"); done
+  for kernel in "${own_kernels[@]}"; do runs+=("$kernel:"); done
+  for run in "${runs[@]}"; do
+    gemm=${run%%:*} core=${run#*:}
+    echo "test.sh: the [exact] cases with QKV_GEMM=$gemm${core:+ OPENBLAS_CORETYPE=$core}" >&2
+    env QKV_GEMM="$gemm" QKV_EXPECT_GEMM_KERNEL="$gemm" ${core:+OPENBLAS_CORETYPE=$core QKV_EXPECT_BLAS_KERNEL=$core} \
+      "$build_dir/tests/qkv_tests" "[exact]" >&2
   done
   # Across processes: under numerics = invariant a checkpoint's per-token log-probabilities are
   # the same bits whatever the kernel and the thread count (docs/consistency.md).
@@ -116,21 +129,23 @@ if [[ ${BLAS_KERNELS:-all} != 0 && $(uname -m) == x86_64 ]]; then
   "$build_dir/qkv" train --config configs/tiny.toml --set train.max_steps=5 --set "train.out_dir=\"$run_dir\"" \
     --overwrite --quiet >/dev/null
   reference=""
-  for kernel in "${kernels[@]}"; do
+  for run in "${runs[@]}"; do
+    gemm=${run%%:*} core=${run#*:}
     for threads in 1 2; do
-      got=$(OPENBLAS_CORETYPE=$kernel OMP_NUM_THREADS=$threads "$build_dir/qkv" eval --checkpoint "$run_dir/best.h5" \
+      got=$(env QKV_GEMM="$gemm" ${core:+OPENBLAS_CORETYPE=$core} OMP_NUM_THREADS=$threads "$build_dir/qkv" eval \
+        --checkpoint "$run_dir/best.h5" \
         --ids 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5,0,2,8,8 --per-token \
         --numerics invariant --json 2>/dev/null | tail -n 1)
       if [[ -z $reference ]]; then reference=$got; fi
       if [[ $got != "$reference" ]]; then
-        echo "test.sh: invariant log-probs differ under OPENBLAS_CORETYPE=$kernel with $threads threads" >&2
+        echo "test.sh: invariant log-probs differ under QKV_GEMM=$gemm OPENBLAS_CORETYPE=$core with $threads threads" >&2
         exit 1
       fi
     done
   done
-  echo "test.sh: invariant per-token log-probs identical under ${kernels[*]} x 1, 2 threads" >&2
+  echo "test.sh: invariant per-token log-probs identical under ${runs[*]} x 1, 2 threads" >&2
 fi
-stage_done "BLAS kernels"
+stage_done "GEMM kernels"
 
 # The CPU suite once more under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer
 # (-DQKV_SANITIZE=address,undefined, in build-sanitize/): any report fails its test. Leaks that are

@@ -1,6 +1,5 @@
 #include "train/bench.h"
 
-#include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -10,6 +9,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/evaluate.h"
 #include "train/model_factory.h"
@@ -344,7 +344,7 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
                                {"mlp.down", F, C, L},
                                {"lm_head", C, V, 1}};
   std::vector<GemmBenchResult> out;
-  double total_flops = 0, total_s = 0, total_s_bf16 = 0;
+  double total_flops = 0, total_s = 0, total_s_bf16 = 0, total_s_blas = 0;
   // train.device = "cuda": the same shapes on cuBLAS (the MFU denominator of a GPU run).
   const bool gpu = cfg.train.device == Device::cuda;
   QKV_CHECK(!gpu || cuda::device_count() > 0,
@@ -374,7 +374,7 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
           for (int i = 0; i < reps; ++i) run();
           cuda::synchronize();
           const double t = std::chrono::duration<double>(Clock::now() - t0).count() / reps;
-          out.push_back({l.name + what[s] + (bf16 ? " bf16" : " fp32"), m, n, k, flops / t * 1e-9});
+          out.push_back({l.name + what[s] + (bf16 ? " bf16" : " fp32"), m, n, k, flops / t * 1e-9, "cublas"});
           (bf16 ? total_s_bf16 : total_s) += t * static_cast<double>(l.count);
         }
         total_flops += flops * static_cast<double>(l.count);
@@ -383,27 +383,35 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
       std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
           c(static_cast<size_t>(m * n));
       const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
-      auto run = [&] {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                    static_cast<int>(n), static_cast<int>(k), 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
-                    static_cast<int>(n));
+      // The kernel the step runs (tensor/cpu/gemm/gemm.h) and the BLAS's sgemm, alternated.
+      auto run = [&](cpu::GemmKernel kernel) {
+        cpu::sgemm_with(kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
       };
-      run();
-      std::vector<double> ts;
+      const cpu::GemmKernel active = cpu::active_gemm_kernel();
+      run(active);
+      run(cpu::GemmKernel::blas);
+      std::vector<double> ts, ts_blas;
       const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
       for (int i = 0; i < reps; ++i) {
-        const auto t0 = Clock::now();
-        run();
+        auto t0 = Clock::now();
+        run(active);
         ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        t0 = Clock::now();
+        run(cpu::GemmKernel::blas);
+        ts_blas.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      const double t = median(ts);
-      out.push_back({l.name + what[s], m, n, k, flops / t * 1e-9});
+      const double t = median(ts), t_blas = median(ts_blas);
+      out.push_back(
+          {l.name + what[s], m, n, k, flops / t * 1e-9, cpu::gemm_kernel_name(active), flops / t_blas * 1e-9});
       total_flops += flops * static_cast<double>(l.count);
       total_s += t * static_cast<double>(l.count);
+      total_s_blas += t_blas * static_cast<double>(l.count);
     }
   }
-  out.push_back({"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9});
-  if (gpu) out.push_back({"step-weighted bf16", 0, 0, 0, total_flops / total_s_bf16 * 1e-9});
+  const std::string kernel = gpu ? "cublas" : cpu::gemm_kernel_name(cpu::active_gemm_kernel());
+  out.push_back(
+      {"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9, kernel, gpu ? 0.0 : total_flops / total_s_blas * 1e-9});
+  if (gpu) out.push_back({"step-weighted bf16", 0, 0, 0, total_flops / total_s_bf16 * 1e-9, "cublas"});
   return out;
 }
 

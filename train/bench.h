@@ -33,10 +33,13 @@ StepBenchResult bench_step(const Config& cfg, int steps, int warmup = 3, bool pr
 struct GemmBenchResult {
   std::string name;  // which product of the step, e.g. "attn.c_attn fwd"
   int64_t m = 0, n = 0, k = 0;
-  double gflops = 0;
+  double gflops = 0;       // on `kernel`, the one the step runs
+  std::string kernel;      // tensor/cpu/gemm/gemm.h's name ("avx2", "blas", ...) or "cublas"
+  double blas_gflops = 0;  // the linked BLAS's sgemm on the same shape, timed alternately (CPU only)
 };
-// sgemm on every distinct GEMM shape of one training step (forward and both backward products of
-// each linear layer and the LM head), plus the FLOP-weighted aggregate (name "step-weighted").
+// The step's GEMM on every distinct GEMM shape of one training step (forward and both backward
+// products of each linear layer and the LM head), plus the FLOP-weighted aggregate (name
+// "step-weighted"); on the CPU each also on the BLAS.
 std::vector<GemmBenchResult> bench_gemm(const Config& cfg);
 
 // Greedy decoding with the KV cache on the config's model (random weights from train.seed, on

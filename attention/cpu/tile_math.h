@@ -1,6 +1,7 @@
-// Internal to attention/: the per-row arithmetic of the fused kernels, and the BLAS GEMM the
-// linear-attention kernels use for their larger products (inside the kernels' OpenMP region the
-// OpenMP build of OpenBLAS runs single-threaded, so each thread multiplies its own blocks). The
+// Internal to attention/: the per-row arithmetic of the fused kernels, and the GEMM the
+// linear-attention kernels use for their larger products (float32 through the dispatch point of
+// tensor/cpu/gemm/gemm.h, float64 on the BLAS; inside the kernels' OpenMP region both run
+// single-threaded, so each thread multiplies its own blocks). The
 // softmax kernels' tile products are hand-written (tile_products.h). The row loops below are
 // branch-free so -O3 -march=native turns them into vector code.
 #pragma once
@@ -11,15 +12,14 @@
 #include <limits>
 
 #include "tensor/cpu/fast_exp.h"
+#include "tensor/cpu/gemm/gemm.h"
 
 namespace qkv::attn::tile {
 
 // C[m x n] = alpha · op(A) · op(B) + beta · C, row-major.
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  cpu::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
                  const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {

@@ -1,4 +1,5 @@
-// Batched GEMM on OpenBLAS: out[i] = alpha * a[i] @ b[i] + beta * out[i].
+// Batched GEMM: out[i] = alpha * a[i] @ b[i] + beta * out[i], float32 on the kernel the CPU's
+// features choose (tensor/cpu/gemm/gemm.h), float64 on the BLAS.
 //   a [batch..., M, K], b [batch..., K, N], out [batch..., M, N]; batch dims already broadcast
 //   (stride 0 where an operand is shared).
 // Why it is written this way:
@@ -20,6 +21,7 @@
 //   result is bitwise the same for any thread count.
 #include "tensor/cpu/matmul.h"
 
+#include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cpu/parallel.h"
 
 #include <cblas.h>
@@ -55,9 +57,10 @@ namespace {
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
+// float32 goes through the GEMM dispatch point (tensor/cpu/gemm/gemm.h): the kernel for this CPU.
 inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
                  float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
                  int ldb, double beta, double* c, int ldc) {
