@@ -22,7 +22,7 @@ void add_attention_map_command(CLI::App& root, int& exit_code) {
   static int64_t layer = 0, head = 0;
   static bool json = false, force = false;
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
-  cmd->add_option("--text", text, "the text to run (its last block_size tokens are used)")->required();
+  add_text_option(cmd, "--text", text, false, "the text to run (its last block_size tokens are used)")->required();
   add_int_option(cmd, "--layer", layer, {0, kIntMax}, "layer index, below model.n_layer");
   add_int_option(cmd, "--head", head, {0, kIntMax}, "query head index, below model.n_head");
   add_path_option(cmd, "--out", out_path, "PNG file for the head's heatmap")->required();

@@ -30,67 +30,97 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("bench", "measure a training step, the attention kernels, GEMM, or decoding");
   static std::string config, what = "step";
   static std::vector<std::string> sets;
-  static int steps = 10, threads = 0;
+  static int steps = 10;
+  static std::optional<int64_t> threads;
   static int64_t tokens = 256;
-  static double peak_tflops = 0;
+  static std::optional<double> peak_tflops;
   static std::vector<int64_t> ns, head_dims;
   static std::string pattern = "full", linear_feature = "elu1";
   static bool profile = false, json = false;
   add_path_option(cmd, "--config", config, "config whose step (or GEMM shapes) to measure");
-  cmd->add_option("--set", sets, "override a config key (repeatable)");
+  add_set_option(cmd, sets, "override a config key (repeatable)");
   add_numerics_option(cmd, sets);
-  cmd->add_option("--what", what,
-                  "step | attention | gemm | decode | numerics (invariant vs standard, alternated) | batch")
-      ->capture_default_str();
-  add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode: tokens to generate");
+  add_choice_option(cmd, "--what", what, {"step", "attention", "gemm", "decode", "numerics", "batch"},
+                    "what to measure (numerics: invariant vs standard, alternated)");
+  add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode, numerics, batch: tokens to generate");
   static int64_t batch_prompts = 16, batch_size = 8, batch_count = 1000;
   add_int_option(cmd, "--prompts", batch_prompts, {1, 1 << 20}, "batch: prompts per throughput run");
   add_int_option(cmd, "--batch-size", batch_size, {1, 4096}, "batch: rows decoded together (compared with 1)");
   add_int_option(cmd, "--count", batch_count, {0, 1 << 24},
                  "batch: greedy completions of the target prompt per numerics mode (0 = skip)");
-  add_int_option(cmd, "--steps", steps, {1, 100000}, "timed steps after the warm-up");
-  add_int_option(cmd, "--threads", threads, {0, 4096}, "OpenMP threads; 0 = the config's, else all");
+  add_int_option(cmd, "--steps", steps, {1, 100000}, "step, numerics: timed steps after the warm-up");
+  add_int_option(cmd, "--threads", threads, {1, 4096}, "OpenMP threads (default: the config's, else all)");
   add_int_list_option(cmd, "--n", ns, {1, 1 << 20}, "attention: sequence lengths (default 256 1024 4096)");
   add_int_list_option(cmd, "--head-dim", head_dims, {1, 1024}, "attention: head dims (default 64)");
-  static int64_t p_stride = 0, p_local = 0, p_global = 1, p_random = 2, p_bs = 64, p_hkv = 0;
-  cmd->add_option("--pattern", pattern,
-                  "attention: full|window|strided|global|bigbird|block_sparse|linear (linear: N 1K..64K, kv heads 8)")
-      ->capture_default_str();
-  add_int_option(cmd, "--pattern-stride", p_stride, {0, 1 << 20}, "attention: strided s (0 = ceil(sqrt(N)))");
-  add_int_option(cmd, "--pattern-local", p_local, {0, 1 << 20}, "attention: local width l (0 = the pattern's default)");
+  static std::optional<int64_t> p_stride, p_local, p_hkv;
+  static int64_t p_global = 1, p_random = 2, p_bs = 64;
+  add_choice_option(cmd, "--pattern", pattern, choice_names(kAttentionPatterns),
+                    "attention: the pattern (linear: N 1K..64K, kv heads 8)");
+  add_int_option(cmd, "--pattern-stride", p_stride, {1, 1 << 20}, "attention, strided: s (default ceil(sqrt(N)))");
+  add_int_option(cmd, "--pattern-local", p_local, {1, 1 << 20},
+                 "attention, window|strided|global|bigbird: local width l (default: the pattern's)");
   add_int_option(cmd, "--pattern-global", p_global, {0, 1 << 20},
-                 "attention: global, bigbird: the first g positions are global");
-  add_int_option(cmd, "--pattern-random-blocks", p_random, {0, 1 << 20}, "attention: bigbird random blocks");
-  add_int_option(cmd, "--pattern-block-size", p_bs, {1, 1 << 20}, "attention: bigbird / block_sparse block size");
-  add_int_option(cmd, "--hkv", p_hkv, {0, 1024}, "attention: kv heads; 0 = 8 and 2");
+                 "attention, global|bigbird: the first g positions are global (0: none)");
+  add_int_option(cmd, "--pattern-random-blocks", p_random, {0, 1 << 20}, "attention, bigbird: random blocks (0: none)");
+  add_int_option(cmd, "--pattern-block-size", p_bs, {1, 1 << 20}, "attention, bigbird|block_sparse: block size");
+  add_int_option(cmd, "--hkv", p_hkv, {1, 1024}, "attention: kv heads (default: 8 and 2)");
   static bool versus_full = false;
-  static int rounds = 0;
+  static std::optional<int64_t> rounds;
   cmd->add_flag("--versus-full", versus_full,
                 "attention, sparse --pattern: also time full causal attention, alternating with the pattern in "
                 "the same process, and report the ratio of their times per kept pair");
-  add_int_option(cmd, "--rounds", rounds, {0, 100000},
-                 "attention --versus-full: alternated rounds (0: about 10 s of full steps); numerics, batch: rounds "
-                 "(0: 3); --interleave-n: rounds over the N (0: about 20 s)");
+  add_int_option(cmd, "--rounds", rounds, {1, 100000},
+                 "attention --versus-full: alternated rounds (default: about 10 s of full steps); numerics, batch: "
+                 "rounds (default 3); --interleave-n: rounds over the N (default: about 20 s)");
   static bool interleave_n = false;
   cmd->add_flag("--interleave-n", interleave_n,
                 "attention: time the --n values round-robin in one process (each round a warm-up and a timed step "
                 "per N), so growth over N compares one machine state");
   static std::string kernel = "both";
-  cmd->add_option("--kernel", kernel, "attention: fused | reference | both")->capture_default_str();
-  cmd->add_option("--linear-feature", linear_feature, "attention --pattern linear: elu1 | relu | favor")
-      ->capture_default_str();
+  std::vector<std::string> kernels = choice_names(kAttnKernels);
+  kernels.push_back("both");
+  add_choice_option(cmd, "--kernel", kernel, kernels, "attention: which kernels");
+  add_choice_option(cmd, "--linear-feature", linear_feature, choice_names(kLinearFeatures),
+                    "attention --pattern linear: the feature map");
   cmd->add_flag("--profile", profile, "step: per-op forward/backward time table");
-  add_real_option(cmd, "--peak-tflops", peak_tflops, {0, 1e9},
-                  "step on the GPU: peak TFLOP/s for MFU; 0 = the card's dense bf16");
+  add_real_option(cmd, "--peak-tflops", peak_tflops, {0, 1e9, true, false},
+                  "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code, cmd] {
+    // Options that only act with one --what (or one --pattern), given with another, would be
+    // silently ignored: each is refused naming what it needs.
+    const std::string got_what = "--what " + what;
+    refuse_alone(cmd, {"--tokens"}, what == "decode" || what == "numerics" || what == "batch",
+                 "--what decode, numerics or batch", got_what);
+    refuse_alone(cmd, {"--prompts", "--batch-size", "--count"}, what == "batch", "--what batch", got_what);
+    refuse_alone(cmd, {"--steps"}, what == "step" || what == "numerics", "--what step or numerics", got_what);
+    refuse_alone(cmd, {"--profile", "--peak-tflops"}, what == "step", "--what step", got_what);
+    refuse_alone(cmd,
+                 {"--n", "--head-dim", "--hkv", "--pattern", "--pattern-stride", "--pattern-local", "--pattern-global",
+                  "--pattern-random-blocks", "--pattern-block-size", "--versus-full", "--interleave-n", "--kernel",
+                  "--linear-feature"},
+                 what == "attention", "--what attention", got_what);
+    const std::string got_pattern = "--pattern " + pattern;
+    refuse_alone(cmd, {"--linear-feature"}, pattern == "linear", "--pattern linear", got_pattern);
+    refuse_alone(cmd, {"--pattern-stride"}, pattern == "strided", "--pattern strided", got_pattern);
+    refuse_alone(cmd, {"--pattern-local"},
+                 pattern == "window" || pattern == "strided" || pattern == "global" || pattern == "bigbird",
+                 "--pattern window, strided, global or bigbird", got_pattern);
+    refuse_alone(cmd, {"--pattern-global"}, pattern == "global" || pattern == "bigbird", "--pattern global or bigbird",
+                 got_pattern);
+    refuse_alone(cmd, {"--pattern-random-blocks"}, pattern == "bigbird", "--pattern bigbird", got_pattern);
+    refuse_alone(cmd, {"--pattern-block-size"}, pattern == "bigbird" || pattern == "block_sparse",
+                 "--pattern bigbird or block_sparse", got_pattern);
+    refuse_alone(cmd, {"--rounds"},
+                 what == "numerics" || what == "batch" || (what == "attention" && (versus_full || interleave_n)),
+                 "--what numerics, --what batch, or --what attention with --versus-full or --interleave-n");
     nlohmann::json results = nlohmann::json::array();
     std::FILE* out = json ? stderr : stdout;
-    if (threads > 0) omp_set_num_threads(threads);
+    if (threads) omp_set_num_threads(static_cast<int>(*threads));
     if (what == "step" || what == "gemm") {
       QKV_CHECK(!config.empty(), "[bench] --what ", what, " needs --config");
       Config cfg = parse_config(config, sets);
-      if (threads > 0) cfg.train.threads = threads;
+      if (threads) cfg.train.threads = *threads;
       if (what == "step") {
         const auto r = train::bench_step(cfg, steps, 3, profile);
         std::fprintf(
@@ -116,7 +146,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         if (cfg.train.device == Device::cuda) {
           // MFU: model FLOP/s over the card's dense bf16 peak, for float32 and bf16 runs alike.
           const cuda::DeviceInfo dev = cuda::device_info();
-          const double peak = peak_tflops > 0 ? peak_tflops : dev.peak_bf16_tflops;
+          const double peak = peak_tflops.value_or(dev.peak_bf16_tflops);
           const double tflops = r.gflops * 1e-3;
           j["device"] = dev.name;
           j["tflops"] = tflops;
@@ -167,12 +197,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       }
       if (!ns.empty()) o.ns = ns;
       if (!head_dims.empty()) o.head_dims = head_dims;
-      if (p_hkv > 0) o.hkvs = {p_hkv};
+      if (p_hkv) o.hkvs = {*p_hkv};
       const attn::Kernel* k = find_choice(kAttnKernels, kernel);
       QKV_CHECK(k || kernel == "both", "[bench] --kernel must be fused, reference or both, got '", kernel, "'");
       if (k) o.kernels = {*k};
-      o.pattern.stride = p_stride;
-      o.pattern.local = p_local;
+      o.pattern.stride = p_stride.value_or(0);  // 0: the pattern's own default (attention/pattern/pattern.h)
+      o.pattern.local = p_local.value_or(0);
       o.pattern.global = p_global;
       o.pattern.random_blocks = p_random;
       o.pattern.block_size = p_bs;
@@ -181,8 +211,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                 "'");
       o.versus_full = versus_full;
       o.interleave_n = interleave_n;
-      o.rounds = rounds;
-      o.threads = threads > 0 ? threads : omp_get_max_threads();
+      o.rounds = static_cast<int>(rounds.value_or(0));  // 0: the benchmark's own time-based count
+      o.threads = threads ? static_cast<int>(*threads) : omp_get_max_threads();
       const Config cfg = config.empty() ? Config{} : parse_config(config, sets);
       if (!config.empty() && cfg.train.device == Device::cuda) {
         // The GPU: the config's batch and heads (B1 H8 would leave most SMs idle), its dtype (bf16:
@@ -248,8 +278,8 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     } else if (what == "numerics") {
       QKV_CHECK(!config.empty(), "[bench] --what numerics needs --config");
       Config cfg = parse_config(config, sets);
-      if (threads > 0) cfg.train.threads = threads;
-      const int n_rounds = rounds > 0 ? rounds : 3;
+      if (threads) cfg.train.threads = *threads;
+      const int n_rounds = static_cast<int>(rounds.value_or(3));
       const auto r = train::bench_numerics(cfg, steps, tokens, n_rounds);
       auto med = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
@@ -281,7 +311,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     } else if (what == "decode") {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");
       Config cfg = parse_config(config, sets);
-      if (threads > 0) cfg.train.threads = threads;
+      if (threads) cfg.train.threads = *threads;
       const auto r = train::bench_decode(cfg, tokens);
       std::fprintf(out,
                    "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%d threads, %lld tokens of "
@@ -309,12 +339,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
     } else if (what == "batch") {
       QKV_CHECK(!config.empty(), "[bench] --what batch needs --config");
       Config cfg = parse_config(config, sets);
-      if (threads > 0) cfg.train.threads = threads;
+      if (threads) cfg.train.threads = *threads;
       train::BatchBenchOptions bo;
       bo.prompts = batch_prompts;
       bo.batch_size = batch_size;
       bo.count = batch_count;
-      if (rounds > 0) bo.rounds = rounds;
+      if (rounds) bo.rounds = static_cast<int>(*rounds);
       if (cmd->count("--tokens")) bo.max_new_tokens = tokens;
       const auto r = train::bench_batch(cfg, bo);
       nlohmann::json runs = nlohmann::json::array();

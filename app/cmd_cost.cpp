@@ -9,6 +9,7 @@
 #include "analysis/cost.h"
 #include "app/commands.h"
 #include "app/options.h"
+#include "tensor/error.h"
 #include "train/memory_budget.h"
 
 namespace qkv::app {
@@ -17,20 +18,23 @@ void add_cost_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("cost", "count a config's parameters, FLOPs and memory (no training)");
   static std::string config;
   static std::vector<std::string> sets;
-  static int64_t context = 0, vocab = 0;
+  static std::optional<int64_t> context, vocab;
   static bool json = false;
   add_path_option(cmd, "--config", config, "config file (.toml)")->required();
-  cmd->add_option("--set", sets, "override a config key (repeatable)");
-  add_int_option(cmd, "--context", context, {0, 1 << 20},
-                 "inference context N for prefill, decode and the KV cache; 0 = block_size");
-  add_int_option(cmd, "--vocab", vocab, {0, 1 << 24},
-                 "vocabulary when model.vocab_size is 0; 0 = the tokenizer's, from data.path");
+  add_set_option(cmd, sets, "override a config key (repeatable)");
+  add_int_option(cmd, "--context", context, {1, 1 << 20},
+                 "inference context N for prefill, decode and the KV cache (default: model.block_size)");
+  add_int_option(cmd, "--vocab", vocab, {1, 1 << 24},
+                 "vocabulary when model.vocab_size is 0 (default: the tokenizer's, from data.path)");
   cmd->add_flag("--json", json, "print the figures as one JSON line");
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, cmd] {
     const Config cfg = parse_config(config, sets);
+    // The config's own vocabulary wins: a --vocab beside it would be silently ignored.
+    refuse_alone(cmd, {"--vocab"}, cfg.model.vocab_size == 0, "model.vocab_size = 0 (the tokenizer's)",
+                 cat("model.vocab_size = ", cfg.model.vocab_size));
     analysis::CostOptions o;
-    o.context = context;
-    o.vocab = vocab;
+    o.context = context.value_or(0);
+    o.vocab = vocab.value_or(0);
     const analysis::CostReport r = analysis::estimate_cost(cfg, o);
     std::FILE* table = json ? stderr : stdout;
     std::fputs(analysis::cost_table(r).c_str(), table);

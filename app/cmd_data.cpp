@@ -2,6 +2,7 @@
 //             [--separator …] [--bpe-vocab-size N]
 // qkv plot --metrics RUN_DIR/metrics.jsonl --out loss.svg
 #include <cstdio>
+#include <filesystem>
 
 #include "app/commands.h"
 #include "app/options.h"
@@ -21,21 +22,26 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
   static int64_t seed = 1337;
   static bool json = false, force = false;
   add_path_option(cmd, "--input", input, "text file")->required();
-  auto* kind = cmd->add_option("--tokenizer", tokenizer, "byte | char | bpe");
+  // Every kind's spelling: gpt2_bpe is then refused by make_tokenizer, which says where it comes from.
+  auto* kind =
+      add_choice_option(cmd, "--tokenizer", tokenizer, choice_names(kTokenizerKinds), "the tokenizer to build");
   auto* from = add_path_option(cmd, "--tokenizer-from", tokenizer_from,
-                               "use the tokenizer of a checkpoint or a Hugging Face model directory (GPT-2's BPE)");
+                               "use the tokenizer of a checkpoint, or of a Hugging Face tokenizer directory "
+                               "(tokenizer.json, or vocab.json + merges.txt: GPT-2's BPE)");
   kind->excludes(from);
   from->excludes(kind);
   add_path_option(cmd, "--out", out, "output .h5")->required();
   cmd->add_flag("--force", force, "replace --out if it exists");
-  cmd->add_option("--separator", separator, "document separator: blank_line | percent_line | none")
-      ->capture_default_str();
-  add_int_option(cmd, "--bpe-vocab-size", bpe_vocab, int_key_range("data.bpe_vocab_size"), "BPE vocabulary size");
+  add_choice_option(cmd, "--separator", separator, choice_names(kDocSeparators), "document separator");
+  add_int_option(cmd, "--bpe-vocab-size", bpe_vocab, int_key_range("data.bpe_vocab_size"),
+                 "--tokenizer bpe: vocabulary size");
   add_real_option(cmd, "--val-fraction", val_fraction, real_key_range("data.val_fraction"),
                   "share of documents (or tokens) held out");
   add_int_option(cmd, "--seed", seed, {0, kIntMax}, "which documents go to validation");
   cmd->add_flag("--json", json, "print a summary as one JSON line");
-  cmd->callback([&exit_code, kind] {
+  cmd->callback([&exit_code, cmd, kind] {
+    refuse_alone(cmd, {"--bpe-vocab-size"}, tokenizer == "bpe", "--tokenizer bpe",
+                 kind->count() ? "--tokenizer " + tokenizer : std::string());
     PrepareOptions o;
     o.bpe_vocab_size = bpe_vocab;
     o.separator = parse_separator(separator);
@@ -50,7 +56,9 @@ void add_prepare_command(CLI::App& root, int& exit_code) {
     }
     guard.check_file("--out", out, {.replace = force});
     if (!tokenizer_from.empty()) {
-      o.given = train::is_hf_directory(tokenizer_from)
+      // A directory is a Hugging Face tokenizer (its tokenizer files; config.json is not needed).
+      std::error_code ec;
+      o.given = std::filesystem::is_directory(tokenizer_from, ec)
                     ? std::shared_ptr<const Tokenizer>(train::read_hf_tokenizer(tokenizer_from))
                     : std::shared_ptr<const Tokenizer>(train::read_checkpoint_meta(tokenizer_from).tokenizer);
       o.tokenizer.reset();  // `given` is the tokenizer, whatever its kind

@@ -8,6 +8,7 @@
 #include "app/commands.h"
 #include "train/inference.h"
 #include "app/options.h"
+#include "train/config_schema.h"
 #include "data/dataset.h"
 #include "train/evaluate.h"
 #include "train/session.h"
@@ -36,14 +37,16 @@ void add_eval_command(CLI::App& root, int& exit_code) {
   static bool json = false, per_token = false;
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   auto* data = add_path_option(cmd, "--data", data_path, "text file or prepared .h5 (scored whole, no split)");
-  auto* ids = cmd->add_option("--ids", ids_text, "token ids to score instead of a file, comma-separated (\"5,17,3\")");
+  auto* ids = add_list_option(
+      cmd, "--ids", ids_text, [](const std::string& s) { (void)parse_ids(s); },
+      "token ids to score instead of a file, comma-separated (\"5,17,3\")");
   data->excludes(ids);
   cmd->add_flag("--per-token", per_token,
                 "also score every token (windows as above, plus a final partial one): log p(token | the tokens "
                 "before it in its window), by the training loss's kernel; with --json as \"per_token\"");
   cmd->add_flag("--json", json, "print {loss, perplexity, tokens} as one JSON line");
   static std::string device = "cpu";
-  cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
+  add_choice_option(cmd, "--device", device, choice_names(kDevices), "where the model runs");
   static std::optional<Numerics> numerics;
   add_numerics_option(cmd, numerics);
   cmd->callback([&exit_code] {

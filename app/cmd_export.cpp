@@ -18,7 +18,7 @@ void add_export_command(CLI::App& root, int& exit_code) {
   static bool json = false;
   add_path_option(cmd, "--checkpoint", checkpoint, "checkpoint file (.h5)")->required();
   add_path_option(cmd, "--out", out, "output directory (must not exist)")->required();
-  cmd->add_option("--dtype", dtype, "stored weights: f32 | bf16")->capture_default_str();
+  add_choice_option(cmd, "--dtype", dtype, {"f32", "bf16"}, "stored weights");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {
     train::OutputGuard guard;

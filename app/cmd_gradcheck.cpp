@@ -183,7 +183,7 @@ void add_gradcheck_command(CLI::App& root, int& exit_code) {
   static int directions = analysis::ModelGradcheckOptions{}.directions,
              elements = analysis::ModelGradcheckOptions{}.elements;
   static int64_t seed = static_cast<int64_t>(analysis::ModelGradcheckOptions{}.seed);
-  cmd->add_option("--only", only,
+  add_text_option(cmd, "--only", only, false,
                   "run only ops whose name (or 'op case') matches this regular expression; with "
                   "--config, only parameter tensors whose name matches");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
@@ -192,14 +192,11 @@ void add_gradcheck_command(CLI::App& root, int& exit_code) {
   auto* atol_opt = add_real_option(cmd, "--atol", atol, {0, 1e6}, "absolute tolerance (--config: default 1e-9)");
   auto* rtol_opt = add_real_option(cmd, "--rtol", rtol, {0, 1e6}, "relative tolerance (--config: default 1e-5)");
   add_path_option(cmd, "--config", config, "check the whole model of this config file (float64, seeded batch)");
-  cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
-  auto* dir_opt =
-      add_int_option(cmd, "--directions", directions, {0, 10000}, "--config: random directions over all parameters");
-  auto* elem_opt =
-      add_int_option(cmd, "--elements", elements, {0, 10000}, "--config: elements checked in every parameter tensor");
-  auto* seed_opt = add_int_option(cmd, "--seed", seed, {0, kIntMax},
-                                  "--config: batch, dropout masks, directions and element sample");
-  cmd->callback([&exit_code, eps_opt, atol_opt, rtol_opt, dir_opt, elem_opt, seed_opt] {
+  add_set_option(cmd, sets, "override a config key (section.key=value), with --config");
+  add_int_option(cmd, "--directions", directions, {0, 10000}, "--config: random directions over all parameters");
+  add_int_option(cmd, "--elements", elements, {0, 10000}, "--config: elements checked in every parameter tensor");
+  add_int_option(cmd, "--seed", seed, {0, kIntMax}, "--config: batch, dropout masks, directions and element sample");
+  cmd->callback([&exit_code, cmd, eps_opt, atol_opt, rtol_opt] {
     if (!config.empty()) {
       QKV_CHECK(directions + elements > 0, "[gradcheck] --directions 0 and --elements 0 check nothing");
       analysis::ModelGradcheckOptions opt;
@@ -213,9 +210,7 @@ void add_gradcheck_command(CLI::App& root, int& exit_code) {
       exit_code = run_model(config, sets, opt, json);
       return;
     }
-    QKV_CHECK(sets.empty(), "[gradcheck] --set needs --config");
-    QKV_CHECK(!dir_opt->count() && !elem_opt->count() && !seed_opt->count(),
-              "[gradcheck] --directions, --elements and --seed need --config");
+    refuse_alone(cmd, {"--set", "--directions", "--elements", "--seed"}, false, "--config");
     std::regex pattern;
     try {
       pattern = std::regex(only.empty() ? ".*" : only);

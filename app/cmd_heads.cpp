@@ -22,32 +22,35 @@ namespace qkv::app {
 void add_heads_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("heads", "score and label every attention head's pattern over real text");
   static std::string ckpt, data, separators, report;
-  static int64_t windows = 16, length = 0, local_span = 4;
+  static int64_t windows = 16, local_span = 4;
+  static std::optional<int64_t> length;
   static double peak = 0.5, local = 0.7, broad = 0.8;
-  static bool json = false, no_sep = false;
+  static bool json = false, force = false;
   constexpr RealRange kThreshold{0, 1, true, false};
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
   add_path_option(cmd, "--data", data, "a text file to sample windows from")->required();
   add_int_option(cmd, "--windows", windows, {1, 100000}, "windows of text to average over");
-  add_int_option(cmd, "--length", length, {0, 1 << 20}, "tokens per window; 0 = block_size");
-  cmd->add_option("--separators", separators,
+  add_int_option(cmd, "--length", length, {2, 1 << 20}, "tokens per window (default and most: the model's block_size)");
+  add_text_option(cmd, "--separators", separators, false,
                   "characters whose tokens count as separators (default: newline, space, tab, ASCII punctuation)");
   add_int_option(cmd, "--local-span", local_span, {1, 1 << 20}, "keys within this distance count as local");
   add_real_option(cmd, "--peak-threshold", peak, kThreshold, "score a single kind of key needs for its label");
   add_real_option(cmd, "--local-threshold", local, kThreshold, "local mass for the label 'local'");
   add_real_option(cmd, "--broad-threshold", broad, kThreshold, "entropy / max entropy for the label 'broad'");
   add_path_option(cmd, "--report", report, "directory for index.html and heads.png");
+  cmd->add_flag("--force", force, "--report: write into a directory that holds other files than heads'");
   cmd->add_flag("--json", json, "print {heads: [...]} as one JSON line");
   static std::optional<Numerics> numerics;
   add_numerics_option(cmd, numerics);
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, cmd] {
+    refuse_alone(cmd, {"--force"}, !report.empty(), "--report");
     train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
     if (!report.empty()) {
       train::OutputGuard guard;
       guard.add_input("--checkpoint", ckpt);
       guard.add_input("--data", data);
       guard.add_input("data.path", meta.config.data.path);  // the checkpoint's corpus
-      guard.check_dir("--report", report, {.replace = true, .make_parents = true});
+      guard.check_dir("--report", report, {.replace = force, .make_parents = true, .owner = "heads"});
     }
     auto model = train::build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
     train::load_model_weights(ckpt, *model);
@@ -56,8 +59,10 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     set_numerics(numerics.value_or(meta.config.train.resolved_numerics()));
     const std::vector<int32_t> ids = meta.tokenizer->encode(read_text_file(data));
     QKV_CHECK(ids.size() >= 2, "[heads] --data ", data, " encodes to ", ids.size(), " tokens; need at least 2");
-    const int64_t len = length > 0 ? std::min(length, model->config().block_size) : model->config().block_size;
-    QKV_CHECK(len >= 2, "[heads] --length must be >= 2, got ", length);
+    const int64_t block = model->config().block_size;
+    QKV_CHECK(length.value_or(block) <= block, "[heads] --length ", *length, " exceeds the model's block_size ", block);
+    const int64_t len = length.value_or(block);
+    QKV_CHECK(len >= 2, "[heads] windows of ", len, " tokens (the model's block_size) are too short; need at least 2");
     analysis::HeadsOptions o;
     o.local_span = local_span;
     o.peak_threshold = peak;
@@ -70,6 +75,7 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     r.separators = seps;
     std::fputs(analysis::heads_table(r).c_str(), json ? stderr : stdout);
     if (!report.empty()) {
+      train::mark_output_dir(report, "heads");
       analysis::write_heads_report(report, r, ckpt);
       std::fprintf(json ? stderr : stdout, "heads: report -> %s/index.html\n", report.c_str());
     }

@@ -19,8 +19,8 @@ void add_import_command(CLI::App& root, int& exit_code) {
   add_path_option(cmd, "--from", from, "HF model directory (config.json + model.safetensors)")->required();
   add_path_option(cmd, "--out", out, "checkpoint to write (.h5)")->required();
   cmd->add_flag("--force", force, "replace --out if it exists");
-  cmd->add_option("--tokenizer", tokenizer,
-                  "byte: the model's ids are bytes (for a directory without tokenizer files); default: DIR's files");
+  add_choice_option(cmd, "--tokenizer", tokenizer, {"byte"},
+                    "byte: the model's ids are bytes (for a directory without tokenizer files); default: DIR's files");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {
     train::OutputGuard guard;

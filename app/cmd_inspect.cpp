@@ -9,6 +9,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "app/options.h"
 #include "tensor/error.h"
 #include "train/checkpoint.h"
 
@@ -18,7 +19,7 @@ void add_inspect_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("inspect", "print a checkpoint's config, step, tokenizer and parameters per tensor");
   static std::string path;
   static bool json = false;
-  cmd->add_option("checkpoint", path, "checkpoint file (.h5)")->required();
+  add_path_option(cmd, "checkpoint", path, "checkpoint file (.h5)")->required();
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   cmd->callback([&exit_code] {
     const train::CheckpointMeta meta = train::read_checkpoint_meta(path);

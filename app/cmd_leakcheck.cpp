@@ -12,6 +12,7 @@
 
 #include "app/commands.h"
 #include "app/options.h"
+#include "train/config_schema.h"
 #include "train/checkpoint.h"
 #include "analysis/leakcheck.h"
 #include "train/model_factory.h"
@@ -45,13 +46,13 @@ std::vector<int32_t> report_probe(const nn::DecoderModel& model, const train::Ru
 
 // Refuses a --report directory that is or contains an input, before the model is built.
 void check_report_dir(const std::string& report_dir, const std::string& ckpt, const std::string& config,
-                      const Config& cfg) {
+                      const Config& cfg, bool force) {
   if (report_dir.empty()) return;
   train::OutputGuard guard;
   guard.add_input("--checkpoint", ckpt);
   guard.add_input("--config", config);
   guard.add_input("data.path", cfg.data.path);
-  guard.check_dir("--report", report_dir, {.replace = true, .make_parents = true});
+  guard.check_dir("--report", report_dir, {.replace = force, .make_parents = true, .owner = "leakcheck"});
 }
 
 }  // namespace
@@ -62,25 +63,27 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
                                   "mask and attention errors, dropout in eval, and train/val overlap");
   static std::string ckpt, config, report_dir, device = "cpu";
   static std::vector<std::string> sets;
-  static bool json = false, self_test = false;
+  static bool json = false, self_test = false, force = false;
   static int ngram = 32;
   static double max_share = 0.05;
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5) to check");
   add_path_option(cmd, "--config", config, "config file: check a freshly initialised model of it");
-  cmd->add_option("--set", sets, "override a config key (section.key=value), with --config");
+  add_set_option(cmd, sets, "override a config key (section.key=value), with --config");
   static std::optional<Numerics> numerics;
   add_numerics_option(cmd, numerics);
-  cmd->add_option("--device", device, "cpu | cuda: where the model and the checks run")->capture_default_str();
+  add_choice_option(cmd, "--device", device, choice_names(kDevices), "where the model and the checks run");
   cmd->add_flag("--json", json, "print one JSON object as the last stdout line");
   add_path_option(cmd, "--report", report_dir, "write DIR/index.html with the tables and attention heatmaps");
+  cmd->add_flag("--force", force, "--report: write into a directory that holds other files than leakcheck's");
   cmd->add_flag("--self-test", self_test, "plant each known attention bug and verify a check catches it");
   add_int_option(cmd, "--ngram", ngram, {1, 1 << 20}, "n of the val/train n-gram overlap");
   add_real_option(cmd, "--max-ngram-share", max_share, {0, 1},
                   "largest acceptable share of val n-grams found in train");
-  cmd->callback([&exit_code] {
+  cmd->callback([&exit_code, cmd] {
     QKV_CHECK(ckpt.empty() != config.empty(), "[leakcheck] give exactly one of --checkpoint CKPT or --config FILE",
               ckpt.empty() ? "" : " (both were given)");
-    QKV_CHECK(sets.empty() || !config.empty(), "[leakcheck] --set needs --config");
+    refuse_alone(cmd, {"--set"}, !config.empty(), "--config");
+    refuse_alone(cmd, {"--force"}, !report_dir.empty(), "--report");
     const Device dev = device_option(device);
     std::FILE* out = json ? stderr : stdout;
 
@@ -93,7 +96,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     if (!ckpt.empty()) {
       train::CheckpointMeta meta = train::read_checkpoint_meta(ckpt);
       cfg = meta.config;
-      check_report_dir(report_dir, ckpt, config, cfg);
+      check_report_dir(report_dir, ckpt, config, cfg, force);
       tok = std::shared_ptr<const Tokenizer>(std::move(meta.tokenizer));
       model = train::build_model(cfg.resolved(), tok->vocab_size());
       train::load_model_weights(ckpt, *model);
@@ -105,7 +108,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
       }
     } else {
       cfg = parse_config(config, sets);
-      check_report_dir(report_dir, ckpt, config, cfg);
+      check_report_dir(report_dir, ckpt, config, cfg, force);
       data = train::load_run_data(cfg);
       tok = data->tokenizer;
       model = train::build_model(cfg, data->vocab_size);
@@ -150,6 +153,7 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     }
     if (!report_dir.empty()) {
       const auto probe = report_probe(*model, data ? &*data : nullptr, tok.get(), opts.seed);
+      train::mark_output_dir(report_dir, "leakcheck");
       analysis::write_leakcheck_report(report_dir, report, st ? &*st : nullptr, *model, probe, tok.get(),
                                        cmp ? &*cmp : nullptr);
       std::fprintf(stderr, "leakcheck: report written to %s/index.html\n", report_dir.c_str());

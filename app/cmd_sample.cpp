@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "train/inference.h"
 #include "app/options.h"
+#include "train/config_schema.h"
 #include "data/dataset.h"
 #include "tensor/allocator.h"
 #include "tensor/cuda/cuda_backend.h"
@@ -72,7 +73,8 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   static std::string prompts_path;
   static int64_t batch_size = 8;
   add_path_option(cmd, "--checkpoint", ckpt, "checkpoint file (.h5)")->required();
-  cmd->add_option("--prompt", prompt, "text to continue (default: the config's sample.prompt, else a newline)");
+  add_text_option(cmd, "--prompt", prompt, false,
+                  "text to continue (default: the config's sample.prompt, else a newline)");
   add_int_option(cmd, "--max-new-tokens", max_new, int_key_range("sample.max_new_tokens"),
                  "tokens to generate (default sample.max_new_tokens)");
   add_real_option(cmd, "--temperature", temperature, real_key_range("sample.temperature"),
@@ -82,7 +84,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
   add_int_option(cmd, "--seed", seed, int_key_range("sample.seed"), "sampling seed");
   cmd->add_flag("--no-kv-cache", no_cache, "recompute the whole context for every token");
   static std::string device = "cpu";
-  cmd->add_option("--device", device, "cpu | cuda: where the model runs")->capture_default_str();
+  add_choice_option(cmd, "--device", device, choice_names(kDevices), "where the model runs");
   static std::optional<Numerics> numerics;
   add_numerics_option(cmd, numerics);
   cmd->add_flag("--json", json,
@@ -99,8 +101,8 @@ void add_sample_command(CLI::App& root, int& exit_code) {
     QKV_CHECK(!cmd->count("--prompts") || !cmd->count("--prompt"), "[sample] give --prompt or --prompts, not both");
     QKV_CHECK(!cmd->count("--prompts") || !no_cache,
               "[sample] --prompts decodes through per-prompt KV caches; --no-kv-cache is for a single --prompt");
-    QKV_CHECK(cmd->count("--prompts") || !cmd->count("--batch-size"), "[sample] --batch-size needs --prompts");
-    QKV_CHECK(!logprobs || json, "[sample] --logprobs adds to the --json output; give --json too");
+    refuse_alone(cmd, {"--batch-size"}, cmd->count("--prompts") > 0, "--prompts");
+    refuse_alone(cmd, {"--logprobs"}, json, "--json (it adds to the JSON output)");
     // Read before the checkpoint, so a bad prompts file is refused without loading a model.
     const std::vector<std::string> texts =
         cmd->count("--prompts") ? read_prompt_lines(prompts_path) : std::vector<std::string>{};

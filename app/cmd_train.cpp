@@ -73,7 +73,7 @@ void add_train_command(CLI::App& root, int& exit_code) {
   auto* cmd = root.add_subcommand("train", "train a model from a TOML config (data-parallel under mpirun -np N)");
   static TrainArgs args;
   add_path_option(cmd, "--config", args.config, "config file (TOML)")->required();
-  cmd->add_option("--set", args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
+  add_set_option(cmd, args.sets, "override a config key, e.g. --set train.max_steps=50 (repeatable)");
   add_numerics_option(cmd, args.sets);
   add_path_option(cmd, "--resume", args.resume, "continue a run from its checkpoint, bitwise as if it never stopped");
   add_path_option(cmd, "--init-from", args.init_from,

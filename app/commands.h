@@ -5,6 +5,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "tensor/dtype.h"
@@ -27,6 +28,13 @@ void add_cost_command(CLI::App& root, int& exit_code);
 void add_heads_command(CLI::App& root, int& exit_code);
 void add_study_command(CLI::App& root, int& exit_code);
 void add_keys_command(CLI::App& root, int& exit_code);
+// Every command above, in the order `qkv --help` lists them: main() and the tests build the same
+// parser from this one list.
+void add_all_commands(CLI::App& root, int& exit_code);
+
+// "unknown command 'trian' (did you mean 'train'?); ..." when `word`, the first argument, is a bare
+// word that names no subcommand of `root`; nullopt otherwise.
+std::optional<std::string> unknown_command(const CLI::App& root, const std::string& word);
 
 // Prints `j` as the single JSON line that ends stdout (the `--json` contract). Strings that are
 // not valid UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).

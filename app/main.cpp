@@ -17,29 +17,7 @@
 
 #include "app/commands.h"
 #include "tensor/cpu/gemm/gemm.h"
-#include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
-#include "train/config_schema.h"
-
-namespace qkv::app {
-// Invalid UTF-8 in a string (generated text, a file name given on the command line) is written
-// with each bad sequence replaced by U+FFFD: printing the JSON line must never be what fails.
-void print_json(const nlohmann::json& j) {
-  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
-}
-
-void print_error_json(const std::string& message, int exit_status) {
-  print_json({{"error", message}, {"exit", exit_status}});
-}
-
-Device device_option(const std::string& name) {
-  const Device* dev = find_choice(kDevices, name);
-  QKV_CHECK(dev, "--device must be ", names_or(kDevices), ", got '", name, "'");
-  if (*dev == Device::cpu) return Device::cpu;
-  QKV_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is visible (or this build has no CUDA backend)");
-  return Device::cuda;
-}
-}  // namespace qkv::app
 
 namespace {
 
@@ -90,23 +68,10 @@ int main(int argc, char** argv) {
   CLI::App app{"qkv: train and study decoder-only Transformers (tensors, autograd and attention written by hand)"};
   app.require_subcommand(1);
   int exit_code = 0;
-  qkv::app::add_train_command(app, exit_code);
-  qkv::app::add_sample_command(app, exit_code);
-  qkv::app::add_eval_command(app, exit_code);
-  qkv::app::add_gradcheck_command(app, exit_code);
-  qkv::app::add_prepare_command(app, exit_code);
-  qkv::app::add_plot_command(app, exit_code);
-  qkv::app::add_bench_command(app, exit_code);
-  qkv::app::add_inspect_command(app, exit_code);
-  qkv::app::add_leakcheck_command(app, exit_code);
-  qkv::app::add_attention_map_command(app, exit_code);
-  qkv::app::add_export_command(app, exit_code);
-  qkv::app::add_import_command(app, exit_code);
-  qkv::app::add_cost_command(app, exit_code);
-  qkv::app::add_heads_command(app, exit_code);
-  qkv::app::add_study_command(app, exit_code);
-  qkv::app::add_keys_command(app, exit_code);
+  qkv::app::add_all_commands(app, exit_code);
   const bool json = json_requested(argc, argv);
+  if (argc > 1)
+    if (const auto unknown = qkv::app::unknown_command(app, argv[1])) return report_error(json, "", *unknown);
   try {
     // QKV_GEMM (tensor/cpu/gemm/gemm.h) is checked before any command reads or writes anything.
     qkv::cpu::requested_gemm_kernel();

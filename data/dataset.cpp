@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include "data/h5.h"
 #include "data/h5_atomic.h"
 #include "data/input_file.h"
+#include "data/utf8.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
 
@@ -224,6 +226,20 @@ Dataset prepare_dataset(const std::string& text_path, const std::string& out_h5,
   const std::string text = read_text_file(text_path);
   QKV_CHECK(!text.empty(), "[prepare] ", text_path, " is empty");
   Dataset ds = prepare_text(text, fs::path(text_path).filename().string(), opts);
+  // Both said on stderr, since each is a result other than the one asked for or expected.
+  const TokenizerKind kind = opts.tokenizer.value_or(TokenizerKind::byte);
+  if (!opts.given && kind == TokenizerKind::character)
+    if (const size_t at = first_non_text_byte(text); at != std::string_view::npos)
+      std::fprintf(stderr,
+                   "qkv: note: %s is not UTF-8 text: byte 0x%02X at byte offset %zu; the char tokenizer keeps each "
+                   "byte outside a UTF-8 character as a token of its own, so the file round-trips exactly\n",
+                   text_path.c_str(), static_cast<unsigned char>(text[at]), at);
+  const int32_t reached = ds.tokenizer->vocab_size();
+  if (!opts.given && kind == TokenizerKind::bpe && reached < opts.bpe_vocab_size)
+    std::fprintf(stderr,
+                 "qkv: warning: %s: asked for a BPE vocabulary of %d tokens, the corpus gives %d (no pair of tokens "
+                 "occurs twice past that); the vocabulary has %d tokens\n",
+                 text_path.c_str(), opts.bpe_vocab_size, reached, reached);
   ds.source_path = absolute_path(text_path);
   ds.source_bytes = static_cast<int64_t>(text.size());
   save_dataset(ds, out_h5, opts);

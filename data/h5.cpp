@@ -247,6 +247,8 @@ File File::open(const std::string& path, bool writable) {
   quiet();
   // Only a regular file (after following links) is opened: HDF5 needs to seek, opening a FIFO
   // waits for a writer, and a device such as /dev/zero never ends.
+  // "" would otherwise read as a file not found, named by nothing.
+  if (path.empty()) ::qkv::fail("[h5] the path is empty (\"\"); name an HDF5 file");
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) ::qkv::fail("[h5] ", path, ": file not found");

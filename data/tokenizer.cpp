@@ -1,6 +1,7 @@
 // Byte and char tokenizers, the JSON (de)serialization of all kinds, and their HDF5 storage.
 // The BPE tokenizer's training and encoding live in bpe.cpp.
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +83,21 @@ std::string describe_character(std::string_view u) {
 }
 
 }  // namespace
+
+size_t first_non_text_byte(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == 0) return i;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t len = utf8_length(text, i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
 
 std::vector<std::string_view> utf8_characters(std::string_view text) {
   std::vector<std::string_view> out;

@@ -6,6 +6,7 @@
 #include "train/config.h"
 
 #include "train/config_schema.h"
+#include "train/did_you_mean.h"
 
 #include <sys/stat.h>
 #include <toml++/toml.h>
@@ -176,7 +177,7 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "batch_size", &t.batch_size, "rows per micro-batch", IntRange{1, kMaxSize}},
       {"train", "grad_accum", &t.grad_accum, "micro-batches per optimizer step", IntRange{1, kMaxSize}},
       {"train", "seq_len", &t.seq_len, "tokens per training row; 0 = model.block_size", IntRange{0, kMaxSize}},
-      {"train", "max_steps", &t.max_steps, "optimizer steps", IntRange{0, kMaxSteps}},
+      {"train", "max_steps", &t.max_steps, "optimizer steps", IntRange{1, kMaxSteps}},
       {"train", "lr", &t.lr, "peak learning rate", RealRange{0, 10}},
       {"train", "min_lr", &t.min_lr, "the cosine schedule's floor", RealRange{0, 10}},
       {"train", "warmup_steps", &t.warmup_steps, "linear warmup steps", IntRange{0, kMaxSteps}},
@@ -184,7 +185,8 @@ std::vector<Field> fields_of(Config& c) {
       {"train", "weight_decay", &t.weight_decay, "AdamW's decoupled weight decay (matrices only)", RealRange{0, 10}},
       {"train", "beta1", &t.beta1, "AdamW β1", RealRange{0, 1, false, true}},
       {"train", "beta2", &t.beta2, "AdamW β2", RealRange{0, 1, false, true}},
-      {"train", "eps", &t.eps, "AdamW ε", RealRange{0, 1}},
+      {"train", "eps", &t.eps, "AdamW ε; above 0, or a weight whose gradient is 0 would step by 0/0",
+       RealRange{0, 1, true, false}},
       {"train", "grad_clip", &t.grad_clip, "clip the global L2 norm of the gradients to this; 0 = off",
        RealRange{0, 1e6}},
       {"train", "seed", &t.seed, "seed of initialization, batches and dropout", IntRange{0, kIntMax}},
@@ -225,27 +227,9 @@ std::vector<Field> fields_of(Config& c) {
   };
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // " (did you mean model.n_layer?)" when some key is within a typo's reach of `name`.
 std::string suggestion(const std::string& name) {
-  Config scratch;
-  std::string best;
-  size_t best_d = 4;
-  for (const Field& f : fields_of(scratch)) {
-    size_t d = edit_distance(name, f.name());
-    if (d < best_d) best_d = d, best = f.name();
-  }
+  const std::string best = closest_name(name, config_keys());
   return best.empty() ? "" : " (did you mean " + best + "?)";
 }
 
@@ -730,6 +714,28 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> out;
   for (const Field& f : fields_of(scratch)) out.push_back(f.name());
   return out;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_name(std::string_view name, const std::vector<std::string>& candidates, size_t max_distance) {
+  std::string best;
+  size_t best_d = max_distance + 1;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(name, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
 }
 
 }  // namespace qkv

@@ -121,6 +121,8 @@ attn::SparsePattern sparse_pattern(const ModelSettings& m) {
     } catch (const std::exception&) { used = 0; }
     QKV_CHECK(used == tok.size(), "model.pattern_global_tokens must be positions separated by commas, got \"",
               m.pattern_global_tokens, "\"");
+    QKV_CHECK(v >= 0, "model.pattern_global_tokens: position ", v, " is negative; positions count from 0, got \"",
+              m.pattern_global_tokens, "\"");
     p.global_tokens.push_back(v);
     tok.clear();
   };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -69,7 +70,23 @@ void check_writable_dir(const std::string& option, const std::string& out, const
     fail(option, " ", out, ": cannot write in ", p.string(), " (", std::strerror(errno), ")");
 }
 
+std::string marker_name(const std::string& owner) { return ".qkv-" + owner; }
+
 }  // namespace
+
+void mark_output_dir(const std::string& dir, const std::string& owner) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  QKV_CHECK(!ec, "cannot create ", dir, " (", ec.message(), ")");
+  const fs::path marker = fs::path(dir) / marker_name(owner);
+  if (fs::exists(marker, ec)) return;
+  std::FILE* f = std::fopen(marker.c_str(), "w");
+  QKV_CHECK(f, "cannot write ", marker.string(), " (", std::strerror(errno), ")");
+  // What the marker is for, for whoever finds it.
+  std::fprintf(f, "written by qkv %s: this directory holds its reports, and its next run may rewrite them\n",
+               owner.c_str());
+  QKV_CHECK(std::fclose(f) == 0, "cannot write ", marker.string());
+}
 
 void OutputGuard::add_input(const std::string& option, const std::string& path) {
   const auto st = stat_of(path);
@@ -118,7 +135,17 @@ void OutputGuard::check_dir(const std::string& option, const std::string& path, 
         if (a == id_of(*st)) fail(option, " ", path, " contains the input ", in.option, " ", in.path);
     }
     QKV_CHECK(S_ISDIR(st->st_mode), option, " ", path, " is a file, not a directory");
-    QKV_CHECK(rule.replace, option, " ", path, " already exists; choose a directory that does not");
+    if (rule.owner && !rule.replace) {
+      std::error_code ec;
+      if (fs::exists(p / marker_name(rule.owner), ec)) return check_writable_dir(option, path, p, false);
+      // The first entry that is not this command's, to say what the directory holds.
+      for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
+        fail(option, " ", path, " holds ", it->path().filename().string(), ", which qkv ", rule.owner,
+             " did not write; choose a new directory or pass --force to write into it");
+      QKV_CHECK(!ec, option, " ", path, ": cannot list (", ec.message(), ")");
+    } else {
+      QKV_CHECK(rule.replace, option, " ", path, " already exists; choose a directory that does not");
+    }
     check_writable_dir(option, path, p, false);
     return;
   }

@@ -12,7 +12,8 @@
 //   - its directory does not exist (unless the writer makes it), is not a directory, or cannot be
 //     written (the part of the path at fault is named: "runs is a file, not a directory").
 // An output directory is refused when it is an input, contains an input, is an existing
-// non-directory, exists and the rule does not allow reusing it, or cannot be created or written.
+// non-directory, exists and the rule does not allow reusing it (OutputRule::owner), or cannot be
+// created or written.
 //
 // The check runs once, before the command reads its model or data; a path that changes between
 // the check and the write is not guarded against.
@@ -25,7 +26,16 @@ namespace qkv::train {
 struct OutputRule {
   bool replace = false;       // an existing file may be replaced (a directory: reused and rewritten)
   bool make_parents = false;  // the writer creates missing parent directories itself
+  // The command whose reports a directory holds (study, heads, leakcheck): an existing directory
+  // is then reused without `replace` when it is empty or that command created it (its marker,
+  // mark_output_dir); one holding anything else (a training run, another command's report, a
+  // user's files) is refused unless `replace` (the command's --force).
+  const char* owner = nullptr;
 };
+
+// Creates `dir` (and its parents) for command `owner` and leaves the marker that lets the next
+// run of the same command reuse it: the file `dir`/.qkv-<owner>.
+void mark_output_dir(const std::string& dir, const std::string& owner);
 
 class OutputGuard {
  public:

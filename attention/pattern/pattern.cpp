@@ -65,11 +65,22 @@ void SparsePattern::validate() const {
 }
 
 void SparsePattern::validate_for(int64_t n, std::string_view key_prefix, std::string_view context) const {
-  validate();
   auto key = [&](std::string name) {
     if (key_prefix.starts_with("--")) std::replace(name.begin(), name.end(), '_', '-');
     return std::string(key_prefix) + name;
   };
+  // The rules validate() also states, here by the name the user wrote (validate() has none).
+  for (int64_t t : global_tokens)
+    QKV_CHECK(t >= 0, key("global_tokens"), ": position ", t, " is negative; positions count from 0");
+  auto not_negative = [&](const char* name, int64_t v) {
+    QKV_CHECK(v >= 0, key(name), " = ", v, " is negative; it must be in [0, ", n, "]");
+  };
+  not_negative("stride", stride);
+  not_negative("local", local);
+  not_negative("global", global);
+  not_negative("random_blocks", random_blocks);
+  QKV_CHECK(block_size > 0, key("block_size"), " = ", block_size, " must be at least 1");
+  validate();
   auto at_most_n = [&](const char* name, int64_t v) {
     QKV_CHECK(v <= n, key(name), " = ", v, " exceeds ", context, " = ", n, " (", pattern_name(kind),
               " would be full attention); it must be in [0, ", n, "]");

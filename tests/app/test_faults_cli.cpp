@@ -618,7 +618,7 @@ TEST_CASE("qkv prepare --tokenizer reads through kTokenizerKinds: a wrong spelli
   const std::string dir = temp_dir("prepare_kind");
   const std::string corpus = write_corpus(dir);
   const std::string args = "prepare --input " + corpus + " --tokenizer words --out " + dir + "/d.h5";
-  const std::string message = "[tokenizer] unknown tokenizer 'words' (expected char, byte, bpe or gpt2_bpe)";
+  const std::string message = "--tokenizer must be char, byte, bpe or gpt2_bpe; got \"words\"";
   const CliResult plain = run_cli(args);
   CHECK(plain.rc == 2);
   CHECK(plain.out.empty());

@@ -127,7 +127,7 @@ TEST_CASE("sample --prompts: JSON lines in prompt order, each generate's tokens;
   // Options that do not go together are refused by name, before any generation.
   const std::string prompts = " --prompts " + (dir / "prompts.jsonl").string();
   const std::pair<std::string, const char*> clash[] = {{" --prompt x" + prompts, "--prompt or --prompts"},
-                                                       {" --batch-size 4", "--batch-size needs --prompts"},
+                                                       {" --batch-size 4", "--batch-size only acts with --prompts"},
                                                        {prompts + " --no-kv-cache", "--no-kv-cache"},
                                                        {prompts + " --logprobs", "--logprobs"},
                                                        {prompts + " --batch-size 0", "--batch-size"}};

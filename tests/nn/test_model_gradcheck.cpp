@@ -427,8 +427,8 @@ TEST_CASE("qkv gradcheck --config refuses bad input with one line and status 2",
       {"--config " + cfg + " --directions -1", "--directions"},
       {"--config " + cfg + " --directions 0 --elements 0", "check nothing"},
       {"--config " + cfg + " --only no_such_tensor", "matches no parameter tensor"},
-      {"--set model.n_layer=1", "--set needs --config"},
-      {"--elements 3", "need --config"},
+      {"--set model.n_layer=1", "--set only acts with --config"},
+      {"--elements 3", "--elements only acts with --config"},
   };
   for (const auto& b : cases) {
     const Cli r = run_qkv("gradcheck --json " + b.args);

@@ -315,7 +315,7 @@ TEST_CASE("the CLI rejects bad input with one line and exit status 2", "[train][
            write("short.toml", "[model]\nblock_size = 64\n[data]\npath = \"" + write("short.txt", "abc") + "\"\n"),
        "short.txt"},
       {"sample --checkpoint " + dir + "/none.h5", "none.h5"},
-      {"sample --checkpoint " + dir + "/none.h5 --device tpu", "--device must be cpu or cuda, got 'tpu'"},
+      {"sample --checkpoint " + dir + "/none.h5 --device tpu", "--device must be cpu or cuda; got \"tpu\""},
       {"eval --checkpoint " + write("notckpt.h5", "garbage") + " --data " + corpus, "notckpt.h5"},
   };
   std::vector<Case> all = cases;
