@@ -31,6 +31,12 @@
 //   trainer_vs_sampler  per-token log-probs (train::token_logprobs) from the training step's
 //               forward (training mode, dropout zeroed on a copy, grad mode on, 4 rows) vs
 //               decoding the same tokens one at a time through the KV cache
+//   batched_generation  prompts of 4 lengths (1 token to L/2) generated together by
+//               train::generate_batch (continuous batching: each row prefilled alone, then one
+//               forward per step for every row, each row with its own KV cache) vs each prompt
+//               decoded alone through a batch-1 KV cache on the tokens the batch drew; per step
+//               max |Δlogit| over the rows (a row fed another row's cache moves its logits by
+//               far more than rounding)
 //   greedy_generation  tokens that differ, KV cache vs full recompute     0 (standard: a first
 //               difference after a tie within rounding is not counted)
 //   padding_target_loss  |Δloss| / loss, ignore_index on pads vs alone    rounding tolerance
@@ -124,6 +130,9 @@ LeakCheck check_packing(const nn::DecoderModel& model, const LeakCheckOptions& o
 LeakCheck check_batch_composition(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_thread_count(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_trainer_vs_sampler(const nn::DecoderModel& model, const LeakCheckOptions& o);
+// batched_generation (leakcheck_consistency.cpp): prompts of different lengths through
+// train::generate_batch together vs each decoded alone (batch 1, its own KV cache).
+LeakCheck check_batched_generation(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // mask.* on synthetic q, k, v shaped like the model's attention (heads, head dim, window)
 std::vector<LeakCheck> check_mask_semantics(const nn::DecoderModel& model, const LeakCheckOptions& o);
 LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o);
@@ -156,7 +165,7 @@ const std::vector<std::string>& model_check_families();
 
 // ---- training vs inference consistency, in both numerics modes ----
 // The consistency checks, in table order: kv_decode, chunked_prefill, padding_invariance,
-// packing_invariance, batch_composition, thread_count, trainer_vs_sampler.
+// packing_invariance, batch_composition, thread_count, trainer_vs_sampler, batched_generation.
 const std::vector<std::string>& consistency_check_names();
 // Those of them that apply to `model` (not_applicable_checks), run in the process's numerics mode.
 std::vector<LeakCheck> run_consistency_checks(const nn::DecoderModel& model, const LeakCheckOptions& o);
@@ -200,6 +209,7 @@ enum class Fault {
   global_reads_future,        // a global query position sees every key, ignoring the causal mask
   softmax_no_max_shift,       // online softmax takes exp(logit) without subtracting the running max
   softmax_no_rescale,         // online softmax keeps O and the row sum unscaled when the running max grows
+  cross_row_cache,            // continuous batching: row b appends to and reads row b + 1's cache
 };
 const char* fault_name(Fault f);
 // The attention ops that run a model with `f` planted (the library's for Fault::none).

@@ -370,6 +370,7 @@ std::vector<LeakCheck> run_model_checks(const nn::DecoderModel& model, const Lea
   guarded("batch_composition", [&] { return V{check_batch_composition(*m, o)}; });
   guarded("thread_count", [&] { return V{check_thread_count(*m, o)}; });
   guarded("trainer_vs_sampler", [&] { return V{check_trainer_vs_sampler(*m, o)}; });
+  guarded("batched_generation", [&] { return V{check_batched_generation(*m, o)}; });
   if (softmax) guarded("mask", [&] { return check_mask_semantics(*m, o); });
   guarded("reference_attention", [&] { return V{check_reference_attention(*m, o)}; });
   guarded("reference_attention_backward", [&] { return V{check_reference_attention_backward(*m, o)}; });
@@ -388,6 +389,7 @@ const std::vector<std::string>& model_check_families() {
                                                     "batch_composition",
                                                     "thread_count",
                                                     "trainer_vs_sampler",
+                                                    "batched_generation",
                                                     "mask",
                                                     "reference_attention",
                                                     "reference_attention_backward",

@@ -1,6 +1,7 @@
-// The consistency checks that feed one sequence through a batch, a thread count or the training
-// step (batch_composition, thread_count, trainer_vs_sampler), and the side-by-side run of every
-// consistency check under both numerics modes (leakcheck.h).
+// The consistency checks that feed one sequence through a batch, a thread count, the training
+// step or batched generation (batch_composition, thread_count, trainer_vs_sampler,
+// batched_generation), and the side-by-side run of every consistency check under both numerics
+// modes (leakcheck.h).
 //
 // Under numerics = invariant a token's logits are bitwise a function of its prefix and the weights
 // (tensor/numerics.h), so each of these measures exactly 0 there; under standard the gap is the
@@ -16,6 +17,7 @@
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
 #include "train/evaluate.h"
+#include "train/sampler.h"
 
 namespace qkv::analysis {
 
@@ -176,10 +178,68 @@ LeakCheck check_trainer_vs_sampler(const nn::DecoderModel& model, const LeakChec
                                       detail);
 }
 
+LeakCheck check_batched_generation(const nn::DecoderModel& model, const LeakCheckOptions& o) {
+  const leak::EvalModel m(model);
+  const nn::ModelConfig& c = m->config();
+  const int64_t L = leak::probe_len(c, o), V = c.vocab_size;
+  // Every context stays in its row's cache (P + N - 1 <= block_size), and N >= 2 so that at least
+  // one step decodes the rows together (token 0 comes from each prompt's prefill alone).
+  const int64_t N = std::min<int64_t>(std::max<int64_t>(2, L / 2), c.block_size);
+  const int64_t longest = std::max<int64_t>(1, c.block_size - N + 1);
+  // Four lengths, so the rows' caches, positions and RoPE angles all differ.
+  std::vector<int64_t> len{L / 2, 1, L / 4 + 1, 3};
+  for (auto& n : len) n = std::clamp<int64_t>(n, 1, std::min(L, longest));
+  const auto rows = leak::probe_rows(c, o, static_cast<int64_t>(len.size()), L, 12);
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < len.size(); ++i) prompts.emplace_back(rows[i].begin(), rows[i].begin() + len[i]);
+
+  // (a) The rows together, through the sampler's own continuous batching; greedy, so the tokens are
+  // a function of the logits alone. Each logits row is kept as the sampler draws from it.
+  train::SampleOptions so;
+  so.max_new_tokens = N;
+  so.temperature = 0;
+  std::vector<std::vector<float>> batched(prompts.size(), std::vector<float>(static_cast<size_t>(N * V)));
+  const std::vector<train::Completion> done = train::generate_batch(
+      *m, prompts, so, static_cast<int64_t>(prompts.size()), false, {},
+      [&](size_t i, int64_t n, const float* logits) { std::copy(logits, logits + V, batched[i].begin() + n * V); });
+
+  // (b) Each prompt alone: prefilled into a batch-1 KV cache, then fed the tokens the batch drew
+  // one at a time, as train::generate decodes it.
+  std::vector<double> per;
+  int64_t diverges = -1;
+  double scale = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    nn::ModelCache cache = m->make_cache(1, len[i] + N - 1);
+    std::vector<Tensor> alone;
+    for (int64_t n = 0; n < N; ++n) {
+      nn::ForwardArgs a;
+      if (n == 0) a.ids = leak::ids_tensor(std::vector<int64_t>(rows[i].begin(), rows[i].begin() + len[i]));
+      else a.ids = leak::ids_tensor(std::vector<int64_t>{done[i].tokens[static_cast<size_t>(n - 1)]});
+      a.cache = &cache;
+      a.last_logits_only = true;
+      alone.push_back(leak::forward(*m, a).reshape({1, V}).to(Device::cpu));
+    }
+    const Tensor want = cat(alone, 0).contiguous();
+    Tensor got = Tensor::empty({N, V}, DType::f32);
+    std::copy(batched[i].begin(), batched[i].end(), got.data<float>());
+    scale = std::max(scale, max_abs(want));
+    leak::fold_gaps(per, diverges, 0, got, want);
+  }
+  std::string lens;
+  for (int64_t n : len) lens += (lens.empty() ? "" : ", ") + std::to_string(n);
+  // Both ways decode a linear model through the same recurrent step, so no recurrent allowance.
+  return leak::make_consistency_check(
+      "batched_generation", per, diverges, leak::consistency_bound(c, L, scale, false),
+      "max |Δlogit| over " + std::to_string(prompts.size()) + " prompts of " + lens + " tokens generating " +
+          std::to_string(N) + " tokens each in one train::generate_batch (prefilled alone, then one forward per " +
+          "step for every row, each row with its own KV cache) vs each prompt decoded alone through a batch-1 " +
+          "KV cache on the same tokens; position = generated token");
+}
+
 const std::vector<std::string>& consistency_check_names() {
   static const std::vector<std::string> names{"kv_decode",          "chunked_prefill",   "padding_invariance",
                                               "packing_invariance", "batch_composition", "thread_count",
-                                              "trainer_vs_sampler"};
+                                              "trainer_vs_sampler", "batched_generation"};
   return names;
 }
 
@@ -199,6 +259,7 @@ std::vector<LeakCheck> run_consistency_checks(const nn::DecoderModel& model, con
       {{"batch_composition"}, [&] { return V{check_batch_composition(*m, o)}; }},
       {{"thread_count"}, [&] { return V{check_thread_count(*m, o)}; }},
       {{"trainer_vs_sampler"}, [&] { return V{check_trainer_vs_sampler(*m, o)}; }},
+      {{"batched_generation"}, [&] { return V{check_batched_generation(*m, o)}; }},
   };
   std::vector<LeakCheck> out;
   for (const auto& [names, run] : families) {

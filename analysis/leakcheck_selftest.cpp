@@ -218,6 +218,12 @@ class FaultyAttention : public nn::AttentionOps {
     if (wrong_softmax_fault(f_)) return wrong_softmax(f_, q, k, v, o);
     return attn::attention_with_weights(q, k, v, wrong(o, shape_of(q, k)));
   }
+  // Rows decoding together each append to and read the next row's cache (every cache still grows
+  // by one token a step, so none overflows: only the contents are another row's).
+  nn::ModelCache& row_cache(const std::vector<nn::ModelCache*>& caches, size_t row) const override {
+    if (f_ != Fault::cross_row_cache || caches.size() < 2) return nn::AttentionOps::row_cache(caches, row);
+    return *caches[(row + 1) % caches.size()];
+  }
 
  private:
   // The options with the fault's mask: wrong rules, or the key padding dropped.
@@ -294,6 +300,8 @@ const char* fault_name(Fault f) {
       return "softmax_no_max_shift";
     case Fault::softmax_no_rescale:
       return "softmax_no_rescale";
+    case Fault::cross_row_cache:
+      return "cross_row_cache";
   }
   return "?";
 }
@@ -313,7 +321,7 @@ std::vector<Fault> planted_faults() {
   return {F::causal_reversed,     F::softmax_over_queries, F::ignore_key_padding,  F::mask_after_softmax,
           F::top_left_causal,     F::window_off_by_one,    F::gqa_modulo,          F::scale_d_model,
           F::rope_cache_relative, F::dropout_in_eval,      F::linear_chunk_future, F::strided_offset_off_by_one,
-          F::global_reads_future, F::softmax_no_max_shift, F::softmax_no_rescale};
+          F::global_reads_future, F::softmax_no_max_shift, F::softmax_no_rescale,  F::cross_row_cache};
 }
 
 const char* fault_condition(Fault f) {
@@ -348,6 +356,8 @@ const char* fault_condition(Fault f) {
       return "a logit past float32's exp overflow (the kernel probe's logits of 100, any softmax model)";
     case Fault::softmax_no_rescale:
       return "a row's max growing after its first key tile (the kernel probe's 320 keys, any softmax model)";
+    case Fault::cross_row_cache:
+      return "two or more rows decoding together (train::generate_batch's per-row KV caches, any model)";
     case Fault::none:
       break;
   }

@@ -158,6 +158,9 @@ attn::AttentionWeights AttentionOps::attention_with_weights(const Tensor& q, con
                                                             const attn::AttentionOptions& o) const {
   return attn::attention_with_weights(q, k, v, o);
 }
+ModelCache& AttentionOps::row_cache(const std::vector<ModelCache*>& row_caches, size_t row) const {
+  return *row_caches.at(row);
+}
 std::shared_ptr<const AttentionOps> AttentionOps::library() {
   static const auto ops = std::make_shared<const AttentionOps>();
   return ops;
@@ -309,7 +312,7 @@ class SelfAttention : public Module {
     autograd::ProfileScope prof("forward attention rows");
     std::vector<Tensor> rows;
     for (size_t b = 0; b < args.row_caches.size(); ++b) {
-      ModelCache& cache = *args.row_caches[b];
+      ModelCache& cache = ops_->row_cache(args.row_caches, b);
       const auto r = static_cast<int64_t>(b);
       Tensor qb = ag::narrow(q, 0, r, 1), kb = ag::narrow(k, 0, r, 1), vb = ag::narrow(v, 0, r, 1);
       if (cfg_.position == Position::rope) {

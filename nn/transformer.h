@@ -78,6 +78,8 @@ struct ModelConfig {
 // only under linear attention and have their range in the config's key table).
 std::optional<std::variant<IntRange, RealRange>> model_key_range(std::string_view key);
 
+struct ModelCache;
+
 // What a layer's attention step calls, as one replaceable object: RoPE, a last word on the options
 // of the attention call, and the attention op (plain, packed, or with its weights for inspection).
 // The library's ops (the default) call attention/rope.h and attention/attention.h as documented
@@ -102,6 +104,10 @@ class AttentionOps {
                                   const attn::LinearAttentionOptions& o) const;
   virtual attn::AttentionWeights attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                         const attn::AttentionOptions& o) const;
+  // Continuous batching (ForwardArgs::row_caches): the cache row `row` appends to and attends over.
+  // The library's is row_caches[row], the row's own; replaceable so that leakcheck's self-test can
+  // plant a row that reads another row's cache.
+  virtual ModelCache& row_cache(const std::vector<ModelCache*>& row_caches, size_t row) const;
   // The library's ops (one shared instance).
   static std::shared_ptr<const AttentionOps> library();
 };

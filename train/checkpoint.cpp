@@ -302,6 +302,8 @@ bool is_conv1d_weight(nn::Family family, const std::string& name) {
 void save_checkpoint(const std::string& path, const Config& cfg, const nn::DecoderModel& model, const AdamW* opt,
                      const TrainState& state, const Tokenizer& tok) {
   check_config_matches(path, cfg, model, tok.vocab_size());
+  if (state.step < 0 || state.step > cfg.train.max_steps)  // what read_checkpoint_meta refuses
+    ckpt_fail(path, "refusing to save step ", state.step, ": outside [0, train.max_steps ", cfg.train.max_steps, "]");
   const nn::Family family = model.config().family;
   h5::AtomicWriter writer(path);
   h5::File& f = writer.file();
@@ -363,6 +365,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   s.tokens_seen = f.attr_int("/", "tokens_seen");
   if (s.step < 0 || s.tokens_seen < 0)
     ckpt_fail(path, "negative step (", s.step, ") or tokens_seen (", s.tokens_seen, ")");
+  // A run stops at train.max_steps and saves under its own config, so no run writes a step past it.
+  if (s.step > m.config.train.max_steps)
+    ckpt_fail(path, "step ", s.step, " is past train.max_steps ", m.config.train.max_steps,
+              " of its own config (a run stops there; the step or the config was edited)");
   s.seed = static_cast<uint64_t>(f.attr_int("rng", "seed"));
   const std::vector<int64_t> data_state = f.read_shaped<int64_t>("data/state", Shape{5});
   s.data = BatcherState::from_array(data_state);
@@ -387,17 +393,19 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return m;
 }
 
-void load_model_weights(const std::string& path, nn::DecoderModel& model, bool take_buffers) {
-  const h5::File f = open_checkpoint(path);
+namespace {
+
+// load_model_weights' checks, all before a value is read: every parameter of `model` is in /model
+// as float32 in its stored shape, /model holds nothing else, and the file's own config describes
+// the same tensors.
+void check_model_tensors(const h5::File& f, const nn::DecoderModel& model) {
+  const std::string& path = f.path();
   if (!f.has("model")) ckpt_fail(path, "group /model is missing");
   const nn::Family family = model.config().family;
-  const std::vector<nn::NamedParameter> params = model.named_parameters();
   const std::vector<std::string> stored = f.children("model");
   const std::set<std::string> stored_set(stored.begin(), stored.end());
-
-  // Names, types, shapes: all of them before any value is read.
   std::set<std::string> expected;
-  for (const nn::NamedParameter& p : params) {
+  for (const nn::NamedParameter& p : model.named_parameters()) {
     const Shape want = stored_shape(p.tensor.shape(), is_conv1d_weight(family, p.name));
     if (!stored_set.count(p.name))
       ckpt_fail(path, "parameter ", p.name, " ", shape_str(want),
@@ -416,7 +424,46 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
     if (said[i] != held[i])
       ckpt_fail(path, "its config says ", said[i].first, " = ", said[i].second, " but /model holds the tensors of ",
                 held[i].second, " (config and tensors disagree; the file was edited or assembled from two models)");
+}
 
+// load_optimizer_state's checks, all before a value is read: /optimizer/<name>/{exp_avg,
+// exp_avg_sq} for each of `params` (name, our layout's shape) in its stored shape, nothing else,
+// and a step count in [0, the checkpoint's step] (the optimizer steps at most once per training
+// step; a skipped step does not step it). Returns the step count.
+int64_t check_optimizer_tensors(const h5::File& f, const std::vector<StoredTensor>& params) {
+  const std::string& path = f.path();
+  const nn::Family family = stored_config(f).model.family;
+  if (!f.has("optimizer")) ckpt_fail(path, "has no optimizer state (group /optimizer is missing)");
+  const int64_t step = f.attr_int("optimizer", "step");
+  if (step < 0) ckpt_fail(path, "negative optimizer step ", step);
+  const int64_t run_step = f.attr_int("/", "step");
+  if (step > run_step)
+    ckpt_fail(path, "the optimizer step (attribute step of /optimizer) is ", step, ", past the checkpoint's step ",
+              run_step, " (AdamW steps at most once per training step)");
+  const std::vector<std::string> stored = f.children("optimizer");
+  const std::set<std::string> stored_set(stored.begin(), stored.end());
+  std::set<std::string> expected;
+  for (const StoredTensor& p : params) {
+    const Shape want = stored_shape(p.shape, is_conv1d_weight(family, p.name));
+    if (!stored_set.count(p.name))
+      ckpt_fail(path, "optimizer state of ", p.name,
+                " is missing from /optimizer (was the checkpoint written for another model config?)");
+    check_stored(f, "/optimizer/" + p.name + "/exp_avg", want);
+    check_stored(f, "/optimizer/" + p.name + "/exp_avg_sq", want);
+    expected.insert(p.name);
+  }
+  for (const std::string& name : stored)
+    if (!expected.count(name)) ckpt_fail(path, "/optimizer/", name, " is not a parameter of this optimizer");
+  return step;
+}
+
+}  // namespace
+
+void load_model_weights(const std::string& path, nn::DecoderModel& model, bool take_buffers) {
+  const h5::File f = open_checkpoint(path);
+  check_model_tensors(f, model);  // names, types, shapes, the config: all before any value is read
+  const nn::Family family = model.config().family;
+  const std::vector<nn::NamedParameter> params = model.named_parameters();
   std::vector<Tensor> values;
   values.reserve(params.size());
   for (const nn::NamedParameter& p : params)
@@ -432,25 +479,10 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
 
 void load_optimizer_state(const std::string& path, AdamW& opt) {
   const h5::File f = open_checkpoint(path);
+  std::vector<StoredTensor> params;
+  for (const OptimParam& p : opt.params()) params.push_back({p.name, p.param.shape()});
+  const int64_t step = check_optimizer_tensors(f, params);
   const nn::Family family = stored_config(f).model.family;
-  if (!f.has("optimizer")) ckpt_fail(path, "has no optimizer state (group /optimizer is missing)");
-  const int64_t step = f.attr_int("optimizer", "step");
-  if (step < 0) ckpt_fail(path, "negative optimizer step ", step);
-  const std::vector<std::string> stored = f.children("optimizer");
-  const std::set<std::string> stored_set(stored.begin(), stored.end());
-
-  std::set<std::string> expected;
-  for (const OptimParam& p : opt.params()) {
-    const Shape want = stored_shape(p.param.shape(), is_conv1d_weight(family, p.name));
-    if (!stored_set.count(p.name))
-      ckpt_fail(path, "optimizer state of ", p.name,
-                " is missing from /optimizer (was the checkpoint written for another model config?)");
-    check_stored(f, "/optimizer/" + p.name + "/exp_avg", want);
-    check_stored(f, "/optimizer/" + p.name + "/exp_avg_sq", want);
-    expected.insert(p.name);
-  }
-  for (const std::string& name : stored)
-    if (!expected.count(name)) ckpt_fail(path, "/optimizer/", name, " is not a parameter of this optimizer");
 
   std::vector<std::pair<Tensor, Tensor>> values;
   values.reserve(opt.params().size());
@@ -462,6 +494,23 @@ void load_optimizer_state(const std::string& path, AdamW& opt) {
   }
   for (size_t i = 0; i < values.size(); ++i) opt.load_state(opt.params()[i].name, values[i].first, values[i].second);
   opt.set_step_count(step);
+}
+
+CheckpointLoads check_checkpoint_loads(const std::string& path) {
+  const CheckpointMeta meta = read_checkpoint_meta(path);
+  // The model load_for_inference builds (and the trainer, for --resume and --init-from).
+  const std::unique_ptr<nn::DecoderModel> model = build_model(meta.config.resolved(), meta.tokenizer->vocab_size());
+  const h5::File f = open_checkpoint(path);
+  check_model_tensors(f, *model);
+  CheckpointLoads loads;
+  if (meta.has_optimizer) {
+    // The trainer's AdamW keeps moments for every parameter (train/trainer.cpp).
+    std::vector<StoredTensor> params;
+    for (const nn::NamedParameter& p : model->named_parameters()) params.push_back({p.name, p.tensor.shape()});
+    check_optimizer_tensors(f, params);
+    loads.resume = true;
+  }
+  return loads;
 }
 
 std::vector<StoredTensor> list_model_tensors(const std::string& path) {

@@ -75,6 +75,18 @@ void load_model_weights(const std::string& path, nn::DecoderModel& model, bool t
 // Loads /optimizer into `opt` (names and shapes must match) and its step count.
 void load_optimizer_state(const std::string& path, AdamW& opt);
 
+// Whether `path` would load, asked the loaders' own way without loading a value into a model:
+// read_checkpoint_meta, the model its config describes (build_model, as load_for_inference and the
+// trainer build it), /model against that model (load_model_weights' names, types, shapes and
+// config-vs-tensors checks) and, when the file has /optimizer, the AdamW moments against the same
+// parameters (load_optimizer_state's). Throws qkv::Error naming the first problem. The values
+// themselves (checksums, finiteness) are verify_checkpoint_data's. `qkv inspect` runs both.
+struct CheckpointLoads {
+  bool inference = true;  // sample, eval, export, --init-from
+  bool resume = false;    // --resume: the optimizer state is there and fits too
+};
+CheckpointLoads check_checkpoint_loads(const std::string& path);
+
 // GPT-2's Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), which Hugging Face
 // and qkv checkpoints store [in, out]; qkv's Linear is [out, in].
 bool is_conv1d_weight(nn::Family family, const std::string& name);

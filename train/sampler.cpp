@@ -129,7 +129,8 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
 
 std::vector<Completion> generate_batch(const nn::DecoderModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        const SampleOptions& opts, int64_t batch_size, bool logprobs,
-                                       const std::function<void(size_t, const Completion&)>& on_done) {
+                                       const std::function<void(size_t, const Completion&)>& on_done,
+                                       const LogitsObserver& on_logits) {
   const int64_t drawable = check_options(model, opts);
   QKV_CHECK(batch_size >= 1, "[sample] the batch size must be >= 1, got ", batch_size);
   QKV_CHECK(opts.kv_cache,
@@ -161,6 +162,7 @@ std::vector<Completion> generate_batch(const nn::DecoderModel& model, const std:
   auto take = [&](size_t i, const Tensor& row) {
     Completion& c = done[i];
     const auto n = static_cast<int64_t>(c.tokens.size());
+    if (on_logits) on_logits(i, n, row.data<float>());
     const int32_t next = draw(row.data<float>(), drawable, opts, n, static_cast<uint32_t>(i));
     if (logprobs) c.logprobs.push_back(token_logprobs(row.reshape({1, V}), {next})[0]);
     c.tokens.push_back(next);

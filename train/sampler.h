@@ -57,9 +57,14 @@ std::vector<int32_t> generate(const nn::DecoderModel& model, const std::vector<i
 // naming the prompt. `on_done(i, completion)` (optional) is called in prompt order as soon as
 // prompts 0..i are all complete. Refuses what generate refuses, batch_size < 1 and
 // opts.kv_cache = false. Returns the completions in prompt order.
+// `on_logits(i, n, row)` (optional) sees the logits row token n of prompt i is drawn from (V
+// floats on the host, valid during the call): how leakcheck's batched_generation compares each
+// row with the same prompt decoded alone.
+using LogitsObserver = std::function<void(size_t prompt, int64_t n, const float* logits)>;
 std::vector<Completion> generate_batch(const nn::DecoderModel& model, const std::vector<std::vector<int32_t>>& prompts,
                                        const SampleOptions& opts, int64_t batch_size, bool logprobs = false,
-                                       const std::function<void(size_t, const Completion&)>& on_done = {});
+                                       const std::function<void(size_t, const Completion&)>& on_done = {},
+                                       const LogitsObserver& on_logits = {});
 
 // Picks a token from one row of logits by the options (temperature, top-k, top-p) with the
 // uniform draw u in [0, 1). Exposed for tests.

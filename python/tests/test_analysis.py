@@ -15,7 +15,7 @@ CORPUS = str(SOURCE_DIR / "data" / "corpus" / "tinyshakespeare.txt")
 TINY = str(SOURCE_DIR / "configs" / "tiny.toml")
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll:\nSpeak, speak.\n" * 3
 CONSISTENCY = ["kv_decode", "chunked_prefill", "padding_invariance", "packing_invariance", "batch_composition",
-               "thread_count", "trainer_vs_sampler"]
+               "thread_count", "trainer_vs_sampler", "batched_generation"]
 
 
 def cli(*args, ok=True):
@@ -82,7 +82,8 @@ def test_leakcheck_runs_only_the_families_asked_for(ckpt, model):
 
 def test_invariant_consistency_checks_measure_exactly_zero(model):
     got = qkv.leakcheck(model, checks=["train_vs_inference", "padding", "packing_invariance", "batch_composition",
-                                       "thread_count", "trainer_vs_sampler"], numerics="invariant")
+                                       "thread_count", "trainer_vs_sampler", "batched_generation"],
+                        numerics="invariant")
     rows = {c["name"]: c for c in got["checks"]}
     for name in CONSISTENCY:
         assert rows[name]["value"] == 0.0 and rows[name]["threshold"] == 0.0, name

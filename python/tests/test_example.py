@@ -17,7 +17,7 @@ TOUR = SOURCE_DIR / "examples" / "python_tour.py"
 PLOTS = ("loss.png", "consistency.png", "attention.png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONSISTENCY = ["kv_decode", "chunked_prefill", "padding_invariance", "packing_invariance", "batch_composition",
-               "thread_count", "trainer_vs_sampler"]
+               "thread_count", "trainer_vs_sampler", "batched_generation"]
 
 
 def run_tour(cwd, *args):

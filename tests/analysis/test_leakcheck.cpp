@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "compare_util.h"
@@ -19,6 +20,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/numerics.h"
 #include "tensor/ops.h"
 #include "analysis/attention_map.h"
 #include "analysis/leakcheck.h"
@@ -107,7 +109,7 @@ void expect_clean_models_pass(Device dev) {
   for (const auto& model : {tiny_gpt2(), tiny_llama()}) {
     model->to(dev);
     const auto checks = analysis::run_model_checks(*model, o);
-    CHECK(checks.size() == 20);
+    CHECK(checks.size() == 21);
     for (const auto& c : checks) {
       INFO(nn::family_name(model->config().family)
            << " " << c.name << " = " << c.value << " (threshold " << c.threshold << "): " << c.detail);
@@ -118,6 +120,9 @@ void expect_clean_models_pass(Device dev) {
     CHECK(find(checks, "greedy_generation").value == 0.0);
     CHECK(find(checks, "dropout_discipline").value == 0.0);
     CHECK(static_cast<int64_t>(find(checks, "kv_decode").per_position.size()) == model->config().block_size);
+    // Generated tokens compared, one per position: the rows did decode together.
+    CHECK(static_cast<int64_t>(find(checks, "batched_generation").per_position.size()) ==
+          model->config().block_size / 2);
   }
 }
 
@@ -157,6 +162,8 @@ void expect_planted_faults_caught(Device dev) {
       {"reference_attention_backward", F::ignore_key_padding, false},
       {"reference_attention_backward", F::window_off_by_one, true},
       {"dropout_discipline", F::dropout_in_eval, false},
+      {"batched_generation", F::cross_row_cache, false},
+      {"batched_generation", F::cross_row_cache, true},
   };
   const auto gpt2 = tiny_gpt2(), llama = tiny_llama();
   gpt2->to(dev);
@@ -206,6 +213,39 @@ TEST_CASE("on the GPU, every leak check passes on clean models and catches each 
   CHECK(copy->device() == Device::cuda);
 }
 
+TEST_CASE("batched_generation: every row is its batch-1 decode; a row reading another's cache fails it alone",
+          "[leakcheck][exact]") {
+  // The user's gpt2, and the self-test's linear-attention probe (its rows step recurrent states).
+  auto models = analysis::self_test_models(*tiny_gpt2());
+  for (size_t at : {size_t{0}, size_t{2}}) {
+    nn::DecoderModel& model = *models[at].model;
+    INFO(models[at].name);
+    for (Numerics mode : {Numerics::invariant, Numerics::standard}) {
+      const NumericsGuard guard(mode);
+      const analysis::LeakCheck clean = analysis::check_batched_generation(model, {});
+      INFO(clean.detail);
+      CHECK(clean.pass);
+      const int64_t L = model.config().block_size;                      // 12 and 16: the probe is the whole block
+      CHECK(static_cast<int64_t>(clean.per_position.size()) == L / 2);  // one position per generated token
+      if (mode == Numerics::invariant) CHECK(clean.value == 0.0);       // bitwise, not merely close
+      const std::string lens = std::to_string(L / 2) + ", 1, " + std::to_string(L / 4 + 1) + ", 3 tokens";
+      CHECK(clean.detail.find("prompts of " + lens) != std::string::npos);
+    }
+    const analysis::PlantedFault planted(model, analysis::Fault::cross_row_cache);
+    const auto checks = analysis::run_model_checks(model, {});
+    for (const auto& c : checks) {
+      INFO(c.name << " = " << c.value << " (threshold " << c.threshold << "): " << c.detail);
+      if (c.name == "batched_generation") {
+        CHECK_FALSE(c.pass);
+        CHECK(c.value > 10 * std::max(c.threshold, 1e-7));
+        CHECK(c.per_position[0] == 0.0);  // token 0 comes from each prompt's prefill alone
+      } else {
+        CHECK(c.pass);  // no other check runs rows together: without this one the fault passes
+      }
+    }
+  }
+}
+
 TEST_CASE("a planted fault lives in its model and its copies and never in other models or the library", "[leakcheck]") {
   const auto a = tiny_gpt2(), b = tiny_gpt2();  // the same weights
   const Tensor ids = analysis::leak::ids_tensor(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6});
@@ -230,11 +270,11 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   std::vector<std::string> lines;
   const analysis::SelfTestResult st =
       analysis::run_self_test(*model, {}, [&](const std::string& l) { lines.push_back(l); });
-  CHECK(st.planted() == 15);
-  CHECK(st.detected() == 15);
+  CHECK(st.planted() == 16);
+  CHECK(st.detected() == 16);
   CHECK(st.false_alarms.empty());
   CHECK(st.pass());
-  CHECK(lines.size() == 5 * 16);  // five models (user, llama probe, linear probe, two sparse probes), clean + 15 faults
+  CHECK(lines.size() == 5 * 17);  // five models (user, llama probe, linear probe, two sparse probes), clean + 16 faults
   for (const auto& f : st.faults) {
     INFO(analysis::fault_name(f.fault));
     CHECK(f.detected);
@@ -247,6 +287,16 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
   for (const auto& f : st.faults)
     if (f.fault == analysis::Fault::linear_chunk_future)
       for (const auto& c : f.caught_by) CHECK(c.model == "probe-linear");
+  // A row reading another row's cache shows only where rows decode together, on every model.
+  for (const auto& f : st.faults)
+    if (f.fault == analysis::Fault::cross_row_cache) {
+      std::set<std::string> models;
+      for (const auto& c : f.caught_by) {
+        CHECK(c.check == "batched_generation");
+        models.insert(c.model);
+      }
+      CHECK(models.size() == 5);
+    }
   // The sparse faults are caught by the model's own checks only on their sparse probes (the other
   // models have no pattern); kernel_probes runs every pattern on every softmax model.
   for (const auto& f : st.faults)
@@ -264,11 +314,11 @@ TEST_CASE("the self-test catches every planted fault without false alarms", "[le
       CHECK(on_user_model);
     }
   const nlohmann::json j = analysis::leakcheck_json({}, &st);
-  CHECK(j["self_test"]["planted"] == 15);
-  CHECK(j["self_test"]["detected"] == 15);
+  CHECK(j["self_test"]["planted"] == 16);
+  CHECK(j["self_test"]["detected"] == 16);
   CHECK(j["self_test"]["false_alarms"] == 0);
-  CHECK(j["self_test"]["faults"].size() == 15);
-  CHECK(analysis::self_test_table(st).find("15/15 planted faults detected, PASS") != std::string::npos);
+  CHECK(j["self_test"]["faults"].size() == 16);
+  CHECK(analysis::self_test_table(st).find("16/16 planted faults detected, PASS") != std::string::npos);
 }
 
 TEST_CASE("the naive float64 attention backward is the gradient of the naive forward", "[leakcheck]") {
@@ -552,7 +602,7 @@ TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", 
     REQUIRE(run_qkv("leakcheck --config configs/tiny.toml --json", &out, &err) == 0);
     const nlohmann::json j = nlohmann::json::parse(out);  // --json: stdout is the one JSON line
     CHECK(j["failed"] == 0);
-    CHECK(j["passed"] == 22);  // 20 model checks + 2 data checks
+    CHECK(j["passed"] == 23);  // 21 model checks + 2 data checks
     // --json also runs the consistency checks under both numerics modes.
     REQUIRE(j["consistency"].size() == analysis::consistency_check_names().size());
     for (const auto& c : j["consistency"]) {

@@ -104,6 +104,7 @@ TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer 
     CHECK(checks.size() == analysis::consistency_check_names().size());
     for (const char* name : {"kv_decode", "chunked_prefill", "batch_composition", "thread_count", "trainer_vs_sampler"})
       expect_exact(find(checks, name), name == std::string("batch_composition") ? L - L / 4 : L);
+    expect_exact(find(checks, "batched_generation"), L / 2);  // one position per generated token
     const auto& trainer = find(checks, "trainer_vs_sampler");
     if (model->config().dropout > 0) CHECK(trainer.detail.find("set to 0") != std::string::npos);
     CHECK(find(checks, "chunked_prefill").detail.find("chunks of 1: 0, 7: 0, whole (40): 0") != std::string::npos);

@@ -568,17 +568,17 @@ TEST_CASE("leakcheck: a linear model passes every applicable check; the softmax 
     m->init_weights(3);
     m->eval();
     const auto checks = analysis::run_model_checks(*m, {});
-    for (const char* name :
-         {"future_token_perturbation", "kv_decode", "chunked_prefill", "greedy_generation", "padding_invariance",
-          "padding_target_loss", "packing_invariance", "reference_attention", "reference_attention_backward",
-          "kernel_probes", "dropout_discipline", "batch_composition", "thread_count", "trainer_vs_sampler"}) {
+    for (const char* name : {"future_token_perturbation", "kv_decode", "chunked_prefill", "greedy_generation",
+                             "padding_invariance", "padding_target_loss", "packing_invariance", "reference_attention",
+                             "reference_attention_backward", "kernel_probes", "dropout_discipline", "batch_composition",
+                             "thread_count", "trainer_vs_sampler", "batched_generation"}) {
       const analysis::LeakCheck* c = find_check(checks, name);
       INFO(feature << " " << name);
       REQUIRE(c);
       INFO(c->value << " (threshold " << c->threshold << "): " << c->detail);
       CHECK(c->pass);
     }
-    CHECK(checks.size() == 14);
+    CHECK(checks.size() == 15);
     CHECK(find_check(checks, "future_token_perturbation")->value == 0.0);  // exactly: no future key is read
     CHECK(find_check(checks, "greedy_generation")->value == 0.0);
     CHECK(find_check(checks, "reference_attention")->value < 1e-5);  // vs the naive float64 linear loop

@@ -10,6 +10,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "checkpoint_test_util.h"
 #include "data/h5.h"
@@ -33,6 +34,57 @@ void overwrite_dataset(const std::string& path, const std::string& name, const s
   REQUIRE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
   H5Dclose(d);
   H5Fclose(f);
+}
+
+// Removes object `name` (a dataset or a group) from an existing file.
+void delete_object(const std::string& path, const std::string& name) {
+  h5::File f = h5::File::open(path, true);
+  REQUIRE(H5Ldelete(f.id(), name.c_str(), H5P_DEFAULT) >= 0);
+}
+
+// Replaces dataset `name` with a float32 one of `shape` (finite values), written the way qkv
+// writes (h5::File::write: checksummed), so only the shape is wrong.
+void replace_tensor(const std::string& path, const std::string& name, const Shape& shape) {
+  h5::File f = h5::File::open(path, true);
+  if (f.has(name)) REQUIRE(H5Ldelete(f.id(), name.c_str(), H5P_DEFAULT) >= 0);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i % 7);
+  f.write(name, v.data(), shape);
+}
+
+// Replaces dataset `name` with a scalar (rank 0) float32, through the C API (qkv writes none).
+void replace_with_scalar(const std::string& path, const std::string& name) {
+  h5::File f = h5::File::open(path, true);
+  REQUIRE(H5Ldelete(f.id(), name.c_str(), H5P_DEFAULT) >= 0);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t d = H5Dcreate2(f.id(), name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const float one = 1;
+  REQUIRE(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, &one) >= 0);
+  H5Dclose(d);
+  H5Sclose(space);
+}
+
+// Sets `key = value` in the stored config's [model] section and recomputes the config checksum,
+// as a careful hand edit would: the file is self-consistent except for what the edit says.
+void edit_model_key(const std::string& path, const std::string& key, const std::string& value) {
+  h5::File f = h5::File::open(path, true);
+  std::istringstream in(f.attr_string("/", "config"));
+  std::string out, section;
+  bool done = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '[') section = line;
+    if (section == "[model]" && line.rfind(key + " = ", 0) == 0) {
+      line = key + " = " + value;
+      done = true;
+    }
+    out += line + "\n";
+  }
+  REQUIRE(done);
+  f.set_attr("/", "config", out);
+  f.set_attr("/", "config_fnv1a64", static_cast<int64_t>(h5::fnv1a64(out.data(), out.size())));
 }
 
 std::set<std::string> files_in(const TempDir& dir) {
@@ -453,6 +505,106 @@ TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never
   CHECK_THAT(error_of([&] { prune_checkpoints(dir.file("absent"), 3); }), Contains("cannot list"));
 }
 
+TEST_CASE("check_checkpoint_loads refuses what the loaders refuse, with their message naming the culprit",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string good = dir.file("good.h5");
+  Run r = make_run("gpt2");  // C = 32, 2 layers, 4 heads, block 16, AdamW moments, step 2
+  save(r, good);
+  const std::string V = std::to_string(r.tok->vocab_size());
+  REQUIRE(error_of([&] { load_everything(good); }) == "(no error)");
+  CHECK(check_checkpoint_loads(good).resume);
+  CHECK(check_checkpoint_loads(good).inference);
+
+  struct Case {
+    const char* what;
+    std::function<void(const std::string&)> corrupt;
+    std::vector<std::string> culprit;  // what the one-line error must name
+  };
+  const std::string fc = "transformer.h.0.mlp.c_fc.weight";  // stored [in, out] = [32, 128]
+  const std::vector<Case> cases = {
+      {"a transposed weight",
+       [&](const std::string& p) {
+         replace_tensor(p, "/model/" + fc, {128, 32});
+       },
+       {"/model/" + fc, "[128,32]", "[32,128]"}},
+      {"a reshaped embedding",
+       [&](const std::string& p) {
+         replace_tensor(p, "/model/transformer.wte.weight", {r.tok->vocab_size() * 2, 16});
+       },
+       {"/model/transformer.wte.weight", "[" + V + ",32]"}},
+      {"a scalar where a matrix belongs",
+       [](const std::string& p) { replace_with_scalar(p, "/model/transformer.h.1.attn.c_proj.weight"); },
+       {"/model/transformer.h.1.attn.c_proj.weight has shape []", "[32,32]"}},
+      {"a missing layer",
+       [&](const std::string& p) {
+         for (const auto& t : list_model_tensors(p))
+           if (t.name.rfind("transformer.h.1.", 0) == 0) delete_object(p, "/model/" + t.name);
+       },
+       {"parameter transformer.h.1.ln_1.weight [32] is missing from /model"}},
+      {"an extra tensor",
+       [](const std::string& p) { replace_tensor(p, "/model/transformer.h.2.ln_1.weight", {32}); },
+       {"/model/transformer.h.2.ln_1.weight is not a parameter of this model"}},
+      {"config n_layer edited",
+       [](const std::string& p) { edit_model_key(p, "n_layer", "3"); },
+       {"parameter transformer.h.2.ln_1.weight [32] is missing"}},
+      {"config n_embd edited",
+       [](const std::string& p) { edit_model_key(p, "n_embd", "64"); },
+       {"/model/transformer.wte.weight has shape [" + V + ",32] but this model expects [" + V + ",64]"}},
+      {"config block_size edited",
+       [](const std::string& p) { edit_model_key(p, "block_size", "32"); },
+       {"/model/transformer.wpe.weight has shape [16,32] but this model expects [32,32]"}},
+      {"config family edited",
+       [](const std::string& p) { edit_model_key(p, "family", "\"llama\""); },
+       {"model.embed_tokens.weight", "is missing from /model"}},
+      {"config n_kv_head edited",
+       [](const std::string& p) { edit_model_key(p, "n_kv_head", "2"); },
+       {"/model/transformer.h.0.attn.c_attn.weight has shape [32,96] but this model expects [32,64]"}},
+      {"config vocab_size edited",
+       [&](const std::string& p) { edit_model_key(p, "vocab_size", "80"); },
+       {"/model/transformer.wte.weight has shape [" + V + ",32] but this model expects [80,32]"}},
+      {"a negative step",
+       [](const std::string& p) { h5::File::open(p, true).set_attr("/", "step", int64_t{-3}); },
+       {"negative step (-3)"}},
+      {"a step past max_steps",
+       [](const std::string& p) { h5::File::open(p, true).set_attr("/", "step", int64_t{1} << 40); },
+       {"step 1099511627776 is past train.max_steps 100"}},
+      {"an optimizer step past the step",
+       [](const std::string& p) { h5::File::open(p, true).set_attr("optimizer", "step", int64_t{7}); },
+       {"optimizer step (attribute step of /optimizer) is 7, past the checkpoint's step 2"}},
+      {"a transposed AdamW moment",
+       [&](const std::string& p) {
+         replace_tensor(p, "/optimizer/" + fc + "/exp_avg_sq", {128, 32});
+       },
+       {"/optimizer/" + fc + "/exp_avg_sq has shape [128,32] but this model expects [32,128]"}},
+      {"a missing AdamW moment",
+       [](const std::string& p) { delete_object(p, "/optimizer/transformer.h.1.ln_2.bias"); },
+       {"optimizer state of transformer.h.1.ln_2.bias is missing from /optimizer"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const std::string path = dir.file("bad.h5");
+    fs::copy_file(good, path, fs::copy_options::overwrite_existing);
+    c.corrupt(path);
+    // The loaders refuse it, and the check says exactly what they say: the same code path.
+    const std::string loaders = error_of([&] { load_everything(path); });
+    const std::string checked = error_of([&] { check_checkpoint_loads(path); });
+    CHECK(checked == loaders);
+    CHECK_THAT(checked, Contains("[checkpoint] " + path + ": "));
+    for (const std::string& name : c.culprit) CHECK_THAT(checked, Contains(name));
+    CHECK(checked.find('\n') == std::string::npos);
+  }
+
+  // Weights only: loads for inference and --init-from, not for --resume.
+  const std::string weights = dir.file("weights.h5");
+  train::save_checkpoint(weights, r.cfg, *r.model, nullptr, r.state, *r.tok);
+  CHECK_FALSE(check_checkpoint_loads(weights).resume);
+  // A step past max_steps is never written.
+  Run far = make_run("gpt2");
+  far.state.step = far.cfg.train.max_steps + 1;
+  CHECK_THAT(error_of([&] { save(far, dir.file("far.h5")); }), Contains("refusing to save step 101"));
+}
+
 TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, as text and JSON",
           "[checkpoint][cli]") {
   const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
@@ -469,6 +621,8 @@ TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, 
   REQUIRE(run_command(qkv + " inspect " + path + " --json 2>/dev/null", out) == 0);
   const std::string last = out.substr(out.find_last_of('\n', out.size() - 2) + 1);
   const nlohmann::json j = nlohmann::json::parse(last);
+  CHECK(j["valid"] == true);
+  CHECK(j["loads"] == nlohmann::json{{"inference", true}, {"init_from", true}, {"resume", true}});
   CHECK(j["step"] == 2);
   CHECK(j["tokens_seen"] == 12345);
   CHECK(j["config"] == to_toml(r.cfg));
@@ -493,6 +647,8 @@ TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, 
   for (size_t i = 0; i < params.size(); ++i) CHECK(j["tensors"][i]["name"] == params[i].name);
 
   REQUIRE(run_command(qkv + " inspect " + path + " 2>/dev/null", out) == 0);
+  CHECK_THAT(out,
+             Contains("valid        loads for inference (sample, eval, export) and training (--init-from, --resume)"));
   CHECK_THAT(out, Contains("step         2") && Contains("tokens_seen  12345") &&
                       Contains("char, vocab " + std::to_string(r.tok->vocab_size())) &&
                       Contains("transformer.h.1.mlp.c_proj.weight") && Contains("[128,32]") && Contains("[model]"));
@@ -501,4 +657,45 @@ TEST_CASE("qkv inspect prints step, tokens, tokenizer, config and every tensor, 
   CHECK(run_command(qkv + " inspect " + dir.file("junk.h5") + " 2>&1", out) == 2);
   CHECK_THAT(out, Contains(dir.file("junk.h5")) && Contains("not an HDF5 file"));
   CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+
+  // Weights only: valid, for inference and --init-from but not --resume.
+  const std::string weights = dir.file("weights.h5");
+  train::save_checkpoint(weights, r.cfg, *r.model, nullptr, r.state, *r.tok);
+  REQUIRE(run_command(qkv + " inspect " + weights + " --json 2>/dev/null", out) == 0);
+  CHECK(nlohmann::json::parse(out)["loads"]["resume"] == false);
+  REQUIRE(run_command(qkv + " inspect " + weights + " 2>/dev/null", out) == 0);
+  CHECK_THAT(out, Contains("training (--init-from; not --resume: no optimizer state)"));
+}
+
+TEST_CASE("qkv inspect refuses a checkpoint the loaders refuse: one line naming the culprit, exit 2",
+          "[checkpoint][cli]") {
+  const std::string qkv = std::string(QKV_BINARY_DIR) + "/qkv";
+  std::string out;
+  if (::access(qkv.c_str(), X_OK) != 0 || run_command(qkv + " inspect --help 2>/dev/null", out) != 0) {
+    WARN("the qkv binary with `inspect` is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  TempDir dir;
+  Run r = make_run("gpt2");
+  const std::string tensor = dir.file("tensor.h5"), config = dir.file("config.h5");
+  save(r, tensor);
+  replace_tensor(tensor, "/model/transformer.h.0.mlp.c_fc.weight", {128, 32});  // transposed
+  save(r, config);
+  edit_model_key(config, "n_layer", "3");  // the checksum recomputed: only the loaders' checks see it
+  for (const auto& [path, culprit] : {std::pair{tensor, std::string("/model/transformer.h.0.mlp.c_fc.weight")},
+                                      std::pair{config, std::string("transformer.h.2.ln_1.weight")}}) {
+    INFO(path);
+    const std::string expected = error_of([&] { load_everything(path); });
+    CHECK_THAT(expected, Contains(culprit));
+    CHECK(run_command(qkv + " inspect " + path + " 2>&1 >/dev/null", out) == 2);  // stderr alone
+    CHECK(out == "qkv: " + expected + "\n");
+    CHECK(run_command(qkv + " inspect " + path + " 2>/dev/null", out) == 2);  // nothing listed
+    CHECK(out.empty());
+    CHECK(run_command(qkv + " inspect " + path + " --json 2>/dev/null", out) == 2);
+    const nlohmann::json j = nlohmann::json::parse(out);
+    CHECK(j["valid"] == false);
+    CHECK(j["error"] == expected);
+    CHECK(j["checkpoint"] == path);
+    CHECK_FALSE(j.contains("tensors"));
+  }
 }
