@@ -13,6 +13,7 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev ca
           nlohmann-json3-dev libtomlplusplus-dev libpng-dev python3 python3-numpy python3-h5py
           openmpi-bin libopenmpi-dev  # MPI: data-parallel `mpirun -np N qkv train` (docs/distributed.md)
           pybind11-dev python3-pytest python3-matplotlib  # `import qkv` (python/) and its tests
+          python3-venv                # the numpy 2 venv of scripts/test.sh; `pip install .` in a venv
           clang-format                # scripts/check_format.sh (the layout of .clang-format)
           ccache)                     # compiler cache shared by the build folders
 missing=()

@@ -8,7 +8,9 @@
 # GPU too: a second build, QKV_CUDA=EMULATE, in build-emulated/. CUDA_EMULATION=0 skips that part.
 # Before ctest, torch and transformers are installed for the interop test and the Python tests
 # (python/tests; INTEROP=0 skips the install, and those tests then report themselves skipped);
-# after it, the fuzz targets run for FUZZ_SECONDS each (default 10; 0 skips) when clang is there.
+# after it, the Python tests that need no torch run again in a venv with numpy 2.x from PyPI
+# (NUMPY2=0 skips them), then the fuzz targets run for FUZZ_SECONDS each (default 10; 0 skips)
+# when clang is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each stage prints its wall time (and the running total) as it ends.
@@ -79,6 +81,31 @@ if [[ ${QUICK:-0} == 1 ]]; then
 fi
 ctest "${args[@]}"
 stage_done ctest
+
+# The Python tests that need no torch once more under numpy 2: a virtual environment of
+# /usr/bin/python3 without the system's packages, with numpy 2.x, pytest and h5py from PyPI, runs
+# them against the module ctest used (build/python, built with Debian's pybind11). Kept in
+# build/numpy2-venv, so a later run installs nothing. Without PyPI the stage warns and is skipped;
+# NUMPY2=0 skips it.
+if [[ ${NUMPY2:-1} == 1 && -d $build_dir/python/qkv ]]; then
+  build_abs=$(cd "$build_dir" && pwd)
+  numpy2_venv=$build_abs/numpy2-venv
+  if { [[ -x $numpy2_venv/bin/python ]] || /usr/bin/python3 -m venv "$numpy2_venv"; } &&
+    timeout 300 "$numpy2_venv/bin/python" -m pip install -q --disable-pip-version-check --retries 1 --timeout 15 \
+      "numpy>=2" pytest h5py >&2; then
+    (
+      source_abs=$PWD
+      cd python/tests
+      PYTHONPATH=$build_abs/python QKV_BINARY_DIR=$build_abs QKV_SOURCE_DIR=$source_abs \
+        "$numpy2_venv/bin/python" -m pytest -q -p no:cacheprovider \
+        test_tensor.py test_stubs.py test_model.py test_train.py test_analysis.py >&2
+    )
+    echo "test.sh: the Python tests under numpy $("$numpy2_venv/bin/python" -c 'import numpy; print(numpy.__version__)')" >&2
+  else
+    echo "test.sh: WARNING: no virtual environment with numpy 2 (PyPI unreachable?); the numpy 2 stage is skipped" >&2
+  fi
+fi
+stage_done "numpy 2"
 
 # The libFuzzer targets (tests/fuzz/run_fuzz.sh: the safetensors header, the CLI number parsers,
 # the config parser, the tokenizer files and the checkpoint readers, under AddressSanitizer and

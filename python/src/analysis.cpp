@@ -62,10 +62,10 @@ std::vector<std::string> strings_arg(const char* fn, const char* name, py::handl
   if (py::isinstance<py::str>(obj)) return {obj.cast<std::string>()};
   std::vector<std::string> out;
   QKV_CHECK(py::isinstance<py::iterable>(obj), fn, ": ", name, " must be a str or a list of str, not ",
-            std::string(py::str(obj.get_type().attr("__name__"))));
+            std::string(py::str(py::type::of(obj).attr("__name__"))));
   for (py::handle item : obj) {
     QKV_CHECK(py::isinstance<py::str>(item), fn, ": ", name, " must hold str items, not ",
-              std::string(py::str(item.get_type().attr("__name__"))));
+              std::string(py::str(py::type::of(item).attr("__name__"))));
     out.push_back(item.cast<std::string>());
   }
   return out;
@@ -100,9 +100,7 @@ std::vector<int32_t> token_ids(const Model& m, py::handle input, const char* tag
 
 // A float64 numpy array of `v`.
 py::array_t<double> doubles(const std::vector<double>& v) {
-  py::array_t<double> out(static_cast<py::ssize_t>(v.size()));
-  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), v.size() * sizeof(double));
-  return out;
+  return numpy_copy<double>({static_cast<py::ssize_t>(v.size())}, v.data());
 }
 
 // ---- configs: a path, TOML text, or a dict of sections ----
@@ -113,7 +111,7 @@ std::string toml_value(const std::string& key, py::handle v) {
   if (py::isinstance<py::int_>(v)) return std::string(py::str(v));
   if (py::isinstance<py::float_>(v)) return std::string(py::repr(v));
   if (py::isinstance<py::str>(v)) return nlohmann::json(v.cast<std::string>()).dump();  // a quoted TOML string
-  fail("config: key ", key, " has a value of type ", std::string(py::str(v.get_type().attr("__name__"))),
+  fail("config: key ", key, " has a value of type ", std::string(py::str(py::type::of(v).attr("__name__"))),
        "; expected bool, int, float or str");
   return {};
 }
@@ -122,7 +120,7 @@ std::string toml_value(const std::string& key, py::handle v) {
 void dict_overrides(py::dict d, const std::string& prefix, std::vector<std::string>& out) {
   for (auto [k, v] : d) {
     QKV_CHECK(py::isinstance<py::str>(k), "config: keys must be str, not ",
-              std::string(py::str(k.get_type().attr("__name__"))));
+              std::string(py::str(py::type::of(k).attr("__name__"))));
     const std::string key = prefix + k.cast<std::string>();
     if (py::isinstance<py::dict>(v)) {
       QKV_CHECK(prefix.empty(), "config: key ", key, " nests deeper than section.key");
@@ -155,7 +153,8 @@ ConfigArg config_arg(py::handle config, std::vector<std::string>& overrides) {
   try {
     s = fspath(config).cast<std::string>();
   } catch (const py::error_already_set&) {
-    fail("config must be a path, TOML text or a dict, not ", std::string(py::str(config.get_type().attr("__name__"))));
+    fail("config must be a path, TOML text or a dict, not ",
+         std::string(py::str(py::type::of(config).attr("__name__"))));
   }
   if (py::isinstance<py::str>(config) && s.find_first_of("=\n") != std::string::npos) {
     c.text = std::move(s);

@@ -94,12 +94,11 @@ attn::SparsePattern parse_pattern_spec(py::handle spec) {
   return p;
 }
 
-// The options of one call, from the keywords; `extra` keys are left for the caller.
-attn::AttentionOptions parse_options(const py::kwargs& kw, int64_t nk, const std::vector<std::string>& extra = {}) {
+// The options of one call from the keywords that differ from their defaults (option_dict).
+attn::AttentionOptions parse_options(const py::dict& kw, int64_t nk) {
   attn::AttentionOptions o;
   for (auto [key, value] : kw) {
     const std::string k = key_of(key);
-    if (std::find(extra.begin(), extra.end(), k) != extra.end()) continue;
     if (value.is_none() && k != "fully_masked" && k != "kernel") continue;  // None: the default
     if (k == "scale") {
       o.scale = scalar<double>(value, k, "a number");
@@ -148,6 +147,65 @@ attn::AttentionOptions parse_options(const py::kwargs& kw, int64_t nk, const std
   return o;
 }
 
+// The keyword-only arguments of attention, attention_vjp and gradcheck_attention: the fields of
+// attn::AttentionOptions with their defaults (the same values as the struct's), declared once so
+// that help() and the stubs show every one. Their order is kAttentionKeys'.
+constexpr size_t kOptionCount = 16;
+auto option_args() {
+  return std::make_tuple(py::arg("scale") = py::none(), py::arg("causal") = false, py::arg("window") = 0,
+                         py::arg("key_padding") = py::none(), py::arg("key_lengths") = py::none(),
+                         py::arg("allow_mask") = py::none(), py::arg("bias") = py::none(),
+                         py::arg("alibi_slopes") = py::none(), py::arg("segment_ids") = py::none(),
+                         py::arg("pattern") = py::none(), py::arg("dropout_p") = 0.0, py::arg("dropout_seed") = 0,
+                         py::arg("dropout_offset") = 0, py::arg("fully_masked") = "zero", py::arg("kernel") = "fused",
+                         py::arg("check_invariants") = false);
+}
+static_assert(std::tuple_size_v<decltype(option_args())> == kOptionCount);
+
+// Whether an option's value is its default: then it is left out of the options a call was given.
+bool is_default(const py::object& value, const py::object& default_value) {
+  // An option left out arrives as pybind11's own default object: one pointer comparison per call.
+  if (value.is(default_value)) return true;
+  if (value.is_none() || default_value.is_none()) return false;
+  try {
+    return value.equal(default_value);
+  } catch (py::error_already_set&) {
+    return false;  // no single truth value (an array): given, and parse_options says what is wrong with it
+  }
+}
+
+// The options given as values, each keyed by its name, leaving out those equal to their default: a
+// call that leaves an option out and one that passes its default mean the same.
+py::dict option_dict(const py::object* values) {
+  py::dict given;
+  size_t i = 0;
+  std::apply(
+      [&](const auto&... arg) {
+        (
+            [&] {
+              const py::object& value = values[i++];
+              if (!is_default(value, arg.value)) given[arg.name] = value;
+            }(),
+            ...);
+      },
+      option_args());
+  return given;
+}
+
+// A callable of `lead + kOptionCount` Python objects that hands them to f as one array: the form
+// pybind11 needs to give every keyword its own name and default.
+template <size_t lead, class F, size_t... I>
+auto objects_callable(F f, std::index_sequence<I...>) {
+  return [f](std::enable_if_t<(I < lead + kOptionCount), py::object>... a) {
+    const std::array<py::object, sizeof...(I)> all{std::move(a)...};
+    return f(all);
+  };
+}
+template <size_t lead, class F>
+auto objects_callable(F f) {
+  return objects_callable<lead>(f, std::make_index_sequence<lead + kOptionCount>{});
+}
+
 struct Inputs {
   Tensor q, k, v;
 };
@@ -188,25 +246,23 @@ py::dict result_dict(const autograd::GradcheckResult& r) {
   return d;
 }
 
-py::dict gradcheck(py::handle q, py::handle k, py::handle v, const py::kwargs& kw) {
+// gradcheck_attention(q, k, v, *, eps, atol, rtol, seed, only, <options>): options holds the
+// attention options that differ from their defaults.
+py::dict gradcheck(py::handle q, py::handle k, py::handle v, py::handle eps, py::handle atol, py::handle rtol,
+                   py::handle seed, py::handle only_arg, const py::dict& options) {
   autograd::GradcheckOptions g;
-  std::string only = ".*";
-  for (auto [key, value] : kw) {
-    const std::string name = key_of(key);
-    if (name == "eps") g.eps = scalar<double>(value, name, "a number");
-    if (name == "atol") g.atol = scalar<double>(value, name, "a number");
-    if (name == "rtol") g.rtol = scalar<double>(value, name, "a number");
-    if (name == "seed") g.seed = static_cast<uint64_t>(nonnegative(value, name));
-    if (name == "only") only = scalar<std::string>(value, name, "a regular expression");
-  }
+  g.eps = scalar<double>(eps, "eps", "a number");
+  g.atol = scalar<double>(atol, "atol", "a number");
+  g.rtol = scalar<double>(rtol, "rtol", "a number");
+  g.seed = static_cast<uint64_t>(nonnegative(seed, "seed"));
+  const std::string only = only_arg.is_none() ? ".*" : scalar<std::string>(only_arg, "only", "a regular expression");
   QKV_CHECK(g.eps > 0 && g.eps < 1, "argument 'eps' must be in (0, 1), got ", g.eps);
   QKV_CHECK(g.atol >= 0 && g.rtol >= 0, "arguments 'atol' and 'rtol' must be >= 0");
-  const std::vector<std::string> extra = {"eps", "atol", "rtol", "seed", "only"};
   if (q.is_none() && k.is_none() && v.is_none()) {
     // The registered cases of the attention ops (`qkv gradcheck --only REGEX` over attention's grid).
-    for (const auto& [key, value] : kw)
-      QKV_CHECK(std::find(extra.begin(), extra.end(), key_of(key)) != extra.end(), "argument '", key_of(key),
-                "' needs q, k and v (without them the registered cases run; they take eps, atol, rtol, seed, only)");
+    for (const auto& given : options)
+      fail("argument '", key_of(given.first),
+           "' needs q, k and v (without them the registered cases run; they take eps, atol, rtol, seed, only)");
     std::regex re;
     try {
       re = std::regex(only);
@@ -234,9 +290,9 @@ py::dict gradcheck(py::handle q, py::handle k, py::handle v, const py::kwargs& k
     return d;
   }
   QKV_CHECK(!q.is_none() && !k.is_none() && !v.is_none(), "arguments 'q', 'k' and 'v' go together (or none of them)");
-  QKV_CHECK(!kw.contains("only"), "argument 'only' selects registered cases: pass it without q, k and v");
+  QKV_CHECK(only_arg.is_none(), "argument 'only' selects registered cases: pass it without q, k and v");
   const Inputs in = inputs(q, k, v);
-  const attn::AttentionOptions o = parse_options(kw, in.k.size(2), extra);
+  const attn::AttentionOptions o = parse_options(options, in.k.size(2));
   // Central differences in float64 on copies: the caller's tensors are never perturbed.
   const Tensor q64 = in.q.to(DType::f64).clone(), k64 = in.k.to(DType::f64).clone(), v64 = in.v.to(DType::f64).clone();
   autograd::GradcheckCase c{
@@ -256,39 +312,45 @@ py::dict gradcheck(py::handle q, py::handle k, py::handle v, const py::kwargs& k
 }  // namespace
 
 void bind_attention(py::module_& m) {
-  m.def(
-      "attention",
-      [](py::handle q, py::handle k, py::handle v, const py::kwargs& kw) {
-        const Inputs in = inputs(q, k, v);
-        const attn::AttentionOptions o = parse_options(kw, in.k.size(2));
-        py::gil_scoped_release release;
-        return attn::attention(in.q, in.k, in.v, o);
-      },
-      py::arg("q"), py::arg("k"), py::arg("v"),
-      "attention(q, k, v, *, scale=None, causal=False, window=0, key_padding=None, key_lengths=None, "
-      "allow_mask=None, bias=None, alibi_slopes=None, segment_ids=None, pattern=None, dropout_p=0.0, "
-      "dropout_seed=0, dropout_offset=0, fully_masked='zero', kernel='fused', check_invariants=False) -> Tensor\n\n"
+  const char* attention_doc =
       "Scaled dot-product attention, q [B,Hq,Nq,D], k [B,Hkv,Nk,D], v [B,Hkv,Nk,Dv] -> [B,Hq,Nq,Dv] (float32 or "
-      "float64). Masks are ANDed (attention/attention.h). pattern: a name ('strided') or a dict {'kind': "
-      "'strided', 'stride': 4, 'local': 2, ...} with keys kind, stride, local, global, global_tokens, "
-      "random_blocks, block_size, seed, layout.");
-  m.def(
-      "attention_vjp",
-      [](py::handle q, py::handle k, py::handle v, py::handle grad_out, const py::kwargs& kw) {
-        const Inputs in = inputs(q, k, v);
-        const attn::AttentionOptions o = parse_options(kw, in.k.size(2));
-        const Tensor g = as_tensor(grad_out, "grad_out");
-        py::gil_scoped_release release;
-        return vjp(in, g, o);
+      "float64), a qkv.Tensor. The keywords are the fields of attn::AttentionOptions (attention/attention.h); "
+      "masks are ANDed. scale None: 1/sqrt(D). window > 0: a causal sliding window. key_padding [B,Nk] bool, "
+      "key_lengths [B], allow_mask [B|1,Hq|1,Nq,Nk] bool, bias (added to the scores), alibi_slopes [Hq], "
+      "segment_ids [B,N]. pattern: a name ('strided') or a dict {'kind': 'strided', 'stride': 4, 'local': 2, "
+      "...} with keys kind, stride, local, global, global_tokens, random_blocks, block_size, seed, layout. "
+      "fully_masked: 'zero' | 'error'; kernel: 'fused' | 'reference'.";
+  std::apply(
+      [&](const auto&... option) {
+        m.def("attention", objects_callable<3>([](const auto& a) {
+                const Inputs in = inputs(a[0], a[1], a[2]);
+                const attn::AttentionOptions o = parse_options(option_dict(&a[3]), in.k.size(2));
+                py::gil_scoped_release release;
+                return attn::attention(in.q, in.k, in.v, o);
+              }),
+              py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(), option..., attention_doc);
+        m.def("attention_vjp", objects_callable<4>([](const auto& a) {
+                const Inputs in = inputs(a[0], a[1], a[2]);
+                const attn::AttentionOptions o = parse_options(option_dict(&a[4]), in.k.size(2));
+                const Tensor g = as_tensor(a[3], "grad_out");
+                py::gil_scoped_release release;
+                return vjp(in, g, o);
+              }),
+              py::arg("q"), py::arg("k"), py::arg("v"), py::arg("grad_out"), py::kw_only(), option...,
+              "(dq, dk, dv) for the upstream gradient grad_out of attention(q, k, v, **options): the op's "
+              "hand-derived backward. The keywords are attention's.");
+        m.def("gradcheck_attention", objects_callable<8>([](const auto& a) {
+                return gradcheck(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], option_dict(&a[8]));
+              }),
+              py::arg("q") = py::none(), py::arg("k") = py::none(), py::arg("v") = py::none(), py::kw_only(),
+              py::arg("eps") = 1e-6, py::arg("atol") = 1e-5, py::arg("rtol") = 1e-3, py::arg("seed") = 1234,
+              py::arg("only") = py::none(), option...,
+              "Float64 central differences against the backward of attention(q, k, v, **options), as `qkv "
+              "gradcheck` checks each case -> dict(op, case, max_abs_err, max_rel_err, pass[, error]). Without "
+              "q, k, v: the registered attention cases whose 'op case' matches only (a regular expression; None: "
+              "all) -> dict(checks=[...], passed, failed); they take eps, atol, rtol, seed and only.");
       },
-      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("grad_out"),
-      "attention_vjp(q, k, v, grad_out, **options of attention) -> (dq, dk, dv): the op's hand-derived backward.");
-  m.def("gradcheck_attention", &gradcheck, py::arg("q") = py::none(), py::arg("k") = py::none(),
-        py::arg("v") = py::none(),
-        "gradcheck_attention(q, k, v, *, eps=1e-6, atol=1e-5, rtol=1e-3, seed=1234, **options of attention) -> "
-        "dict(op, case, max_abs_err, max_rel_err, pass[, error]): float64 central differences against the "
-        "backward, as `qkv gradcheck` checks each case. Without q, k, v: the registered attention cases whose "
-        "'op case' matches only= (a regular expression) -> dict(checks=[...], passed, failed).");
+      option_args());
   m.def(
       "_time_attention",
       [](py::handle q, py::handle k, py::handle v, int64_t iters, const py::kwargs& kw) {

@@ -54,15 +54,25 @@ std::shared_ptr<void> keep_alive(py::object obj) {
 
 std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")).cast<std::string>(); }
 
+}  // namespace
+
+NumpyItem numpy_item(const py::dtype& dt) {
+  return {dt.attr("kind").cast<std::string>().at(0), dt.attr("itemsize").cast<py::ssize_t>(),
+          dt.attr("isnative").cast<bool>()};
+}
+
+namespace {
+
 DType dtype_of_numpy(const py::dtype& dt, const char* what) {
-  const char kind = dt.kind();
-  const auto size = dt.itemsize();
-  if (kind == 'f' && size == 2) return DType::f16;
-  if (kind == 'f' && size == 4) return DType::f32;
-  if (kind == 'f' && size == 8) return DType::f64;
-  if (kind == 'i' && size == 4) return DType::i32;
-  if (kind == 'i' && size == 8) return DType::i64;
-  if (kind == 'b' && size == 1) return DType::boolean;
+  const NumpyItem item = numpy_item(dt);
+  QKV_CHECK(item.native, "argument '", what, "': numpy dtype ", dt.attr("str").cast<std::string>(),
+            " is not in this machine's byte order; pass a copy converted with .astype(x.dtype.newbyteorder('='))");
+  if (item.kind == 'f' && item.size == 2) return DType::f16;
+  if (item.kind == 'f' && item.size == 4) return DType::f32;
+  if (item.kind == 'f' && item.size == 8) return DType::f64;
+  if (item.kind == 'i' && item.size == 4) return DType::i32;
+  if (item.kind == 'i' && item.size == 8) return DType::i64;
+  if (item.kind == 'b' && item.size == 1) return DType::boolean;
   fail("argument '", what, "': numpy dtype ", dt.attr("name").cast<std::string>(),
        " has no qkv counterpart (float16, float32, float64, int32, int64, bool); pass a copy converted with "
        ".astype(...)");
@@ -101,7 +111,7 @@ size_t span_bytes(const Shape& shape, const Strides& strides, size_t item) {
 
 Tensor from_numpy(py::array arr, const char* what) {
   const DType dtype = dtype_of_numpy(arr.dtype(), what);
-  const auto item = static_cast<int64_t>(arr.itemsize());
+  const auto item = static_cast<int64_t>(dtype_size(dtype));
   Shape shape(arr.ndim());
   Strides strides(arr.ndim());
   for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
@@ -292,7 +302,8 @@ Tensor as_tensor(py::handle obj, const char* what) {
 Tensor as_tensor_of(py::handle obj, const char* what, DType dtype) {
   if ((dtype == DType::bf16 || dtype == DType::f16) && py::isinstance<py::array>(obj)) {
     auto arr = py::reinterpret_borrow<py::array>(obj);
-    if (arr.itemsize() == 2 && (arr.dtype().kind() == 'u' || arr.dtype().kind() == 'f')) {
+    const NumpyItem item = numpy_item(arr.dtype());
+    if (item.size == 2 && item.native && (item.kind == 'u' || item.kind == 'f')) {
       Tensor t = from_numpy(py::reinterpret_borrow<py::array>(arr.attr("view")(py::dtype("float16"))), what);
       t.impl()->dtype = dtype;  // the same 16-bit words, read as `dtype`
       return t;

@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -28,6 +29,26 @@ std::optional<Tensor> as_optional_tensor(pybind11::handle obj, const char* what)
 Tensor as_tensor_of(pybind11::handle obj, const char* what, DType dtype);
 // The numpy array sharing t's memory (t on the CPU; bf16/f16 appear as uint16).
 pybind11::array to_numpy(const Tensor& t);
+
+// A numpy dtype's kind ('f', 'i', 'u', 'b', ...), item size in bytes and whether it is in this
+// machine's byte order, read through the dtype's Python attributes. pybind11 before 2.12 reads
+// py::dtype::kind()/itemsize() (and py::array::itemsize()) from numpy 1's C struct layout, whose
+// item size under numpy 2 is another field (flags): every dtype then looks unknown. The attributes
+// are the same under numpy 1 and 2, whichever pybind11 built the module.
+struct NumpyItem {
+  char kind;
+  pybind11::ssize_t size;
+  bool native;
+};
+NumpyItem numpy_item(const pybind11::dtype& dt);
+
+// A new C-contiguous numpy array of `shape` holding a copy of data[0 .. product(shape)). Its strides
+// come from sizeof(T): pybind11's count-only array constructors (before 2.12) take them from the
+// dtype's item size, which under numpy 2 they misread (see NumpyItem), making every stride 0.
+template <class T>
+pybind11::array_t<T> numpy_copy(std::vector<pybind11::ssize_t> shape, const T* data) {
+  return pybind11::array_t<T>(std::move(shape), data);
+}
 
 // DLPack (https://dmlc.github.io/dlpack/latest/): obj is a producer (has __dlpack__) or a capsule
 // named "dltensor"; the tensor shares its memory and keeps it alive until the last view is gone.

@@ -252,7 +252,7 @@ std::vector<int32_t> prompt_ids(const Model& m, py::handle p, const char* what) 
 py::object completion(const train::Completion& c, bool logprobs) {
   if (!logprobs) return py::cast(c.tokens);
   return py::make_tuple(py::cast(c.tokens),
-                        py::array_t<double>(static_cast<py::ssize_t>(c.logprobs.size()), c.logprobs.data()));
+                        numpy_copy<double>({static_cast<py::ssize_t>(c.logprobs.size())}, c.logprobs.data()));
 }
 
 py::object generate(const Model& m, py::handle prompts, std::optional<int64_t> max_new_tokens,
@@ -312,7 +312,7 @@ py::array token_logprobs(const Model& m, py::handle obj) {
       const NumericsGuard mode(m.numerics);
       t = train::score_tokens(*m.model, tokens, "ids");
     }
-    return py::array_t<double>(static_cast<py::ssize_t>(t.logprob.size()), t.logprob.data());
+    return numpy_copy<double>({static_cast<py::ssize_t>(t.logprob.size())}, t.logprob.data());
   }
   // A batch [B, N]: each row one window (N - 1 <= block_size), scored as score_tokens scores a window.
   const int64_t block = m.model->config().block_size;
@@ -336,9 +336,7 @@ py::array token_logprobs(const Model& m, py::handle obj) {
     const Tensor z = m.model->forward(a);
     lp = train::token_logprobs(z.reshape({B * (N - 1), z.size(2)}), y);
   }
-  py::array_t<double> out({B, N - 1});
-  std::copy(lp.begin(), lp.end(), out.mutable_data());
-  return out;
+  return numpy_copy<double>({B, N - 1}, lp.data());
 }
 
 double loss(const Model& m, py::handle ids_obj, py::handle targets_obj) {
@@ -422,8 +420,11 @@ py::dict gradcheck(const Model& m, int directions, int elements, int64_t seed, d
 
 void bind_model(py::module_& m) {
   py::class_<TokenizerHandle>(m, "Tokenizer", "A model's tokenizer (Model.tokenizer).")
-      .def_property_readonly("vocab_size", [](const TokenizerHandle& t) { return t.tok().vocab_size(); })
-      .def_property_readonly("kind", [](const TokenizerHandle& t) { return std::string(t.tok().kind()); })
+      .def_property_readonly(
+          "vocab_size", [](const TokenizerHandle& t) { return t.tok().vocab_size(); }, "The number of token ids.")
+      .def_property_readonly(
+          "kind", [](const TokenizerHandle& t) { return std::string(t.tok().kind()); },
+          "Which tokenizer: 'char', 'byte', 'bpe' or 'gpt2_bpe'.")
       .def(
           "encode", [](const TokenizerHandle& t, const std::string& text) { return t.tok().encode(text); },
           py::arg("text"), "The token ids of text (a list of int).")
@@ -439,25 +440,35 @@ void bind_model(py::module_& m) {
           py::arg("ids"), "The text of ids (bytes that are not valid UTF-8 become U+FFFD).");
 
   py::class_<Model, std::shared_ptr<Model>>(m, "Model", "A model loaded for inference (qkv.load).")
-      .def("__repr__",
-           [](const Model& self) {
-             const nn::ModelConfig& c = self.model->config();
-             return cat("<qkv.Model ", nn::family_name(c.family), " n_layer=", c.n_layer, " n_embd=", c.n_embd,
-                        " vocab_size=", c.vocab_size, " block_size=", c.block_size,
-                        " numerics=", choice_name(kNumericsModes, self.numerics), " device=", self.device, " path='",
-                        self.meta.path, "'>");
-           })
-      .def_property_readonly("path", [](const Model& self) { return self.meta.path; })
-      .def_property_readonly("numerics",
-                             [](const Model& self) { return std::string(choice_name(kNumericsModes, self.numerics)); })
-      .def_property_readonly("device", [](const Model& self) { return self.device; })
+      .def(
+          "__repr__",
+          [](const Model& self) {
+            const nn::ModelConfig& c = self.model->config();
+            return cat("<qkv.Model ", nn::family_name(c.family), " n_layer=", c.n_layer, " n_embd=", c.n_embd,
+                       " vocab_size=", c.vocab_size, " block_size=", c.block_size,
+                       " numerics=", choice_name(kNumericsModes, self.numerics), " device=", self.device, " path='",
+                       self.meta.path, "'>");
+          },
+          "<qkv.Model family n_layer=... path='...'>.")
+      .def_property_readonly(
+          "path", [](const Model& self) { return self.meta.path; }, "The checkpoint or directory it was loaded from.")
+      .def_property_readonly(
+          "numerics", [](const Model& self) { return std::string(choice_name(kNumericsModes, self.numerics)); },
+          "The numerics mode every call runs under: 'standard' or 'invariant'.")
+      .def_property_readonly(
+          "device", [](const Model& self) { return self.device; }, "Where its weights live: 'cpu' or 'cuda'.")
       .def_property_readonly(
           "config",
           [](const Model& self) { return py::module_::import("tomllib").attr("loads")(to_toml(self.meta.config)); },
           "The run's resolved config as a dict (the TOML the checkpoint stores, parsed).")
-      .def_property_readonly("vocab_size", [](const Model& self) { return vocab_of(self); })
-      .def_property_readonly("block_size", [](const Model& self) { return self.model->config().block_size; })
-      .def_property_readonly("step", [](const Model& self) { return self.meta.state.step; })
+      .def_property_readonly(
+          "vocab_size", [](const Model& self) { return vocab_of(self); }, "The number of token ids the model takes.")
+      .def_property_readonly(
+          "block_size", [](const Model& self) { return self.model->config().block_size; },
+          "The longest context (positions) the model attends over.")
+      .def_property_readonly(
+          "step", [](const Model& self) { return self.meta.state.step; },
+          "The training step the checkpoint was written at (0 for an imported model).")
       .def_property_readonly(
           "tokenizer",
           [](const std::shared_ptr<Model>& self) -> py::object {

@@ -9,7 +9,8 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(_qkv, m) {
   m.doc() = "qkv: tensors, autograd, attention and small decoder-only Transformers (C++ core)";
-  py::register_exception<qkv::Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<qkv::Error>(m, "Error", PyExc_RuntimeError).attr("__doc__") =
+      "An error of the C++ core or of a binding's arguments; its text is the line the CLI prints after 'qkv: '.";
   qkv::python::bind_tensor(m);
   qkv::python::bind_attention(m);
   qkv::python::bind_model(m);

@@ -73,33 +73,42 @@ void bind_tensor(py::module_& m) {
         for (int64_t s : t.strides()) strides.push_back(s * item);
         return py::buffer_info(t.raw_data(), item, buffer_format(t.dtype()), t.dim(), shape, strides);
       })
-      .def_property_readonly("shape", [](const Tensor& t) { return as_tuple(t.shape()); })
+      .def_property_readonly(
+          "shape", [](const Tensor& t) { return as_tuple(t.shape()); }, "The size of each dim, a tuple.")
       .def_property_readonly(
           "strides", [](const Tensor& t) { return as_tuple(t.strides()); },
           "Strides in elements (not bytes, unlike numpy).")
-      .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
-      .def_property_readonly("device", [](const Tensor& t) { return std::string(device_name(t.device())); })
-      .def_property_readonly("ndim", &Tensor::dim)
-      .def("numel", &Tensor::numel)
-      .def("dim", &Tensor::dim)
-      .def("__len__",
-           [](const Tensor& t) {
-             QKV_CHECK(t.dim() > 0, "len() of a 0-d tensor");
-             return t.size(0);
-           })
+      .def_property_readonly(
+          "dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); },
+          "The element type's name: 'float32', 'float64', 'int32', 'int64', 'bfloat16', 'float16' or 'bool'.")
+      .def_property_readonly(
+          "device", [](const Tensor& t) { return std::string(device_name(t.device())); },
+          "Where the memory is: 'cpu' or 'cuda'.")
+      .def_property_readonly("ndim", &Tensor::dim, "The number of dims.")
+      .def("numel", &Tensor::numel, "The number of elements.")
+      .def("dim", &Tensor::dim, "The number of dims (as ndim).")
+      .def(
+          "__len__",
+          [](const Tensor& t) {
+            QKV_CHECK(t.dim() > 0, "len() of a 0-d tensor");
+            return t.size(0);
+          },
+          "The size of dim 0.")
       .def(
           "data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()); },
           "Address of the first element (after the view's offset).")
-      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("is_contiguous", &Tensor::is_contiguous, "Whether the elements are packed in row-major order.")
       .def_property(
           "requires_grad", [](const Tensor& t) { return t.requires_grad(); },
           [](Tensor& t, bool on) { t.set_requires_grad(on); }, "Settable on leaves (tensors no op produced).")
-      .def_property_readonly("grad",
-                             [](const Tensor& t) -> py::object {
-                               const Tensor g = t.grad();
-                               return g.defined() ? py::cast(g) : py::none();
-                             })
-      .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def_property_readonly(
+          "grad",
+          [](const Tensor& t) -> py::object {
+            const Tensor g = t.grad();
+            return g.defined() ? py::cast(g) : py::none();
+          },
+          "The gradient backward() accumulated into this leaf, or None.")
+      .def_property_readonly("is_leaf", &Tensor::is_leaf, "Whether no op produced this tensor (its grad is kept).")
       .def(
           "backward",
           [](const Tensor& t, py::handle grad) {
@@ -108,14 +117,15 @@ void bind_tensor(py::module_& m) {
             autograd::backward(t, g);
           },
           py::arg("grad") = py::none(), "Backpropagates from this tensor (a scalar, or with grad of its shape).")
-      .def("detach", &Tensor::detach)
+      .def("detach", &Tensor::detach, "The same memory without autograd history (requires_grad False).")
       .def("numpy", &to_numpy, "The numpy array sharing this tensor's memory (no copy; bf16/f16 appear as uint16).")
       .def(
-          "__array__", [](const Tensor& t, py::handle) { return to_numpy(t); }, py::arg("dtype") = py::none())
+          "__array__", [](const Tensor& t, py::handle) { return to_numpy(t); }, py::arg("dtype") = py::none(),
+          "numpy's array protocol: the array sharing this tensor's memory (dtype is not applied).")
       .def(
           "__dlpack__", [](const Tensor& t, py::handle) { return to_dlpack(t); }, py::arg("stream") = py::none(),
           "A DLPack capsule over this tensor's memory (no copy); it keeps the memory alive.")
-      .def("__dlpack_device__", &dlpack_device)
+      .def("__dlpack_device__", &dlpack_device, "(device type, id) as DLPack numbers them: (1, 0) for the CPU.")
       .def("to", &convert_to, py::arg("target"), "A copy in another dtype ('float64', ...) or on another device.")
       .def("contiguous", &Tensor::contiguous, "self when already contiguous, else a contiguous copy")
       .def("clone", &Tensor::clone, "a fresh contiguous copy")
@@ -127,8 +137,8 @@ void bind_tensor(py::module_& m) {
             return to_numpy(half ? host.to(DType::f32) : host).attr("tolist")();
           },
           "The elements as nested Python lists (bfloat16/float16 as their float values).")
-      .def("item", &Tensor::item)
-      .def("__repr__", &repr);
+      .def("item", &Tensor::item, "The value of a one-element tensor as a Python float.")
+      .def("__repr__", &repr, "qkv.Tensor(shape=..., dtype=..., device=...).");
 
   m.def(
       "tensor",
