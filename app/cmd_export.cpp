@@ -37,10 +37,12 @@ void add_export_command(CLI::App& root, int& exit_code) {
                   {"tokenizer", r.tokenizer},
                   {"files", r.files}});
     } else {
-      std::printf("wrote %s: %s, %lld tensors (%lld parameters, %s), tokenizer %s\n", r.dir.c_str(),
-                  r.architecture.c_str(), static_cast<long long>(r.tensors), static_cast<long long>(r.parameters),
-                  r.dtype.c_str(),
-                  r.tokenizer == "hf" ? "as HF files" : "as qkv_tokenizer.json (a mapping, not an HF tokenizer)");
+      std::printf(
+          "wrote %s: %s, %lld tensors (%lld parameters, %s), tokenizer %s\n", r.dir.c_str(), r.architecture.c_str(),
+          static_cast<long long>(r.tensors), static_cast<long long>(r.parameters), r.dtype.c_str(),
+          r.tokenizer == "hf"
+              ? "as HF files"
+              : "as qkv_tokenizer.json only (a mapping, not an HF tokenizer; AutoTokenizer refuses the directory)");
     }
     exit_code = 0;
   });

@@ -219,6 +219,52 @@ T field_or(const json& obj, const char* key, T fallback, const std::string& file
   return it->get<T>();
 }
 
+// The special tokens the tokenizer.json post_processor `p` (at key path `where`) adds to every
+// single-sequence or pair encoding, appended to `added`. ByteLevel only trims offsets and adds
+// none. A TemplateProcessing adds the SpecialToken items of its "single" and "pair" templates:
+// transformers 5 writes one for GPT-2 whose templates are just $A and $A $B, which adds none. A
+// Sequence adds what each of its processors adds. Any other kind (BertProcessing,
+// RobertaProcessing, ...) always adds tokens and is refused by name.
+void tokens_added_by_post_processor(const json& p, const std::string& file, const std::string& where,
+                                    std::vector<std::string>& added) {
+  QKV_CHECK(p.is_object(), file, ": ", where, " is a JSON ", p.type_name(), ", expected an object");
+  const std::string type = field_or(p, "type", std::string(), file, where + ".");
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    const json procs = p.value("processors", json());
+    QKV_CHECK(procs.is_array(), file, ": ", where, ".processors is not a list");
+    for (size_t i = 0; i < procs.size(); ++i)
+      tokens_added_by_post_processor(procs[i], file, cat(where, ".processors[", i, "]"), added);
+    return;
+  }
+  QKV_CHECK(type == "TemplateProcessing", file, ": ", where, ".type is ", q(type),
+            ", which adds tokens qkv's encode would not add (qkv reads ByteLevel, a TemplateProcessing that adds "
+            "no token, or a Sequence of those)");
+  for (const char* key : {"single", "pair"}) {
+    const json items = p.value(key, json::array());
+    QKV_CHECK(items.is_array(), file, ": ", where, ".", key, " is not a list of template items");
+    size_t sequences = 0;
+    for (const json& item : items) {
+      // Each item is {"Sequence": {"id": "A"|"B", "type_id": n}} or {"SpecialToken": {"id": token, ...}}.
+      QKV_CHECK(item.is_object() && item.size() == 1, file, ": ", where, ".", key, " item ", item.dump(),
+                " is not a Sequence or SpecialToken item");
+      const std::string kind = item.begin().key();
+      const json& body = item.begin().value();
+      if (kind == "SpecialToken") {
+        added.push_back(field_or(body, "id", std::string(), file, where + "." + key + "[].SpecialToken."));
+      } else {
+        QKV_CHECK(kind == "Sequence", file, ": ", where, ".", key, " item ", item.dump(),
+                  " is not a Sequence or SpecialToken item");
+        ++sequences;
+      }
+    }
+    // qkv encodes one text at a time: a single template that repeats or drops it would change the
+    // ids as surely as a token would. (The pair template serves only pairs, which qkv never encodes.)
+    QKV_CHECK(std::string(key) != "single" || sequences == 1, file, ": ", where, ".single holds ", sequences,
+              " sequence items (", items.dump(), "), not the one text encoded");
+  }
+}
+
 constexpr int kSerializedVersion = 1;  // tokenizer.cpp's kFormatVersion for every kind
 
 }  // namespace
@@ -439,8 +485,10 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
           !(obj[key].is_boolean() && !obj[key].get<bool>()))
         fail(what, ": ", where, key, " = ", obj[key].dump(), " is not supported (GPT-2's byte-level BPE has none)");
     };
-    for (const char* k :
-         {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", "byte_fallback"})
+    // ignore_merges = true takes a pre-token found whole in the vocabulary as one token, skipping
+    // the merges that GPT-2's BPE (and qkv's encode) apply, so the ids can differ.
+    for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+                          "byte_fallback", "ignore_merges"})
       refuse_set(m, k, "model.");
     refuse_set(j, "normalizer", "");
     const json pre = j.value("pre_tokenizer", json());
@@ -453,11 +501,19 @@ std::unique_ptr<Gpt2BpeTokenizer> Gpt2BpeTokenizer::from_tokenizer_json(const st
     if (j.contains("decoder") && !j["decoder"].is_null())
       QKV_CHECK(field_or(j["decoder"], "type", std::string(), what, "decoder.") == "ByteLevel", what,
                 ": decoder is not ByteLevel (", j["decoder"].dump(), ")");
-    if (j.contains("post_processor") && !j["post_processor"].is_null())
-      QKV_CHECK(field_or(j["post_processor"], "type", std::string(), what, "post_processor.") == "ByteLevel", what,
-                ": post_processor is not ByteLevel (",
-                field_or(j["post_processor"], "type", std::string("?"), what, "post_processor."),
-                " adds tokens qkv would not add)");
+    if (j.contains("post_processor") && !j["post_processor"].is_null()) {
+      std::vector<std::string> added_by_template;
+      tokens_added_by_post_processor(j["post_processor"], what, "post_processor", added_by_template);
+      if (!added_by_template.empty()) {
+        std::string names;
+        std::vector<std::string> distinct;  // a template names its token in each place it puts it
+        for (const std::string& t : added_by_template)
+          if (std::find(distinct.begin(), distinct.end(), t) == distinct.end()) distinct.push_back(t);
+        for (const std::string& t : distinct) names += (names.empty() ? "" : ", ") + q(t);
+        fail(what, ": post_processor adds the special token", distinct.size() > 1 ? "s " : " ", names,
+             ", which qkv's encode would not add");
+      }
+    }
     std::vector<std::string> vocab = dense_vocab(m.value("vocab", json()), what + " model");
     std::vector<std::pair<std::string, std::string>> merges;
     QKV_CHECK(m.contains("merges") && m["merges"].is_array(), what, ": model.merges is not a list");

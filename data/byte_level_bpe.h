@@ -71,6 +71,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   std::string merges_txt() const;
   const std::vector<std::string>& vocab() const { return vocab_; }
   const std::vector<int32_t>& added() const { return added_; }
+  const std::vector<std::pair<std::string, std::string>>& merges() const { return merges_; }
   // The id of `text` in the vocabulary, or -1.
   int32_t token_id(std::string_view text) const;
 

@@ -183,34 +183,92 @@ json config_json(const Config& cfg, const ExportTarget& target, int64_t vocab, i
   return j;
 }
 
+// GPT-2's tokenizer files for `g`: vocab.json, merges.txt, and a tokenizer_config.json naming
+// GPT2Tokenizer (no prefix space, no BOS added) and its special token, the first added one. A
+// tokenizer without one says so with nulls: absent keys make transformers' GPT2Tokenizer add
+// "<|endoftext|>" as a new token, which would turn that text into an id the model never saw.
+void write_gpt2_tokenizer_files(const Gpt2BpeTokenizer& g, int64_t block_size,
+                                std::map<std::string, std::string>& files) {
+  files["vocab.json"] = g.vocab_json() + "\n";
+  files["merges.txt"] = g.merges_txt();
+  // tokenizer.json too: transformers 5 loads a Mistral's tokenizer (TokenizersBackend) from that
+  // file alone. Merges as "a b" strings, which the tokenizers of transformers 4 and 5 both read.
+  json added_tokens = json::array();
+  for (int32_t id : g.added())
+    added_tokens.push_back({{"id", id},
+                            {"content", g.vocab()[static_cast<size_t>(id)]},
+                            {"single_word", false},
+                            {"lstrip", false},
+                            {"rstrip", false},
+                            {"normalized", false},
+                            {"special", true}});
+  json merges = json::array();
+  for (const auto& [a, b] : g.merges()) merges.push_back(a + " " + b);
+  const json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json tokenizer = {{"version", "1.0"},
+                          {"truncation", nullptr},
+                          {"padding", nullptr},
+                          {"added_tokens", added_tokens},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer", byte_level},
+                          {"post_processor", byte_level},
+                          {"decoder", byte_level},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"continuing_subword_prefix", ""},
+                            {"end_of_word_suffix", ""},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"vocab", json::parse(g.vocab_json())},
+                            {"merges", merges}}}};
+  files["tokenizer.json"] = tokenizer.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
+  json cfg = {{"tokenizer_class", "GPT2Tokenizer"},
+              {"add_prefix_space", false},
+              {"add_bos_token", false},
+              {"model_max_length", block_size},
+              {"clean_up_tokenization_spaces", false},
+              {"errors", "replace"}};
+  json decoder = json::object();
+  for (int32_t id : g.added())
+    decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]},
+                                   {"special", true},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"single_word", false},
+                                   {"normalized", false}};
+  cfg["added_tokens_decoder"] = decoder;
+  json special = json::object();
+  const json token = g.added().empty() ? json(nullptr) : json(g.vocab()[static_cast<size_t>(g.added().front())]);
+  for (const char* k : {"bos_token", "eos_token", "unk_token"}) {
+    cfg[k] = token;
+    if (!token.is_null()) special[k] = token;
+  }
+  cfg["pad_token"] = nullptr;
+  files["tokenizer_config.json"] = dump(cfg);
+  files["special_tokens_map.json"] = dump(special);
+}
+
+// qkv's byte tokenizer as GPT-2 files: the 256 byte tokens, token b at id b, and no merge, so
+// GPT-2's byte-level BPE gives every byte its own id, the byte (read_hf_tokenizer reads such files
+// back as the byte tokenizer).
+Gpt2BpeTokenizer byte_tokenizer_as_gpt2() {
+  std::vector<std::string> vocab(256);
+  for (int b = 0; b < 256; ++b)
+    vocab[static_cast<size_t>(b)] = bytelevel::to_alphabet(std::string(1, static_cast<char>(b)));
+  return Gpt2BpeTokenizer(std::move(vocab), {}, {});
+}
+
 // Files describing the tokenizer; returns "hf" when they are an HF tokenizer, "mapping" otherwise.
 std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<std::string, std::string>& files) {
   if (std::string(tok.kind()) == Gpt2BpeTokenizer::kKind) {
-    const auto& g = static_cast<const Gpt2BpeTokenizer&>(tok);
-    files["vocab.json"] = g.vocab_json() + "\n";
-    files["merges.txt"] = g.merges_txt();
-    json cfg = {{"tokenizer_class", "GPT2Tokenizer"},
-                {"add_prefix_space", false},
-                {"add_bos_token", false},
-                {"model_max_length", block_size},
-                {"clean_up_tokenization_spaces", false},
-                {"errors", "replace"}};
-    json decoder = json::object();
-    for (int32_t id : g.added())
-      decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]},
-                                     {"special", true},
-                                     {"lstrip", false},
-                                     {"rstrip", false},
-                                     {"single_word", false},
-                                     {"normalized", false}};
-    cfg["added_tokens_decoder"] = decoder;
-    json special = json::object();
-    if (!g.added().empty()) {
-      const std::string& s = g.vocab()[static_cast<size_t>(g.added().front())];
-      for (const char* k : {"bos_token", "eos_token", "unk_token"}) cfg[k] = special[k] = s;
-    }
-    files["tokenizer_config.json"] = dump(cfg);
-    files["special_tokens_map.json"] = dump(special);
+    write_gpt2_tokenizer_files(static_cast<const Gpt2BpeTokenizer&>(tok), block_size, files);
+    return "hf";
+  }
+  if (std::string(tok.kind()) == tokenizer_kind_name(TokenizerKind::byte)) {
+    write_gpt2_tokenizer_files(byte_tokenizer_as_gpt2(), block_size, files);
     return "hf";
   }
   json ids = json::array();
@@ -231,6 +289,12 @@ std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<s
             {"id_to_bytes_hex", ids},
             {"qkv", json::parse(tok.serialize())}};
   files["qkv_tokenizer.json"] = m.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
+  // Without a tokenizer_config.json, transformers 5's AutoTokenizer builds an empty GPT2Tokenizer
+  // from config.json's model_type and turns every text into the unknown token, silently. A class
+  // no version of transformers has makes AutoTokenizer (4.x and 5.x) raise instead.
+  files["tokenizer_config.json"] =
+      dump({{"tokenizer_class", "QkvTokenizerMappingNotForTransformers"},
+            {"note", "This model's tokenizer is not a Hugging Face tokenizer; see qkv_tokenizer.json."}});
   return "mapping";
 }
 
@@ -290,6 +354,82 @@ std::string get_string(const json& j, const std::string& key, const std::string&
   if (!j.contains(key) || j[key].is_null()) return dflt;
   QKV_CHECK(j[key].is_string(), where, ": \"", key, "\" is ", j[key].dump(), ", not a string");
   return j[key].get<std::string>();
+}
+
+// The RoPE base of a llama-family config.json, as every transformers version reads it, or refused.
+// transformers 4 reads the top-level "rope_theta" (absent: 10000) and scales RoPE when
+// "rope_scaling" is an object. transformers 5 reads "rope_parameters" (a non-empty legacy
+// "rope_scaling" object in its place), takes its "rope_theta" before the top-level one, and picks
+// the variant by its "rope_type" (legacy "type"): "default" is plain RoPE, the others (linear,
+// dynamic, yarn, longrope, llama3, ...) scale it. qkv's RoPE is plain and rotates the whole head,
+// so any other variant, a partial_rotary_factor, a table per layer type or an unknown key is
+// refused by name; and where two keys both give the base with different values, readers of
+// different versions would build different models, so that is refused naming both.
+double read_rope_theta(const json& j, const std::string& where) {
+  struct Stated {
+    std::string key;
+    double value;
+  };
+  std::vector<Stated> thetas;
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null())
+    thetas.push_back({"rope_theta", get_real(j, "rope_theta", where, 0.0)});
+  for (const std::string block : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(block) || j[block].is_null()) continue;
+    const json& p = j[block];
+    QKV_CHECK(p.is_object(), where, ": \"", block, "\" is ", p.dump(), ", not an object");
+    const auto refuse = [&](const std::string& key, const json& value, const std::string& why) {
+      fail(where, ": \"", block, ".", key, "\" = ", value.dump(), " cannot be imported: ", why);
+    };
+    // The variant first: a scaled RoPE is named by its type, not by the first of its parameters.
+    for (const char* key : {"rope_type", "type"}) {
+      if (!p.contains(key) || p[key].is_null()) continue;
+      QKV_CHECK(p[key].is_string(), where, ": \"", block, ".", key, "\" is ", p[key].dump(), ", not a string");
+      if (p[key] != "default") refuse(key, p[key], "a scaled RoPE (qkv's RoPE has no scaling)");
+    }
+    for (auto it = p.begin(); it != p.end(); ++it) {
+      const std::string& key = it.key();
+      const json& v = it.value();
+      if (key == "rope_type" || key == "type") continue;
+      if (key == "rope_theta") {
+        QKV_CHECK(v.is_number(), where, ": \"", block, ".rope_theta\" is ", v.dump(), ", not a number");
+        thetas.push_back({block + ".rope_theta", v.get<double>()});
+      } else if (key == "partial_rotary_factor") {
+        QKV_CHECK(v.is_number(), where, ": \"", block, ".partial_rotary_factor\" is ", v.dump(), ", not a number");
+        if (v.get<double>() != 1.0) refuse(key, v, "qkv's RoPE rotates the whole head");
+      } else if (v.is_object() || v.is_null()) {
+        refuse(key, v, "RoPE settings per layer type (qkv's layers share one RoPE)");
+      } else {
+        refuse(key, v, "a RoPE scaling setting (qkv's RoPE has no scaling)");
+      }
+    }
+  }
+  for (const Stated& t : thetas) {
+    QKV_CHECK(std::isfinite(t.value) && t.value > 0, where, ": \"", t.key, "\" = ", json(t.value).dump(),
+              " is not a positive RoPE base");
+    if (t.value != thetas.front().value)
+      fail(where, ": \"", thetas.front().key, "\" = ", json(thetas.front().value).dump(), " and \"", t.key,
+           "\" = ", json(t.value).dump(),
+           " disagree, and transformers versions differ in which one they read (4: the top-level rope_theta; 5: "
+           "rope_scaling's, else rope_parameters', before it), so the file describes two models; keep one");
+  }
+  return thetas.empty() ? 10000.0 : thetas.front().value;
+}
+
+// transformers 5 configs may list each layer's attention ("layer_types"). LlamaForCausalLM and
+// MistralForCausalLM give every layer the same one: full attention, or for a Mistral with a
+// sliding window, sliding attention. A list saying anything else describes another model
+// (Ministral-style alternating layers, say), so it is refused.
+void check_layer_types(const json& j, const std::string& where, int64_t n_layer, bool sliding) {
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) return;
+  const json& types = j["layer_types"];
+  QKV_CHECK(types.is_array(), where, ": \"layer_types\" is ", types.dump(), ", not a list");
+  const std::string want = sliding ? "sliding_attention" : "full_attention";
+  for (const json& t : types)
+    // "attention" is transformers 5's legacy spelling of full_attention.
+    QKV_CHECK(t == want || (!sliding && t == "attention"), where, ": \"layer_types\" = ", types.dump(),
+              " cannot be imported: qkv gives every layer the same attention, ", want, " here");
+  QKV_CHECK(static_cast<int64_t>(types.size()) == n_layer, where, ": \"layer_types\" has ", types.size(),
+            " entries but num_hidden_layers is ", n_layer);
 }
 
 // The weight files of DIR, in order; refuses pickles by name.
@@ -442,8 +582,7 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
     read_fields(false);
     const std::string act = get_string(j, "hidden_act", where, "silu");
     if (act != "silu") refuse("hidden_act", act, "qkv's llama MLP is SwiGLU (silu)");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-      refuse("rope_scaling", j["rope_scaling"], "qkv's RoPE has no scaling");
+    m.rope_theta = read_rope_theta(j, where);
     if (get_bool(j, "attention_bias", where, false)) refuse("attention_bias", true, "qkv's llama has no biases");
     if (get_bool(j, "mlp_bias", where, false)) refuse("mlp_bias", true, "qkv's llama has no biases");
     // Mistral's sliding window is qkv's model.window (the same mask: check_exportable). LlamaConfig
@@ -457,6 +596,7 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
     if (j.contains("head_dim") && !j["head_dim"].is_null() && m.n_head > 0 &&
         get_int(j, "head_dim", where) * m.n_head != m.n_embd)
       refuse("head_dim", j["head_dim"], "qkv's head size is hidden_size / num_attention_heads");
+    check_layer_types(j, where, m.n_layer, m.window > 0);
     m.tie_embeddings = get_bool(j, "tie_word_embeddings", where, false);
     m.position = nn::Position::rope;
     m.norm = nn::NormKind::rmsnorm;
@@ -489,7 +629,7 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   std::error_code ec;
   const std::string tj = dir + "/tokenizer.json", vj = dir + "/vocab.json", mt = dir + "/merges.txt",
                     qj = dir + "/qkv_tokenizer.json";
-  const auto with_path = [](const std::string& path, const auto& f) -> std::unique_ptr<Tokenizer> {
+  const auto with_path = [](const std::string& path, const auto& f) {
     try {
       return f();
     } catch (const Error& e) { fail(path, ": ", e.what()); }
@@ -498,10 +638,28 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   QKV_CHECK(fallback.empty(), "--tokenizer ", fallback,
             " is not supported (byte, or none to read DIR's tokenizer files)");
   // Files are read before with_path, whose prefix would name them twice in a read error.
+  // tokenizer_config.json's add_bos_token / add_eos_token make transformers (4.x and 5.x) put
+  // those tokens around every encoding, which qkv's encode does not.
+  const std::string tc = dir + "/tokenizer_config.json";
+  if ((fs::exists(tj, ec) || fs::exists(vj, ec)) && fs::exists(tc, ec)) {
+    const json c = read_json(tc);
+    for (const char* key : {"add_bos_token", "add_eos_token"})
+      QKV_CHECK(!c.is_object() || !get_bool(c, key, tc, false), tc, ": \"", key,
+                "\" = true cannot be imported: transformers adds that token to every encoding, qkv's encode does not");
+  }
+  std::unique_ptr<Gpt2BpeTokenizer> gpt2;
   if (fs::exists(tj, ec))
-    return with_path(tj, [text = read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
-  if (fs::exists(vj, ec) && fs::exists(mt, ec))
-    return with_path(vj, [v = read_text(vj), m = read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
+    gpt2 = with_path(tj, [text = read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
+  else if (fs::exists(vj, ec) && fs::exists(mt, ec))
+    gpt2 = with_path(vj, [v = read_text(vj), m = read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
+  if (gpt2) {
+    // The 256 byte tokens at their bytes' ids with no merge and no added token encode every text
+    // to its bytes: qkv's byte tokenizer, as export writes it.
+    const Gpt2BpeTokenizer bytes = byte_tokenizer_as_gpt2();
+    if (gpt2->merges().empty() && gpt2->added().empty() && gpt2->vocab() == bytes.vocab())
+      return std::make_unique<ByteTokenizer>();
+    return gpt2;
+  }
   if (fs::exists(qj, ec)) {
     const json j = read_json(qj);
     QKV_CHECK(j.is_object() && get_string(j, "format", qj, "") == "qkv-tokenizer-mapping" && j.contains("qkv"), qj,

@@ -18,22 +18,37 @@
 // Settings the HF class cannot express are refused by name, never written approximately: a
 // sparse pattern (strided, global, bigbird, block_sparse) or linear attention for either family;
 // for gpt2, any position but learned, rmsnorm, swiglu, no biases, GQA, a sliding window; for llama,
-// any position but rope, layernorm, an activation but swiglu, biases; on import, rope_scaling,
+// any position but rope, layernorm, an activation but swiglu, biases; on import, a scaled RoPE,
 // attention_bias, scale_attn_weights = false, cross-attention, a sliding_window in a llama (not
-// mistral) config, and so on. Dropout and init_std are written but change no function.
+// mistral) config, and so on. Dropout and init_std are written but change no function; nor does
+// "torch_dtype" (transformers 5: "dtype"): qkv computes in float32 whatever the file says.
+// RoPE on import, as transformers 4 and 5 both write it: the base is the top-level "rope_theta"
+// (4.x) or "rope_parameters"."rope_theta" (5.x; a legacy "rope_scaling" object in its place), 10000
+// when none is given; "rope_type" (or "type") "default" is plain RoPE. A scaled type (linear,
+// dynamic, yarn, longrope, llama3, ...), a partial_rotary_factor other than 1, a table per layer
+// type or any other key there is refused naming "rope_parameters.KEY" (or "rope_scaling.KEY"), and
+// two keys giving different bases are refused naming both: 4.x and 5.x would read different models.
+// "layer_types" (5.x) must give every layer the attention the class gives it (full_attention, or
+// sliding_attention for a Mistral with a window); "head_dim" must be hidden_size / heads.
 //
 // Export writes DIR atomically (a temporary directory renamed into place; DIR must not exist):
 //   model.safetensors       the weights (float32 or bfloat16), __metadata__ {"format": "pt"}
 //   config.json             GPT2Config / LlamaConfig fields (architectures, sizes, eps,
 //                           rope_theta, heads, tie_word_embeddings, torch_dtype, bos/eos ids)
 //   generation_config.json  bos/eos token ids
-//   tokenizer               gpt2_bpe: vocab.json + merges.txt + tokenizer_config.json
-//                           (GPT2Tokenizer, no prefix space) + special_tokens_map.json, which HF
-//                           reproduces exactly. byte, char and qkv's own bpe (its pre-split differs
-//                           from GPT-2's, so no HF tokenizer gives its ids): qkv_tokenizer.json, a
-//                           documented mapping {"format": "qkv-tokenizer-mapping", "kind",
-//                           "id_to_bytes_hex": [hex of each id's bytes], "qkv": the tokenizer
-//                           as qkv stores it} — not claimed as an HF tokenizer.
+//   tokenizer               gpt2_bpe: vocab.json + merges.txt + tokenizer.json + tokenizer_config.json
+//                           (GPT2Tokenizer, no prefix space; no special token is written as null,
+//                           since an absent one makes GPT2Tokenizer add "<|endoftext|>") +
+//                           special_tokens_map.json, which HF reproduces exactly. byte: the same
+//                           files for a GPT-2 BPE of the 256 byte tokens (token b at id b) and no
+//                           merge, which gives every text its bytes as ids in transformers 4 and 5.
+//                           char and qkv's own bpe (its pre-split differs from GPT-2's, so no HF
+//                           tokenizer gives its ids): qkv_tokenizer.json, a documented mapping
+//                           {"format": "qkv-tokenizer-mapping", "kind", "id_to_bytes_hex": [hex of
+//                           each id's bytes], "qkv": the tokenizer as qkv stores it}, not claimed as
+//                           an HF tokenizer, and a tokenizer_config.json naming a class no
+//                           transformers has, so that AutoTokenizer raises instead of building an
+//                           empty tokenizer.
 // Import reads config.json and model.safetensors, or the shards model-0000k-of-0000n.safetensors
 // listed by model.safetensors.index.json; F32, F16, BF16 (and F64) become float32. Names may lack
 // the head model's prefix ("wte.weight" for "transformer.wte.weight", as the original GPT-2 files
@@ -47,8 +62,11 @@
 // model.vocab_size may exceed the tokenizer's), which encode never produces and `qkv sample`
 // never draws (train/sampler.h SampleOptions::token_count).
 // pytorch_model.bin (a pickle: loading one can run arbitrary code) is refused.
-// The tokenizer: DIR's tokenizer.json or vocab.json + merges.txt (GPT-2 byte-level BPE), else
-// qkv_tokenizer.json (a qkv export), else `tokenizer = "byte"` when the caller says the ids are bytes.
+// The tokenizer: DIR's tokenizer.json or vocab.json + merges.txt (GPT-2 byte-level BPE; exactly the
+// 256 byte tokens in byte order with no merge is the byte tokenizer), else qkv_tokenizer.json (a
+// qkv export), else `tokenizer = "byte"` when the caller says the ids are bytes. A tokenizer.json
+// post_processor may be ByteLevel, a TemplateProcessing that adds no token (what transformers 5
+// writes for GPT-2) or a Sequence of those; one that adds tokens is refused naming them.
 #pragma once
 #include <memory>
 #include <string>

@@ -7,9 +7,13 @@
           on a text (qkv eval's windows, computed in float64 from the float32 weights) to equal
           `qkv eval`'s within 1e-6 relative, and HF's greedy continuation to equal `qkv sample
           --temperature 0`'s. A gpt2_bpe model's exported tokenizer must give HF's ids.
+          A byte model's exported tokenizer files must give the bytes as ids.
   import: make random GPT2LMHeadModel (with the GPT-2-style tokenizer of tests/reference/gpt2_bpe)
-          and LlamaForCausalLM (GQA, bf16, sharded; byte ids) in Python, save_pretrained, `qkv
-          import`, and require the same two equalities.
+          and LlamaForCausalLM (GQA, RoPE base 500000, bf16, sharded; byte ids) in Python,
+          save_pretrained, `qkv import`, and require the same two equalities; a llama saved with a
+          linearly scaled RoPE must be refused naming the key.
+Works with transformers 4.36 and 5.x (whose save_pretrained writes "rope_parameters" and "dtype",
+always safetensors, and whose GPT2TokenizerFast takes the vocabulary itself, not file names).
 Usage: /usr/bin/python3 tests/interop/hf_interop_check.py QKV_BINARY
 Exit status: 0 all passed, 1 a check failed, 77 skipped (no torch/transformers; it says so).
 """
@@ -30,6 +34,10 @@ except Exception as e:  # noqa: BLE001 - any import failure means "not available
           "scripts/test.sh installs them (python3-torch, pip transformers==4.36.2)")
     sys.exit(77)
 
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+# transformers 5 renamed from_pretrained's torch_dtype to dtype and always saves safetensors.
+FLOAT32 = {"dtype": torch.float32} if V5 else {"torch_dtype": torch.float32}
+SAFE = {} if V5 else {"safe_serialization": True}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QKV = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(ROOT, "build", "qkv")
 TOL = 1e-6
@@ -45,6 +53,21 @@ def qkv(*args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def qkv_refusal(*args):
+    r = subprocess.run([QKV, *args], capture_output=True)
+    return r.returncode, r.stderr.decode("utf-8", "replace").strip()
+
+
+def gpt2_tokenizer(bpe_dir):
+    """The GPT-2-style tokenizer of vocab.json + merges.txt in `bpe_dir`, as a fast HF tokenizer."""
+    vocab, merges = os.path.join(bpe_dir, "vocab.json"), os.path.join(bpe_dir, "merges.txt")
+    if not V5:
+        return GPT2TokenizerFast(vocab_file=vocab, merges_file=merges)
+    pairs = [tuple(line.split(" ")) for line in open(merges, encoding="utf-8").read().splitlines()
+             if line and not line.startswith("#version")]
+    return GPT2TokenizerFast(vocab=json.load(open(vocab, encoding="utf-8")), merges=pairs, add_prefix_space=False)
+
+
 def window_loss(model, ids, T):
     n = len(ids) // (T + 1)
     total, count = 0.0, 0
@@ -58,7 +81,7 @@ def window_loss(model, ids, T):
 
 
 def hf_reference(hf_dir, ids, T, prompt_ids, n_new):
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, **FLOAT32).eval()
     loss32 = window_loss(model, ids, T)
     with torch.no_grad():
         out = model.generate(torch.tensor(prompt_ids)[None], do_sample=False, max_new_tokens=n_new, pad_token_id=0,
@@ -139,15 +162,18 @@ out_dir = "{os.path.join(work, 'run_' + name)}"
             e = qkv("export", "--checkpoint", ckpt, "--out", hf_dir)
             ids = list(eval_text.encode("utf-8"))
             compare(f"export {name} ({e['architecture']})", ckpt, hf_dir, eval_txt, ids, "ROMEO:", list(b"ROMEO:"), T)
+            # The byte tokenizer is exported as GPT-2 files of the 256 byte tokens and no merge.
+            if AutoTokenizer.from_pretrained(hf_dir)(eval_text)["input_ids"] != ids:
+                failures.append(f"export {name}: the exported byte tokenizer does not give the bytes as ids")
 
         # ---- import: transformers-made models into qkv ----
         bpe = os.path.join(ROOT, "tests", "reference", "gpt2_bpe")
-        tok = GPT2TokenizerFast(vocab_file=os.path.join(bpe, "vocab.json"), merges_file=os.path.join(bpe, "merges.txt"))
+        tok = gpt2_tokenizer(bpe)
         g = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=T, n_embd=48, n_layer=2, n_head=4,
-                                       activation_function="gelu_new"))
+                                       activation_function="gelu_new", bos_token_id=0, eos_token_id=0))
         widen(g, 21)
         gdir = os.path.join(work, "hf_random_gpt2")
-        g.save_pretrained(gdir, safe_serialization=True)
+        g.save_pretrained(gdir, **SAFE)
         tok.save_pretrained(gdir)
         gckpt = os.path.join(work, "random_gpt2.h5")
         qkv("import", "--from", gdir, "--out", gckpt)
@@ -162,14 +188,26 @@ out_dir = "{os.path.join(work, 'run_' + name)}"
 
         l = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T,
-                                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False))
+                                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False))
         widen(l, 22)
         ldir = os.path.join(work, "hf_random_llama")
-        l.to(torch.bfloat16).save_pretrained(ldir, safe_serialization=True, max_shard_size="60KB")
+        l.to(torch.bfloat16).save_pretrained(ldir, max_shard_size="60KB", **SAFE)
         lckpt = os.path.join(work, "random_llama.h5")
         qkv("import", "--from", ldir, "--out", lckpt, "--tokenizer", "byte")
         compare("import LlamaForCausalLM GQA bf16 sharded", lckpt, ldir, eval_txt, list(eval_text.encode("utf-8")),
                 "ROMEO:", list(b"ROMEO:"), T)
+
+        # A scaled RoPE, as this version writes it (4.x: rope_scaling; 5.x: rope_parameters), is refused by key.
+        scaling = ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}} if V5 else
+                   {"rope_scaling": {"type": "linear", "factor": 2.0}})
+        sdir = os.path.join(work, "hf_scaled_llama")
+        LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=T, **scaling).save_pretrained(sdir)
+        key = "rope_parameters.rope_type" if V5 else "rope_scaling.type"
+        rc, err = qkv_refusal("import", "--from", sdir, "--out", os.path.join(work, "scaled.h5"), "--tokenizer", "byte")
+        report.append(f"import a linearly scaled RoPE: exit {rc}, {err.splitlines()[-1] if err else 'no message'}")
+        if rc == 0 or f'"{key}" = "linear"' not in err:
+            failures.append(f"a linearly scaled RoPE was not refused naming {key}: exit {rc}, {err[-500:]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

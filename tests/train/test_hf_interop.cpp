@@ -124,6 +124,8 @@ TEST_CASE("hf export writes what the HF classes read and import gives the weight
     const std::string out = dir.file("hf");
     const train::HfExportResult r = train::export_hf(ckpt, out);
     CHECK(r.tokenizer == "mapping");  // a char tokenizer is no HF tokenizer
+    // ... and AutoTokenizer must refuse the folder rather than build an empty GPT2Tokenizer.
+    CHECK(read_json_file(out + "/tokenizer_config.json")["tokenizer_class"] == "QkvTokenizerMappingNotForTransformers");
     const json cfg = read_json_file(out + "/config.json");
     const ModelSettings& m = run.cfg.model;
     if (family == "gpt2") {
@@ -184,8 +186,8 @@ TEST_CASE("hf export of a gpt2_bpe model writes GPT-2's tokenizer files; re-impo
   train::import_hf(hf_fixture("gpt2_tiny"), ckpt);
   const std::string out = dir.file("hf");
   CHECK(train::export_hf(ckpt, out).tokenizer == "hf");
-  for (const char* f :
-       {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
+  for (const char* f : {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json", "generation_config.json"})
     CHECK(std::filesystem::exists(out + "/" + f));
   CHECK(read_json_file(out + "/config.json")["eos_token_id"] == 0);
   const std::string back = dir.file("back.h5");
@@ -263,7 +265,8 @@ TEST_CASE("hf import refuses pickles, unknown architectures, settings qkv lacks 
 
   d = copy_of("llama_gqa_tiny", "scaled");
   edit_config(d, [](json& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
-  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }), Catch::Contains("\"rope_scaling\""));
+  CHECK_THAT(error_of([&] { train::import_hf(d, dir.file("o.h5"), {"byte"}); }),
+             Catch::Contains("\"rope_scaling.type\" = \"linear\" cannot be imported"));
 
   // Mistral's sliding window is model.window; LlamaConfig has none, so a llama config carrying one
   // is refused.
@@ -403,4 +406,250 @@ TEST_CASE("train --init-from an HF directory starts from its weights and refuses
                         " --set data.tokenizer=byte --set train.out_dir=" + dir.file("run3") + " 2>/dev/null",
                     out) == 2);
   CHECK_THAT(out, Catch::Contains("its tokenizer (gpt2_bpe, 662 tokens) is not the one of data.path (byte"));
+}
+
+// ---- the file schema of transformers 5 ----
+// tests/reference/hf5/ holds the small files transformers 5 wrote when it loaded and saved the
+// fixtures above again (make_hf5_fixture.py): config.json with "rope_parameters" and "dtype",
+// GPT-2's tokenizer.json with a TemplateProcessing post_processor. Saving again changes no tensor,
+// so each test puts them beside the 4.36 fixture's weights.
+namespace {
+
+std::string hf5_fixture(const std::string& name) {
+  return std::string(QKV_SOURCE_DIR) + "/tests/reference/hf5/" + name;
+}
+
+// A directory holding hf/<name>'s weights and hf5/<files_of>'s files (default hf5/<name>), plus,
+// for the llama, the byte tokenizer file that with_byte_tokenizer adds.
+std::string tf5_directory(const TempDir& dir, const std::string& name, std::string files_of = "") {
+  namespace fs = std::filesystem;
+  if (files_of.empty()) files_of = name;
+  const std::string d = dir.file(files_of + "_tf5");
+  fs::create_directories(d);
+  for (const auto& e : fs::directory_iterator(hf_fixture(name))) {
+    const std::string f = e.path().filename().string();
+    if (f.find(".safetensors") != std::string::npos) fs::copy(e.path(), d + "/" + f);
+  }
+  for (const auto& e : fs::directory_iterator(hf5_fixture(files_of)))
+    fs::copy(e.path(), d + "/" + e.path().filename().string());
+  if (name == "llama_gqa_tiny")
+    write_text(
+        d + "/qkv_tokenizer.json",
+        json{{"format", "qkv-tokenizer-mapping"}, {"kind", "byte"}, {"qkv", json::parse(ByteTokenizer().serialize())}}
+            .dump());
+  return d;
+}
+
+void edit_json(const std::string& path, const std::function<void(json&)>& edit) {
+  json j = read_json_file(path);
+  edit(j);
+  write_text(path, j.dump());
+}
+
+// The logits of the first block of fixture `name`'s ids under the model imported from `src`.
+std::vector<float> imported_logits(const std::string& src, const std::string& name) {
+  TempDir dir;
+  train::import_hf(src, dir.file("m.h5"));
+  Loaded l = load(dir.file("m.h5"));
+  const json e = read_json_file(hf_fixture(name + ".expected.json"));
+  const auto ids = e["ids"].get<std::vector<int32_t>>();
+  const int64_t T = e["block_size"];
+  Tensor x = Tensor::empty({1, T}, DType::i64);
+  for (int64_t t = 0; t < T; ++t) x.data<int64_t>()[t] = ids[static_cast<size_t>(t)];
+  nn::ForwardArgs a;
+  a.ids = x;
+  const Tensor logits = l.model->forward(a).contiguous();
+  return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
+}
+
+}  // namespace
+
+TEST_CASE("hf import: a GPT2LMHeadModel and tokenizer saved by transformers 5 give transformers' numbers", "[hf]") {
+  // tokenizer.json only (no vocab.json), post_processor TemplateProcessing $A, "dtype" for "torch_dtype".
+  TempDir dir;
+  const std::string d = tf5_directory(dir, "gpt2_tiny");
+  REQUIRE_FALSE(std::filesystem::exists(d + "/vocab.json"));
+  REQUIRE(read_json_file(d + "/tokenizer.json")["post_processor"]["type"] == "TemplateProcessing");
+  check_against_fixture("gpt2_tiny", {}, "gpt2_bpe", d);
+}
+
+TEST_CASE("hf import: a llama saved by transformers 5 takes its RoPE base from rope_parameters", "[hf]") {
+  TempDir dir;
+  const std::string d = tf5_directory(dir, "llama_gqa_tiny");
+  const json cfg = read_json_file(d + "/config.json");
+  REQUIRE_FALSE(cfg.contains("rope_theta"));
+  REQUIRE(cfg["rope_parameters"]["rope_theta"] == 500.0);
+  // transformers' own loss, logits and greedy tokens (computed with base 500) ...
+  check_against_fixture("llama_gqa_tiny", {}, "byte", d);
+  train::import_hf(d, dir.file("m.h5"));
+  CHECK(train::read_checkpoint_meta(dir.file("m.h5")).config.model.rope_theta == 500.0);
+  // ... the same logits, bit for bit, as the 4.36 file stating base 500 at the top level ...
+  const std::vector<float> nested = imported_logits(d, "llama_gqa_tiny");
+  CHECK(nested == imported_logits(with_byte_tokenizer(dir, "llama_gqa_tiny"), "llama_gqa_tiny"));
+  // ... and not those of the default base 10000, which a reader of the top level alone would use.
+  edit_json(d + "/config.json", [](json& c) { c["rope_parameters"]["rope_theta"] = 10000.0; });
+  const std::vector<float> base10k = imported_logits(d, "llama_gqa_tiny");
+  REQUIRE(base10k.size() == nested.size());
+  double worst = 0;
+  for (size_t i = 0; i < nested.size(); ++i) worst = std::max(worst, std::abs(double(nested[i]) - base10k[i]));
+  CHECK(worst > 1e-2);
+}
+
+TEST_CASE("hf import refuses RoPE settings qkv lacks, in either schema, and bases that disagree", "[hf]") {
+  TempDir dir;
+  const std::string scaled = tf5_directory(dir, "llama_gqa_tiny", "llama_gqa_tiny_llama3");
+  CHECK_THAT(error_of([&] { train::import_hf(scaled, dir.file("o.h5")); }),
+             Catch::Contains(scaled + "/config.json: \"rope_parameters.rope_type\" = \"llama3\" cannot be imported") &&
+                 Catch::Contains("no scaling"));
+
+  const std::string d = tf5_directory(dir, "llama_gqa_tiny");
+  const json original = read_json_file(d + "/config.json");
+  const auto error_with = [&](const std::function<void(json&)>& edit) {
+    json c = original;
+    edit(c);
+    write_text(d + "/config.json", c.dump());
+    return error_of([&] { train::import_hf(d, dir.file("o.h5")); });
+  };
+  const auto rope_theta_of = [&](const std::function<void(json&)>& edit) {
+    REQUIRE(error_with(edit) == "(no error)");
+    return train::read_checkpoint_meta(dir.file("o.h5")).config.model.rope_theta;
+  };
+  // Both schemas stating one base: read. Absent everywhere: transformers' default, 10000.
+  CHECK(rope_theta_of([](json& c) { c["rope_theta"] = 500.0; }) == 500.0);
+  CHECK(rope_theta_of([](json& c) { c.erase("rope_parameters"); }) == 10000.0);
+  CHECK(rope_theta_of([](json& c) { c["rope_parameters"] = {{"type", "default"}}; }) == 10000.0);
+  // Two bases: which one a reader takes depends on its transformers version.
+  CHECK_THAT(error_with([](json& c) { c["rope_theta"] = 10000.0; }),
+             Catch::Contains("\"rope_theta\" = 10000.0 and \"rope_parameters.rope_theta\" = 500.0 disagree"));
+  CHECK_THAT(
+      error_with([](json& c) {
+        c["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 700.0}};
+      }),
+      Catch::Contains("\"rope_scaling.rope_theta\" = 700.0 and \"rope_parameters.rope_theta\" = 500.0 disagree"));
+  // Scaled variants, in the 4.x key and the 5.x one.
+  CHECK_THAT(error_with([](json& c) {
+               c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+             }),
+             Catch::Contains("\"rope_scaling.type\" = \"linear\" cannot be imported"));
+  CHECK_THAT(error_with([](json& c) { c["rope_parameters"]["rope_type"] = "yarn"; }),
+             Catch::Contains("\"rope_parameters.rope_type\" = \"yarn\" cannot be imported"));
+  CHECK_THAT(error_with([](json& c) { c["rope_parameters"]["factor"] = 2.0; }),
+             Catch::Contains("\"rope_parameters.factor\" = 2.0 cannot be imported"));
+  CHECK_THAT(error_with([](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 0.5; }),
+             Catch::Contains("\"rope_parameters.partial_rotary_factor\" = 0.5 cannot be imported"));
+  CHECK(error_with([](json& c) { c["rope_parameters"]["partial_rotary_factor"] = 1.0; }) == "(no error)");
+  CHECK_THAT(error_with([](json& c) {
+               c["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}}};
+             }),
+             Catch::Contains("\"rope_parameters.full_attention\"") && Catch::Contains("per layer type"));
+  CHECK(error_with([](json& c) { c["rope_parameters"] = "default"; }) ==
+        d + "/config.json: \"rope_parameters\" is \"default\", not an object");
+  CHECK(error_with([](json& c) { c["rope_parameters"]["rope_theta"] = "500"; }) ==
+        d + "/config.json: \"rope_parameters.rope_theta\" is \"500\", not a number");
+  // The rest of what transformers 5 writes: per-layer attention kinds, the head size.
+  CHECK(error_with([](json& c) { c["layer_types"] = {"full_attention", "full_attention"}; }) == "(no error)");
+  CHECK_THAT(error_with([](json& c) {
+               c["layer_types"] = {"full_attention", "sliding_attention"};
+             }),
+             Catch::Contains("\"layer_types\" = [\"full_attention\",\"sliding_attention\"] cannot be imported"));
+  CHECK_THAT(error_with([](json& c) { c["layer_types"] = {"full_attention"}; }),
+             Catch::Contains("\"layer_types\" has 1 entries but num_hidden_layers is 2"));
+  CHECK_THAT(error_with([](json& c) { c["head_dim"] = 16; }), Catch::Contains("\"head_dim\" = 16 cannot be imported"));
+}
+
+TEST_CASE("hf tokenizer.json post_processors: templates adding no token are read, ones adding tokens are refused",
+          "[hf]") {
+  TempDir dir;
+  const std::string d = tf5_directory(dir, "gpt2_tiny");
+  const json original = read_json_file(d + "/tokenizer.json");
+  const json add_bos = read_json_file(d + "/post_processor_add_bos.json");
+  const std::string text = "It was the best of times, Café 東京 😀 <|endoftext|> 2024!\n";
+  const std::vector<int32_t> want = train::read_hf_tokenizer(hf_fixture("gpt2_tiny"))->encode(text);
+  // "(no error)" when the tokenizer is read and gives the ids of the 4.36 files; else the error.
+  const auto with_post_processor = [&](const json& p) {
+    json j = original;
+    j["post_processor"] = p;
+    write_text(d + "/tokenizer.json", j.dump());
+    std::vector<int32_t> ids;
+    const std::string error = error_of([&] { ids = train::read_hf_tokenizer(d)->encode(text); });
+    return error != "(no error)" ? error : ids == want ? error : std::string("other ids");
+  };
+  // transformers 5's GPT-2 template ($A; pair $A $B), ByteLevel, and a Sequence of both.
+  CHECK(with_post_processor(original["post_processor"]) == "(no error)");
+  CHECK(with_post_processor({{"type", "ByteLevel"}, {"trim_offsets", true}}) == "(no error)");
+  CHECK(with_post_processor({{"type", "Sequence"},
+                             {"processors", {{{"type", "ByteLevel"}}, original["post_processor"]}}}) == "(no error)");
+  // The template transformers 5 writes for add_bos_token=True adds <|endoftext|>: refused, naming it.
+  REQUIRE(add_bos["type"] == "TemplateProcessing");
+  CHECK_THAT(with_post_processor(add_bos),
+             Catch::StartsWith(d + "/tokenizer.json: ") &&
+                 Catch::EndsWith("post_processor adds the special token \"<|endoftext|>\", which qkv's encode would "
+                                 "not add"));
+  CHECK_THAT(with_post_processor({{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, add_bos}}}),
+             Catch::Contains("adds the special token \"<|endoftext|>\""));
+  json pair_only = original["post_processor"];
+  pair_only["pair"].push_back({{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 1}}}});
+  CHECK_THAT(with_post_processor(pair_only), Catch::Contains("adds the special token \"[SEP]\""));
+  json twice = original["post_processor"];
+  twice["single"].push_back(twice["single"][0]);
+  CHECK_THAT(with_post_processor(twice), Catch::Contains("post_processor.single holds 2 sequence items"));
+  CHECK_THAT(with_post_processor({{"type", "RobertaProcessing"}}),
+             Catch::Contains("post_processor.type is \"RobertaProcessing\", which adds tokens"));
+  // transformers adds BOS / EOS around every encoding when tokenizer_config.json asks for it.
+  for (const char* key : {"add_bos_token", "add_eos_token"}) {
+    const std::string v4 = dir.file(std::string("v4_") + key);
+    std::filesystem::copy(hf_fixture("gpt2_tiny"), v4, std::filesystem::copy_options::recursive);
+    edit_json(v4 + "/tokenizer_config.json", [&](json& c) { c[key] = true; });
+    CHECK(error_of([&] { train::read_hf_tokenizer(v4); }) ==
+          v4 + "/tokenizer_config.json: \"" + key +
+              "\" = true cannot be imported: transformers adds that token to every encoding, qkv's encode does not");
+    edit_json(v4 + "/tokenizer_config.json", [&](json& c) { c[key] = false; });
+    CHECK(train::read_hf_tokenizer(v4)->encode(text) == want);
+  }
+  // ignore_merges takes a whole word from the vocabulary, skipping the merges qkv applies.
+  json j = original;
+  j["model"]["ignore_merges"] = true;
+  write_text(d + "/tokenizer.json", j.dump());
+  CHECK_THAT(error_of([&] { train::read_hf_tokenizer(d); }), Catch::Contains("model.ignore_merges = true"));
+}
+
+TEST_CASE("hf export of a byte model writes GPT-2 files that give the bytes as ids, read back as bytes", "[hf]") {
+  TempDir dir;
+  for (const std::string family : {"gpt2", "llama"}) {
+    Config cfg = tiny_config(family);
+    cfg.data.tokenizer = TokenizerKind::byte;
+    validate(cfg, "test");
+    cfg = cfg.resolved();
+    ByteTokenizer tok;
+    auto model = train::build_model(cfg, tok.vocab_size());
+    model->init_weights(5);
+    const std::string ckpt = dir.file(family + ".h5"), out = dir.file(family + "_hf");
+    train::save_checkpoint(ckpt, cfg, *model, nullptr, train::TrainState{}, tok);
+    CHECK(train::export_hf(ckpt, out).tokenizer == "hf");
+    CHECK_FALSE(std::filesystem::exists(out + "/qkv_tokenizer.json"));
+    CHECK(read_json_file(out + "/tokenizer.json")["model"]["vocab"] == read_json_file(out + "/vocab.json"));
+    const json vocab = read_json_file(out + "/vocab.json");
+    REQUIRE(vocab.size() == 256);
+    CHECK(vocab["A"] == 65);
+    CHECK(vocab["\xc4\xa0"] == 32);  // GPT-2's alphabet moves the space to U+0120
+    // No special token: with the keys absent, transformers' GPT2Tokenizer would add "<|endoftext|>"
+    // as id 256, and that text would no longer be its bytes.
+    const json tc = read_json_file(out + "/tokenizer_config.json");
+    for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token"}) CHECK(tc.at(k).is_null());
+    // Read back: GPT-2 BPE of exactly the bytes is the byte tokenizer.
+    const auto back = train::read_hf_tokenizer(out);
+    CHECK(std::string(back->kind()) == "byte");
+    const std::string text = "Café <|endoftext|> 😀\n\t";
+    CHECK(back->encode(text) == tok.encode(text));
+    train::import_hf(out, dir.file(family + "_back.h5"));
+    CHECK(train::read_checkpoint_meta(dir.file(family + "_back.h5")).tokenizer->serialize() == tok.serialize());
+  }
+  // A GPT-2 BPE with a single merge is no byte tokenizer.
+  const std::string d = dir.file("merged");
+  std::filesystem::create_directories(d);
+  json vocab = read_json_file(dir.file("gpt2_hf") + "/vocab.json");
+  vocab["ab"] = 256;
+  write_text(d + "/vocab.json", vocab.dump());
+  write_text(d + "/merges.txt", "#version: 0.2\na b\n");
+  CHECK(std::string(train::read_hf_tokenizer(d)->kind()) == "gpt2_bpe");
 }
