@@ -9,9 +9,9 @@
 # (TORCH_ATTN, default sdpa where torch has it — F.scaled_dot_product_attention(is_causal=True),
 # PyTorch's CPU flash kernel — else manual matmul/mask/softmax/matmul; TORCH_ATTN="sdpa manual"
 # runs both), all with OMP_WAIT_POLICY=PASSIVE on THREADS threads (default 2). Then prints per
-# (N, Hkv, torch form): the times, the fused kernel's speed-up over PyTorch (torch ms / fused ms:
-# above 1, qkv is faster) and each one's extra memory (qkv: allocator peak above what was in use;
-# PyTorch: peak RSS growth). bench/torch2_venv.sh makes a virtual environment with the current
+# (N, Hkv, torch form): the times (and PyTorch's CPU time, user + system of all threads), the
+# fused kernel's speed-up over PyTorch (torch ms / fused ms: above 1, qkv is faster) and each
+# one's extra memory (qkv: allocator peak above what was in use; PyTorch: peak RSS growth). bench/torch2_venv.sh makes a virtual environment with the current
 # PyTorch. Builds nothing.
 # Environment: BUILD_DIR (default build) locates qkv; PYTHON (default /usr/bin/python3); THREADS;
 # TORCH_ATTN.
@@ -70,7 +70,7 @@ if cpu:
     print(f"CPU: {cpu.get('brand', '?')} (family {cpu.get('family', '?')}, model {cpu.get('model', '?')}); "
           f"features: {' '.join(cpu.get('features', []))}")
 print(f"torch {version}; speed-up = torch ms / qkv fused ms (above 1, qkv is faster)")
-print(f"{'N':>6}{'Hkv':>5}{'torch':>8}{'torch ms':>10}{'ref ms':>9}{'fused ms':>10}{'speed-up':>10}"
+print(f"{'N':>6}{'Hkv':>5}{'torch':>8}{'torch ms':>10}{'torch cpu':>11}{'ref ms':>9}{'fused ms':>10}{'speed-up':>10}"
       f"{'torch MB':>10}{'ref MB':>9}{'fused MB':>10}")
 for n in ns:
     qkv = {(r["kernel"], r["hkv"]): r for r in last_json(f"{tmp}/qkv.{n}")["results"] if r.get("n") == n}
@@ -78,7 +78,7 @@ for n in ns:
         f, r = qkv.get(("fused", hkv)), qkv.get(("reference", hkv))
         for form in forms:
             t = last_json(f"{tmp}/torch.{n}.{hkv}.{form}")
-            print(f"{n:6d}{hkv:5d}{form:>8}{t['ms']:10.1f}{(r['ms'] if r else nan):9.1f}"
+            print(f"{n:6d}{hkv:5d}{form:>8}{t['ms']:10.1f}{t.get('cpu_ms', nan):11.1f}{(r['ms'] if r else nan):9.1f}"
                   f"{(f['ms'] if f else nan):10.1f}{(t['ms'] / f['ms'] if f else nan):9.2f}x"
                   f"{mb(t['peak_bytes']):10.0f}{(mb(r['peak_bytes']) if r else nan):9.1f}"
                   f"{(mb(f['peak_bytes']) if f else nan):10.1f}")
