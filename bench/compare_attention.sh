@@ -11,8 +11,8 @@
 # runs both), all with OMP_WAIT_POLICY=PASSIVE on THREADS threads (default 2). Then prints per
 # (N, Hkv, torch form): the times (and PyTorch's CPU time, user + system of all threads), the
 # fused kernel's speed-up over PyTorch (torch ms / fused ms: above 1, qkv is faster) and each
-# one's extra memory (qkv: allocator peak above what was in use; PyTorch: peak RSS growth). bench/torch2_venv.sh makes a virtual environment with the current
-# PyTorch. Builds nothing.
+# one's extra memory (qkv: allocator peak above what was in use; PyTorch: peak RSS growth).
+# bench/torch2_venv.sh makes a virtual environment with the current PyTorch. Builds nothing.
 # Environment: BUILD_DIR (default build) locates qkv; PYTHON (default /usr/bin/python3); THREADS;
 # TORCH_ATTN.
 set -euo pipefail

@@ -11,12 +11,12 @@
 bench/torch2_venv.sh makes a virtual environment with today's PyTorch for it.
 
 `step` times what `qkv bench --what step` times on a gpt2-family config: one training step of a
-GPT-2-shaped model (learned positions, pre-LayerNorm blocks, causal attention written as
-matmul + mask + softmax + matmul, GELU with the tanh approximation, 4C MLP, final LayerNorm, LM
-head tied to the token embedding, every Linear and LayerNorm with a bias, dropout 0) on one fixed
-batch of uniformly random tokens: zero_grad, forward, cross-entropy, backward, AdamW (lr 1e-3,
-betas (0.9, 0.999), eps 1e-8, weight decay 0.1 on the matrices only). Initialisation: N(0, 0.02),
-residual output projections N(0, 0.02 / sqrt(2L)), zero biases. Untimed warm-up steps (3; 5 with
+GPT-2-shaped model (learned positions, pre-LayerNorm blocks, causal attention (--attn), GELU
+with the tanh approximation, 4C MLP, final LayerNorm, LM head tied to the token embedding, every
+Linear and LayerNorm with a bias, dropout 0) on one fixed batch of uniformly random tokens:
+zero_grad, forward, cross-entropy, backward, AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight
+decay 0.1 on the matrices only). Initialisation: N(0, 0.02), residual output projections
+N(0, 0.02 / sqrt(2L)), zero biases. Untimed warm-up steps (3; 5 with
 --mode compile), then the median of S timed steps, in wall-clock and in process CPU time
 (user + system, all threads).
 
@@ -30,6 +30,7 @@ What a PyTorch user would pick:
   --mode bf16     torch.autocast("cpu", dtype=torch.bfloat16) around forward + loss, with the
                   float32 master weights, backward and AdamW as in eager.
 A mode or attention form this torch lacks is refused with one line on stderr and exit status 2.
+
 Model FLOPs per step, the same count qkv reports (fwd + bwd = 3x fwd, causal attention halved):
     6 B T N_nonemb + 6 B T C V + 6 L B T^2 C,  N_nonemb = 12 L C^2 + 13 L C + 2 C.
 
