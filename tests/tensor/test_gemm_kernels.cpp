@@ -94,8 +94,8 @@ void check_against_float64(const Problem& p, const std::vector<float>& c, float 
                            1e-30;
       const double err = std::fabs(double(c[size_t(i * p.ldc + j)]) - ref);
       if (!(err <= bound)) {
-        FAIL(what << ": C[" << i << "," << j << "] = " << c[size_t(i * p.ldc + j)] << ", float64 " << ref
-                  << ", error " << err << " above " << bound);
+        FAIL(what << ": C[" << i << "," << j << "] = " << c[size_t(i * p.ldc + j)] << ", float64 " << ref << ", error "
+                  << err << " above " << bound);
       }
     }
     for (int64_t j = p.n; j < p.ldc; ++j)
@@ -143,8 +143,7 @@ TEST_CASE("GEMM kernels across the nc block and thread chunks", "[gemm][slow]") 
 
 // gemm.h: each element's sum runs k in one order fixed by k and the kernel, so an element is the
 // same bits whatever the thread count, and whatever other rows and columns share the product.
-TEST_CASE("qkv's GEMM kernels: bits independent of threads and of the other rows and columns",
-          "[gemm][exact]") {
+TEST_CASE("qkv's GEMM kernels: bits independent of threads and of the other rows and columns", "[gemm][exact]") {
   const int saved = omp_get_max_threads();
   for (const NamedKernel& kernel : runnable_kernels()) {
     if (!kernel.table) continue;
@@ -184,8 +183,8 @@ TEST_CASE("the avx512 tile compiled for AVX2 gives the avx512 kernel's bits", "[
   }
   Problem p(false, true, 50, 70, 300, 1, 3);
   std::vector<float> x(p.c0.size()), y(p.c0.size());
-  gemm_detail::packed_sgemm(gemm_detail::kAvx512Kernel, false, true, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda,
-                            p.b.data(), p.ldb, 0.0f, x.data(), p.ldc);
+  gemm_detail::packed_sgemm(gemm_detail::kAvx512Kernel, false, true, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda, p.b.data(),
+                            p.ldb, 0.0f, x.data(), p.ldc);
   gemm_detail::packed_sgemm(gemm_detail::kAvx512LayoutOnAvx2, false, true, p.m, p.n, p.k, 1.0f, p.a.data(), p.lda,
                             p.b.data(), p.ldb, 0.0f, y.data(), p.ldc);
   CHECK(x == y);
@@ -212,19 +211,32 @@ TEST_CASE("the CPU features read by cpuid match /proc/cpuinfo", "[gemm]") {
   const std::vector<std::string> names_read = f.names();
   const std::set<std::string> ours(names_read.begin(), names_read.end());
   // /proc/cpuinfo calls sse3 "pni".
-  const std::pair<const char*, const char*> names[] = {
-      {"sse3", "pni"},         {"ssse3", "ssse3"},         {"sse4_1", "sse4_1"},   {"sse4_2", "sse4_2"},
-      {"avx", "avx"},          {"avx2", "avx2"},           {"fma", "fma"},         {"f16c", "f16c"},
-      {"avx512f", "avx512f"},  {"avx512bw", "avx512bw"},   {"avx512dq", "avx512dq"}, {"avx512vl", "avx512vl"},
-      {"avx512cd", "avx512cd"}, {"avx512_vnni", "avx512_vnni"}, {"avx512_bf16", "avx512_bf16"},
-      {"avx512_fp16", "avx512_fp16"}, {"amx_tile", "amx_tile"}, {"amx_bf16", "amx_bf16"}, {"amx_int8", "amx_int8"}};
+  const std::pair<const char*, const char*> names[] = {{"sse3", "pni"},
+                                                       {"ssse3", "ssse3"},
+                                                       {"sse4_1", "sse4_1"},
+                                                       {"sse4_2", "sse4_2"},
+                                                       {"avx", "avx"},
+                                                       {"avx2", "avx2"},
+                                                       {"fma", "fma"},
+                                                       {"f16c", "f16c"},
+                                                       {"avx512f", "avx512f"},
+                                                       {"avx512bw", "avx512bw"},
+                                                       {"avx512dq", "avx512dq"},
+                                                       {"avx512vl", "avx512vl"},
+                                                       {"avx512cd", "avx512cd"},
+                                                       {"avx512_vnni", "avx512_vnni"},
+                                                       {"avx512_bf16", "avx512_bf16"},
+                                                       {"avx512_fp16", "avx512_fp16"},
+                                                       {"amx_tile", "amx_tile"},
+                                                       {"amx_bf16", "amx_bf16"},
+                                                       {"amx_int8", "amx_int8"}};
   for (const auto& [ours_name, kernel_name] : names) {
     INFO(ours_name);
     CHECK(ours.count(ours_name) == listed.count(kernel_name));
   }
   CHECK(!f.vendor.empty());
-  WARN("CPU: " << f.brand << " (" << f.vendor << ", family " << f.family << " model " << f.model
-               << "); GEMM kernel " << gemm_kernel_reason());
+  WARN("CPU: " << f.brand << " (" << f.vendor << ", family " << f.family << " model " << f.model << "); GEMM kernel "
+               << gemm_kernel_reason());
 }
 
 TEST_CASE("the GEMM dispatch: names, refusals and the kernel asked for", "[gemm][exact]") {
@@ -237,8 +249,7 @@ TEST_CASE("the GEMM dispatch: names, refusals and the kernel asked for", "[gemm]
     CHECK(std::string(e.what()) == "[gemm] QKV_GEMM must be auto, blas, sse, avx2 or avx512, got 'avx3'");
   }
   if (!gemm_kernel_supported(GemmKernel::avx512)) {
-    CHECK_THROWS_WITH(set_gemm_kernel(GemmKernel::avx512),
-                      "[gemm] the avx512 kernel cannot run on this CPU");
+    CHECK_THROWS_WITH(set_gemm_kernel(GemmKernel::avx512), "[gemm] the avx512 kernel cannot run on this CPU");
   }
   CHECK(active_gemm_kernel() != GemmKernel::automatic);
   // scripts/test.sh runs the [exact] cases once per kernel with QKV_GEMM and QKV_EXPECT_GEMM_KERNEL

@@ -96,12 +96,25 @@ CpuFeatures read_features() { return {}; }
 }  // namespace
 
 std::vector<std::string> CpuFeatures::names() const {
-  const std::pair<bool, const char*> all[] = {
-      {sse3, "sse3"},         {ssse3, "ssse3"},         {sse41, "sse4_1"},           {sse42, "sse4_2"},
-      {avx, "avx"},           {avx2, "avx2"},           {fma, "fma"},                {f16c, "f16c"},
-      {avx512f, "avx512f"},   {avx512bw, "avx512bw"},   {avx512dq, "avx512dq"},      {avx512vl, "avx512vl"},
-      {avx512cd, "avx512cd"}, {avx512_vnni, "avx512_vnni"}, {avx512_bf16, "avx512_bf16"}, {avx512_fp16, "avx512_fp16"},
-      {amx_tile, "amx_tile"}, {amx_bf16, "amx_bf16"},   {amx_int8, "amx_int8"}};
+  const std::pair<bool, const char*> all[] = {{sse3, "sse3"},
+                                              {ssse3, "ssse3"},
+                                              {sse41, "sse4_1"},
+                                              {sse42, "sse4_2"},
+                                              {avx, "avx"},
+                                              {avx2, "avx2"},
+                                              {fma, "fma"},
+                                              {f16c, "f16c"},
+                                              {avx512f, "avx512f"},
+                                              {avx512bw, "avx512bw"},
+                                              {avx512dq, "avx512dq"},
+                                              {avx512vl, "avx512vl"},
+                                              {avx512cd, "avx512cd"},
+                                              {avx512_vnni, "avx512_vnni"},
+                                              {avx512_bf16, "avx512_bf16"},
+                                              {avx512_fp16, "avx512_fp16"},
+                                              {amx_tile, "amx_tile"},
+                                              {amx_bf16, "amx_bf16"},
+                                              {amx_int8, "amx_int8"}};
   std::vector<std::string> out;
   for (const auto& [on, name] : all)
     if (on) out.emplace_back(name);

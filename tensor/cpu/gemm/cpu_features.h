@@ -10,8 +10,8 @@
 namespace qkv::cpu {
 
 struct CpuFeatures {
-  std::string vendor;  // "GenuineIntel", "AuthenticAMD", ... ("" off x86)
-  std::string brand;   // the processor brand string, e.g. "AMD EPYC 7B13"
+  std::string vendor;                       // "GenuineIntel", "AuthenticAMD", ... ("" off x86)
+  std::string brand;                        // the processor brand string, e.g. "AMD EPYC 7B13"
   int family = 0, model = 0, stepping = 0;  // display family and model (extended fields folded in)
   bool sse3 = false, ssse3 = false, sse41 = false, sse42 = false;
   bool avx = false, avx2 = false, fma = false, f16c = false;

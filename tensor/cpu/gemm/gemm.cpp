@@ -53,8 +53,7 @@ constexpr int kMaxTile = 64;  // the largest mr or nr of a KernelTable
 
 // dst: ceil(mb / mr) panels, panel q = rows i0 + q*mr .. of op(A) over k in [p0, p0 + kb), stored
 // dst[q*mr*kb + kk*mr + r]; rows past mb are zero.
-void pack_a(bool ta, const float* a, int64_t lda, int64_t i0, int64_t mb, int64_t p0, int64_t kb, int mr,
-            float* dst) {
+void pack_a(bool ta, const float* a, int64_t lda, int64_t i0, int64_t mb, int64_t p0, int64_t kb, int mr, float* dst) {
   for (int64_t q = 0; q < mb; q += mr, dst += mr * kb) {
     const int rows = int(std::min<int64_t>(mr, mb - q));
     if (!ta) {
@@ -77,8 +76,7 @@ void pack_a(bool ta, const float* a, int64_t lda, int64_t i0, int64_t mb, int64_
 
 // dst: ceil(nb / nr) panels, panel q = columns j0 + q*nr .. of op(B) over k in [p0, p0 + kb),
 // stored dst[q*nr*kb + kk*nr + j]; columns past nb are zero.
-void pack_b(bool tb, const float* b, int64_t ldb, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr,
-            float* dst) {
+void pack_b(bool tb, const float* b, int64_t ldb, int64_t p0, int64_t kb, int64_t j0, int64_t nb, int nr, float* dst) {
   for (int64_t q = 0; q < nb; q += nr, dst += nr * kb) {
     const int cols = int(std::min<int64_t>(nr, nb - q));
     if (!tb) {
@@ -118,8 +116,7 @@ void packed_serial(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n
         for (int64_t jr = 0; jr < nb; jr += kt.nr)
           for (int64_t ir = 0; ir < mb; ir += kt.mr)
             kt.tile(kb, ap + ir * kb, bp + jr * kb, c + (ic + ir) * ldc + jc + jr, ldc,
-                    int(std::min<int64_t>(kt.mr, mb - ir)), int(std::min<int64_t>(kt.nr, nb - jr)), alpha, beta,
-                    first);
+                    int(std::min<int64_t>(kt.mr, mb - ir)), int(std::min<int64_t>(kt.nr, nb - jr)), alpha, beta, first);
       }
     }
   }
@@ -130,8 +127,8 @@ constexpr int64_t kSplitMacs = int64_t(1) << 21;
 
 }  // namespace
 
-void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (kt.mr > kMaxTile || kt.nr > kMaxTile) fail("[gemm] kernel ", kt.name, ": register tile above ", kMaxTile);
   if (k <= 0) {  // the empty sum: C = beta * C
@@ -218,8 +215,8 @@ GemmKernel kernel_from_environment() {
   if (!gemm_kernel_supported(kernel)) {
     std::string has;
     for (const auto& f : cpu_features().names()) has += (has.empty() ? "" : " ") + f;
-    fail("[gemm] QKV_GEMM=", env, ": this CPU cannot execute that kernel (it has: ",
-         has.empty() ? "no vector extensions" : has, ")");
+    fail("[gemm] QKV_GEMM=", env,
+         ": this CPU cannot execute that kernel (it has: ", has.empty() ? "no vector extensions" : has, ")");
   }
   return kernel;
 }
@@ -288,8 +285,7 @@ GemmKernel active_gemm_kernel() {
 }
 
 void set_gemm_kernel(GemmKernel kernel) {
-  if (!gemm_kernel_supported(kernel))
-    fail("[gemm] the ", gemm_kernel_name(kernel), " kernel cannot run on this CPU");
+  if (!gemm_kernel_supported(kernel)) fail("[gemm] the ", gemm_kernel_name(kernel), " kernel cannot run on this CPU");
   g_requested.store(int(kernel), std::memory_order_release);
 }
 
@@ -303,8 +299,8 @@ std::string gemm_kernel_reason() {
     why = "the BLAS kernel " + blas + " uses the CPU's widest vectors (" +
           std::to_string(kernel_width(widest_own_kernel())) + "-bit)";
   } else {
-    why = "the CPU has " + std::to_string(kernel_width(active)) + "-bit vectors; the BLAS kernel " + blas +
-          " uses " + std::to_string(blas_width(blas)) + "-bit";
+    why = "the CPU has " + std::to_string(kernel_width(active)) + "-bit vectors; the BLAS kernel " + blas + " uses " +
+          std::to_string(blas_width(blas)) + "-bit";
   }
   return std::string(gemm_kernel_name(active)) + (active == GemmKernel::blas ? "" : " (qkv)") + ": " + why;
 }
@@ -317,13 +313,12 @@ void sgemm_with(GemmKernel kernel, bool ta, bool tb, int64_t m, int64_t n, int64
                 alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
     return;
   }
-  if (!gemm_kernel_supported(kernel))
-    fail("[gemm] the ", gemm_kernel_name(kernel), " kernel cannot run on this CPU");
+  if (!gemm_kernel_supported(kernel)) fail("[gemm] the ", gemm_kernel_name(kernel), " kernel cannot run on this CPU");
   gemm_detail::packed_sgemm(*table_of(kernel), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc) {
   sgemm_with(active_gemm_kernel(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

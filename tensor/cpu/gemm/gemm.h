@@ -60,8 +60,8 @@ std::string gemm_kernel_reason();
 // lda >= (ta ? m : k) etc., ldc >= n; C must not overlap A or B. beta == 0: C is not read.
 // Threads: up to omp_get_max_threads() through run_split (tensor/cpu/parallel.h), one inside an
 // OpenMP region.
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc);
 // The same on one named kernel, whatever is active (tests and benchmarks compare kernels).
 void sgemm_with(GemmKernel kernel, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

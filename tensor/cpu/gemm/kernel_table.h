@@ -26,7 +26,7 @@ extern const KernelTable kAvx512Kernel;
 extern const KernelTable kAvx512LayoutOnAvx2;
 
 // The packed driver on one table (gemm.cpp); for tests of a table that is not a GemmKernel.
-void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 }  // namespace qkv::cpu::gemm_detail
