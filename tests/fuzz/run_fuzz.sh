@@ -185,8 +185,9 @@ fi
 if wanted fuzz_checkpoint && with_lld fuzz_checkpoint; then
   build_dir=${BUILD_DIR:-build}
   if [[ -f $build_dir/libqkv_core.a && -f $build_dir/CMakeFiles/qkv.dir/link.txt ]]; then
-    # The libraries after "-o qkv" on qkv's link line, the core library by its path.
-    read -ra libs <<< "$(sed -e 's/.* -o qkv //' -e 's/ libqkv_bench\.a / /' \
+    # The libraries after "-o qkv" on qkv's link line, the core library by its path (the
+    # commands' and the benchmarks' libraries left out: the target calls neither).
+    read -ra libs <<< "$(sed -e 's/.* -o qkv //' -e 's/ libqkv_app\.a / /' -e 's/ libqkv_bench\.a / /' \
       -e "s| libqkv_core\.a | $build_dir/libqkv_core.a |" "$build_dir/CMakeFiles/qkv.dir/link.txt")"
     read -ra cflags <<< "$(pkg-config --cflags hdf5) $(pkg-config --cflags tomlplusplus)"
     build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.cpp train/checkpoint.cpp train/checkpoint.h data/h5.cpp \
