@@ -128,7 +128,8 @@ TEST_CASE("leakcheck passes correct models whose rows see a single key", "[leakc
   }
 }
 
-TEST_CASE("leakcheck and gradcheck pass correct models at every pattern parameter's edge", "[leakcheck][checkers]") {
+TEST_CASE("leakcheck and gradcheck pass correct models at every pattern parameter's edge",
+          "[leakcheck][checkers][long]") {
   const int64_t n = tiny_config().block_size;
   for (const Edge& e : pattern_edges(n)) {
     nn::ModelConfig c = tiny_config();
@@ -201,7 +202,7 @@ void expect_kernel_probes_see(Device dev) {
 }  // namespace
 
 TEST_CASE("the kernel probes catch online-softmax and chunk bugs on a model too small to show them",
-          "[leakcheck][checkers]") {
+          "[leakcheck][checkers][long]") {
   expect_kernel_probes_see(Device::cpu);
 }
 
@@ -212,7 +213,7 @@ TEST_CASE("on the GPU, the kernel probes catch online-softmax and chunk bugs",
 }
 
 TEST_CASE("the gradcheck registry's attention probes reach past a key tile and exp's overflow",
-          "[gradcheck][checkers]") {
+          "[gradcheck][checkers][long]") {
   int probes = 0;
   for (const auto& c : app::full_gradcheck_registry().cases()) {
     if (c.op != "attention_probe") continue;

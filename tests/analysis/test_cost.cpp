@@ -177,7 +177,7 @@ TEST_CASE("cost: linear attention's chunked pairs, FLOPs and decode state (= mak
   }
 }
 
-TEST_CASE("cost: training FLOPs equal qkv bench's count (plus the diagonal it leaves out)", "[cost]") {
+TEST_CASE("cost: training FLOPs equal qkv bench's count (plus the diagonal it leaves out)", "[cost][long]") {
   for (const char* name : {"S", "M"}) {
     // Batch 2 keeps the measured steps short; the count scales with B·T either way.
     const Config cfg = parse_config(src(std::string("configs/bench/") + name + ".toml"), {"train.batch_size=2"});
@@ -230,7 +230,8 @@ void check_peak(const std::string& path, const std::vector<std::string>& sets) {
 
 }  // namespace
 
-TEST_CASE("cost: peak tensor bytes of a training step within 15% of the allocator's on S M and llama_tiny", "[cost]") {
+TEST_CASE("cost: peak tensor bytes of a training step within 15% of the allocator's on S M and llama_tiny",
+          "[cost][long]") {
   check_peak("configs/bench/S.toml", {});
   check_peak("configs/bench/S.toml", {"train.recompute=true"});
   check_peak("configs/bench/M.toml", {"train.batch_size=2"});

@@ -196,7 +196,7 @@ TEST_CASE("every leak check passes on clean tiny models", "[leakcheck][exact]") 
   CHECK(m->is_training());
 }
 
-TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[leakcheck][exact]") {
+TEST_CASE("each leak check fails under a planted fault it is meant to catch", "[leakcheck][exact][long]") {
   expect_planted_faults_caught(Device::cpu);
 }
 
@@ -585,7 +585,7 @@ int run_qkv(const std::string& args, std::string* out, std::string* err) {
 }
 }  // namespace
 
-TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", "[leakcheck][cli]") {
+TEST_CASE("qkv leakcheck refuses neither or both of --checkpoint and --config", "[leakcheck][cli][long]") {
   if (!fs::exists(std::string(QKV_BINARY_DIR) + "/qkv")) {
     WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
     return;

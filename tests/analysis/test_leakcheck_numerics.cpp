@@ -94,7 +94,7 @@ class BatchOrThreadSkew : public nn::AttentionOps {
 }  // namespace
 
 TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer give the same bits",
-          "[leakcheck][invariant][exact]") {
+          "[leakcheck][invariant][exact][long]") {
   const NumericsGuard mode(Numerics::invariant);
   analysis::LeakCheckOptions o;
   for (const auto& model : {gpt2_odd(), llama_odd()}) {
@@ -115,7 +115,7 @@ TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer 
 }
 
 TEST_CASE("numerics = invariant: padded and packed sequences give the same bits as alone",
-          "[leakcheck][invariant][exact]") {
+          "[leakcheck][invariant][exact][long]") {
   // Right padding is exact with the invariant kernels; left padding and packing need attention per
   // document (nn/transformer.cpp under numerics = invariant).
   const NumericsGuard mode(Numerics::invariant);
@@ -159,7 +159,7 @@ TEST_CASE("numerics = invariant: linear attention's recurrent decode keeps a rou
 }
 
 TEST_CASE("numerics = standard: the consistency checks measure a nonzero rounding gap within tolerance",
-          "[leakcheck][invariant]") {
+          "[leakcheck][invariant][long]") {
   // Wide enough that qkv's GEMV (decoding) and OpenBLAS's GEMM (the whole sequence) sum in other
   // orders. (qkv's own GEMM kernels sum each element in one order fixed by k, so on them these gaps
   // can be 0: the BLAS is forced here to show the tolerance path at work.)
@@ -180,7 +180,7 @@ TEST_CASE("numerics = standard: the consistency checks measure a nonzero roundin
 }
 
 TEST_CASE("numerics = invariant: the exact checks fail on planted faults, even ones inside rounding",
-          "[leakcheck][invariant][exact]") {
+          "[leakcheck][invariant][exact][long]") {
   analysis::LeakCheckOptions o;
   SECTION("the self-test's planted faults") {
     const NumericsGuard mode(Numerics::invariant);
@@ -235,7 +235,7 @@ TEST_CASE("numerics = invariant: the exact checks fail on planted faults, even o
   }
 }
 
-TEST_CASE("the report and --json put both numerics modes side by side", "[leakcheck][invariant]") {
+TEST_CASE("the report and --json put both numerics modes side by side", "[leakcheck][invariant][long]") {
   const auto model = gpt2_odd(256, 1024);
   const NumericsGuard process_mode(Numerics::invariant);
   const cpu::GemmKernelGuard gemm(cpu::GemmKernel::blas);  // a nonzero standard gap (case above)

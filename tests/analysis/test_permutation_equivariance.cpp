@@ -181,7 +181,7 @@ TEST_CASE("the attention op alone: rows permuted with q, k, v permute the output
 }
 
 TEST_CASE("leakcheck's permutation_equivariance applies to position = none models only, and catches a position leak",
-          "[permutation][leakcheck]") {
+          "[permutation][leakcheck][long]") {
   analysis::LeakCheckOptions o;
   auto find = [](const std::vector<analysis::LeakCheck>& v, const std::string& name) {
     for (const auto& c : v)

@@ -79,7 +79,7 @@ const std::map<std::string, std::string> kMeaningfulOptionValues = {
 }  // namespace
 
 TEST_CASE("every option of every command refuses 0, -1, \"\", NaN and 2^64 by name, or the value means something",
-          "[refusals][cli][property]") {
+          "[refusals][cli][property][long]") {
   CLI::App app;
   int exit_code = 0;
   app::add_all_commands(app, exit_code);

@@ -383,7 +383,7 @@ TEST_CASE("attention with q scaled 30x matches naive float64 forward and backwar
 }
 
 TEST_CASE("attention on exact logits near 1000 growing or falling tile to tile matches naive float64",
-          "[attention][large_logits]") {
+          "[attention][large_logits][long]") {
   Errors worst;
   for (double dir : {1.0, -1.0})
     for (const Layout& l : kLayouts)
@@ -419,7 +419,7 @@ TEST_CASE("attention on exact logits near 1000 growing or falling tile to tile m
 }
 
 TEST_CASE("adding a constant to every logit changes no output or gradient of either kernel",
-          "[attention][large_logits]") {
+          "[attention][large_logits][long]") {
   // Exact inputs: the shifted logits are exact, so the forward is bitwise unchanged and so are the
   // reference kernel's gradients; the fused backward reads a float32 lse near 1000 + c.
   double fused_grad_worst = 0, random_worst = 0;

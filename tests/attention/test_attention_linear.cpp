@@ -159,7 +159,7 @@ TEST_CASE("linear attention forward equals the naive float64 formula", "[attenti
             }
 }
 
-TEST_CASE("linear attention: many chunks and a long sequence in float32", "[attention][linear]") {
+TEST_CASE("linear attention: many chunks and a long sequence in float32", "[attention][linear][long]") {
   // N = 300 with c = 64: four full chunks and a partial one, every query reading the prefix state.
   for (LinearFeature f : kFeatures) {
     const Dims d{1, 2, 1, 300, 300, 8};

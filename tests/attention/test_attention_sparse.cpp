@@ -312,7 +312,7 @@ TEST_CASE("sparse: the strided walk's dot products cover each row group's kept k
 }
 
 TEST_CASE("sparse: the strided walk and a causal window band-only walk agree with the grid under every mask",
-          "[attention][sparse]") {
+          "[attention][sparse][long]") {
   // float64, so both walks (different summation orders) agree to ~1e-12 and any masking
   // difference shows. Window, key_lengths, segments, ALiBi, a bias, GQA, dropout, q_offset > 0,
   // fewer query rows than the stride.

@@ -94,7 +94,7 @@ TEST_CASE("sparse: model.attention_pattern and its keys resolve, and bad ones na
 }
 
 TEST_CASE("sparse: a model passes its pattern to every attention call, KV-cache decode included",
-          "[attention][sparse]") {
+          "[attention][sparse][long]") {
   for (const char* pattern : {"window", "strided", "global", "bigbird", "block_sparse"}) {
     INFO(pattern);
     const nn::ModelConfig mc = train::model_config(sparse_config(pattern).resolved(), 40);
@@ -176,7 +176,7 @@ TEST_CASE("sparse: a tiny model per pattern trains (the loss falls)", "[attentio
 }
 
 TEST_CASE("sparse: leakcheck catches the planted sparse faults on the sparse probes",
-          "[attention][sparse][leakcheck]") {
+          "[attention][sparse][leakcheck][long]") {
   nn::ModelConfig u;
   u.n_layer = 1;
   u.n_embd = 16;

@@ -13,7 +13,7 @@
 
 using namespace qkv;
 
-TEST_CASE("every registered gradcheck case passes", "[autograd][attention][gradcheck]") {
+TEST_CASE("every registered gradcheck case passes", "[autograd][attention][gradcheck][long]") {
   const autograd::GradcheckRegistry& reg = app::full_gradcheck_registry();
   std::map<std::string, int> per_op;
   int passed = 0, fused_grid = 0;

@@ -173,7 +173,7 @@ TEST_CASE("bpe learns the hand-computed merges with smallest-pair tie breaking",
   CHECK_THROWS_WITH(BpeTokenizer::train("abc", 100), Catch::Contains("below the 256"));
 }
 
-TEST_CASE("incremental bpe training equals a from-scratch recount at every merge", "[data][tokenizer][bpe]") {
+TEST_CASE("incremental bpe training equals a from-scratch recount at every merge", "[data][tokenizer][bpe][long]") {
   const std::string corpus = random_words(4000, 7);
   auto tok = BpeTokenizer::train(corpus, 256 + 300);
   const auto ref = naive_bpe(corpus, 300);

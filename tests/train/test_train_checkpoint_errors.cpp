@@ -191,7 +191,7 @@ TEST_CASE("checkpoint rejects flipped bytes in tensor data, metadata and the con
 }
 
 TEST_CASE("checkpoint rejects every single-byte corruption or loads it unchanged, never silently wrong",
-          "[checkpoint]") {
+          "[checkpoint][long]") {
   // Corrupt one byte at each of 400 offsets spread over the file (QKV_CHECKPOINT_FUZZ_PROBES=N
   // for more; N >= the file size covers every byte), with single-bit, all-bit and mixed flips.
   // Each result must be an error or a load whose weights, moments and state all equal the
@@ -506,7 +506,7 @@ TEST_CASE("prune_checkpoints keeps the newest keep_last by step number and never
 }
 
 TEST_CASE("check_checkpoint_loads refuses what the loaders refuse, with their message naming the culprit",
-          "[checkpoint]") {
+          "[checkpoint][long]") {
   TempDir dir;
   const std::string good = dir.file("good.h5");
   Run r = make_run("gpt2");  // C = 32, 2 layers, 4 heads, block 16, AdamW moments, step 2
