@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/options.h"
 #include "bench/attention_bench.h"
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/gemm/cpu_features.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cpu/matmul.h"
@@ -399,12 +400,15 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                                           {"features", features.names()}}},
                                         {"gemm_kernel", cpu::gemm_kernel_name(cpu::active_gemm_kernel())},
                                         {"gemm_kernel_reason", cpu::gemm_kernel_reason()},
+                                        {"bf16_kernel", cpu::bf16_kernel_name(cpu::active_bf16_kernel())},
+                                        {"bf16_kernel_reason", cpu::bf16_kernel_reason()},
                                         {"blas_kernel", cpu::blas_kernel_name()},
                                         {"omp_max_threads", omp_get_max_threads()},
                                         {"gomp_spincount", spin ? spin : ""},
                                         {"omp_wait_policy", policy ? policy : ""}};
-    std::fprintf(out, "CPU %s (family %d model %d); GEMM kernel %s; %d OpenMP threads\n", features.brand.c_str(),
-                 features.family, features.model, cpu::gemm_kernel_reason().c_str(), omp_get_max_threads());
+    std::fprintf(out, "CPU %s (family %d model %d); GEMM kernel %s; bf16 GEMM %s; %d OpenMP threads\n",
+                 features.brand.c_str(), features.family, features.model, cpu::gemm_kernel_reason().c_str(),
+                 cpu::bf16_kernel_reason().c_str(), omp_get_max_threads());
     if (json) print_json({{"results", results}, {"environment", environment}});
     exit_code = 0;
   });

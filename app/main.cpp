@@ -16,6 +16,7 @@
 #include <string>
 
 #include "app/commands.h"
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/error.h"
 
@@ -73,8 +74,10 @@ int main(int argc, char** argv) {
   if (argc > 1)
     if (const auto unknown = qkv::app::unknown_command(app, argv[1])) return report_error(json, "", *unknown);
   try {
-    // QKV_GEMM (tensor/cpu/gemm/gemm.h) is checked before any command reads or writes anything.
+    // QKV_GEMM and QKV_GEMM_BF16 (tensor/cpu/gemm/) are checked before any command reads or
+    // writes anything.
     qkv::cpu::requested_gemm_kernel();
+    qkv::cpu::requested_bf16_kernel();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);

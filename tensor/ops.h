@@ -107,7 +107,8 @@ Tensor index_add(const Shape& shape, int dim, const Tensor& index, const Tensor&
 // Transposed views (stride 1 along the row) are passed to BLAS as transposes, never copied.
 // bf16_operands: the caller promises float32 operands whose values are all bfloat16 (bf16
 // autocast rounds them); on CUDA the GEMM then runs on bf16 tensor cores with float32
-// accumulation (the conversion is exact), on the CPU nothing changes.
+// accumulation (the conversion is exact), on the CPU on the bf16 GEMM (tensor/cpu/gemm/bf16_gemm.h:
+// AMX or AVX512-BF16 where the CPU has them, else the float32 GEMM, exact on bf16 values).
 Tensor matmul(const Tensor& a, const Tensor& b, bool bf16_operands = false);
 // out = alpha * a @ b + beta * out, in place on a contiguous `out` of the right shape.
 void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0, double beta = 0.0,

@@ -81,7 +81,7 @@ MatmulPlan plan_matmul(const char* op, const Tensor& a, const Tensor& b) {
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, bool bf16_operands) {
   if (out.device() == Device::cuda) cuda::matmul_forward(a, b, out, alpha, beta, bf16_operands);
-  else cpu::matmul_forward(a, b, out, alpha, beta);  // float32 GEMM: exact on bf16-valued operands too
+  else cpu::matmul_forward(a, b, out, alpha, beta, bf16_operands);
 }
 
 // numerics = invariant (tensor/numerics.h): the Linear GEMM in one fixed reduction order per

@@ -25,6 +25,7 @@
 #include "data/input_file.h"
 #include "distributed/distributed.h"
 #include "distributed/nccl.h"
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/checkpoint.h"
 #include "train/clip.h"
@@ -466,6 +467,8 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
   if (!opts.resume.empty() && state.step >= cfg.train.max_steps) return nothing_to_do(state, opts.resume, t_start);
   if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
+  if (cfg.train.dtype == DType::bf16 && !on_gpu && opts.progress && root)
+    std::fprintf(stderr, "qkv: bf16 GEMM %s\n", cpu::bf16_kernel_reason().c_str());
 
   const std::string out_dir = cfg.train.out_dir;
   std::optional<RunDirLock> lock;  // [dist] rank 0 alone writes to out_dir, so it alone locks it

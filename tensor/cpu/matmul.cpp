@@ -21,6 +21,7 @@
 //   result is bitwise the same for any thread count.
 #include "tensor/cpu/matmul.h"
 
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cpu/parallel.h"
 
@@ -57,13 +58,15 @@ namespace {
 
 inline CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
-// float32 goes through the GEMM dispatch point (tensor/cpu/gemm/gemm.h): the kernel for this CPU.
+// float32 goes through the GEMM dispatch points (tensor/cpu/gemm/): the kernel for this CPU, or
+// under bf16 autocast the bf16 one.
 inline void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-                 float beta, float* c, int ldc) {
-  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                 float beta, float* c, int ldc, bool bf16) {
+  if (bf16) sbgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-                 int ldb, double beta, double* c, int ldc) {
+                 int ldb, double beta, double* c, int ldc, bool) {
   cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 // Matrix-vector kernels; x is contiguous, alpha/beta as in BLAS (beta == 0: y is not read).
@@ -151,6 +154,7 @@ struct GemmPlan {
   int64_t a_inc_k = 0;  // a's stride along K (for GEMV when M == 1)
   int64_t b_inc_k = 0;  // b's stride along K (for GEMV when N == 1)
   double alpha = 1, beta = 0;
+  bool bf16 = false;  // bf16-valued float32 operands: the bf16 GEMM (GEMV stays float32: exact on them)
 };
 
 template <class T>
@@ -174,7 +178,7 @@ void gemm_one(const GemmPlan& p, const T* a, const T* b, T* c) {
     return;
   }
   gemm(p.la.trans, p.lb.trans, p.m, p.n, p.k, alpha, a, static_cast<int>(p.la.ld), b, static_cast<int>(p.lb.ld), beta,
-       c, p.ldc);
+       c, p.ldc, p.bf16);
 }
 
 // If dims [0, nd-2] of t (batch dims and rows) walk like one row dim, its stride; 0 when all have
@@ -213,7 +217,7 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t nb) {
 }
 
 template <class T>
-void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta, bool bf16) {
   const int nd = out.dim();
   const int64_t m = out.shape()[nd - 2], n = out.shape()[nd - 1], k = a.shape()[nd - 1];
   int64_t nb = 1;
@@ -232,6 +236,7 @@ void matmul_typed(const Tensor& a, const Tensor& b, const Tensor& out, double al
   p.b_inc_k = b.strides()[nd - 2];
   p.alpha = alpha;
   p.beta = beta;
+  p.bf16 = bf16;
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* pc = out.data<T>();
@@ -284,9 +289,10 @@ void fill_rows_typed(const Tensor& out, const Tensor& row) {
 
 }  // namespace
 
-void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
-  if (out.dtype() == DType::f32) matmul_typed<float>(a, b, out, alpha, beta);
-  else matmul_typed<double>(a, b, out, alpha, beta);
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,
+                    bool bf16_operands) {
+  if (out.dtype() == DType::f32) matmul_typed<float>(a, b, out, alpha, beta, bf16_operands);
+  else matmul_typed<double>(a, b, out, alpha, beta, false);
 }
 
 void fill_rows(const Tensor& out, const Tensor& row) {

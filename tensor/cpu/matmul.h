@@ -23,7 +23,10 @@ GemmLayout gemm_layout(const Tensor& t);
 // batch dims as stride-0 views). Preconditions (the front end checks them): same float dtype, a and
 // b have gemm_layout(...).ok, out's last dim has unit stride (or N == 1) and rows do not overlap.
 // beta == 0 overwrites out without reading it (NaNs in it do not propagate).
-void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
+// bf16_operands (float32 a and b holding bf16 values, bf16 autocast): the matrix products run on
+// the bf16 GEMM (tensor/cpu/gemm/bf16_gemm.h: the CPU's bf16 units where it has them).
+void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta,
+                    bool bf16_operands = false);
 
 // out [R, C] (row stride >= C, unit column stride) gets `row` [C] (any stride) copied into every row:
 // the bias pre-broadcast that lets a linear layer add its bias through GEMM's beta = 1.

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "tensor/cpu/gemm/cpu_features.h"
 #include "tensor/cpu/gemm/kernel_table.h"
@@ -136,26 +137,32 @@ void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n,
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  // One chunk of C per thread. A chunk packs its own part of the operand it is cut along and the
+  for_each_band(m, n, k, kt.mr, kt.nr, [&](int64_t i0, int64_t mi, int64_t j0, int64_t nj) {
+    const float* ai = ta ? a + i0 : a + i0 * lda;
+    const float* bj = tb ? b + j0 * ldb : b + j0;
+    packed_serial(kt, ta, tb, mi, nj, k, alpha, ai, lda, bj, ldb, beta, c + i0 * ldc + j0, ldc);
+  });
+}
+
+void for_each_band(int64_t m, int64_t n, int64_t k, int mr, int nr,
+                   const std::function<void(int64_t i0, int64_t mi, int64_t j0, int64_t nj)>& band) {
+  // One band of C per thread. A band packs its own part of the operand it is cut along and the
   // whole of the other one, so the cut goes across the dimension whose operand is cheaper to pack
   // again: rows (repacking op(B), k x n) when m > n, else columns (repacking op(A), m x k). The
   // values do not depend on the cut (the order of each element's sum is fixed by k alone).
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t col_chunks = 1, row_chunks = 1;
   if (threads > 1 && m * n * k >= kSplitMacs) {
-    if (m > n) row_chunks = std::clamp<int64_t>(m / (2 * kt.mr), 1, threads);
-    else col_chunks = std::clamp<int64_t>(n / (2 * kt.nr), 1, threads);
+    if (m > n) row_chunks = std::clamp<int64_t>(m / (2 * mr), 1, threads);
+    else col_chunks = std::clamp<int64_t>(n / (2 * nr), 1, threads);
   }
-  const int64_t cols = (n + col_chunks - 1) / col_chunks, col_step = (cols + kt.nr - 1) / kt.nr * kt.nr;
-  const int64_t rows = (m + row_chunks - 1) / row_chunks, row_step = (rows + kt.mr - 1) / kt.mr * kt.mr;
+  const int64_t cols = (n + col_chunks - 1) / col_chunks, col_step = (cols + nr - 1) / nr * nr;
+  const int64_t rows = (m + row_chunks - 1) / row_chunks, row_step = (rows + mr - 1) / mr * mr;
   col_chunks = (n + col_step - 1) / col_step;
   row_chunks = (m + row_step - 1) / row_step;
   auto chunk = [&](int64_t id) {
     const int64_t i0 = (id / col_chunks) * row_step, j0 = (id % col_chunks) * col_step;
-    const int64_t mi = std::min(row_step, m - i0), nj = std::min(col_step, n - j0);
-    const float* ai = ta ? a + i0 : a + i0 * lda;
-    const float* bj = tb ? b + j0 * ldb : b + j0;
-    packed_serial(kt, ta, tb, mi, nj, k, alpha, ai, lda, bj, ldb, beta, c + i0 * ldc + j0, ldc);
+    band(i0, std::min(row_step, m - i0), j0, std::min(col_step, n - j0));
   };
   const int64_t chunks = row_chunks * col_chunks;
   if (chunks == 1) return chunk(0);

@@ -1,6 +1,7 @@
 // Internal to tensor/cpu/gemm/: what gemm.cpp's driver needs of one instruction set's kernel.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 namespace qkv::cpu::gemm_detail {
 
@@ -28,5 +29,10 @@ extern const KernelTable kAvx512LayoutOnAvx2;
 // The packed driver on one table (gemm.cpp); for tests of a table that is not a GemmKernel.
 void packed_sgemm(const KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Runs band(i0, mi, j0, nj) for each band of C [m x n] that one thread computes (rows i0 .. i0+mi,
+// columns j0 .. j0+nj; band edges at multiples of mr and nr), through run_split (gemm.cpp).
+void for_each_band(int64_t m, int64_t n, int64_t k, int mr, int nr,
+                   const std::function<void(int64_t i0, int64_t mi, int64_t j0, int64_t nj)>& band);
 
 }  // namespace qkv::cpu::gemm_detail

@@ -25,33 +25,16 @@ inline V broadcast(float s) {
   return __builtin_shuffle(v, Mask{});
 }
 
+// The tile's accumulators into C, as every kernel of the room ends:
+//   first block:  C[r][j] = alpha * acc[r][j] + beta * C[r][j]   (beta == 0: C is not read)
+//   later blocks: C[r][j] = C[r][j] + alpha * acc[r][j]
+// rows >= mr and columns >= nr are padding and are not written.
+// (Always inlined: the accumulators stay in registers.)
 template <class V, int MR, int NV>
-void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* c, int64_t ldc, int mr,
-                int nr, float alpha, float beta, bool first) {
+__attribute__((always_inline)) inline void store_tile(const V (&acc)[MR][NV], float* c, int64_t ldc, int mr, int nr,
+                                                      float alpha, float beta, bool first) {
   constexpr int L = int(sizeof(V) / sizeof(float));
   constexpr int NR = NV * L;
-  // C's rows are needed only after the k loop: ask for them now so that their misses overlap it.
-  for (int r = 0; r < mr; ++r) {
-    __builtin_prefetch(c + r * ldc, 1);
-    __builtin_prefetch(c + r * ldc + nr - 1, 1);
-  }
-  V acc[MR][NV];
-#pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-  for (int64_t k = 0; k < kc; ++k) {
-    V b[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + k * NR + v * L, sizeof(V));
-    __builtin_prefetch(bp + (k + 8) * NR);
-#pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r) {
-      const V a = broadcast<V>(ap[k * MR + r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
-    }
-  }
   // Writes the tile into rows of `dst` (ld apart). An edge tile goes through a full-size copy of
   // its part of C, so every element takes the same vector arithmetic as in an interior tile.
   auto write = [&](float* dst, int64_t ld) {
@@ -83,6 +66,36 @@ void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict 
     for (int r = 0; r < mr; ++r) std::memcpy(tile + r * NR, c + r * ldc, sizeof(float) * size_t(nr));
   write(tile, NR);
   for (int r = 0; r < mr; ++r) std::memcpy(c + r * ldc, tile + r * NR, sizeof(float) * size_t(nr));
+}
+
+template <class V, int MR, int NV>
+void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* c, int64_t ldc, int mr,
+                int nr, float alpha, float beta, bool first) {
+  constexpr int L = int(sizeof(V) / sizeof(float));
+  constexpr int NR = NV * L;
+  // C's rows are needed only after the k loop: ask for them now so that their misses overlap it.
+  for (int r = 0; r < mr; ++r) {
+    __builtin_prefetch(c + r * ldc, 1);
+    __builtin_prefetch(c + r * ldc + nr - 1, 1);
+  }
+  V acc[MR][NV];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int64_t k = 0; k < kc; ++k) {
+    V b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + k * NR + v * L, sizeof(V));
+    __builtin_prefetch(bp + (k + 8) * NR);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const V a = broadcast<V>(ap[k * MR + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  store_tile<V, MR, NV>(acc, c, ldc, mr, nr, alpha, beta, first);
 }
 
 }  // namespace qkv::cpu::gemm_detail
