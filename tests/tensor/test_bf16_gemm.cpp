@@ -124,8 +124,8 @@ void check_against_float64(const Problem& p, const std::vector<float>& c, float 
                            1e-30;
       const double err = std::fabs(double(c[size_t(i * p.ldc + j)]) - ref);
       if (!(err <= bound))
-        FAIL(what << ": C[" << i << "," << j << "] = " << c[size_t(i * p.ldc + j)] << ", float64 " << ref
-                  << ", error " << err << " above " << bound);
+        FAIL(what << ": C[" << i << "," << j << "] = " << c[size_t(i * p.ldc + j)] << ", float64 " << ref << ", error "
+                  << err << " above " << bound);
     }
     for (int64_t j = p.n; j < p.ldc; ++j) REQUIRE(c[size_t(i * p.ldc + j)] == p.c0[size_t(i * p.ldc + j)]);
   }
@@ -179,8 +179,8 @@ TEST_CASE("every bf16 kernel agrees with float64 on bf16 operands, with alpha, b
     uint32_t seed = 100;
     for (bool ta : {false, true})
       for (bool tb : {false, true})
-        for (const auto& [m, n, k] : {std::array<int64_t, 3>{kt.mr + 5, kt.nr + 7, kt.kc + 17},
-                                      std::array<int64_t, 3>{3, 2 * kt.nr + 1, 45}}) {
+        for (const auto& [m, n, k] :
+             {std::array<int64_t, 3>{kt.mr + 5, kt.nr + 7, kt.kc + 17}, std::array<int64_t, 3>{3, 2 * kt.nr + 1, 45}}) {
           const Problem p(ta, tb, m, n, k, 2, seed++);
           check_against_float64(p, p.run(kt, 1.0f, 0.0f), 1.0f, 0.0f, t.name);
           check_against_float64(p, p.run(kt, -0.5f, 1.5f), -0.5f, 1.5f, t.name + " alpha -0.5 beta 1.5");

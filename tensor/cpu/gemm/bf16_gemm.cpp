@@ -116,8 +116,7 @@ void packed_serial(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64
         for (int64_t jr = 0; jr < nb; jr += kt.nr)
           for (int64_t ir = 0; ir < mb; ir += kt.mr)
             kt.tile(kpp, ap + ir * kpp, bp + jr * kpp, c + (ic + ir) * ldc + jc + jr, ldc,
-                    int(std::min<int64_t>(kt.mr, mb - ir)), int(std::min<int64_t>(kt.nr, nb - jr)), alpha, beta,
-                    first);
+                    int(std::min<int64_t>(kt.mr, mb - ir)), int(std::min<int64_t>(kt.nr, nb - jr)), alpha, beta, first);
       }
     }
   }
@@ -169,8 +168,8 @@ Bf16Kernel kernel_from_environment() {
   if (!bf16_kernel_supported(kernel)) {
     std::string has;
     for (const auto& f : cpu_features().names()) has += (has.empty() ? "" : " ") + f;
-    fail("[gemm] QKV_GEMM_BF16=", env, ": this CPU cannot execute that kernel (it has: ",
-         has.empty() ? "no vector extensions" : has, ")",
+    fail("[gemm] QKV_GEMM_BF16=", env,
+         ": this CPU cannot execute that kernel (it has: ", has.empty() ? "no vector extensions" : has, ")",
          kernel == Bf16Kernel::amx && cpu_features().amx_bf16 ? "; the OS refused the AMX tile state" : "");
   }
   return kernel;
@@ -220,8 +219,7 @@ bool bf16_kernel_supported(Bf16Kernel kernel) {
     case Bf16Kernel::avx512_bf16:
       return gemm_detail::kAvx512Bf16Kernel.name != nullptr && f.avx512f && f.avx512_bf16 && f.fma;
     case Bf16Kernel::amx:
-      return gemm_detail::kAmxKernel.name != nullptr && f.amx_tile && f.amx_bf16 && f.avx512f && f.fma &&
-             request_amx();
+      return gemm_detail::kAmxKernel.name != nullptr && f.amx_tile && f.amx_bf16 && f.avx512f && f.fma && request_amx();
   }
   return false;
 }
@@ -253,8 +251,7 @@ std::string bf16_kernel_reason() {
   } else {
     why = std::string(f.amx_bf16 ? "the OS refused the AMX tile state and the CPU has no AVX512-BF16"
                                  : "no AMX-BF16 or AVX512-BF16 on this CPU") +
-          ": operands rounded to bf16, multiplied by the float32 GEMM (" + gemm_kernel_name(active_gemm_kernel()) +
-          ")";
+          ": operands rounded to bf16, multiplied by the float32 GEMM (" + gemm_kernel_name(active_gemm_kernel()) + ")";
   }
   return std::string(bf16_kernel_name(active)) + (active == Bf16Kernel::emulated ? "" : " (qkv)") + ": " + why;
 }

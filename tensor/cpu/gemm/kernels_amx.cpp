@@ -59,8 +59,8 @@ struct TileInstructions {
 };
 
 }  // namespace
-const Bf16KernelTable kAmxKernel = {"amx",         32, 32, 512, 128, 2048, 16, &amx_tile<TileInstructions>,
-                                    &configure_tiles, &release_tiles};
+const Bf16KernelTable kAmxKernel = {
+    "amx", 32, 32, 512, 128, 2048, 16, &amx_tile<TileInstructions>, &configure_tiles, &release_tiles};
 #else
 const Bf16KernelTable kAmxKernel = {};
 #endif

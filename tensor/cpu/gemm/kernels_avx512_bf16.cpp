@@ -17,8 +17,8 @@ struct DotPairInstruction {
   static F dot(F acc, U a, U b) { return (F)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b); }
 };
 }  // namespace
-const Bf16KernelTable kAvx512Bf16Kernel = {"avx512_bf16", 12, 32, 384, 192, 3072, 1,
-                                           &dot_pair_tile<DotPairInstruction, 12, 2>};
+const Bf16KernelTable kAvx512Bf16Kernel = {"avx512_bf16", 12,   32, 384,
+                                           192,           3072, 1,  &dot_pair_tile<DotPairInstruction, 12, 2>};
 #else
 const Bf16KernelTable kAvx512Bf16Kernel = {};
 #endif

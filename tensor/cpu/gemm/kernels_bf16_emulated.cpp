@@ -91,8 +91,8 @@ thread_local uint32_t TileDefinition::reg[8][16][16];
 
 }  // namespace
 
-const Bf16KernelTable kAvx512Bf16Emulated = {"avx512_bf16-definition", 12, 32, 384, 192, 3072, 1,
-                                             &dot_pair_tile<DotPairDefinition, 12, 2>};
+const Bf16KernelTable kAvx512Bf16Emulated = {
+    "avx512_bf16-definition", 12, 32, 384, 192, 3072, 1, &dot_pair_tile<DotPairDefinition, 12, 2>};
 const Bf16KernelTable kAmxEmulated = {"amx-definition", 32, 32, 512, 128, 2048, 16, &amx_tile<TileDefinition>};
 #else
 const Bf16KernelTable kAvx512Bf16Emulated = {};
