@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -348,25 +349,42 @@ struct PackKeyHash {
            std::hash<int64_t>()(key.ldw);
   }
 };
+// A weight's panels and the storage they were packed from. The address alone is not enough: a
+// weight made for one call (bf16 autocast rounds each weight into a new tensor) is freed after it,
+// and the next one can be allocated at the same address with other values.
+struct PackEntry {
+  std::weak_ptr<Storage> storage;
+  PackedWeight panels;
+};
 struct PackCache {
   std::mutex mutex;
   int scopes = 0;
-  std::unordered_map<PackKey, PackedWeight, PackKeyHash> panels;  // nodes: references stay valid
+  std::unordered_map<PackKey, PackEntry, PackKeyHash> panels;  // nodes: references stay valid
 };
 PackCache& pack_cache() {
   static PackCache c;
   return c;
 }
 
-// The panels of W while a scope lives, else nullptr.
-const PackedWeight* cached_panels(const float* w, int64_t ldw, int64_t n, int64_t k) {
+bool same_owner(const std::weak_ptr<Storage>& a, const std::shared_ptr<Storage>& b) {
+  return !a.owner_before(b) && !b.owner_before(a);
+}
+
+// The panels of W (held by `storage`) while a scope lives, else nullptr. Panels whose storage has
+// been freed are dropped when a weight is packed, so weights made per call do not pile up.
+const PackedWeight* cached_panels(const float* w, const std::shared_ptr<Storage>& storage, int64_t ldw, int64_t n,
+                                  int64_t k) {
   PackCache& c = pack_cache();
   const std::lock_guard<std::mutex> lock(c.mutex);
   if (c.scopes == 0) return nullptr;
   const PackKey key{w, n, k, ldw};
   auto it = c.panels.find(key);
-  if (it == c.panels.end()) it = c.panels.emplace(key, pack_weight(w, ldw, n, k)).first;
-  return &it->second;
+  if (it != c.panels.end() && !it->second.storage.expired() && same_owner(it->second.storage, storage))
+    return &it->second.panels;
+  std::erase_if(c.panels, [](const auto& entry) { return entry.second.storage.expired(); });
+  PackEntry& entry = c.panels[key];
+  entry = {storage, pack_weight(w, ldw, n, k)};
+  return &entry.panels;
 }
 
 }  // namespace
@@ -411,7 +429,7 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
   Tensor y = Tensor::empty({rows, out_features});
   const int64_t ldw = std::max<int64_t>(w.stride(0), in);
   const PackedWeight* packed =
-      rows <= kPackedRows && rows > 0 ? cached_panels(w.data<float>(), ldw, out_features, in) : nullptr;
+      rows <= kPackedRows && rows > 0 ? cached_panels(w.data<float>(), w.storage(), ldw, out_features, in) : nullptr;
   if (packed)
     invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), *packed, b.defined() ? b.data<float>() : nullptr,
                      y.data<float>(), std::max<int64_t>(out_features, 1), rows);

@@ -15,6 +15,7 @@
 #include "analysis/leakcheck_internal.h"
 #include "analysis/png.h"
 #include "attention/attention.h"
+#include "autograd/grad_mode.h"
 #include "model_fixtures.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/numerics.h"
@@ -93,9 +94,10 @@ class BatchOrThreadSkew : public nn::AttentionOps {
 
 }  // namespace
 
-TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer give the same bits",
-          "[leakcheck][invariant][exact][long]") {
-  const NumericsGuard mode(Numerics::invariant);
+namespace {
+// The exact consistency checks on tiny gpt2 and llama models (run under the caller's numerics and
+// autocast settings).
+void expect_invariant_consistency() {
   analysis::LeakCheckOptions o;
   for (const auto& model : {gpt2_odd(), llama_odd()}) {
     INFO(nn::family_name(model->config().family));
@@ -112,6 +114,22 @@ TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer 
     const auto tvi = analysis::check_train_vs_inference(*model, o);
     CHECK(find(tvi, "greedy_generation").value == 0.0);
   }
+}
+}  // namespace
+
+TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer give the same bits",
+          "[leakcheck][invariant][exact][long]") {
+  const NumericsGuard mode(Numerics::invariant);
+  expect_invariant_consistency();
+}
+
+// bf16 autocast (train.dtype = "bf16"): the operands of every product are rounded to bf16 and the
+// products summed in float32 in the invariant kernels' one order, so the promise holds in bf16 too.
+TEST_CASE("numerics = invariant under bf16 autocast: decode, chunks, batch, threads and the trainer give the same bits",
+          "[leakcheck][invariant][bf16][exact][long]") {
+  const NumericsGuard mode(Numerics::invariant);
+  const autograd::AutocastGuard autocast(true);
+  expect_invariant_consistency();
 }
 
 TEST_CASE("numerics = invariant: padded and packed sequences give the same bits as alone",

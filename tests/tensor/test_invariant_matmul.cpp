@@ -281,3 +281,27 @@ TEST_CASE("inside a PackedWeightScope small-M products use cached panels with th
     }
   }
 }
+
+// bf16 autocast rounds each weight into a new tensor per call; once it is freed, the next one may
+// take its address with other values. The cache must pack that one again, not reuse the panels.
+TEST_CASE("inside a PackedWeightScope a new weight at a freed weight's address is packed again", "[invariant][exact]") {
+  const cpu::PackedWeightScope scope;
+  const Tensor x = randn({2, 64}, 31, 0, 0.0, 1.0, DType::f32);
+  const void* previous = nullptr;
+  int reused = 0;
+  for (uint64_t seed = 40; seed < 48; ++seed) {
+    const Tensor w = randn({24, 64}, seed, 0, 0.0, 0.1, DType::f32);  // the last pass's w is freed
+    if (w.data<float>() == previous) ++reused;
+    previous = w.data<float>();
+    const Tensor got = invariant_linear(x, w, Tensor());
+    // Against the float64 sum, which the panels of another weight would miss by far.
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < 24; ++j) {
+        double want = 0;
+        for (int64_t q = 0; q < 64; ++q)
+          want += double(x.data<float>()[i * 64 + q]) * double(w.data<float>()[j * 64 + q]);
+        REQUIRE(std::fabs(got.data<float>()[i * 24 + j] - want) < 1e-4);
+      }
+  }
+  REQUIRE(reused > 0);  // the allocator gave a freed weight's address to a new one: the case above
+}
