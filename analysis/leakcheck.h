@@ -176,7 +176,8 @@ struct NumericsComparison {
 NumericsComparison compare_numerics_modes(const nn::DecoderModel& model, const LeakCheckOptions& o);
 
 // A copy of `model` (same weights, copied by parameter name) built from `cfg`, which may differ in
-// dropout / kernel / window but must have the same parameter shapes. Eval mode.
+// dropout / kernel / window but must have the same parameter shapes. Eval mode, with the model's
+// attention ops and bf16 inference setting.
 std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg);
 
 // ---- self-test ----

@@ -303,6 +303,7 @@ std::vector<double> naive_alibi_slopes(int64_t H) {
 std::unique_ptr<nn::DecoderModel> copy_model(const nn::DecoderModel& model, const nn::ModelConfig& cfg) {
   auto out = std::make_unique<nn::DecoderModel>(cfg);
   out->set_attention_ops(model.attention_ops());  // the same attention (a planted fault included)
+  out->set_bf16_autocast(model.bf16_autocast());  // the same precision (a model trained in bf16)
   out->to(model.device());                        // the copy runs where the model runs
   std::map<std::string, Tensor> src;
   for (const auto& p : model.named_parameters()) src[p.name] = p.tensor;

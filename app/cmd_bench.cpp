@@ -173,16 +173,20 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         results.push_back(j);
       } else {
         for (const auto& g : train::bench_gemm(cfg)) {
-          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s (%s)  BLAS %8.1f\n", g.name.c_str(),
+          std::fprintf(out, "%-18s m=%-6lld n=%-6lld k=%-6lld %8.1f GFLOP/s (%s)  BLAS %8.1f", g.name.c_str(),
                        static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k), g.gflops,
                        g.kernel.c_str(), g.blas_gflops);
+          if (g.bf16_gflops > 0) std::fprintf(out, "  bf16 %8.1f (%s)", g.bf16_gflops, g.bf16_kernel.c_str());
+          std::fprintf(out, "\n");
           results.push_back({{"name", g.name},
                              {"m", g.m},
                              {"n", g.n},
                              {"k", g.k},
                              {"gflops", g.gflops},
                              {"kernel", g.kernel},
-                             {"blas_gflops", g.blas_gflops}});
+                             {"blas_gflops", g.blas_gflops},
+                             {"bf16_gflops", g.bf16_gflops},
+                             {"bf16_kernel", g.bf16_kernel}});
         }
       }
     } else if (what == "attention") {
@@ -315,10 +319,11 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       if (threads) cfg.train.threads = *threads;
       const auto r = train::bench_decode(cfg, tokens);
       std::fprintf(out,
-                   "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%d threads, %lld tokens of "
+                   "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%s, %d threads, %lld tokens of "
                    "context, %lld params)\n",
-                   config.c_str(), r.tokens_per_s, r.ms_per_token, r.peak_rss_bytes / 1048576.0, r.threads,
-                   static_cast<long long>(r.context_tokens), static_cast<long long>(r.params));
+                   config.c_str(), r.tokens_per_s, r.ms_per_token, r.peak_rss_bytes / 1048576.0,
+                   r.bf16 ? "bf16" : "float32", r.threads, static_cast<long long>(r.context_tokens),
+                   static_cast<long long>(r.params));
       std::fprintf(out,
                    "  weights read at %.1f GB/s (%.0f MB per token); streaming the same bytes on %d threads: %.1f "
                    "GB/s (%.0f%%)\n",
@@ -326,6 +331,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                    100 * r.weight_gb_per_s / r.stream_gb_per_s);
       results.push_back({{"name", "decode"},
                          {"numerics", std::string(choice_name(kNumericsModes, cfg.train.resolved_numerics()))},
+                         {"dtype", r.bf16 ? "bf16" : "float32"},
                          {"weight_bytes", r.weight_bytes},
                          {"weight_gb_per_s", r.weight_gb_per_s},
                          {"stream_gb_per_s", r.stream_gb_per_s},

@@ -140,6 +140,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
                     {"batch_size", batch_size},
                     {"seconds", secs},
                     {"numerics", choice_name(kNumericsModes, qkv::numerics())},
+                    {"dtype", m.model->bf16_autocast() ? "bf16" : "float32"},
                     {"peak_rss_bytes", train::peak_rss_bytes()}});
       exit_code = 0;
       return;
@@ -176,6 +177,7 @@ void add_sample_command(CLI::App& root, int& exit_code) {
                           {"text", all},
                           {"tokens", tokens},
                           {"tokens_per_s", secs > 0 ? static_cast<double>(tokens.size()) / secs : 0.0},
+                          {"dtype", m.model->bf16_autocast() ? "bf16" : "float32"},
                           {"peak_rss_bytes", train::peak_rss_bytes()}};
       if (logprobs) j["logprobs"] = lps;
       print_json(j);

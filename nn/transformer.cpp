@@ -617,6 +617,7 @@ void DecoderModel::to(Device device) {
 }
 
 Tensor DecoderModel::forward(ForwardArgs& args) const {
+  const autograd::AutocastGuard autocast(autograd::autocast_bf16() || bf16_autocast_);
   QKV_CHECK(args.ids.defined() && args.ids.dim() == 2, "[model] ids must be [B, T], got ",
             args.ids.defined() ? shape_str(args.ids.shape()) : "undefined");
   const Device dev = device();

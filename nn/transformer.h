@@ -172,9 +172,15 @@ class DecoderModel : public Module {
   // The attention ops every layer calls (AttentionOps::library() unless replaced; nullptr restores it).
   const std::shared_ptr<const AttentionOps>& attention_ops() const { return attention_ops_; }
   void set_attention_ops(std::shared_ptr<const AttentionOps> ops);
+  // bf16 inference (a model trained with train.dtype = "bf16"): every forward runs under bf16
+  // autocast, as the trainer's did, whether or not the caller turned it on. load_for_inference
+  // sets it from the checkpoint's config.
+  void set_bf16_autocast(bool on) { bf16_autocast_ = on; }
+  bool bf16_autocast() const { return bf16_autocast_; }
 
  private:
   ModelConfig cfg_;
+  bool bf16_autocast_ = false;
   std::shared_ptr<const AttentionOps> attention_ops_ = AttentionOps::library();  // read by every layer
   std::shared_ptr<Module> root_;  // "transformer" (gpt2) or "model" (llama)
   std::shared_ptr<Embedding> tok_emb_, pos_emb_;

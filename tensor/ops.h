@@ -116,6 +116,12 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
 // x [..., in] @ weight^T + bias -> [..., out]; weight [out, in], bias [out] or undefined. One GEMM
 // on x viewed as [rows, in] with weight read transposed in place, bias added through beta = 1.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf16_operands = false);
+// bf16 inference: linear(x, bf16(W), bias, true) with W rounded to bf16 (nearest, ties to even) by
+// the op, x holding bf16 values already (autocast rounds it). Under numerics = invariant on the
+// CPU the rounding is the packing: inside a PackedWeightScope (a decode loop) W is packed once as
+// bf16 panels and each step reads half the bytes of float32 (tensor/cpu/invariant_matmul.h). The
+// values are those of rounding W first.
+Tensor linear_bf16_weight(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // ---- fused neural-net ops (tensor/ops_nn.cpp, kernels tensor/cpu/nn_kernels.cpp) ----
 // weight [V, C], ids int32/int64 of any shape -> [..., C]; ids out of range are errors.

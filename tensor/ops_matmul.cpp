@@ -155,4 +155,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf
   return y.view(lead);
 }
 
+Tensor linear_bf16_weight(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::require_defined("linear", x, "x");
+  detail::require_defined("linear", weight, "weight");
+  if (numerics() == Numerics::invariant && x.device() == Device::cpu && weight.device() == Device::cpu &&
+      x.dtype() == DType::f32 && weight.dtype() == DType::f32)
+    return cpu::invariant_linear(x, weight, bias, /*weight_to_bf16=*/true);
+  return linear(x, weight.to(DType::bf16).to(weight.dtype()), bias, /*bf16_operands=*/true);
+}
+
 }  // namespace qkv

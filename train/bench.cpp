@@ -9,6 +9,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/evaluate.h"
@@ -129,6 +130,7 @@ DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
   auto model = build_model(cfg, V);
   model->init_weights(static_cast<uint64_t>(cfg.train.seed));
   model->eval();
+  model->set_bf16_autocast(cfg.train.dtype == DType::bf16);  // as load_for_inference does
   SampleOptions o;
   o.temperature = 0;  // greedy: the pick costs one argmax, the forward is what is measured
   o.kv_cache = true;
@@ -157,7 +159,10 @@ DecodeBenchResult bench_decode(const Config& cfg_in, int64_t tokens) {
   int64_t read = r.params - V * mc.n_embd;
   if (mc.position == nn::Position::learned) read -= mc.block_size * mc.n_embd;
   if (mc.tie_embeddings) read += V * mc.n_embd;
-  r.weight_bytes = read * static_cast<int64_t>(sizeof(float));
+  // bf16: 2 bytes a weight (the norms' weights and the biases, a fraction of a percent, are
+  // read as float32).
+  r.bf16 = cfg.train.dtype == DType::bf16;
+  r.weight_bytes = read * (r.bf16 ? 2 : static_cast<int64_t>(sizeof(float)));
   r.weight_gb_per_s = r.weight_bytes / (r.ms_per_token / 1e3) / 1e9;
   r.peak_rss_bytes = peak_rss_bytes();  // before the stream test's buffer
   r.stream_gb_per_s = stream_read_gb_per_s(r.weight_bytes);
@@ -388,9 +393,15 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
         cpu::sgemm_with(kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
       };
       const cpu::GemmKernel active = cpu::active_gemm_kernel();
+      const cpu::Bf16Kernel bf16_kernel = cpu::active_bf16_kernel();
+      const bool with_bf16 = bf16_kernel != cpu::Bf16Kernel::emulated;
+      auto run_bf16 = [&] {
+        cpu::sbgemm_with(bf16_kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
+      };
       run(active);
       run(cpu::GemmKernel::blas);
-      std::vector<double> ts, ts_blas;
+      if (with_bf16) run_bf16();
+      std::vector<double> ts, ts_blas, ts_bf16;
       const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
       for (int i = 0; i < reps; ++i) {
         auto t0 = Clock::now();
@@ -399,18 +410,25 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
         t0 = Clock::now();
         run(cpu::GemmKernel::blas);
         ts_blas.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        if (!with_bf16) continue;
+        t0 = Clock::now();
+        run_bf16();
+        ts_bf16.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      const double t = median(ts), t_blas = median(ts_blas);
-      out.push_back(
-          {l.name + what[s], m, n, k, flops / t * 1e-9, cpu::gemm_kernel_name(active), flops / t_blas * 1e-9});
+      const double t = median(ts), t_blas = median(ts_blas), t_bf16 = with_bf16 ? median(ts_bf16) : 0.0;
+      out.push_back({l.name + what[s], m, n, k, flops / t * 1e-9, cpu::gemm_kernel_name(active), flops / t_blas * 1e-9,
+                     with_bf16 ? flops / t_bf16 * 1e-9 : 0.0, cpu::bf16_kernel_name(bf16_kernel)});
       total_flops += flops * static_cast<double>(l.count);
       total_s += t * static_cast<double>(l.count);
       total_s_blas += t_blas * static_cast<double>(l.count);
+      total_s_bf16 += t_bf16 * static_cast<double>(l.count);
     }
   }
   const std::string kernel = gpu ? "cublas" : cpu::gemm_kernel_name(cpu::active_gemm_kernel());
-  out.push_back(
-      {"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9, kernel, gpu ? 0.0 : total_flops / total_s_blas * 1e-9});
+  out.push_back({"step-weighted", 0, 0, 0, total_flops / total_s * 1e-9, kernel,
+                 gpu ? 0.0 : total_flops / total_s_blas * 1e-9,
+                 gpu || total_s_bf16 == 0.0 ? 0.0 : total_flops / total_s_bf16 * 1e-9,
+                 gpu ? "" : cpu::bf16_kernel_name(cpu::active_bf16_kernel())});
   if (gpu) out.push_back({"step-weighted bf16", 0, 0, 0, total_flops / total_s_bf16 * 1e-9, "cublas"});
   return out;
 }

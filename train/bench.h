@@ -36,6 +36,10 @@ struct GemmBenchResult {
   double gflops = 0;       // on `kernel`, the one the step runs
   std::string kernel;      // tensor/cpu/gemm/gemm.h's name ("avx2", "blas", ...) or "cublas"
   double blas_gflops = 0;  // the linked BLAS's sgemm on the same shape, timed alternately (CPU only)
+  // CPU with bf16 units: the bf16 GEMM (tensor/cpu/gemm/bf16_gemm.h) timed alternately too; 0 and
+  // "emulated" where the CPU has none (the bf16 GEMM is then the float32 one above).
+  double bf16_gflops = 0;
+  std::string bf16_kernel;
 };
 // The step's GEMM on every distinct GEMM shape of one training step (forward and both backward
 // products of each linear layer and the LM head), plus the FLOP-weighted aggregate (name
@@ -55,7 +59,8 @@ struct DecodeBenchResult {
   int threads = 0;
   std::vector<double> token_ms;
   // A decode step at batch 1 is a matrix-vector product per layer: bound by reading the weights.
-  int64_t weight_bytes = 0;    // float32 bytes of every weight a step reads (Linear layers, norms, LM head)
+  bool bf16 = false;           // train.dtype = "bf16": bf16 inference, weights read as bf16 panels
+  int64_t weight_bytes = 0;    // bytes of every weight a step reads (Linear layers, norms, LM head)
   double weight_gb_per_s = 0;  // weight_bytes / median step time
   double stream_gb_per_s = 0;  // the same threads streaming a weight_bytes buffer, measured in this run
 };

@@ -8,9 +8,11 @@
 namespace qkv::train {
 namespace {
 
-// What every loaded model gets: eval mode, the config's threads, the numerics mode, the device.
+// What every loaded model gets: eval mode, bf16 autocast if it trained in it, the config's
+// threads, the numerics mode, the device.
 void prepare(LoadedModel& m, Device device, std::optional<Numerics> numerics) {
   m.model->eval();
+  m.model->set_bf16_autocast(m.meta.config.train.dtype == DType::bf16);  // as it was trained
   apply_thread_setting(m.meta.config);
   set_numerics(numerics.value_or(m.meta.config.train.resolved_numerics()));
   m.model->to(device);

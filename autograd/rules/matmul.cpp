@@ -113,6 +113,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   // bf16 autocast: inputs rounded here, the incoming gradient rounded by autocast_output.
   const bool bf16 = autograd::autocast_bf16() && x_in.dtype() == DType::f32;
+  // Inference (nothing to differentiate): W is rounded by the op itself, which in a decode loop
+  // packs it once as bf16 instead of rounding a copy per call (qkv::linear_bf16_weight).
+  if (bf16 && weight_in.dtype() == DType::f32 && !autograd::any_requires_grad({&x_in, &weight_in, &bias}))
+    return qkv::linear_bf16_weight(autocast_input(x_in), weight_in, bias);
   const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in);
   Tensor y = qkv::linear(x, weight, bias, bf16);
   if (!autograd::any_requires_grad({&x, &weight, &bias})) return y;

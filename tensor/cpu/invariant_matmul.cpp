@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include "tensor/cpu/parallel.h"
@@ -44,6 +45,22 @@ inline v8 load(const float* p) {
   v8 v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+// A 16-column line of a bf16 panel widened to float32 (exact: a bf16 value is the upper half of
+// its float32): columns 0-7 into lo, 8-15 into hi. The line is stored in the order the AVX2
+// widening reads it (kBf16LineOrder), so one load and two in-lane unpacks with zero do it.
+constexpr int kBf16LineOrder[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+inline void load_line(const uint16_t* p, v8& lo, v8& hi) {
+#if defined(__AVX2__)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = (v8)_mm256_unpacklo_epi16(_mm256_setzero_si256(), h);  // stored 0-3 | 8-11: columns 0-7
+  hi = (v8)_mm256_unpackhi_epi16(_mm256_setzero_si256(), h);  // stored 4-7 | 12-15: columns 8-15
+#else
+  float col[16];
+  for (int i = 0; i < 16; ++i) col[kBf16LineOrder[i]] = bf16_to_float(p[i]);
+  std::memcpy(&lo, col, sizeof(lo));
+  std::memcpy(&hi, col + 8, sizeof(hi));
+#endif
 }
 inline void store(float* p, v8 v) { std::memcpy(p, &v, sizeof(v)); }
 inline v8 broadcast(float s) { return v8{s, s, s, s, s, s, s, s}; }
@@ -73,8 +90,9 @@ constexpr int64_t kPrefetchAhead = 32;
 
 // tile[r*(16 PN) + 16 q + j] = sum over k of x[r, k] * wp[q*ps + k*16 + j] for r < R, q < PN (PN
 // panels ps floats apart), in the order of the header: 2 PN lanes-vectors of accumulators per row.
-template <int R, int PN>
-void micro(const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k, float* tile) {
+// WT: float32 panels, or bf16 ones (uint16_t: the same values when W holds bf16 values).
+template <int R, int PN, class WT>
+void micro(const float* x, int64_t ldx, const WT* wp, int64_t ps, int64_t k, float* tile) {
   constexpr int V = 2 * PN;
   v8 a[R][V];
   for (int r = 0; r < R; ++r)
@@ -82,7 +100,11 @@ void micro(const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k, 
   for (int64_t kk = 0; kk < k; ++kk) {
     v8 w[V];
     for (int q = 0; q < PN; ++q) __builtin_prefetch(wp + q * ps + (kk + kPrefetchAhead) * P);
-    for (int v = 0; v < V; ++v) w[v] = load(wp + (v / 2) * ps + kk * P + (v % 2) * 8);
+    if constexpr (std::is_same_v<WT, uint16_t>) {
+      for (int q = 0; q < PN; ++q) load_line(wp + q * ps + kk * P, w[2 * q], w[2 * q + 1]);
+    } else {
+      for (int v = 0; v < V; ++v) w[v] = load(wp + (v / 2) * ps + kk * P + (v % 2) * 8);
+    }
     for (int r = 0; r < R; ++r) {
       const v8 xb = broadcast(x[r * ldx + kk]);
       for (int v = 0; v < V; ++v) a[r][v] = fmadd(a[r][v], xb, w[v]);
@@ -100,7 +122,8 @@ constexpr int64_t panels_per_call(int64_t rows, int64_t left) {
   return want <= left ? want : want == 4 && left >= 2 ? 2 : 1;
 }
 
-void micro_rows(int64_t rows, int64_t pn, const float* x, int64_t ldx, const float* wp, int64_t ps, int64_t k,
+template <class WT>
+void micro_rows(int64_t rows, int64_t pn, const float* x, int64_t ldx, const WT* wp, int64_t ps, int64_t k,
                 float* tile) {
   if (pn == 4) return micro<1, 4>(x, ldx, wp, ps, k, tile);
   if (pn == 2)
@@ -213,7 +236,8 @@ struct Problem {
   int64_t ldx;
   const float* w;  // unpacked W [N, K] (or null)
   int64_t ldw;
-  const float* wp;  // packed W (or null)
+  const float* wp;      // packed W (or null)
+  const uint16_t* wph;  // packed W in bf16 (or null)
   const float* bias;
   float* y;
   int64_t ldy, m, n, k;
@@ -221,7 +245,8 @@ struct Problem {
 
 // Panels [p0, p1) against rows [m0, m1); `packed` holds those panels back to back. The rows go in
 // blocks of at most 6, as even as they come (8 rows: 4 + 4).
-void run_task(const Problem& pr, int64_t m0, int64_t m1, int64_t p0, int64_t p1, const float* packed) {
+template <class WT>
+void run_task(const Problem& pr, int64_t m0, int64_t m1, int64_t p0, int64_t p1, const WT* packed) {
   alignas(32) float tile[kInvariantRows * P];
   const int64_t ps = pr.k * P;
   for (int64_t r0 = m0; r0 < m1;) {
@@ -266,6 +291,10 @@ void run(const Problem& pr) {
     const int64_t m0 = rt * kTaskRows, m1 = std::min(pr.m, m0 + kTaskRows);
     if (pr.wp) {
       run_task(pr, m0, m1, p0, p1, pr.wp + p0 * panel_floats);
+      return;
+    }
+    if (pr.wph) {
+      run_task(pr, m0, m1, p0, p1, pr.wph + p0 * panel_floats);
       return;
     }
 #if defined(__AVX__)
@@ -323,17 +352,39 @@ PackedWeight pack_weight(const float* w, int64_t ldw, int64_t n, int64_t k) {
   return pw;
 }
 
+PackedWeight pack_weight_bf16(const float* w, int64_t ldw, int64_t n, int64_t k) {
+  QKV_CHECK(n >= 0 && k >= 0 && ldw >= k, "[pack_weight] need N, K >= 0 and ldw >= K, got N ", n, ", K ", k, ", ldw ",
+            ldw);
+  PackedWeight pw;
+  pw.n = n;
+  pw.k = k;
+  pw.bf16 = true;
+  const int64_t panels = (n + P - 1) / P;
+  pw.half.resize(static_cast<size_t>(panels * k * P));
+  const int threads = split_threads(n * k * int64_t(sizeof(float)), omp_get_max_threads());
+  run_split(panels, threads, [&](int64_t p) {
+    thread_local std::vector<float> panel;
+    panel.resize(static_cast<size_t>(k * P));
+    pack_panel(w, ldw, p * P, std::min(P, n - p * P), k, panel.data());
+    uint16_t* dst = pw.half.data() + p * k * P;
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int i = 0; i < P; ++i) dst[kk * P + i] = float_to_bf16(panel[size_t(kk * P + kBf16LineOrder[i])]);
+  });
+  return pw;
+}
+
 void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
                       int64_t ldy, int64_t m, int64_t n, int64_t k) {
   check_dims(ldx, ldy, m, n, k);
   QKV_CHECK(ldw >= k, "[invariant_linear] ldw ", ldw, " must be at least K = ", k);
-  run(Problem{x, ldx, w, ldw, nullptr, bias, y, ldy, m, n, k});
+  run(Problem{x, ldx, w, ldw, nullptr, nullptr, bias, y, ldy, m, n, k});
 }
 
 void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
                       int64_t m) {
   check_dims(ldx, ldy, m, w.n, w.k);
-  run(Problem{x, ldx, nullptr, 0, w.data.data(), bias, y, ldy, m, w.n, w.k});
+  run(Problem{x, ldx, nullptr, 0, w.bf16 ? nullptr : w.data.data(), w.bf16 ? w.half.data() : nullptr, bias, y, ldy, m,
+              w.n, w.k});
 }
 
 namespace {
@@ -341,12 +392,13 @@ namespace {
 struct PackKey {
   const float* w;
   int64_t n, k, ldw;
+  bool bf16;
   bool operator==(const PackKey&) const = default;
 };
 struct PackKeyHash {
   size_t operator()(const PackKey& key) const {
     return std::hash<const void*>()(key.w) ^ (std::hash<int64_t>()(key.n * 1000003 + key.k) << 1) ^
-           std::hash<int64_t>()(key.ldw);
+           std::hash<int64_t>()(key.ldw * 2 + key.bf16);
   }
 };
 // A weight's panels and the storage they were packed from. The address alone is not enough: a
@@ -373,18 +425,24 @@ bool same_owner(const std::weak_ptr<Storage>& a, const std::shared_ptr<Storage>&
 // The panels of W (held by `storage`) while a scope lives, else nullptr. Panels whose storage has
 // been freed are dropped when a weight is packed, so weights made per call do not pile up.
 const PackedWeight* cached_panels(const float* w, const std::shared_ptr<Storage>& storage, int64_t ldw, int64_t n,
-                                  int64_t k) {
+                                  int64_t k, bool bf16) {
   PackCache& c = pack_cache();
   const std::lock_guard<std::mutex> lock(c.mutex);
   if (c.scopes == 0) return nullptr;
-  const PackKey key{w, n, k, ldw};
+  const PackKey key{w, n, k, ldw, bf16};
   auto it = c.panels.find(key);
   if (it != c.panels.end() && !it->second.storage.expired() && same_owner(it->second.storage, storage))
     return &it->second.panels;
   std::erase_if(c.panels, [](const auto& entry) { return entry.second.storage.expired(); });
   PackEntry& entry = c.panels[key];
-  entry = {storage, pack_weight(w, ldw, n, k)};
+  entry = {storage, bf16 ? pack_weight_bf16(w, ldw, n, k) : pack_weight(w, ldw, n, k)};
   return &entry.panels;
+}
+
+bool pack_cache_active() {
+  PackCache& c = pack_cache();
+  const std::lock_guard<std::mutex> lock(c.mutex);
+  return c.scopes > 0;
 }
 
 }  // namespace
@@ -400,7 +458,7 @@ PackedWeightScope::~PackedWeightScope() {
   if (--c.scopes == 0) c.panels.clear();
 }
 
-Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool weight_to_bf16) {
   detail::require_defined("invariant_linear", x, "x");
   detail::require_defined("invariant_linear", weight, "weight");
   QKV_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "[invariant_linear] x is ",
@@ -421,15 +479,18 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
     b = bias.contiguous();
   }
   const bool rows_ok = (weight.stride(1) == 1 || in <= 1) && (weight.stride(0) >= in || out_features <= 1);
-  const Tensor w = rows_ok ? weight : weight.contiguous();
+  Tensor w = rows_ok ? weight : weight.contiguous();
   Shape lead(x.shape().begin(), x.shape().end() - 1);
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;
+  const bool scoped = rows <= kPackedRows && rows > 0 && pack_cache_active();
+  // Outside a scope W is rounded into a float32 copy; inside, its bf16 panels are the rounding.
+  if (weight_to_bf16 && !scoped) w = w.to(DType::bf16).to(DType::f32);
   const Tensor x2 = x.reshape({rows, in}).contiguous();
   Tensor y = Tensor::empty({rows, out_features});
   const int64_t ldw = std::max<int64_t>(w.stride(0), in);
   const PackedWeight* packed =
-      rows <= kPackedRows && rows > 0 ? cached_panels(w.data<float>(), w.storage(), ldw, out_features, in) : nullptr;
+      scoped ? cached_panels(w.data<float>(), w.storage(), ldw, out_features, in, weight_to_bf16) : nullptr;
   if (packed)
     invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), *packed, b.defined() ? b.data<float>() : nullptr,
                      y.data<float>(), std::max<int64_t>(out_features, 1), rows);

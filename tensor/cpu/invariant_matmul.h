@@ -34,12 +34,17 @@ constexpr int64_t kInvariantPanel = 16;
 constexpr int64_t kInvariantRows = 6;
 
 // W [N, K] (row n at W + n*ldw) as ceil(N / 16) panels; panel p holds W[16p + j, k] at
-// data[(p*K + k)*16 + j], zero where 16p + j >= N.
+// data[(p*K + k)*16 + j], zero where 16p + j >= N. bf16: the panels hold W rounded to bf16
+// (nearest, ties to even) in `half` instead, half the bytes; the kernel widens each value back to
+// float32 (exactly) and runs the same order, so the product is bitwise the one on that rounded W.
 struct PackedWeight {
   int64_t n = 0, k = 0;
+  bool bf16 = false;
   std::vector<float> data;
+  std::vector<uint16_t> half;
 };
 PackedWeight pack_weight(const float* w, int64_t ldw, int64_t n, int64_t k);
+PackedWeight pack_weight_bf16(const float* w, int64_t ldw, int64_t n, int64_t k);
 
 // y [M, N] (row m at y + m*ldy) = x [M, K] (row m at x + m*ldx) · W^T (+ bias [N] when not null),
 // in the order stated above. ldx >= K, ldw >= K, ldy >= N; y must not overlap x, W or bias. Threads:
@@ -52,12 +57,13 @@ void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const 
 
 // Packed weights for a decode loop. While a PackedWeightScope is alive (anywhere in the process),
 // the Tensor form below packs each weight it sees with at most kPackedRows rows of x once, keyed
-// by the weight's data pointer and layout, and reuses the panels for every later call: a decode
+// by the weight's storage, data pointer, layout and bf16 rounding, and reuses the panels for every
+// later call while that storage lives: a decode
 // step then streams panels (pure loads and FMAs) instead of transposing W's rows on the fly. The
 // values are the same bits either way (the order is the kernel's, not the layout's). The scope
 // owner promises the weights do not change while it lives (train::generate holds one for a
 // generation, whose model is const); the panels are freed when the last scope ends. They take as
-// much memory as the weights they copy.
+// much memory as the weights they copy (half as much in bf16).
 constexpr int64_t kPackedRows = 16;
 class PackedWeightScope {
  public:
@@ -69,7 +75,9 @@ class PackedWeightScope {
 
 // Tensor form, CPU float32: x [..., K] (rows of unit stride), weight [N, K] (unit column stride),
 // bias [N] or undefined -> [..., N]. The counterpart of qkv::linear (tensor/ops.h) with the order
-// above; bad shapes, dtypes or devices throw qkv::Error.
-Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// above; bad shapes, dtypes or devices throw qkv::Error. weight_to_bf16: multiply by W rounded to
+// bf16 (bf16 inference); inside a PackedWeightScope from bf16 panels packed once, so a decode step
+// reads half the bytes of float32 ones.
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool weight_to_bf16 = false);
 
 }  // namespace qkv::cpu

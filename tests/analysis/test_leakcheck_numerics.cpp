@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -96,11 +97,13 @@ class BatchOrThreadSkew : public nn::AttentionOps {
 
 namespace {
 // The exact consistency checks on tiny gpt2 and llama models (run under the caller's numerics and
-// autocast settings).
-void expect_invariant_consistency() {
+// autocast settings; bf16_models: the models themselves set to bf16 inference, as
+// load_for_inference sets a model trained in bf16).
+void expect_invariant_consistency(bool bf16_models = false) {
   analysis::LeakCheckOptions o;
   for (const auto& model : {gpt2_odd(), llama_odd()}) {
     INFO(nn::family_name(model->config().family));
+    model->set_bf16_autocast(bf16_models);
     const int64_t L = model->config().block_size;
     const auto checks = analysis::run_consistency_checks(*model, o);
     CHECK(checks.size() == analysis::consistency_check_names().size());
@@ -128,8 +131,31 @@ TEST_CASE("numerics = invariant: decode, chunks, batch, threads and the trainer 
 TEST_CASE("numerics = invariant under bf16 autocast: decode, chunks, batch, threads and the trainer give the same bits",
           "[leakcheck][invariant][bf16][exact][long]") {
   const NumericsGuard mode(Numerics::invariant);
-  const autograd::AutocastGuard autocast(true);
-  expect_invariant_consistency();
+  SECTION("autocast on around the checks") {
+    const autograd::AutocastGuard autocast(true);
+    expect_invariant_consistency();
+  }
+  SECTION("models set to bf16 inference (decode from bf16 panels)") { expect_invariant_consistency(true); }
+}
+
+TEST_CASE("a model set to bf16 inference computes its forward under bf16 autocast", "[bf16][exact]") {
+  const auto model = gpt2_odd();
+  const std::vector<int32_t> ids = test::stride_tokens(12, model->config().vocab_size);
+  auto logits = [&] {
+    nn::ForwardArgs args;
+    args.ids = from_vector_i64(std::vector<int64_t>(ids.begin(), ids.end()), {1, 12});
+    return model->forward(args).contiguous();
+  };
+  const Tensor plain = logits();
+  Tensor under;
+  {
+    const autograd::AutocastGuard autocast(true);
+    under = logits();
+  }
+  model->set_bf16_autocast(true);
+  const Tensor flagged = logits();
+  REQUIRE(std::memcmp(flagged.data<float>(), under.data<float>(), under.numel() * sizeof(float)) == 0);
+  REQUIRE(std::memcmp(flagged.data<float>(), plain.data<float>(), plain.numel() * sizeof(float)) != 0);
 }
 
 TEST_CASE("numerics = invariant: padded and packed sequences give the same bits as alone",

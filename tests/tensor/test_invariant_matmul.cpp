@@ -12,6 +12,7 @@
 #include "compare_util.h"
 #include "tensor/cpu/invariant_matmul.h"
 #include "tensor/cpu/parallel.h"
+#include "tensor/numerics.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -304,4 +305,44 @@ TEST_CASE("inside a PackedWeightScope a new weight at a freed weight's address i
       }
   }
   REQUIRE(reused > 0);  // the allocator gave a freed weight's address to a new one: the case above
+}
+
+// bf16 inference: the panels hold W rounded to bf16 and the kernel widens them back, so the product
+// is bitwise the float32 kernel's on W rounded first, at every M a decode loop packs for.
+TEST_CASE("bf16 panels give the bits of the float32 kernel on W rounded to bf16", "[invariant][bf16][exact]") {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{200, 3072}, {37, 100}, {16, 1}}) {
+    const Tensor w = randn({n, k}, 51, 0, 0.0, 0.1, DType::f32), b = randn({n}, 52, 0, 0.0, 0.1, DType::f32);
+    const Tensor rounded = w.to(DType::bf16).to(DType::f32);
+    const cpu::PackedWeight panels = cpu::pack_weight_bf16(w.data<float>(), k, n, k);
+    REQUIRE(panels.bf16);
+    REQUIRE(panels.half.size() == size_t((n + 15) / 16 * 16 * k));  // 2 bytes a value
+    for (int64_t m : {int64_t{1}, int64_t{3}, cpu::kPackedRows}) {
+      INFO("N " << n << " K " << k << " M " << m);
+      const Tensor x = randn({m, k}, 53 + m, 0, 0.0, 1.0, DType::f32).to(DType::bf16).to(DType::f32);
+      const Tensor want = invariant_linear(x, rounded, b);
+      Tensor got = Tensor::empty({m, n});
+      cpu::invariant_linear(x.data<float>(), k, panels, b.data<float>(), got.data<float>(), n, m);
+      CHECK(std::memcmp(want.data<float>(), got.data<float>(), want.numel() * sizeof(float)) == 0);
+      // The Tensor form: W rounded by the op, inside a scope (bf16 panels) and outside (a copy).
+      const Tensor outside = cpu::invariant_linear(x, w, b, /*weight_to_bf16=*/true);
+      CHECK(std::memcmp(want.data<float>(), outside.data<float>(), want.numel() * sizeof(float)) == 0);
+      const cpu::PackedWeightScope scope;
+      const Tensor inside = cpu::invariant_linear(x, w, b, /*weight_to_bf16=*/true);
+      CHECK(std::memcmp(want.data<float>(), inside.data<float>(), want.numel() * sizeof(float)) == 0);
+      // And not the float32 weights' product: the rounding is really applied.
+      const Tensor unrounded = invariant_linear(x, w, b);
+      CHECK(std::memcmp(unrounded.data<float>(), inside.data<float>(), want.numel() * sizeof(float)) != 0);
+    }
+  }
+}
+
+TEST_CASE("linear_bf16_weight equals linear on W rounded to bf16 in both numerics modes", "[invariant][bf16][exact]") {
+  const Tensor w = randn({40, 70}, 61, 0, 0.0, 0.1, DType::f32), b = randn({40}, 62, 0, 0.0, 0.1, DType::f32);
+  const Tensor rounded = w.to(DType::bf16).to(DType::f32);
+  const Tensor x = randn({5, 70}, 63, 0, 0.0, 1.0, DType::f32).to(DType::bf16).to(DType::f32);
+  for (Numerics mode : {Numerics::invariant, Numerics::standard}) {
+    const NumericsGuard guard(mode);
+    const Tensor want = linear(x, rounded, b, /*bf16_operands=*/true), got = linear_bf16_weight(x, w, b);
+    CHECK(std::memcmp(want.data<float>(), got.data<float>(), want.numel() * sizeof(float)) == 0);
+  }
 }
