@@ -176,12 +176,13 @@ stage_done "GEMM kernels"
 
 # The CPU suite once more under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer
 # (-DQKV_SANITIZE=address,undefined, in build-sanitize/): any report fails its test. UBSan's
-# alignment, null and pointer-overflow checks are left out (QKV_SANITIZE_SKIP): they double the
-# sanitized build's compile time, and AddressSanitizer reports a null or wild access itself. Leaks
+# alignment, null and pointer-overflow checks are left out (QKV_SANITIZE_SKIP): they add much of
+# the sanitized build's compile time, and AddressSanitizer reports a null or wild access itself; the
+# test cases' own sources are not instrumented (tests/CMakeLists.txt), the library is. Leaks
 # inside libraries (OpenMPI's init/finalize, ...) are suppressed in tests/sanitizer/lsan.supp, each
 # with its reason; a leak in qkv's own code is a bug. The cases labelled "long" (loops over many
-# cases of paths that shorter tests reach) and the Python interop check stay out of this run. The
-# sanitized build takes ~9 min of 2 cores and its run ~6 min; SANITIZE=0 skips the stage.
+# cases of paths that shorter tests reach) and the Python interop check stay out of this run (about
+# 5 min of 2 cores, after the sanitized build). SANITIZE=0 skips the stage.
 if [[ ${SANITIZE:-1} == 1 ]]; then
   san_dir=${SANITIZE_BUILD_DIR:-build-sanitize}
   cmake -S . -B "$san_dir" -DCMAKE_BUILD_TYPE=Release -DQKV_CUDA=OFF -DQKV_MPI=OFF \
