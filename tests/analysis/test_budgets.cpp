@@ -216,7 +216,7 @@ TEST_CASE("budgets: the CLI refuses a model too big to train in one line and cos
 TEST_CASE("budgets: an allocation that fails anyway is one line naming the command, never std::bad_alloc",
           "[budgets][cli]") {
   if (!have_cli()) return;
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(QKV_SANITIZED_ADDRESS)
   // AddressSanitizer reserves terabytes of address space for its shadow memory: no process of
   // this build starts under an address-space limit, so the limit cannot be what fails here.
   WARN("built with AddressSanitizer: the ulimit -v case is checked by the other builds");
