@@ -23,10 +23,11 @@ nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::js
 struct TrainArgs {
   std::string config, resume, init_from;
   std::vector<std::string> sets;
-  bool json = false, plot = false, quiet = false, overwrite = false;
+  bool json = false, plot = false, quiet = false, overwrite = false, change_global_batch = false;
 };
 
 void train_once(const TrainArgs& a, bool root) {
+  QKV_CHECK(!a.change_global_batch || !a.resume.empty(), "[train] --change-global-batch needs --resume");
   const Config cfg = parse_config(a.config, a.sets);
   const std::string plot_path = cfg.train.out_dir + "/loss.svg";
   if (a.plot) {
@@ -43,6 +44,7 @@ void train_once(const TrainArgs& a, bool root) {
   o.resume = a.resume;
   o.init_from = a.init_from;
   o.overwrite = a.overwrite;
+  o.change_global_batch = a.change_global_batch;
   o.progress = !a.quiet;
   const train::TrainSummary s = train::run_training(cfg, o);
   if (!root) return;
@@ -80,6 +82,9 @@ void add_train_command(CLI::App& root, int& exit_code) {
                   "start a new run from a checkpoint's weights (or a Hugging Face model directory's)");
   cmd->add_flag("--overwrite", args.overwrite,
                 "replace the run files (metrics.jsonl, checkpoints, best.h5) already in train.out_dir");
+  cmd->add_flag("--change-global-batch", args.change_global_batch,
+                "let --resume continue with another global batch (world x batch_size x grad_accum rows) than "
+                "the checkpoint's");
   cmd->add_flag("--plot", args.plot, "write OUT_DIR/loss.svg at the end");
   cmd->add_flag("--quiet", args.quiet, "no progress lines on stderr");
   cmd->add_flag("--json", args.json, "print the final metrics as one JSON line");

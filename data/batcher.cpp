@@ -74,8 +74,8 @@ Batcher::Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& 
   QKV_CHECK(split_ != nullptr, "[batcher] no token split given");
   const TokenSplit& s = *split_;
   const int64_t t = opts_.block_size;
-  QKV_CHECK(opts_.batch_size >= 1 && t >= 1, "[batcher] batch_size ", opts_.batch_size, " and block_size ", t,
-            " must both be positive");
+  QKV_CHECK(opts_.batch_size >= 1 && t >= 1 && opts_.micro_batches >= 1, "[batcher] batch_size ", opts_.batch_size,
+            ", micro_batches ", opts_.micro_batches, " and block_size ", t, " must be positive");
   QKV_CHECK(opts_.world >= 1 && opts_.rank >= 0 && opts_.rank < opts_.world, "[batcher] rank ", opts_.rank,
             " is outside world ", opts_.world);
   state_.seed = opts_.seed;
@@ -101,6 +101,7 @@ void Batcher::restore(const BatcherState& s) {
               " of an epoch of ", eligible_.size(), " documents (", split_->name, " changed?)");
   }
   state_ = s;
+  micro_ = 0;
 }
 
 void Batcher::build_order(int64_t epoch) {
@@ -125,25 +126,46 @@ int64_t Batcher::current_doc(BatcherState& s) {
   return order_[static_cast<size_t>(s.doc)];
 }
 
-Batch Batcher::next() {
+// Rows [first, first + n) of a batch, with their target count.
+static Batch slice_rows(const Batch& all, int64_t first, int64_t n) {
   Batch b;
-  switch (opts_.mode) {
-    case BatchMode::random_windows:
-      b = next_random_windows();
-      break;
-    case BatchMode::padded_docs:
-      b = next_padded_docs();
-      break;
-    case BatchMode::packed_docs:
-      b = next_packed_docs();
-      break;
-  }
-  ++state_.step;
+  const auto rows = [&](const Tensor& t) { return t.defined() ? t.narrow(0, first, n).contiguous() : Tensor(); };
+  b.x = rows(all.x);
+  b.y = rows(all.y);
+  b.key_padding = rows(all.key_padding);
+  b.positions = rows(all.positions);
+  b.segment_ids = rows(all.segment_ids);
+  const int64_t* y = b.y.data<int64_t>();
+  for (int64_t i = 0; i < b.y.numel(); ++i) b.n_targets += y[i] != kIgnoreIndex;
   return b;
 }
 
-Batch Batcher::next_random_windows() {
-  const int64_t rows = opts_.batch_size, t = opts_.block_size;
+Batch Batcher::next() {
+  const int64_t micro = opts_.micro_batches, rows = opts_.batch_size;
+  const int64_t step = micro_ == 0 ? state_.step : state_.step - 1;
+  if (micro_ == 0) {
+    switch (opts_.mode) {
+      case BatchMode::random_windows:
+        step_rows_ = draw_random_windows();
+        break;
+      case BatchMode::padded_docs:
+        step_rows_ = draw_padded_docs();
+        break;
+      case BatchMode::packed_docs:
+        step_rows_ = draw_packed_docs();
+        break;
+    }
+    ++state_.step;
+  }
+  Batch b = micro == 1 ? step_rows_ : slice_rows(step_rows_, micro_ * rows, rows);
+  b.step = step;
+  b.first_row = opts_.rank * rows * micro + micro_ * rows;
+  micro_ = (micro_ + 1) % micro;
+  return b;
+}
+
+Batch Batcher::draw_random_windows() {
+  const int64_t rows = opts_.batch_size * opts_.micro_batches, t = opts_.block_size;
   const auto n_offsets = static_cast<uint64_t>(split_->size() - t);  // o in [0, n - T - 1]
   Batch b = alloc_batch(rows, t);
   int64_t* x = b.x.data<int64_t>();
@@ -162,8 +184,8 @@ Batch Batcher::next_random_windows() {
   return b;
 }
 
-Batch Batcher::next_padded_docs() {
-  const int64_t rows = opts_.batch_size, t = opts_.block_size;
+Batch Batcher::draw_padded_docs() {
+  const int64_t rows = opts_.batch_size * opts_.micro_batches, t = opts_.block_size;
   Batch b = alloc_batch(rows, t);
   b.key_padding = Tensor::empty({rows, t}, DType::boolean);
   b.positions = Tensor::empty({rows, t}, DType::i64);
@@ -197,8 +219,8 @@ Batch Batcher::next_padded_docs() {
   return b;
 }
 
-Batch Batcher::next_packed_docs() {
-  const int64_t rows = opts_.batch_size, t = opts_.block_size;
+Batch Batcher::draw_packed_docs() {
+  const int64_t rows = opts_.batch_size * opts_.micro_batches, t = opts_.block_size;
   Batch b = alloc_batch(rows, t);
   b.positions = Tensor::empty({rows, t}, DType::i64);
   b.segment_ids = Tensor::empty({rows, t}, DType::i32);

@@ -23,9 +23,12 @@
 //                   previous row starts a new piece at position 0: it cannot see its beginning.
 //   Document order (padded/packed) is a Philox permutation per epoch (shuffle) or file order.
 //
-// Data parallelism: rank r of `world` takes rows [r·B, (r+1)·B) of the global batch of G rows,
-// and every rank advances the same state, so the rows are exactly those a single process with
-// batch size G would produce.
+// Global batch. A step trains on G = world · B · micro_batches rows, numbered g = 0 .. G-1; row g
+// is a function of (seed, state, g) only. Rank r owns rows [r·R, (r+1)·R), R = B · micro_batches,
+// and its k-th micro-batch (k-th next() of the step) rows [r·R + k·B, r·R + (k+1)·B). Every rank
+// advances the same state by the whole global batch, so each row is exactly the one a single
+// process with batch size G would produce, whatever the split into ranks and micro-batches
+// (what train.numerics = "invariant" trains on bit for bit; docs/distributed.md).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -59,8 +62,9 @@ Padding parse_padding(std::string_view name);  // a name in kPaddingSides
 
 struct BatcherOptions {
   BatchMode mode = BatchMode::random_windows;
-  int64_t batch_size = 12;  // B, rows on this rank
-  int64_t block_size = 64;  // T
+  int64_t batch_size = 12;    // B, rows on this rank per next()
+  int64_t micro_batches = 1;  // next() calls per step (train.grad_accum)
+  int64_t block_size = 64;    // T
   uint64_t seed = 1337;
   int rank = 0;
   int world = 1;
@@ -76,12 +80,14 @@ struct Batch {
   Tensor positions;       // int64 [B, T], padded_docs / packed_docs only
   Tensor segment_ids;     // int32 [B, T], packed_docs only
   int64_t n_targets = 0;  // entries of y that count
+  int64_t step = 0;       // the global batch (BatcherState::step before it was drawn)
+  int64_t first_row = 0;  // global row index g of row 0 within that global batch
 };
 
 // Everything a batcher remembers. A checkpoint stores to_array() (int64 [5]).
 struct BatcherState {
   uint64_t seed = 0;
-  int64_t step = 0;   // batches produced so far
+  int64_t step = 0;   // global batches (steps) begun so far
   int64_t epoch = 0;  // padded/packed: passes over the documents begun
   int64_t doc = 0;    // padded/packed: index in this epoch's order of the next document
   int64_t token = 0;  // packed: tokens of that document already consumed
@@ -96,16 +102,19 @@ class Batcher {
   // padded_docs a document of >= 2 tokens. Errors name the split (file) and the sizes.
   Batcher(std::shared_ptr<const TokenSplit> split, const BatcherOptions& opts);
 
+  // The next micro-batch of this rank (above). The first of a step draws the rank's R rows.
   Batch next();
+  // Between steps (after a multiple of micro_batches next() calls): what restore() continues from.
   BatcherState state() const { return state_; }
   void restore(const BatcherState& s);  // the seed must match the options'
   const BatcherOptions& options() const { return opts_; }
   const TokenSplit& split() const { return *split_; }
 
  private:
-  Batch next_random_windows();
-  Batch next_padded_docs();
-  Batch next_packed_docs();
+  // This rank's R rows of the next global batch; advance the state past all G rows.
+  Batch draw_random_windows();
+  Batch draw_padded_docs();
+  Batch draw_packed_docs();
   // The document at `state_.doc` of the current epoch's order, advancing epochs as needed.
   int64_t current_doc(BatcherState& s);
   void build_order(int64_t epoch);
@@ -116,6 +125,8 @@ class Batcher {
   std::vector<int64_t> eligible_;  // documents this mode can use, in file order
   std::vector<int64_t> order_;     // eligible_ permuted for epoch order_epoch_
   int64_t order_epoch_ = -1;
+  Batch step_rows_;    // this rank's rows of the current step
+  int64_t micro_ = 0;  // next micro-batch of the step
 };
 
 // Consecutive non-overlapping windows of T+1 tokens from the start (`qkv eval`): window w

@@ -114,13 +114,21 @@ DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, D
               "train.zero = 1 is built for CPU parameters only; use train.zero = 0 with train.device = \"",
               device_name(device), "\"");
   }
-  if (distributed()) {
+  if (opts.tree_rows > 0) {
+    QKV_CHECK(device == Device::cpu,
+              "[data_parallel] the row tree (train.numerics = \"invariant\") sums gradients "
+              "on the CPU; parameters are on ",
+              device_name(device));
+    tree_ = std::make_unique<RowTree>(total_);
+    tree_rows_ = opts.tree_rows;
+  }
+  if (distributed() || tree_) {
     grad_flat_ = Tensor::empty({total_}, DType::f32, device);
     grad_views_.reserve(params_.size());
     for (size_t k = 0; k < params_.size(); ++k)
       grad_views_.push_back(grad_flat_.narrow(0, offset_[k], params_[k].param.numel()).view(params_[k].param.shape()));
   }
-  overlap_ = distributed() && opts.overlap;
+  overlap_ = distributed() && opts.overlap && !tree_;
   if (overlap_) {
     buckets_of_.resize(params_.size());
     pieces_in_.assign(static_cast<size_t>(bucket_count()), 0);
@@ -171,29 +179,120 @@ void DataParallel::start_ready_buckets(bool all) {
   comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void DataParallel::zero_flat() {
+  if (grad_flat_.device() != Device::cpu) {
+    fill_(grad_flat_, 0.0);
+    return;
+  }
+  float* g = grad_flat_.data<float>();
+  const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
+#pragma omp parallel for simd schedule(static) if (parallel)
+  for (int64_t i = 0; i < total_; ++i) g[i] = 0.0f;
+}
+
 void DataParallel::zero_grads() {
-  if (!distributed()) {
+  if (tree_) {
+    // Each row's backward writes fresh gradients (no zero fill); reduce_tree binds the views.
+    tree_->clear();
+    rows_pushed_ = 0;
+  }
+  if (!grad_flat_.defined() || tree_) {
     std::vector<Tensor> ps;
     ps.reserve(params_.size());
     for (const OptimParam& p : params_) ps.push_back(p.param);
     autograd::zero_grad(ps);
     return;
   }
-  if (grad_flat_.device() != Device::cpu) {
-    fill_(grad_flat_, 0.0);
-  } else {
-    float* g = grad_flat_.data<float>();
-    const bool parallel = total_ >= (1 << 18) && !omp_in_parallel();
-#pragma omp parallel for simd schedule(static) if (parallel)
-    for (int64_t i = 0; i < total_; ++i) g[i] = 0.0f;
-  }
+  zero_flat();
   for (size_t k = 0; k < params_.size(); ++k) {
     Tensor handle = params_[k].param;  // a handle copy shares the autograd slot
     handle.set_grad(grad_views_[k]);
   }
 }
 
+void DataParallel::push_row(int64_t g) {
+  QKV_CHECK(tree_, "[data_parallel] push_row needs the row tree (DataParallelOptions::tree_rows)");
+  QKV_CHECK(rows_pushed_ < tree_rows_, "[data_parallel] row ", g, " is one more than the ", tree_rows_,
+            " rows per rank of a step");
+  std::vector<RowTree::Piece> leaf;
+  leaf.reserve(params_.size());
+  std::vector<Tensor> held;  // the gradients, alive until pushed
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor grad = params_[k].param.grad();
+    const int64_t n = params_[k].param.numel();
+    if (grad.defined()) {
+      QKV_CHECK(grad.dtype() == DType::f32 && grad.device() == Device::cpu && grad.numel() == n,
+                "[data_parallel] the gradient of ", params_[k].name, " is not a float32 CPU tensor of ", n,
+                " elements");
+      grad = grad.contiguous();
+      held.push_back(grad);
+    }
+    leaf.push_back({offset_[k], n, grad.defined() ? grad.data<float>() : nullptr});
+  }
+  tree_->push(leaf, g);
+  ++rows_pushed_;
+  held.clear();
+  std::vector<Tensor> ps;
+  ps.reserve(params_.size());
+  for (const OptimParam& p : params_) ps.push_back(p.param);
+  autograd::zero_grad(ps);
+}
+
+void DataParallel::reduce_tree() {
+  QKV_CHECK(rows_pushed_ == tree_rows_, "[data_parallel] the step pushed ", rows_pushed_, " rows of ", tree_rows_);
+  const int world = comm_.world();
+  float* g = grad_flat_.data<float>();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    Tensor handle = params_[k].param;  // a handle copy shares the autograd slot
+    handle.set_grad(grad_views_[k]);
+  }
+  if (world == 1) {
+    tree_->fold(g);
+    return;
+  }
+  // Every rank's blocks (the same shapes on every rank: a function of its rows), bucket by bucket.
+  std::vector<std::vector<RowBlock>> shapes;
+  size_t blocks = 0;
+  for (int r = 0; r < world; ++r) {
+    shapes.push_back(block_shapes(r * tree_rows_, tree_rows_));
+    blocks += shapes.back().size();
+  }
+  const std::vector<RowBlock>& mine = tree_->blocks();
+  QKV_CHECK(mine.size() == shapes[static_cast<size_t>(comm_.rank())].size(),
+            "[data_parallel] this rank's rows are not the ones of its part of the global batch");
+  const int64_t longest = bounds_.size() > 1 ? bounds_[1] - bounds_[0] : 0;
+  tree_staging_.resize(blocks * static_cast<size_t>(longest));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
+    const int64_t a = bounds_[b], len = bounds_[b + 1] - a;
+    std::vector<int64_t> counts;
+    int64_t at = 0, my_at = 0;
+    for (int r = 0; r < world; ++r) {
+      if (r == comm_.rank()) my_at = at;
+      counts.push_back(static_cast<int64_t>(shapes[static_cast<size_t>(r)].size()) * len);
+      at += counts.back();
+    }
+    float* stage = tree_staging_.data();
+    for (size_t j = 0; j < mine.size(); ++j)
+      copy_floats(stage + my_at + static_cast<int64_t>(j) * len, mine[j].data + a, len);
+    comm_.allgatherv(stage, counts);
+    std::vector<RowBlock> stack;
+    int64_t slot = 0;
+    for (const auto& rank_blocks : shapes)
+      for (RowBlock blk : rank_blocks) {
+        blk.data = stage + slot++ * len;
+        push_block(stack, blk, len);
+      }
+    fold_blocks(stack, len, g + a);
+  }
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void DataParallel::reduce_grads() {
+  if (tree_) {
+    reduce_tree();
+    return;
+  }
   if (!distributed()) return;
   // A .grad replaced by something other than our view (nobody should) would be silently skipped.
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -245,15 +344,22 @@ void DataParallel::gather_params() {
 
 std::string DataParallel::describe() const {
   char buf[320];
-  std::snprintf(
-      buf, sizeof buf,
-      "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s, %s)%s",
-      comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
-      static_cast<long long>(bucket_count()), grad_comm_.backend(), overlap_ ? "during backward" : "after backward",
-      sharded_
-          ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_, " elements [", lo_, ", ", hi_, ")")
-                .c_str()
-          : "");
+  const std::string zero = sharded_ ? cat(", ZeRO-1: rank ", comm_.rank(), " keeps moments for ", hi_ - lo_,
+                                          " elements [", lo_, ", ", hi_, ")")
+                                    : "";
+  if (tree_) {
+    std::snprintf(buf, sizeof buf,
+                  "data parallel: %d ranks (%s), %lld parameters, row tree over %lld rows per rank: every rank's "
+                  "blocks all-gathered in %lld buckets after backward%s",
+                  comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<long long>(tree_rows_),
+                  static_cast<long long>(bucket_count()), zero.c_str());
+    return buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "data parallel: %d ranks (%s), %lld parameters, all-reduce %.1f MB per step in %lld buckets (%s, %s)%s",
+                comm_.world(), comm_.backend(), static_cast<long long>(total_), static_cast<double>(total_) * 4e-6,
+                static_cast<long long>(bucket_count()), grad_comm_.backend(),
+                overlap_ ? "during backward" : "after backward", zero.c_str());
   return buf;
 }
 
@@ -299,15 +405,13 @@ void DataParallel::scatter_state(const ElementState& full, const ElementState& m
   });
 }
 
-double micro_batch_weight(Communicator& comm, int64_t n_targets) {
-  if (comm.world() == 1) return 1.0;
-  const int64_t global = comm.sum_ordered(n_targets);
-  return global > 0 ? static_cast<double>(comm.world()) * static_cast<double>(n_targets) / static_cast<double>(global)
-                    : 1.0;
-}
-
 uint64_t rank_dropout_seed(uint64_t seed, int rank) {
   return seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank));
+}
+
+uint64_t row_dropout_seed(uint64_t seed, int64_t g) {
+  // A different odd multiplier from rank_dropout_seed's, so a row key never equals a rank key.
+  return seed ^ (0xd6e8feb86659fd93ull * static_cast<uint64_t>(g + 1));
 }
 
 uint64_t DataParallel::parameter_hash() const {

@@ -35,6 +35,15 @@
 // same bits as the replicated optimizer; only the moments' memory (and the time to update them)
 // is divided by world.
 //
+// Row tree (DataParallelOptions::tree_rows > 0, train.numerics = "invariant"). The caller runs
+// each row of its tree_rows rows alone (forward and backward: one leaf gradient in the flat buffer)
+// and hands it over with push_row(g), g its index in the global batch; reduce_grads() then sums
+// the leaves of every rank in one binary tree of g (distributed/row_tree.h): each rank's maximal
+// aligned blocks are all-gathered bucket by bucket and merged in row order by every rank alike.
+// The result is the SUM over the global batch's rows (the loss is already divided by the global
+// target count), bitwise the same for every split of the G rows into ranks, micro-batches and
+// batch rows, on any thread count. It is used on one process too (then nothing is sent).
+//
 // Checkpoints hold the full optimizer state either way: in ZeRO mode the moments are gathered to
 // rank 0 (bucket by bucket, gather_state) into a full optimizer just for the save. A checkpoint
 // therefore resumes under any world size and either zero setting (bitwise only under the same
@@ -48,6 +57,7 @@
 
 #include "autograd/optim_param.h"
 #include "distributed/distributed.h"
+#include "distributed/row_tree.h"
 #include "tensor/tensor.h"
 
 namespace qkv::dist {
@@ -63,6 +73,8 @@ struct DataParallelOptions {
   // For parameters on a GPU: the communicator whose float all-reduces take device pointers
   // (distributed/nccl.h); the gradient buffer then lives on the device. Null: `comm` (host memory).
   Communicator* gradient_comm = nullptr;
+  // > 0: the row tree (above) over this many rows per rank per step, the same on every rank.
+  int64_t tree_rows = 0;
 };
 
 // Rank r's ZeRO slice [lo, hi) of a flat range of `total` elements: near-equal parts whose inner
@@ -103,14 +115,21 @@ class DataParallel {
   // inside this rank's slice, their .grad bound once for the run to views of the reduced buffer.
   const std::vector<OptimParam>& optimizer_params() const { return sharded_ ? slice_ : params_; }
 
-  // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several: every .grad
-  // bound to its view of the zero-filled flat gradient buffer.
+  // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several (or a row
+  // tree): every .grad bound to its view of the zero-filled flat gradient buffer.
   void zero_grads();
+  // Row tree: the flat buffer holds row g's gradient alone; it joins the tree and the buffer is
+  // zeroed for the next row. Rows come in increasing consecutive order from this rank's first.
+  void push_row(int64_t g);
+  bool row_tree() const { return tree_ != nullptr; }
+  // True when every .grad stays bound to the flat buffer between steps.
+  bool flat_grads() const { return grad_flat_.defined(); }
   // Call before the step's last backward: buckets are sent while it runs (no-op for one rank or
   // with overlap off).
   void arm_overlap();
   // After the step's last backward: the bucketed all-reduce, then scaling by 1/world, so every
   // rank holds the mean gradient (bitwise the same on all ranks). No-op for one rank.
+  // Row tree: the tree's sum of every rank's rows into the flat buffer, on one rank too.
   void reduce_grads();
   // After the optimizer's update: in ZeRO mode the parameter all-gather (every rank's updated
   // slice into every rank's parameters); otherwise nothing. Collective.
@@ -147,6 +166,8 @@ class DataParallel {
   void for_each_piece(int64_t a, int64_t b, F&& f) const;
   void on_grad_ready(size_t k);        // parameter k's gradient hook
   void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
+  void zero_flat();
+  void reduce_tree();
 
   Communicator& comm_;
   Communicator& grad_comm_;  // the gradient buckets' all-reduce (comm_, or NCCL on a GPU)
@@ -167,15 +188,17 @@ class DataParallel {
   std::vector<int64_t> pieces_in_;                // per bucket: how many parameters touch it
   std::vector<int64_t> waiting_;                  // per bucket: parameters not yet final this step
   int64_t next_start_ = -1;                       // next bucket to start (issue order: K-1 down to 0)
+  std::unique_ptr<RowTree> tree_;                 // row tree: this rank's rows of the step
+  int64_t tree_rows_ = 0;                         // row tree: rows per rank per step
+  int64_t rows_pushed_ = 0;                       // row tree: this step's rows so far
+  std::vector<float> tree_staging_;               // row tree: every rank's blocks of one bucket
 };
-
-// The weight of one micro-batch's mean loss so that averaging over ranks gives the mean over the
-// global batch's targets: world * n_rank / n_global (1 when every rank has as many targets, as in
-// random_windows). Collective (one 8-byte all-gather) when world > 1.
-double micro_batch_weight(Communicator& comm, int64_t n_targets);
 
 // The dropout key of a rank: the run's seed on rank 0, a different key on every other rank (rows
 // on different ranks must not share dropout masks).
 uint64_t rank_dropout_seed(uint64_t seed, int rank);
+// The dropout key of row g of the global batch under the row tree: whichever rank or micro-batch
+// runs the row, it draws the same masks.
+uint64_t row_dropout_seed(uint64_t seed, int64_t g);
 
 }  // namespace qkv::dist

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <set>
 
 #include "autograd/engine.h"
@@ -13,6 +14,7 @@
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "train/evaluate.h"
+#include "train/row_step.h"
 #include "train/model_factory.h"
 #include "train/optimizer.h"
 #include "train/sampler.h"
@@ -72,7 +74,22 @@ StepBenchResult bench_step(const Config& cfg_in, int steps, int warmup, bool pro
 
   StepBenchResult r;
   r.threads = omp_get_max_threads();
+  // Invariant numerics on the CPU: the trainer's row tree (train/row_step.h), one process.
+  dist::SingleProcess one;
+  std::optional<dist::DataParallel> rows;
+  if (cfg.train.resolved_numerics() == Numerics::invariant && device == Device::cpu)
+    rows.emplace(one, oparams, dist::DataParallelOptions{.tree_rows = bo.batch_size});
   auto step = [&](uint64_t i) {
+    if (rows) {
+      rows->zero_grads();
+      const std::vector<double> losses =
+          row_tree_backward(*model, *rows, {batch}, batch.n_targets, bo.seed, static_cast<int64_t>(i), nullptr);
+      rows->reduce_grads();
+      opt.step(cfg.train.lr);
+      double loss = 0;
+      for (double v : losses) loss += v;
+      return loss;
+    }
     autograd::zero_grad(params);
     Tensor loss = batch_loss(*model, batch, nn::RngContext{bo.seed, i, 0});
     autograd::backward(loss);

@@ -321,6 +321,7 @@ void save_checkpoint(const std::string& path, const Config& cfg, const nn::Decod
   const std::array<int64_t, 5> data_state = state.data.to_array();
   f.write("data/state", data_state.data(), Shape{5});
   f.set_attr("data", "mode", batch_mode_name(state.batch_mode));
+  if (state.global_batch_rows > 0) f.set_attr("data", "global_batch_rows", state.global_batch_rows);
   if (state.corpus) {
     f.set_attr("data", "corpus_tokens", state.corpus->tokens);
     f.set_attr("data", "corpus_fnv1a64", static_cast<int64_t>(state.corpus->fnv1a64));
@@ -376,6 +377,11 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   const BatchMode* batch_mode = find_choice(kBatchModes, mode);
   if (!batch_mode) ckpt_fail(path, "unknown batching mode '", mode, "' in /data");
   s.batch_mode = *batch_mode;
+  if (f.has_attr("data", "global_batch_rows")) {
+    s.global_batch_rows = f.attr_int("data", "global_batch_rows");
+    if (s.global_batch_rows < 1)
+      ckpt_fail(path, "global_batch_rows ", s.global_batch_rows, " in /data is not positive");
+  }
   if (f.has_attr("data", "corpus_tokens"))
     s.corpus = CorpusFingerprint{f.attr_int("data", "corpus_tokens"),
                                  static_cast<uint64_t>(f.attr_int("data", "corpus_fnv1a64"))};

@@ -51,6 +51,8 @@ struct TrainState {
   double best_val_loss = INFINITY;
   int64_t bad_steps_in_a_row = 0, skipped_steps = 0;
   std::optional<CorpusFingerprint> corpus;  // unset: not recorded (older checkpoint, or a test)
+  // G, rows per step: world x batch_size x grad_accum. 0: not recorded (older checkpoint).
+  int64_t global_batch_rows = 0;
 };
 
 // Saves model weights, optimizer moments (when `opt` is given), state and tokenizer.

@@ -58,6 +58,28 @@ LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const Toke
   return s;
 }
 
+std::vector<LossSum> evaluate_rows(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
+                                   const BatcherOptions& opts, int64_t n_batches) {
+  autograd::NoGradGuard no_grad;
+  Batcher batcher(std::move(split), opts);
+  std::vector<LossSum> rows;
+  for (int64_t i = 0; i < n_batches * opts.micro_batches; ++i) {
+    const Batch b = batcher.next();
+    nn::ForwardArgs args;
+    args.ids = b.x;
+    args.positions = b.positions;
+    args.key_padding = b.key_padding;
+    args.segment_ids = b.segment_ids;
+    const Tensor logits = model.forward(args);  // [B, T, V]
+    const Tensor y = b.y.to(logits.device());
+    for (int64_t r = 0; r < b.x.size(0); ++r) {
+      const CrossEntropyResult ce = cross_entropy(logits.select(0, r), y.select(0, r), kIgnoreIndex);
+      rows.push_back({ce.loss.item() * static_cast<double>(ce.count), ce.count});
+    }
+  }
+  return rows;
+}
+
 LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
                          int64_t rows_per_batch) {
   autograd::NoGradGuard no_grad;

@@ -31,6 +31,13 @@ std::vector<double> token_logprobs(const Tensor& logits, const std::vector<int32
 LossSum evaluate_split(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
                        const BatcherOptions& opts, int64_t n_batches);
 
+// The same batches' loss row by row: the loss sum and target count of each of this rank's rows, in
+// batch then row order. Under numerics = invariant a row's value does not depend on the batch it
+// is computed in, so the trainer, adding every rank's rows in global row order, gets the same
+// validation loss whatever the split of the global batch.
+std::vector<LossSum> evaluate_rows(const nn::DecoderModel& model, std::shared_ptr<const TokenSplit> split,
+                                   const BatcherOptions& opts, int64_t n_batches);
+
 // `qkv eval`: every consecutive non-overlapping window of block_size + 1 tokens.
 LossSum evaluate_windows(const nn::DecoderModel& model, std::span<const int32_t> tokens, const std::string& name,
                          int64_t rows_per_batch = 8);

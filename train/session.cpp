@@ -90,9 +90,8 @@ void check_resumable(const Config& now, const nn::ModelConfig& model, const Conf
   Config described = then;  // a size left to the tokenizer is this run's (the tokenizers are compared next)
   if (described.model.vocab_size == 0) described.model.vocab_size = vocab;
   if (const auto d = model_difference(model_config(described, described.model.vocab_size), model)) refuse(*d);
-  if (const auto d = first_difference(then, now,
-                                      {"data.tokenizer", "data.batching", "data.val_fraction", "train.seed",
-                                       "train.batch_size", "train.grad_accum"}))
+  if (const auto d =
+          first_difference(then, now, {"data.tokenizer", "data.batching", "data.val_fraction", "train.seed"}))
     refuse(*d);
   // train.seq_len as used (0 means model.block_size): a resumed run must see the same rows.
   const int64_t a = then.train.resolved_seq_len(then.model.block_size);

@@ -28,8 +28,9 @@ CorpusFingerprint corpus_fingerprint(const RunData& data);
 // config `then` changes what is computed: the model (model_difference between the model `then`
 // describes, with `vocab` tokens, and `model`, the one built from `now`: the same comparison as
 // checkpoint saving), or a setting of the data stream and optimizer trajectory (data.tokenizer,
-// data.batching, data.val_fraction, train.seed, train.batch_size, train.grad_accum, and
-// train.seq_len as used).
+// data.batching, data.val_fraction, train.seed, and train.seq_len as used). The global batch
+// (G = world x batch_size x grad_accum) is checked by the trainer against the checkpoint's
+// global_batch_rows: any split of the same G resumes.
 void check_resumable(const Config& now, const nn::ModelConfig& model, const Config& then, int64_t vocab,
                      const std::string& ckpt);
 

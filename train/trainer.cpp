@@ -33,6 +33,7 @@
 #include "train/evaluate.h"
 #include "train/hf_interop.h"
 #include "train/model_factory.h"
+#include "train/row_step.h"
 #include "train/run_log.h"
 #include "train/atomic_file.h"
 #include "train/schedule.h"
@@ -53,12 +54,14 @@ bool every(int64_t interval, int64_t step) { return interval > 0 && step % inter
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Communicator& comm) {
+BatcherOptions batcher_options(const Config& cfg, uint64_t seed, const dist::Communicator& comm,
+                               int64_t micro_batches) {
   BatcherOptions o;
   o.rank = comm.rank();  // [dist] this rank's rows of the global batch
   o.world = comm.world();
   o.mode = cfg.data.batching;
   o.batch_size = cfg.train.batch_size;
+  o.micro_batches = micro_batches;
   o.block_size = cfg.train.resolved_seq_len(cfg.model.block_size);
   o.seed = seed;
   o.padding = cfg.data.padding_side;
@@ -191,39 +194,30 @@ struct StepResult {
   int64_t tokens = 0;  // this step's tokens, all ranks
 };
 
-// One optimizer step: grad_accum micro-batches of forward, loss and backward; the mean gradient
-// over ranks; its global norm; clipping folded into the AdamW update at the scheduled lr. A
-// non-finite loss or norm skips the update (counted in state); train.max_bad_steps in a row
-// ends the run. Advances state.step and state.tokens_seen.
-StepResult train_step(StepContext& c, TrainState& state) {
-  const int64_t accum = c.cfg.train.grad_accum;
-  c.model.train();
-  c.dp.zero_grads();
-  double loss_sum = 0;
-  int64_t tokens = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    Batch b = c.batcher.next();
-    // [dist] w = 1 on one process; per-rank dropout keys (rank 0 keeps the run's seed).
-    const double w = dist::micro_batch_weight(c.comm, b.n_targets);
-    nn::RngContext rng{dist::rank_dropout_seed(c.seed, c.comm.rank()),
-                       static_cast<uint64_t>(state.step * accum + micro), 0};
-    Tensor loss = batch_loss(c.model, b, rng, &c.masked_rows);
-    loss_sum += w * loss.item();
-    const double scale = w / static_cast<double>(accum);
-    if (micro == accum - 1) c.dp.arm_overlap();  // [dist] gradients final in this backward: reduce as they come
-    autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
-    tokens += b.x.numel();
+// The step's micro-batches of this rank and the global batch's target count (the loss divisor:
+// the mean is over every target of the G rows, not a mean of micro-batch means).
+struct StepRows {
+  std::vector<Batch> micro;
+  int64_t global_targets = 0;
+};
+
+StepRows draw_step_rows(StepContext& c) {
+  StepRows s;
+  int64_t mine = 0;
+  for (int64_t m = 0; m < c.cfg.train.grad_accum; ++m) {
+    s.micro.push_back(c.batcher.next());
+    mine += s.micro.back().n_targets;
   }
-  // [dist] Mean gradients and the global batch's loss and token count on every rank.
-  c.dp.reduce_grads();
-  if (c.dp.distributed()) {
-    loss_sum = c.comm.sum_ordered(loss_sum) / static_cast<double>(c.comm.world());
-    tokens = c.comm.sum_ordered(tokens);
-  }
-  StepResult r{.loss = loss_sum / static_cast<double>(accum),
-               .grad_norm = global_grad_norm(c.params),
-               .lr = c.schedule.at(state.step),
-               .tokens = tokens};
+  s.global_targets = c.dp.distributed() ? c.comm.sum_ordered(mine) : mine;  // [dist]
+  return s;
+}
+
+// The update from the step's gradient (every rank holds the same): its global norm, clipping
+// folded into AdamW at the scheduled lr. A non-finite loss or norm skips the update (counted in
+// state); train.max_bad_steps in a row ends the run.
+void apply_update(StepContext& c, TrainState& state, StepResult& r) {
+  r.grad_norm = global_grad_norm(c.params);
+  r.lr = c.schedule.at(state.step);
   if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) {
     state.bad_steps_in_a_row = 0;
     const double clip = c.cfg.train.grad_clip;
@@ -241,10 +235,78 @@ StepResult train_step(StepContext& c, TrainState& state) {
               " non-finite steps in a row (train.max_bad_steps = ", c.cfg.train.max_bad_steps,
               "); lower train.lr or check the data");
   }
-  if (!c.dp.distributed()) autograd::zero_grad(c.params);  // [dist] else the flat buffer stays bound
+  if (!c.dp.flat_grads()) autograd::zero_grad(c.params);  // [dist] else the flat buffer stays bound
   state.step++;
-  state.tokens_seen += tokens;
+  state.tokens_seen += r.tokens;
+}
+
+// One optimizer step, standard numerics: grad_accum micro-batches of forward, loss and backward,
+// each micro-batch's mean loss weighted by its share of the global batch's targets; the mean
+// gradient over ranks (bucketed all-reduce).
+StepResult train_step_batched(StepContext& c, TrainState& state) {
+  c.model.train();
+  c.dp.zero_grads();
+  StepRows rows = draw_step_rows(c);
+  const double world = static_cast<double>(c.comm.world());
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (size_t micro = 0; micro < rows.micro.size(); ++micro) {
+    const Batch& b = rows.micro[micro];
+    // [dist] per-rank dropout keys (rank 0 keeps the run's seed).
+    nn::RngContext rng{dist::rank_dropout_seed(c.seed, c.comm.rank()),
+                       static_cast<uint64_t>(state.step * c.cfg.train.grad_accum + static_cast<int64_t>(micro)), 0};
+    Tensor loss = batch_loss(c.model, b, rng, &c.masked_rows);
+    // The share of the global batch's targets; reduce_grads divides by world.
+    const double share =
+        rows.global_targets > 0 ? static_cast<double>(b.n_targets) / static_cast<double>(rows.global_targets) : 0.0;
+    loss_sum += share * loss.item();
+    const double scale = share * world;
+    if (micro + 1 == rows.micro.size()) c.dp.arm_overlap();  // [dist] gradients final in this backward
+    autograd::backward(scale == 1.0 ? loss : ag::mul(loss, scale));
+    tokens += b.x.numel();
+  }
+  // [dist] Mean gradients and the global batch's loss and token count on every rank.
+  c.dp.reduce_grads();
+  if (c.dp.distributed()) {
+    loss_sum = c.comm.sum_ordered(loss_sum);
+    tokens = c.comm.sum_ordered(tokens);
+  }
+  StepResult r{.loss = loss_sum, .tokens = tokens};
+  apply_update(c, state, r);
   return r;
+}
+
+// One optimizer step, invariant numerics: every row of the rank's micro-batches runs forward and
+// backward alone (its dropout keyed by its global row), its loss divided by the global batch's
+// target count; the rows' gradients are summed in the row tree of their global indices
+// (distributed/row_tree.h), on one process and across ranks alike; the logged loss adds the
+// rows' losses in global row order. Every figure is then the same bits for every split of the G
+// rows (docs/distributed.md).
+StepResult train_step_rows(StepContext& c, TrainState& state) {
+  c.model.train();
+  c.dp.zero_grads();
+  const StepRows rows = draw_step_rows(c);
+  std::vector<double> row_loss =
+      row_tree_backward(c.model, c.dp, rows.micro, rows.global_targets, c.seed, state.step, &c.masked_rows);
+  int64_t tokens = 0;
+  for (const Batch& b : rows.micro) tokens += b.x.numel();
+  c.dp.reduce_grads();
+  double loss = 0;
+  if (c.dp.distributed()) {  // [dist] every rank's row losses, added in global row order
+    std::vector<double> all(row_loss.size() * static_cast<size_t>(c.comm.world()));
+    c.comm.allgather(row_loss.data(), all.data(), static_cast<int64_t>(row_loss.size() * sizeof(double)));
+    for (double v : all) loss += v;
+    tokens = c.comm.sum_ordered(tokens);
+  } else {
+    for (double v : row_loss) loss += v;
+  }
+  StepResult r{.loss = loss, .tokens = tokens};
+  apply_update(c, state, r);
+  return r;
+}
+
+StepResult train_step(StepContext& c, TrainState& state) {
+  return c.dp.row_tree() ? train_step_rows(c, state) : train_step_batched(c, state);
 }
 
 // The first setting in which `theirs` (the network --init-from loads) computes another function
@@ -256,6 +318,26 @@ std::optional<ConfigDifference> network_difference(const nn::ModelConfig& ours, 
   theirs.init_std = ours.init_std;
   theirs.attn_kernel = ours.attn_kernel;
   return model_difference(ours, theirs);
+}
+
+// G of this run and of the checkpoint --resume continues: any split of the same G continues the
+// run (bit for bit under invariant numerics); another G only when asked for. A checkpoint that
+// predates global_batch_rows must have this run's batch_size and grad_accum.
+void check_global_batch(const Config& cfg, const CheckpointMeta& meta, int world, const TrainOptions& opts) {
+  const int64_t now = world * cfg.train.batch_size * cfg.train.grad_accum;
+  const int64_t then = meta.state.global_batch_rows;
+  if (then == 0) {
+    const Config old = meta.config.resolved();
+    if (const auto d = first_difference(old, cfg, {"train.batch_size", "train.grad_accum"}))
+      fail(opts.resume, ": ", d->key, " is ", d->a, " in the run being resumed but ", d->b,
+           " now (its checkpoint does not record the global batch, so batch_size and grad_accum must not change)");
+    return;
+  }
+  if (then == now || opts.change_global_batch) return;
+  fail(opts.resume, ": the global batch is ", then, " rows in the run being resumed but ", now, " now (", world,
+       world == 1 ? " process" : " ranks", " x batch_size ", cfg.train.batch_size, " x grad_accum ",
+       cfg.train.grad_accum, "); any split of ", then,
+       " rows continues the run, or pass --change-global-batch to continue it with ", now);
 }
 
 // The state the run starts from: step 0 (fresh weights, or --init-from's), or --resume's
@@ -281,9 +363,11 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
               ": the checkpoint's tokenizer differs from the one built from data.path");
     check_same_corpus(meta, corpus, cfg.data.random_tokens ? "" : cfg.data.path, dp.comm().is_root());
     QKV_CHECK(meta.has_optimizer, opts.resume, ": has no optimizer state to resume from");
+    check_global_batch(cfg, meta, dp.world(), opts);
     load_model_weights(opts.resume, model);
     load_optimizer_state(opts.resume, dp, opt);
     state = meta.state;
+    if (meta.state.global_batch_rows == 0) state.data.step = state.step;  // counted micro-batches then
     batcher.restore(state.data);
   } else if (!opts.init_from.empty() && is_hf_directory(opts.init_from)) {
     // A Hugging Face directory (train/hf_interop.h): the network it describes must be this run's.
@@ -306,6 +390,7 @@ TrainState start_state(const Config& cfg, const TrainOptions& opts, const RunDat
     load_model_weights(opts.init_from, model);
   }
   state.corpus = corpus;
+  state.global_batch_rows = dp.world() * cfg.train.batch_size * cfg.train.grad_accum;
   return state;
 }
 
@@ -453,14 +538,17 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
 
   std::vector<OptimParam> oparams;
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
-  // [dist] Gradient averaging; the optimizer updates every parameter, or this rank's ZeRO-1 slice.
+  // [dist] Gradient averaging (or under invariant numerics the row tree's sum); the optimizer updates
+  // every parameter, or this rank's ZeRO-1 slice.
+  const bool row_tree = cfg.train.resolved_numerics() == Numerics::invariant && !on_gpu;
   dist::DataParallel dp(comm, oparams,
                         {.zero = cfg.train.zero,
                          .bucket_bytes = cfg.train.dp_bucket_kb * 1024,
                          .overlap = cfg.train.dp_overlap,
-                         .gradient_comm = gpu_comm.get()});
+                         .gradient_comm = gpu_comm.get(),
+                         .tree_rows = row_tree ? cfg.train.batch_size * cfg.train.grad_accum : 0});
   AdamW opt(dp.optimizer_params(), AdamWOptions::from(cfg.train));
-  Batcher batcher(data.train, batcher_options(cfg, seed, comm));
+  Batcher batcher(data.train, batcher_options(cfg, seed, comm, cfg.train.grad_accum));
   const CorpusFingerprint corpus = corpus_fingerprint(data);
 
   TrainState state = start_state(cfg, opts, data, corpus, *model, dp, opt, batcher);
@@ -485,7 +573,32 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   const LrSchedule schedule = LrSchedule::from(cfg.train);
   const std::vector<Tensor> params = model->parameters();
   StepContext ctx{cfg, comm, *model, dp, opt, batcher, schedule, params, seed};
-  const BatcherOptions val_opts = batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull, comm);
+  // Validation batches: global batches of G rows under the row tree (so the value is the same for
+  // every split of G), else world x batch_size rows.
+  const BatcherOptions val_opts =
+      batcher_options(cfg, seed ^ 0x9e3779b97f4a7c15ull, comm, row_tree ? cfg.train.grad_accum : 1);
+  const auto validation_loss = [&]() -> double {
+    model->eval();  // no dropout; train_step sets training mode again
+    if (!row_tree) {
+      LossSum v = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
+      if (dp.distributed()) v = {comm.sum_ordered(v.sum), comm.sum_ordered(v.tokens)};  // [dist]
+      return v.mean();
+    }
+    std::vector<LossSum> rows = evaluate_rows(*model, data.val, val_opts, cfg.train.eval_batches);
+    std::vector<LossSum> all(rows.size() * static_cast<size_t>(comm.world()));
+    comm.allgather(rows.data(), all.data(), static_cast<int64_t>(rows.size() * sizeof(LossSum)));  // [dist]
+    // Rank-major as gathered; added batch by batch, rank by rank, row by row: global row order.
+    const int64_t per_batch = cfg.train.batch_size * cfg.train.grad_accum;
+    LossSum v;
+    for (int64_t b = 0; b < cfg.train.eval_batches; ++b)
+      for (size_t r = 0; r < static_cast<size_t>(comm.world()); ++r)
+        for (int64_t i = 0; i < per_batch; ++i) {
+          const LossSum& x = all[r * rows.size() + static_cast<size_t>(b * per_batch + i)];
+          v.sum += x.sum;
+          v.tokens += x.tokens;
+        }
+    return v.mean();
+  };
 
   TrainSummary summary;
   const int64_t first_step = state.step;
@@ -509,9 +622,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
     bool stop = false;  // on_log asked to stop after this step
     std::optional<double> val;
     if (every(cfg.train.eval_interval, state.step) || last) {
-      LossSum v = evaluate_split(*model, data.val, val_opts, cfg.train.eval_batches);
-      if (dp.distributed()) v = {comm.sum_ordered(v.sum), comm.sum_ordered(v.tokens)};  // [dist]
-      val = last_val = v.mean();
+      val = last_val = validation_loss();
       if (last_val < state.best_val_loss) {
         state.best_val_loss = last_val;
         save(out_dir + "/best.h5");

@@ -16,7 +16,8 @@
 // when its process ends, even by kill -9, so no stale lock ever needs removing.
 //
 // --resume refuses a checkpoint whose run differs in anything that changes the computation (the
-// model, tokenizer, batching, seed, batch_size, grad_accum, train.seq_len, data.val_fraction) or
+// model, tokenizer, batching, seed, train.seq_len, data.val_fraction, the global batch of G =
+// world x batch_size x grad_accum rows unless change_global_batch) or
 // whose corpus differs (CorpusFingerprint, train/checkpoint.h; a checkpoint without one gets a
 // warning). A checkpoint already at or past train.max_steps trains nothing: the summary reports
 // its step and file with nothing_to_do set, and out_dir is not touched.
@@ -45,7 +46,10 @@ struct TrainOptions {
   std::string resume;      // continue this checkpoint's run exactly
   std::string init_from;   // start a new run from this checkpoint's weights
   bool overwrite = false;  // a fresh run may replace the run files already in train.out_dir
-  bool progress = true;    // progress line with ETA on stderr
+  // --resume may continue with another global batch (G = world x batch_size x grad_accum) than the
+  // checkpoint's: the rows from then on are those of the new G (--change-global-batch).
+  bool change_global_batch = false;
+  bool progress = true;  // progress line with ETA on stderr
   // Called on every rank just before each step runs, with the step about to run (0-based: the
   // number of steps done). Tests use it to inject faults (a rank that dies mid-run).
   std::function<void(int64_t step)> before_step;

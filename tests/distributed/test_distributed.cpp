@@ -4,7 +4,9 @@
 // behaviour is in test_distributed_mpi.cpp (ctest label "mpi").
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "autograd/engine.h"
@@ -170,10 +172,11 @@ TEST_CASE("the single-process group: collectives are identities and sums are the
   one.gatherv(v.data(), dst.data(), counts, 0);
   CHECK(dst == v);
   CHECK_NOTHROW(dist::check_same_on_all_ranks(one, 123, "anything"));
-  CHECK(micro_batch_weight(one, 77) == 1.0);
   CHECK(rank_dropout_seed(1337, 0) == 1337);
   CHECK(rank_dropout_seed(1337, 1) != 1337);
   CHECK(rank_dropout_seed(1337, 1) != rank_dropout_seed(1337, 2));
+  CHECK(row_dropout_seed(1337, 0) != row_dropout_seed(1337, 1));
+  CHECK(row_dropout_seed(1337, 1) != rank_dropout_seed(1337, 1));
 }
 
 TEST_CASE("a process not started by mpirun is one rank, whatever the build", "[distributed]") {
@@ -377,4 +380,119 @@ TEST_CASE("the NCCL gradient communicator refuses clearly without a GPU or witho
     nccl->allreduce_sum(&host, 1);  // host memory goes to the host group
     CHECK(host == 2.5);
   }
+}
+
+namespace {
+
+// Row r's leaf: n floats spanning many magnitudes, so that how a sum is grouped changes its bits.
+std::vector<float> row_leaf(int64_t r, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t s = static_cast<uint64_t>(r) * 0x9e3779b97f4a7c15ull + 12345;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = static_cast<double>(s >> 11) / static_cast<double>(1ull << 53);
+    x = static_cast<float>((u - 0.5) * std::pow(10.0, static_cast<double>((s >> 7) % 9) - 4.0));
+  }
+  return v;
+}
+
+// The tree of row_tree.h written as its definition: [0, G) cut into maximal aligned blocks from
+// the left (one per set bit of G, largest first), each summed as (left half) + (right half),
+// folded as B_0 + (B_1 + (... + B_k)).
+float node_sum(int64_t first, int64_t size, size_t i) {
+  if (size == 1) return row_leaf(first, static_cast<int64_t>(i) + 1)[i];
+  return node_sum(first, size / 2, i) + node_sum(first + size / 2, size / 2, i);
+}
+float tree_definition(int64_t G, size_t i) {
+  std::vector<float> blocks;
+  int64_t at = 0;
+  for (int b = 62; b >= 0; --b)
+    if (G & (int64_t{1} << b)) {
+      blocks.push_back(node_sum(at, int64_t{1} << b, i));
+      at += int64_t{1} << b;
+    }
+  float acc = blocks.back();
+  for (size_t k = blocks.size() - 1; k-- > 0;) acc = blocks[k] + acc;
+  return acc;
+}
+
+}  // namespace
+
+TEST_CASE("the row tree sums rows in one tree of their global indices, however they are split", "[row_tree]") {
+  constexpr int64_t n = 24;
+  int64_t order_mattered = 0;
+  for (int64_t G = 1; G <= 24; ++G) {
+    std::vector<float> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = tree_definition(G, i);
+    // Rows in order into one tree.
+    RowTree one(n);
+    for (int64_t r = 0; r < G; ++r) one.push(row_leaf(r, n).data(), r);
+    std::vector<float> got(n);
+    one.fold(got.data());
+    CAPTURE(G);
+    CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * n) == 0);
+    // Left to right, the plain way: it differs somewhere for most G (so the check above can fail).
+    std::vector<float> seq(n, 0.0f);
+    for (int64_t r = 0; r < G; ++r)
+      for (size_t i = 0; i < n; ++i) seq[i] += row_leaf(r, n)[i];
+    order_mattered += std::memcmp(seq.data(), want.data(), sizeof(float) * n) != 0;
+    // Every split into `world` equal parts: each part's tree, then their blocks merged in order.
+    for (int64_t world = 2; world <= G; ++world) {
+      if (G % world) continue;
+      const int64_t R = G / world;
+      std::vector<std::unique_ptr<RowTree>> parts;
+      std::vector<RowBlock> stack;
+      for (int64_t w = 0; w < world; ++w) {
+        parts.push_back(std::make_unique<RowTree>(n));
+        for (int64_t r = w * R; r < (w + 1) * R; ++r) parts.back()->push(row_leaf(r, n).data(), r);
+        const std::vector<RowBlock> shapes = block_shapes(w * R, R);
+        REQUIRE(shapes.size() == parts.back()->blocks().size());
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          CHECK(shapes[k].first_row == parts.back()->blocks()[k].first_row);
+          CHECK(shapes[k].level == parts.back()->blocks()[k].level);
+        }
+      }
+      for (auto& p : parts)
+        for (const RowBlock& b : p->blocks()) push_block(stack, b, n);
+      std::vector<float> merged(n);
+      fold_blocks(stack, n, merged.data());
+      CAPTURE(world);
+      CHECK(std::memcmp(merged.data(), want.data(), sizeof(float) * n) == 0);
+    }
+  }
+  CHECK(order_mattered >= 15);
+  // Rows out of order are refused.
+  RowTree t(n);
+  t.push(row_leaf(0, n).data(), 0);
+  CHECK_THROWS_WITH(t.push(row_leaf(2, n).data(), 2), Catch::Contains("consecutive order"));
+}
+
+TEST_CASE("DataParallel's row tree on one process: pushed rows summed by the tree, grads bound", "[row_tree]") {
+  SingleProcess one;
+  Tensor w = zeros({3, 4});
+  w.set_requires_grad(true);
+  Tensor b = zeros({5});
+  b.set_requires_grad(true);
+  DataParallel dp(one, {{"w", w, true}, {"b", b, false}}, {.tree_rows = 3});
+  CHECK(dp.row_tree());
+  CHECK(dp.flat_grads());
+  dp.zero_grads();
+  std::vector<std::vector<float>> leaves;
+  for (int64_t r = 0; r < 3; ++r) {
+    leaves.push_back(row_leaf(r, 17));
+    const std::vector<double> v(leaves.back().begin(), leaves.back().end());
+    w.set_grad(from_vector(std::vector<double>(v.begin(), v.begin() + 12), {3, 4}));
+    if (r != 1) b.set_grad(from_vector(std::vector<double>(v.begin() + 12, v.end()), {5}));
+    else leaves.back().resize(12, 0.0f);  // a row that gave b no gradient: zeros
+    leaves.back().resize(17, 0.0f);
+    dp.push_row(r);
+    CHECK_FALSE(w.grad().defined());  // the next row's backward starts afresh
+  }
+  dp.reduce_grads();
+  for (size_t i = 0; i < 17; ++i) {
+    const float want = (leaves[0][i] + leaves[1][i]) + leaves[2][i];  // G = 3: [0, 2) + [2]
+    const float got = i < 12 ? w.grad().data<float>()[i] : b.grad().data<float>()[i - 12];
+    CHECK(got == want);
+  }
+  CHECK_THROWS_WITH(dp.push_row(3), Catch::Contains("one more than the 3 rows"));
 }
