@@ -6,14 +6,13 @@
 // Under numerics = invariant a token's logits are bitwise a function of its prefix and the weights
 // (tensor/numerics.h), so each of these measures exactly 0 there; under standard the gap is the
 // float32 rounding the BLAS's shape-dependent blocking puts between two groupings of one sum.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
 
 #include "analysis/leakcheck_internal.h"
 #include "autograd/grad_mode.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/numerics.h"
 #include "tensor/ops.h"
 #include "train/evaluate.h"
@@ -25,18 +24,6 @@ using leak::fmt;
 using leak::max_abs;
 
 namespace {
-
-// Runs with `n` OpenMP threads for the guard's lifetime, then restores the count before.
-class OmpThreads {
- public:
-  explicit OmpThreads(int n) : previous_(omp_get_max_threads()) { omp_set_num_threads(n); }
-  ~OmpThreads() { omp_set_num_threads(previous_); }
-  OmpThreads(const OmpThreads&) = delete;
-  OmpThreads& operator=(const OmpThreads&) = delete;
-
- private:
-  int previous_;
-};
 
 // Grad mode on for the guard's lifetime, as in a training step.
 class GradOn {
@@ -100,7 +87,7 @@ LeakCheck check_thread_count(const nn::DecoderModel& model, const LeakCheckOptio
   const int64_t L = leak::probe_len(c, o), B = 2;
   const Tensor ids = leak::ids_tensor(leak::probe_rows(c, o, B, L, 10));
   const auto logits_on = [&](int threads) {
-    const OmpThreads guard(threads);
+    const cpu::OmpThreadsGuard guard(threads);
     return leak::forward(*m, ids);
   };
   const Tensor one = logits_on(1), two = logits_on(2);

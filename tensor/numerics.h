@@ -12,10 +12,21 @@
 //              a time through the KV cache, in any batch, on any thread count and any BLAS build.
 //
 // Backward passes are the same in both modes (a gradient is not compared across batch shapes).
-// The mode is process-wide, like OMP_NUM_THREADS: the config key train.numerics and the commands'
-// --numerics set it (train/session.h, apply_process_settings); NumericsGuard scopes it.
+//
+// The mode is per thread, with a process default. numerics() is the calling thread's mode: that of
+// the innermost NumericsGuard alive on this thread, else the process default. set_numerics sets
+// the process default outside any guard (the commands do, once, from --numerics or the config's
+// train.numerics: load_for_inference, train/inference.h); inside a guard it changes that guard's
+// mode instead, so code run in a scope (a command called in-process, a load) leaves other threads'
+// modes alone, and on one thread the modes seen are those one process-wide mode would give. The
+// trainer runs under a guard of train.numerics, and each call on a Python model under one of the
+// model's mode (python/src/model.h), so models in different modes run at once on different
+// threads. Threads a computation starts (OpenMP workers, the run_split helpers of
+// tensor/cpu/parallel.h) do not see the caller's guard: each choice by mode is made on the calling
+// thread and passed to the work they run.
 #pragma once
 #include <array>
+#include <optional>
 
 #include "tensor/choice.h"
 
@@ -25,19 +36,22 @@ enum class Numerics { standard, invariant };
 inline constexpr std::array kNumericsModes = {Choice<Numerics>{"standard", Numerics::standard},
                                               Choice<Numerics>{"invariant", Numerics::invariant}};
 
+// The calling thread's mode (above).
 Numerics numerics();
+// Outside a NumericsGuard: the process default. Inside one: that guard's mode, until it ends.
 void set_numerics(Numerics mode);
 
-// Sets a mode for a scope and restores the one before.
+// Sets the calling thread's mode for a scope and restores the one before at its end; other
+// threads keep theirs.
 class NumericsGuard {
  public:
-  explicit NumericsGuard(Numerics mode) : previous_(numerics()) { set_numerics(mode); }
-  ~NumericsGuard() { set_numerics(previous_); }
+  explicit NumericsGuard(Numerics mode);
+  ~NumericsGuard();
   NumericsGuard(const NumericsGuard&) = delete;
   NumericsGuard& operator=(const NumericsGuard&) = delete;
 
  private:
-  Numerics previous_;
+  std::optional<Numerics> previous_;  // the enclosing guard's mode on this thread; none outside any
 };
 
 }  // namespace qkv

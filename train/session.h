@@ -34,7 +34,7 @@ CorpusFingerprint corpus_fingerprint(const RunData& data);
 void check_resumable(const Config& now, const nn::ModelConfig& model, const Config& then, int64_t vocab,
                      const std::string& ckpt);
 
-// Applies train.threads (0 = leave OpenMP's default).
+// Applies train.threads (0 = leave OpenMP's default) to the calling thread (omp_set_num_threads).
 void apply_thread_setting(const Config& cfg);
 
 }  // namespace qkv::train

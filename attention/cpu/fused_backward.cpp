@@ -149,10 +149,11 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
 
 // s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkMaxQ×kWalkK); pack: the strided walk's
 // packed key rows (strided_head_backward); reached: Nq + 2·Nk flags (dQ, dK, dV rows are zeroed as
-// a tile first reaches them, fused.h ZeroOnFirstTouch).
+// a tile first reaches them, fused.h ZeroOnFirstTouch); walk: use_strided_walk(plan), read by the
+// caller (it depends on the calling thread's numerics mode, which an OpenMP worker does not see).
 template <class T>
 void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
-                   T* dp, T* pz, T* z, T* pack, uint8_t* reached) {
+                   T* dp, T* pz, T* z, T* pack, uint8_t* reached, bool walk) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
@@ -173,10 +174,9 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
   T* dvh = a.dv + b * a.dv_sb + kv_slot * a.dv_sh;
   ZeroOnFirstTouch<T> dq_rows(dqh, dqs, D, reached, a.Nq), dk_rows(dkh, dks, D, reached + a.Nq, a.Nk),
       dv_rows(dvh, dvs, Dv, reached + a.Nq + a.Nk, a.Nk);
-  const bool walk = use_strided_walk(plan);  // else the grid walk below
   if (walk) strided_head_backward<T>(a, plan, drop, b, h, dqh, dkh, dvh, s, dp, pz, z, pack, dq_rows, dk_rows, dv_rows);
   const bool additive = plan.has_bias() || plan.has_alibi();
-  for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {
+  for (int64_t j0 = 0; j0 < (walk ? 0 : a.Nk); j0 += kBlockK) {  // the grid walk
     const int64_t bk = std::min(kBlockK, a.Nk - j0);
     int64_t i_lo, i_hi;
     plan.query_range(b, j0, j0 + bk, &i_lo, &i_hi);
@@ -314,7 +314,8 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const double flops = 2.0 * p.B * p.Hq * p.Nq * p.Nk * (3 * p.D + 2 * p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
   const int64_t tile = std::max(kBlockQ * kBlockK, kWalkMaxQ * kWalkK);
-  const int64_t pack_rows = use_strided_walk(plan) ? packed_key_rows(plan.layout().walk) : 0;
+  const bool walk = use_strided_walk(plan);
+  const int64_t pack_rows = walk ? packed_key_rows(plan.layout().walk) : 0;
   const int64_t per_thread = 4 * tile + 2 * pack_rows * (p.D + p.Dv);
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
   const int64_t flags = p.Nq + 2 * p.Nk;
@@ -323,7 +324,7 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   for (int64_t t = 0; t < tasks; ++t) {
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
     backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile, s + 4 * tile,
-                     reached.data() + omp_get_thread_num() * flags);
+                     reached.data() + omp_get_thread_num() * flags, walk);
   }
   if (!partial) return;
   // dK, dV of kv head hk = Σ over the query heads that read it, in head order.

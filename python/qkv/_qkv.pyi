@@ -174,6 +174,8 @@ class Model:
     @property
     def numerics(self) -> str: ...
     @property
+    def threads(self) -> int: ...
+    @property
     def device(self) -> str: ...
     @property
     def config(self) -> dict[str, Any]: ...
@@ -217,6 +219,7 @@ def load(
     device: Literal["cpu", "cuda"] = "cpu",
     numerics: Literal["standard", "invariant"] | None = None,
     tokenizer: str = "",
+    threads: int | None = None,
 ) -> Model: ...
 def train(
     config: _ConfigLike,

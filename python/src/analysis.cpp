@@ -211,7 +211,8 @@ py::object leakcheck(const Model& m, py::handle checks, const std::optional<std:
   std::optional<analysis::SelfTestResult> st;
   {
     py::gil_scoped_release nogil;
-    NumericsGuard guard(mode);
+    const ModelScope scope(m);
+    const NumericsGuard checked_mode(mode);  // numerics= when given, else the model's
     if (selected.model) report.checks = analysis::run_model_checks(*m.model, opts);
     // The reasons of the checks left out, for the families asked for (each skipped name starts with its family's).
     for (auto& na : analysis::not_applicable_checks(*m.model))
@@ -259,6 +260,7 @@ py::dict consistency(const Model& m) {
   analysis::NumericsComparison cmp;
   {
     py::gil_scoped_release nogil;
+    const ModelScope scope(m);  // its thread count (the comparison sets each mode itself)
     cmp = analysis::compare_numerics_modes(*m.model, {});
   }
   py::dict out;
@@ -313,7 +315,7 @@ py::array_t<float> attention_map(const Model& m, py::handle input, std::optional
   analysis::AttentionMaps maps;
   {
     py::gil_scoped_release nogil;
-    NumericsGuard guard(m.numerics);
+    const ModelScope scope(m);
     maps = analysis::compute_attention_maps(*m.model, ids, m.meta.tokenizer.get());
   }
   return maps_array(maps, layer, head);
@@ -341,7 +343,7 @@ py::object heads(const Model& m, py::handle input, int64_t windows, int64_t leng
   analysis::HeadsReport r;
   {
     py::gil_scoped_release nogil;
-    NumericsGuard guard(m.numerics);
+    const ModelScope scope(m);
     const std::vector<bool> is_sep = tok ? analysis::separator_ids(*tok, seps) : std::vector<bool>{};
     r = analysis::analyze_heads(*m.model, analysis::sample_windows(ids, len, windows), is_sep, o, tok);
     r.separators = seps;
@@ -456,6 +458,7 @@ py::object study(py::handle config, py::handle variants, std::vector<std::string
   analysis::StudyResult r;
   {
     py::gil_scoped_release nogil;
+    const cpu::OmpThreadsGuard keep_threads;  // each run applies its train.threads to this thread
     r = analysis::run_study(c.path, overrides, specs, o);
   }
   nlohmann::json j = analysis::study_json(r);

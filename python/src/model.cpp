@@ -1,11 +1,13 @@
 // qkv.load / qkv.Model (inference on a checkpoint or a Hugging Face directory) and qkv.train.
-// Every Model call runs under the model's numerics mode with the GIL released around the compute;
-// arguments are converted and checked first (with the GIL held), so bad input raises qkv.Error
-// before anything runs.
+// Every Model call runs under the model's numerics mode and thread count (ModelScope, model.h)
+// with the GIL released around the compute; arguments are converted and checked first (with the
+// GIL held), so bad input raises qkv.Error before anything runs.
 #include "python/src/model.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
+
+#include <omp.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -42,6 +44,14 @@ std::optional<Numerics> numerics_named(const std::optional<std::string>& name) {
   const Numerics* found = find_choice(kNumericsModes, *name);
   QKV_CHECK(found, "numerics '", *name, "' is not one of: ", names_or(kNumericsModes));
   return *found;
+}
+
+// qkv.load's threads=: at least 1, at most train.threads' limit (train::apply_thread_setting).
+void check_threads(int64_t threads) {
+  const int64_t most = 4 * std::max(1, omp_get_num_procs());
+  QKV_CHECK(threads >= 1 && threads <= most, "threads = ", threads, " is outside [1, ", most,
+            "] (4 x the processors of this machine: oversubscribed threads wait at every barrier for threads "
+            "that are not running); or None for the config's train.threads");
 }
 
 int64_t vocab_of(const Model& m) { return m.model->config().vocab_size; }
@@ -196,6 +206,7 @@ py::dict train_binding(py::handle config, py::handle overrides, py::object callb
   train::TrainSummary s;
   {
     py::gil_scoped_release nogil;
+    const cpu::OmpThreadsGuard keep_threads;  // the run applies train.threads to this thread; restored after
     s = train::run_training(cfg, o);
   }
   if (raised) throw std::move(*raised);
@@ -266,7 +277,7 @@ py::object generate(const Model& m, py::handle prompts, std::optional<int64_t> m
     train::Completion c;
     {
       py::gil_scoped_release nogil;
-      const NumericsGuard mode(m.numerics);
+      const ModelScope scope(m);
       c.tokens = train::generate(*m.model, ids, o, {}, logprobs ? &c.logprobs : nullptr);
     }
     return completion(c, logprobs);
@@ -280,7 +291,7 @@ py::object generate(const Model& m, py::handle prompts, std::optional<int64_t> m
   std::vector<train::Completion> done;
   {
     py::gil_scoped_release nogil;
-    const NumericsGuard mode(m.numerics);
+    const ModelScope scope(m);
     done = train::generate_batch(*m.model, all, o, batch_size, logprobs);
   }
   py::list out;
@@ -290,7 +301,7 @@ py::object generate(const Model& m, py::handle prompts, std::optional<int64_t> m
 
 Tensor logits(const Model& m, const Tensor& ids) {
   py::gil_scoped_release nogil;
-  const NumericsGuard mode(m.numerics);
+  const ModelScope scope(m);
   const autograd::NoGradGuard no_grad;
   nn::ForwardArgs a;
   a.ids = ids;
@@ -309,7 +320,7 @@ py::array token_logprobs(const Model& m, py::handle obj) {
     train::TokenScores t;
     {
       py::gil_scoped_release nogil;
-      const NumericsGuard mode(m.numerics);
+      const ModelScope scope(m);
       t = train::score_tokens(*m.model, tokens, "ids");
     }
     return numpy_copy<double>({static_cast<py::ssize_t>(t.logprob.size())}, t.logprob.data());
@@ -329,7 +340,7 @@ py::array token_logprobs(const Model& m, py::handle obj) {
   std::vector<double> lp;
   {
     py::gil_scoped_release nogil;
-    const NumericsGuard mode(m.numerics);
+    const ModelScope scope(m);
     const autograd::NoGradGuard no_grad;
     nn::ForwardArgs a;
     a.ids = from_vector_i64(x, {B, N - 1});
@@ -345,7 +356,7 @@ double loss(const Model& m, py::handle ids_obj, py::handle targets_obj) {
   QKV_CHECK(ids.shape() == targets.shape(), "targets: shape ", shape_str(targets.shape()), " differs from ids' ",
             shape_str(ids.shape()), "; give one target per token");
   py::gil_scoped_release nogil;
-  const NumericsGuard mode(m.numerics);
+  const ModelScope scope(m);
   const autograd::NoGradGuard no_grad;
   nn::ForwardArgs a;
   a.ids = ids;
@@ -377,6 +388,7 @@ py::dict gradcheck(const Model& m, int directions, int elements, int64_t seed, d
   analysis::ConfigGradcheck run;
   {
     py::gil_scoped_release nogil;
+    const cpu::OmpThreadsGuard threads(m.threads);  // the model's thread count
     run = analysis::run_config_gradcheck(cfg, opt);
   }
   const analysis::ModelGradcheckReport& r = run.report;
@@ -446,8 +458,8 @@ void bind_model(py::module_& m) {
             const nn::ModelConfig& c = self.model->config();
             return cat("<qkv.Model ", nn::family_name(c.family), " n_layer=", c.n_layer, " n_embd=", c.n_embd,
                        " vocab_size=", c.vocab_size, " block_size=", c.block_size,
-                       " numerics=", choice_name(kNumericsModes, self.numerics), " device=", self.device, " path='",
-                       self.meta.path, "'>");
+                       " numerics=", choice_name(kNumericsModes, self.numerics), " threads=", self.threads,
+                       " device=", self.device, " path='", self.meta.path, "'>");
           },
           "<qkv.Model family n_layer=... path='...'>.")
       .def_property_readonly(
@@ -455,6 +467,8 @@ void bind_model(py::module_& m) {
       .def_property_readonly(
           "numerics", [](const Model& self) { return std::string(choice_name(kNumericsModes, self.numerics)); },
           "The numerics mode every call runs under: 'standard' or 'invariant'.")
+      .def_property_readonly(
+          "threads", [](const Model& self) { return self.threads; }, "The OpenMP threads every call runs on.")
       .def_property_readonly(
           "device", [](const Model& self) { return self.device; }, "Where its weights live: 'cpu' or 'cuda'.")
       .def_property_readonly(
@@ -509,19 +523,24 @@ void bind_model(py::module_& m) {
   m.def(
       "load",
       [](const std::string& path, const std::string& device, std::optional<std::string> numerics,
-         const std::string& tokenizer) {
+         const std::string& tokenizer, std::optional<int64_t> threads) {
         const Device dev = device_named(device);
         const std::optional<Numerics> mode = numerics_named(numerics);
+        if (threads) check_threads(*threads);
         const bool hf = train::is_hf_directory(path);
         QKV_CHECK(tokenizer.empty() || hf, "tokenizer='", tokenizer, "' is for a Hugging Face directory; ", path,
                   " is a checkpoint, which holds its tokenizer");
         auto model = std::make_shared<Model>();
         {
           py::gil_scoped_release nogil;
-          NumericsGuard keep_process_mode(qkv::numerics());  // the load sets the mode; the model keeps it
+          // The load applies the mode and train.threads to this thread, inside these scopes: the
+          // model keeps them (its calls run under them, ModelScope) and the thread gets its own back.
+          const NumericsGuard keep_mode(qkv::numerics());
+          const cpu::OmpThreadsGuard keep_threads;
           train::LoadedModel loaded = hf ? train::load_hf_for_inference(path, dev, mode, tokenizer)
                                          : train::load_for_inference(path, dev, mode);
           model->numerics = qkv::numerics();
+          model->threads = threads ? static_cast<int>(*threads) : omp_get_max_threads();
           model->model = std::move(loaded.model);
           model->meta = std::move(loaded.meta);
         }
@@ -529,9 +548,13 @@ void bind_model(py::module_& m) {
         return model;
       },
       py::arg("path"), py::arg("device") = "cpu", py::arg("numerics") = py::none(), py::arg("tokenizer") = "",
+      py::arg("threads") = py::none(),
       "Loads a qkv checkpoint (.h5) or a Hugging Face model directory (config.json + safetensors) for "
       "inference; numerics: 'standard' or 'invariant' (default: the config's train.numerics); tokenizer: "
-      "'byte' for an HF directory without tokenizer files whose ids are bytes (as qkv import --tokenizer).");
+      "'byte' for an HF directory without tokenizer files whose ids are bytes (as qkv import --tokenizer); "
+      "threads: the OpenMP threads its calls run on (default: the config's train.threads, or when that is 0 "
+      "the loading thread's count). The mode and the thread count are the model's own: each call sets them "
+      "on the calling thread for its duration.");
 
   m.def("train", &train_binding, py::arg("config"), py::arg("overrides") = py::tuple(),
         py::arg("callback") = py::none(), py::arg("out_dir") = py::none(), py::arg("quiet") = true,

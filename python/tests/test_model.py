@@ -3,6 +3,7 @@ random gpt2 and llama models), a float64 numpy log-softmax (loss), and the `qkv`
 same checkpoint (eval --per-token, sample, gradcheck, error messages)."""
 import json
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -93,8 +94,8 @@ def assert_logits_close(ours, ref, ids):
 
 def test_logits_match_transformers_gpt2(tmp_path):
     transformers = pytest.importorskip("transformers")
-    tok = transformers.GPT2TokenizerFast(vocab_file=str(TOKENIZER_DIR / "vocab.json"),
-                                         merges_file=str(TOKENIZER_DIR / "merges.txt"))
+    # From the directory: transformers 5 ignores vocab_file= and merges_file= (an empty vocabulary).
+    tok = transformers.GPT2TokenizerFast.from_pretrained(str(TOKENIZER_DIR))
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=len(tok), n_positions=24, n_embd=48, n_layer=2,
                                                               n_head=4, activation_function="gelu_new"))
     widen(hf, 21)
@@ -220,6 +221,8 @@ def test_errors_carry_the_cli_message(model, ckpt, tmp_path):
         qkv.load(ckpt, tokenizer="byte")
     with pytest.raises(qkv.Error, match="numerics 'fast' is not one of"):
         qkv.load(ckpt, numerics="fast")
+    with pytest.raises(qkv.Error, match=r"threads = 0 is outside \[1, "):
+        qkv.load(ckpt, threads=0)
     with pytest.raises(qkv.Error, match="prompts: an empty list"):
         model.generate([], max_new_tokens=2)
     with pytest.raises(qkv.Error, match="temperature"):
@@ -249,3 +252,52 @@ def test_gradcheck_equals_cli(model, ckpt):
     theirs = cli_json("gradcheck", "--config", SOURCE_DIR / "configs" / "tiny.toml", "--set", f"data.path={CORPUS}",
                       "--set", "model.vocab_size=65", "--directions", "1", "--elements", "1")
     assert ours["loss"] == theirs["loss"]
+
+
+def test_two_models_in_two_modes_run_at_once_on_two_threads(ckpt):
+    """The numerics mode and thread count are each model's own, set on the calling thread for each
+    call (python/src/model.h, ModelScope): used at once from two Python threads, a standard and an
+    invariant model each give the bits it gives alone."""
+    std = qkv.load(ckpt, numerics="standard", threads=1)
+    inv = qkv.load(ckpt, numerics="invariant", threads=2)
+    assert (std.numerics, std.threads, inv.numerics, inv.threads) == ("standard", 1, "invariant", 2)
+    assert "numerics=invariant threads=2" in repr(inv)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, std.vocab_size, size=(8, 32))
+    seq = rng.integers(0, std.vocab_size, size=80)
+    prompt = ids[0, :5].tolist()
+    cut = 13
+
+    def results(m):
+        return {"logits": np.array(m.logits(ids).numpy()), "prefix": np.array(m.logits(ids[:, :cut]).numpy()),
+                "logprobs": m.token_logprobs(seq), "tokens": m.generate(prompt, max_new_tokens=8, temperature=0)}
+
+    alone = {"standard": results(std), "invariant": results(inv)}
+    # What tells the modes apart: the two models' bits differ, and only invariant keeps a prefix's
+    # logits bitwise those rows of the whole sequence's; so a call run in the other model's mode
+    # gives other bits than its model's alone.
+    assert not np.array_equal(alone["standard"]["logits"], alone["invariant"]["logits"])
+    assert np.array_equal(alone["invariant"]["prefix"], alone["invariant"]["logits"][:, :cut])
+    assert not np.array_equal(alone["standard"]["prefix"], alone["standard"]["logits"][:, :cut])
+
+    start = threading.Barrier(2)
+    failures = {"standard": [], "invariant": []}
+
+    def use(m, rounds=100):
+        try:
+            start.wait()
+            for i in range(rounds):
+                got = results(m)
+                for key, want in alone[m.numerics].items():
+                    same = np.array_equal(got[key], want) if key != "tokens" else got[key] == want
+                    if not same:
+                        failures[m.numerics].append(f"round {i}: {key}")
+        except Exception as e:  # noqa: BLE001 (reported below)
+            failures[m.numerics].append(repr(e))
+
+    threads = [threading.Thread(target=use, args=(m,)) for m in (std, inv)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == {"standard": [], "invariant": []}

@@ -24,7 +24,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <unordered_map>
 
@@ -408,13 +407,14 @@ struct PackEntry {
   std::weak_ptr<Storage> storage;
   PackedWeight panels;
 };
+// One per thread: a scope packs only the weights its own thread multiplies inside it (those its
+// owner promises unchanged), and another thread's scope ending cannot free panels in use here.
 struct PackCache {
-  std::mutex mutex;
   int scopes = 0;
   std::unordered_map<PackKey, PackEntry, PackKeyHash> panels;  // nodes: references stay valid
 };
 PackCache& pack_cache() {
-  static PackCache c;
+  thread_local PackCache c;
   return c;
 }
 
@@ -422,12 +422,12 @@ bool same_owner(const std::weak_ptr<Storage>& a, const std::shared_ptr<Storage>&
   return !a.owner_before(b) && !b.owner_before(a);
 }
 
-// The panels of W (held by `storage`) while a scope lives, else nullptr. Panels whose storage has
-// been freed are dropped when a weight is packed, so weights made per call do not pile up.
+// The panels of W (held by `storage`) while a scope lives on this thread, else nullptr. Panels
+// whose storage has been freed are dropped when a weight is packed, so weights made per call do
+// not pile up.
 const PackedWeight* cached_panels(const float* w, const std::shared_ptr<Storage>& storage, int64_t ldw, int64_t n,
                                   int64_t k, bool bf16) {
   PackCache& c = pack_cache();
-  const std::lock_guard<std::mutex> lock(c.mutex);
   if (c.scopes == 0) return nullptr;
   const PackKey key{w, n, k, ldw, bf16};
   auto it = c.panels.find(key);
@@ -439,22 +439,14 @@ const PackedWeight* cached_panels(const float* w, const std::shared_ptr<Storage>
   return &entry.panels;
 }
 
-bool pack_cache_active() {
-  PackCache& c = pack_cache();
-  const std::lock_guard<std::mutex> lock(c.mutex);
-  return c.scopes > 0;
-}
+bool pack_cache_active() { return pack_cache().scopes > 0; }
 
 }  // namespace
 
-PackedWeightScope::PackedWeightScope() {
-  const std::lock_guard<std::mutex> lock(pack_cache().mutex);
-  ++pack_cache().scopes;
-}
+PackedWeightScope::PackedWeightScope() { ++pack_cache().scopes; }
 
 PackedWeightScope::~PackedWeightScope() {
   PackCache& c = pack_cache();
-  const std::lock_guard<std::mutex> lock(c.mutex);
   if (--c.scopes == 0) c.panels.clear();
 }
 

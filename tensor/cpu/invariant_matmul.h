@@ -55,15 +55,16 @@ void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, 
 void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
                       int64_t m);
 
-// Packed weights for a decode loop. While a PackedWeightScope is alive (anywhere in the process),
-// the Tensor form below packs each weight it sees with at most kPackedRows rows of x once, keyed
-// by the weight's storage, data pointer, layout and bf16 rounding, and reuses the panels for every
-// later call while that storage lives: a decode
-// step then streams panels (pure loads and FMAs) instead of transposing W's rows on the fly. The
-// values are the same bits either way (the order is the kernel's, not the layout's). The scope
-// owner promises the weights do not change while it lives (train::generate holds one for a
-// generation, whose model is const); the panels are freed when the last scope ends. They take as
-// much memory as the weights they copy (half as much in bf16).
+// Packed weights for a decode loop. While a PackedWeightScope is alive on the calling thread, the
+// Tensor form below called on that thread packs each weight it sees with at most kPackedRows rows
+// of x once, keyed by the weight's storage, data pointer, layout and bf16 rounding, and reuses the
+// panels for every later call while that storage lives: a decode step then streams panels (pure
+// loads and FMAs) instead of transposing W's rows on the fly. The values are the same bits either
+// way (the order is the kernel's, not the layout's). The scope owner promises the weights do not
+// change while it lives (train::generate holds one for a generation, whose model is const); the
+// panels are freed when the thread's last scope ends. Each thread has its own scopes and panels,
+// so generations on two threads (two Python models) neither pack nor free each other's. They take
+// as much memory as the weights they copy (half as much in bf16).
 constexpr int64_t kPackedRows = 16;
 class PackedWeightScope {
  public:

@@ -103,4 +103,8 @@ void run_split(int64_t chunks, int threads, const std::function<void(int64_t)>& 
 
 SplitTrace last_split_trace() { return t_trace; }
 
+OmpThreadsGuard::OmpThreadsGuard() : previous_(omp_get_max_threads()) {}
+OmpThreadsGuard::OmpThreadsGuard(int threads) : previous_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+OmpThreadsGuard::~OmpThreadsGuard() { omp_set_num_threads(previous_); }
+
 }  // namespace qkv::cpu

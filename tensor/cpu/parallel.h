@@ -41,4 +41,20 @@ struct SplitTrace {
 };
 SplitTrace last_split_trace();
 
+// Runs the calling thread's OpenMP regions (and OpenBLAS's, which are OpenMP's) on `threads`
+// threads for the guard's lifetime, then restores the count before. omp_set_num_threads sets the
+// calling thread's count only (libgomp keeps it per thread), so other threads keep theirs. The
+// default one changes nothing and restores the count at its end (around code that sets it).
+class OmpThreadsGuard {
+ public:
+  OmpThreadsGuard();
+  explicit OmpThreadsGuard(int threads);
+  ~OmpThreadsGuard();
+  OmpThreadsGuard(const OmpThreadsGuard&) = delete;
+  OmpThreadsGuard& operator=(const OmpThreadsGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
 }  // namespace qkv::cpu

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <latch>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "compare_util.h"
@@ -305,6 +307,27 @@ TEST_CASE("inside a PackedWeightScope a new weight at a freed weight's address i
       }
   }
   REQUIRE(reused > 0);  // the allocator gave a freed weight's address to a new one: the case above
+}
+
+// Scopes are per thread: another thread's generation (a second Python model) must not pack this
+// thread's weights, which may change between calls (Model.parameters() writes through).
+TEST_CASE("a PackedWeightScope on one thread leaves another thread's products unpacked", "[invariant][exact]") {
+  std::latch scoped(1), done(1);
+  std::thread holder([&] {
+    const cpu::PackedWeightScope scope;
+    scoped.count_down();
+    done.wait();
+  });
+  scoped.wait();
+  const Tensor x = randn({2, 64}, 51, 0, 0.0, 1.0, DType::f32);
+  Tensor w = randn({24, 64}, 52, 0, 0.0, 0.1, DType::f32);
+  const Tensor before = invariant_linear(x, w, Tensor());
+  for (int64_t e = 0; e < w.numel(); ++e) w.data<float>()[e] *= 2.0f;  // in place: same storage
+  const Tensor after = invariant_linear(x, w, Tensor()), fresh = invariant_linear(x, w.clone(), Tensor());
+  done.count_down();
+  holder.join();
+  CHECK(std::memcmp(after.data<float>(), fresh.data<float>(), after.numel() * sizeof(float)) == 0);
+  CHECK(std::memcmp(after.data<float>(), before.data<float>(), after.numel() * sizeof(float)) != 0);
 }
 
 // bf16 inference: the panels hold W rounded to bf16 and the kernel widens them back, so the product
