@@ -195,6 +195,8 @@ void DataParallel::zero_grads() {
     // Each row's backward writes fresh gradients (no zero fill); reduce_tree binds the views.
     tree_->clear();
     rows_pushed_ = 0;
+    pending_leaf_.clear();
+    pending_held_.clear();
   }
   if (!grad_flat_.defined() || tree_) {
     std::vector<Tensor> ps;
@@ -229,13 +231,25 @@ void DataParallel::push_row(int64_t g) {
     }
     leaf.push_back({offset_[k], n, grad.defined() ? grad.data<float>() : nullptr});
   }
-  tree_->push(leaf, g);
-  ++rows_pushed_;
-  held.clear();
   std::vector<Tensor> ps;
   ps.reserve(params_.size());
   for (const OptimParam& p : params_) ps.push_back(p.param);
-  autograd::zero_grad(ps);
+  autograd::zero_grad(ps);  // the next row's backward starts afresh
+  if (!pending_held_.empty() || !pending_leaf_.empty()) {
+    // Row g - 1 waited for this one: their node is written in one pass.
+    QKV_CHECK(g == pending_row_ + 1, "[data_parallel] row ", g, " follows row ", pending_row_);
+    tree_->push_pair(pending_leaf_, leaf, pending_row_);
+    pending_leaf_.clear();
+    pending_held_.clear();
+  } else if (g % 2 == 0 && rows_pushed_ + 1 < tree_rows_) {
+    // A left child whose sibling is this rank's next row: kept as it is until then.
+    pending_leaf_ = std::move(leaf);
+    pending_held_ = std::move(held);
+    pending_row_ = g;
+  } else {
+    tree_->push(leaf, g);
+  }
+  ++rows_pushed_;
 }
 
 void DataParallel::reduce_tree() {

@@ -24,6 +24,16 @@ void add_to(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+// a[i] = a[i] + 0: a row without a gradient for these elements is +0 there, and -0 + +0 = +0.
+void add_zero(float* a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) a[i] = a[i] + 0.0f;
+}
+
+// out[i] = a[i] + 0 (the same as above, into out).
+void copy_plus_zero(float* out, const float* a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + 0.0f;
+}
+
 // `left` and `right` are the two children of one node: same level, adjacent, left aligned to the
 // parent's size.
 bool siblings(const RowBlock& left, const RowBlock& right) {
@@ -92,6 +102,22 @@ float* RowTree::take_buffer() {
   return p;
 }
 
+void RowTree::push_pair(const std::vector<Piece>& left, const std::vector<Piece>& right, int64_t row) {
+  QKV_CHECK(row % 2 == 0 && left.size() == right.size(), "[row_tree] a pair starts at an even row (", row,
+            ") and has two leaves of the same pieces");
+  float* node = take_buffer();
+  for (size_t i = 0; i < left.size(); ++i) {
+    const Piece& a = left[i];
+    const Piece& b = right[i];
+    QKV_CHECK(a.offset == b.offset && a.n == b.n, "[row_tree] the pair's pieces differ at piece ", i);
+    float* out = node + a.offset;
+    if (a.data && b.data) add_to(out, a.data, b.data, a.n);
+    else if (a.data || b.data) copy_plus_zero(out, a.data ? a.data : b.data, a.n);
+    else std::memset(out, 0, static_cast<size_t>(a.n) * sizeof(float));
+  }
+  push_block(stack_, RowBlock{row, 1, node}, n_, &free_);
+}
+
 void RowTree::push(const float* leaf, int64_t row) { push(std::vector<Piece>{{0, n_, leaf}}, row); }
 
 void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
@@ -106,8 +132,10 @@ void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
   if (!stack_.empty() && siblings(stack_.back(), b)) {
     RowBlock left = stack_.back();
     stack_.pop_back();
-    for (const Piece& p : leaf)
+    for (const Piece& p : leaf) {
       if (p.data) add_into(left.data + p.offset, p.data, p.n);
+      else add_zero(left.data + p.offset, p.n);
+    }
     left.level = 1;
     push_block(stack_, left, n_, &free_);
     return;

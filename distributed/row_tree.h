@@ -47,12 +47,17 @@ class RowTree {
   void clear();
   // Adds row `row`'s gradient (n floats, copied).
   void push(const float* leaf, int64_t row);
-  // The same with the gradient in pieces that tile [0, n) in order (data null: zeros).
+  // The same with the gradient in pieces that tile [0, n) in order (data null: +0, as a row
+  // without a gradient for them has: every merge adds it, so -0 + +0 = +0 whichever way the
+  // rows arrive).
   struct Piece {
     int64_t offset = 0, n = 0;
     const float* data = nullptr;
   };
   void push(const std::vector<Piece>& leaf, int64_t row);
+  // Rows `row` (even) and row + 1 at once: their node is written as left + right in one pass,
+  // without a copy of the left leaf (the same bits as pushing both).
+  void push_pair(const std::vector<Piece>& left, const std::vector<Piece>& right, int64_t row);
   // The blocks held, in row order.
   const std::vector<RowBlock>& blocks() const { return stack_; }
   // The sum of every row pushed, in the tree's order, into out (n floats).

@@ -34,8 +34,8 @@ std::vector<double> row_tree_backward(const nn::DecoderModel& model, dist::DataP
     for (int64_t i = 0; i < b.x.size(0); ++i) {
       const Batch row = batch_row(b, i);
       const int64_t g = row.first_row;
-      Tensor loss = batch_loss(model, row, {dist::row_dropout_seed(seed, g), static_cast<uint64_t>(step), 0},
-                               masked_rows);
+      Tensor loss =
+          batch_loss(model, row, {dist::row_dropout_seed(seed, g), static_cast<uint64_t>(step), 0}, masked_rows);
       const double share = static_cast<double>(row.n_targets) / d;
       row_loss.push_back(share * loss.item());
       if (row.n_targets > 0) autograd::backward(ag::mul(loss, share));
