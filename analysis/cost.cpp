@@ -209,6 +209,7 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   r.model = m;
   r.pattern = pat.name;
   r.batch = cfg.train.batch_size;
+  r.row_tree = cfg.train.resolved_numerics() == Numerics::invariant && cfg.train.device == Device::cpu;
   r.train_tokens = cfg.train.resolved_seq_len(m.block_size);
   r.context = o.context > 0 ? o.context : m.block_size;
   QKV_CHECK(o.context >= 0, "--context must be >= 1, got ", o.context);
@@ -355,33 +356,49 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   // logits and the loss' lse; backward then frees each layer's activations as it makes that
   // layer's gradients (gradients are dropped by zero_grad, so they are rebuilt every step).
   // Persistent: parameters and the AdamW moments (3 × 4 bytes per parameter).
+  // `rows` rows go through forward and backward at once: the batch, or under the row tree of
+  // invariant training (train/row_step.h) one row at a time.
   const Count P4 = 4 * params;
   r.state_bytes = figure(3 * P4, "the parameters + AdamW moments", kParams);
   const Count stats = m.norm == nn::NormKind::layernorm ? 2 : 1;
-  const Count batch_bytes = 2 * 8 * BT;                             // ids and targets, int64
-  const Count top_act = 4 * BT * (C + stats + C + V + 1);           // x_L, ln_f stats and output, logits, lse
-  const Count act = r.recompute ? layer_act_recompute : layer_act;  // each layer's kept activations
-  Count remaining = L * act;
-  const Count base = P4 + 2 * P4 + batch_bytes;  // params + moments
-  Count peak = base + remaining + top_act;       // end of forward
-  // LM head backward: dlogits overwrite the logits in place; dx [BT, C] and dW [V, C] are new.
-  Count grads = 4 * (C * V + 2 * norm_params);
-  peak = max(peak, base + remaining + top_act + grads + 4 * BT * C);
-  // Each block, top down: its gradients appear while its activations go. In flight at its
-  // busiest (the MLP): the incoming gradient and the residual's [BT, C], the hidden's gradient
-  // twice [BT, F or 2F] (before and after the activation's backward), plus the layer's weight
-  // gradients; with recompute the replay rebuilds the block's full activations first.
-  const Count hidden = gated ? 2 * F : F;
-  const Count replay = r.recompute ? layer_act : 0;
-  const Count transient = 4 * BT * (2 * C + 2 * hidden);
-  for (int64_t l = m.n_layer - 1; l >= 0; --l) {
-    grads += 4 * layer_params;
-    peak = max(peak, base + remaining + replay + grads + transient);
-    remaining -= act;
+  const auto step_peak = [&](Count rows, Count held) {
+    const Count RT = rows * T;
+    const Count row_act = 4 * (bf.per_token * RT + bf.per_pair_head * rows * Hq * pairs_T);
+    const Count batch_bytes = 2 * 8 * RT;                    // ids and targets, int64
+    const Count top_act = 4 * RT * (C + stats + C + V + 1);  // x_L, ln_f stats and output, logits, lse
+    const Count act = r.recompute ? 4 * C * RT : row_act;    // each layer's kept activations
+    Count remaining = L * act;
+    const Count base = P4 + 2 * P4 + batch_bytes + held;  // params + moments (+ what the row tree holds)
+    Count peak = base + remaining + top_act;              // end of forward
+    // LM head backward: dlogits overwrite the logits in place; dx [RT, C] and dW [V, C] are new.
+    Count grads = 4 * (C * V + 2 * norm_params);
+    peak = max(peak, base + remaining + top_act + grads + 4 * RT * C);
+    // Each block, top down: its gradients appear while its activations go. In flight at its
+    // busiest (the MLP): the incoming gradient and the residual's [RT, C], the hidden's gradient
+    // twice [RT, F or 2F] (before and after the activation's backward), plus the layer's weight
+    // gradients; with recompute the replay rebuilds the block's full activations first.
+    const Count hidden = gated ? 2 * F : F;
+    const Count replay = r.recompute ? row_act : 0;
+    const Count transient = 4 * RT * (2 * C + 2 * hidden);
+    for (int64_t l = m.n_layer - 1; l >= 0; --l) {
+      grads += 4 * layer_params;
+      peak = max(peak, base + remaining + replay + grads + transient);
+      remaining -= act;
+    }
+    // The embeddings: a dense [V, C] gradient is added into the (tied) weight's gradient.
+    grads = P4;
+    return max(peak, base + grads + 4 * (m.tie_embeddings ? C * V : 0) + 4 * RT * C);
+  };
+  Count peak = step_peak(B, 0);
+  if (r.row_tree) {
+    // The flat gradient the rows are folded into, and an even row's gradients kept while the next
+    // row runs (DataParallel::push_row); the tree's own blocks are reported apart.
+    const int64_t rows = r.batch * cfg.train.grad_accum;  // <= 2^20 x 2^20: no overflow
+    peak = step_peak(1, rows > 1 ? 2 * P4 : P4);
+    int64_t depth = 0;  // blocks held at most: one per level below the rank's row count, + the newest
+    while ((int64_t{1} << (depth + 1)) <= rows) ++depth;
+    r.row_tree_bytes = figure(P4 * (depth + 1), "the row tree's blocks", kParams);
   }
-  // The embeddings: a dense [V, C] gradient is added into the (tied) weight's gradient.
-  grads = P4;
-  peak = max(peak, base + grads + 4 * (m.tie_embeddings ? C * V : 0) + 4 * BT * C);
   r.peak_step_bytes = figure(peak, "the peak tensor bytes of a training step", kStep);
   return r;
 }
@@ -445,6 +462,7 @@ nlohmann::json cost_json(const CostReport& r) {
       {"decode_state_bytes", r.decode_state_bytes},
       {"recompute", r.recompute},
       {"peak_step_bytes", r.peak_step_bytes},
+      {"row_tree_bytes", r.row_tree_bytes},
       {"layers", layers}};
 }
 
@@ -508,6 +526,7 @@ std::string cost_table(const CostReport& r) {
   mem("what the fused kernel keeps: O + lse (step)", r.attn_fused_kept_bytes);
   mem("params + AdamW moments", r.state_bytes);
   mem(r.recompute ? "peak tensor bytes of a step (recompute on)" : "peak tensor bytes of a step", r.peak_step_bytes);
+  if (r.row_tree) mem("row tree blocks (invariant: rows one at a time)", r.row_tree_bytes);
   mem("KV cache per token, f32", r.kv_cache_bytes_per_token_f32);
   mem("KV cache per token, bf16", r.kv_cache_bytes_per_token_bf16);
   mem("KV cache per token if MHA (Hkv = Hq), f32", r.kv_cache_bytes_per_token_mha_f32);

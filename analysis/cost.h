@@ -112,8 +112,12 @@ struct CostReport {
   int64_t attn_weights_naive_bytes = 0, attn_fused_kept_bytes = 0;  // whole model, one step
   // Tensor bytes in use at the peak of a training step (params, AdamW moments, gradients,
   // activations, logits and the transients of backward), with the config's recompute setting.
+  // Under the row tree (invariant numerics on the CPU: one row at a time) the activations are one
+  // row's, plus the flat gradient and a held row's gradients.
   int64_t peak_step_bytes = 0;
-  int64_t state_bytes = 0;  // params + AdamW moments (+ gradients once backward has made them)
+  bool row_tree = false;       // the step runs its rows alone (docs/distributed.md, "Split invariance")
+  int64_t row_tree_bytes = 0;  // row tree: its blocks at most (outside the tensor allocator), else 0
+  int64_t state_bytes = 0;     // params + AdamW moments (+ gradients once backward has made them)
   std::vector<LayerCost> layers;
 };
 
@@ -130,7 +134,8 @@ CostReport estimate_cost(const Config& cfg, const CostOptions& o = {});
 // flops_per_token {train, prefill, decode}, flops_split {train, prefill, decode: {projections, qk,
 // av, mlp, head, norm}}, train_flops_per_step, prefill_flops, pattern, kept_pairs {train, context,
 // full_context}, activation_bytes {no_recompute, recompute}, attention_weights_bytes {naive,
-// fused}, decode_state_bytes, peak_step_bytes, batch, train_tokens, context, layers: [...]}.
+// fused}, decode_state_bytes, peak_step_bytes, row_tree_bytes (0 without the row tree), batch,
+// train_tokens, context, layers: [...]}.
 nlohmann::json cost_json(const CostReport& r);
 // The human-readable tables.
 std::string cost_table(const CostReport& r);

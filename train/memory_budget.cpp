@@ -68,11 +68,16 @@ void check_memory_budget(const Config& cfg, int64_t vocab, ModelUse use) {
   // tensors live on the device, whose memory this check does not read.
   if (use == ModelUse::training && cfg.train.device == Device::cuda) use = ModelUse::inference;
   if (use == ModelUse::training) {
-    need = static_cast<double>(r.peak_step_bytes);
+    need = static_cast<double>(r.peak_step_bytes) + static_cast<double>(r.row_tree_bytes);
     const double act = static_cast<double>(r.recompute ? r.activation_bytes_recompute : r.activation_bytes);
-    parts = "parameters " + gib_text(params) + ", gradients " + gib_text(params) + ", AdamW moments " +
-            gib_text(2 * params) + ", activations " + gib_text(act) + " for train.batch_size " +
-            std::to_string(r.batch) + " x train.seq_len " + std::to_string(r.train_tokens) + " tokens";
+    parts =
+        "parameters " + gib_text(params) + ", gradients " + gib_text(params) + ", AdamW moments " +
+        gib_text(2 * params) + ", activations " +
+        (r.row_tree ? gib_text(act / static_cast<double>(r.batch)) + " for one row of train.seq_len " +
+                          std::to_string(r.train_tokens) + " tokens (invariant numerics runs rows alone), row tree " +
+                          gib_text(static_cast<double>(r.row_tree_bytes))
+                    : gib_text(act) + " for train.batch_size " + std::to_string(r.batch) + " x train.seq_len " +
+                          std::to_string(r.train_tokens) + " tokens");
   } else {
     const double kv = static_cast<double>(r.kv_cache_bytes_per_sequence_f32);
     need = params + kv;

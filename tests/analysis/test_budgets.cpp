@@ -113,9 +113,10 @@ TEST_CASE("budgets: cost at the ends of the key ranges equals exact hand-compute
   // The longest step: B = T = 2^20 - 1 rows and tokens, C = 16384, one head. Each layer keeps
   // 16C + 5 floats per token, 4 · B · T · (16C + 5) ≈ 2^60 bytes: an odd multiple of 4 past 2^53,
   // which a double cannot hold exactly; the count must be exact.
-  const analysis::CostReport s = analysis::estimate_cost(parse(
-      {"model.family=\"gpt2\"", "model.n_layer=1", "model.n_embd=16384", "model.n_head=1", "model.block_size=1048575",
-       "model.vocab_size=65536", "train.batch_size=1048575", "model.attn_kernel=\"fused\""}));
+  const analysis::CostReport s =
+      analysis::estimate_cost(parse({"model.family=\"gpt2\"", "model.n_layer=1", "model.n_embd=16384", "model.n_head=1",
+                                     "model.block_size=1048575", "model.vocab_size=65536", "train.batch_size=1048575",
+                                     "model.attn_kernel=\"fused\"", "train.numerics=\"standard\""}));
   const i128 Bs = 1048575, Ts = 1048575, Cs = 16384;
   CHECK(i128{s.activation_bytes} == 4 * Bs * Ts * (16 * Cs + 5));
   CHECK(i128{s.activation_bytes_recompute} == 4 * Bs * Ts * Cs);
@@ -123,6 +124,16 @@ TEST_CASE("budgets: cost at the ends of the key ranges equals exact hand-compute
   CHECK(i128{s.attn_fused_kept_bytes} == 4 * (Bs * Ts * Cs + Bs * Ts));
   CHECK(s.peak_step_bytes >= s.activation_bytes);
   CHECK(std::isfinite(s.train_flops_per_step));
+  CHECK(s.row_tree_bytes == 0);
+  // Invariant numerics runs the rows alone: one row's activations, and 21 tree blocks of the
+  // parameters (2^20 - 1 rows: levels 0 .. 19, + the newest).
+  const analysis::CostReport t = analysis::estimate_cost(parse(
+      {"model.family=\"gpt2\"", "model.n_layer=1", "model.n_embd=16384", "model.n_head=1", "model.block_size=1048575",
+       "model.vocab_size=65536", "train.batch_size=1048575", "model.attn_kernel=\"fused\""}));
+  CHECK(t.row_tree);
+  CHECK(t.peak_step_bytes < s.peak_step_bytes);
+  CHECK(t.peak_step_bytes >= t.activation_bytes / Bs);
+  CHECK(i128{t.row_tree_bytes} == 20 * 4 * i128{t.params});
 }
 
 TEST_CASE("budgets: a cost figure past int64 is refused naming the figure and the keys", "[budgets][cost]") {
@@ -164,7 +175,7 @@ TEST_CASE("budgets: training is refused when its step cannot fit, naming the act
   // 2 layers of C = 64, but a step of 16384 rows x 65536 tokens: BT = 2^30 tokens, each keeping
   // 16C + 4 + Hq = 1036 floats per layer: 2 · 4 · 1036 · 2^30 bytes = 8.09 TiB of activations.
   const Config cfg = parse({"model.n_layer=2", "model.n_embd=64", "model.n_head=8", "model.block_size=65536",
-                            "model.vocab_size=256", "train.batch_size=16384"})
+                            "model.vocab_size=256", "train.batch_size=16384", "train.numerics=\"standard\""})
                          .resolved();
   REQUIRE(train::machine_memory().bytes < (int64_t{1} << 43));  // less than 8 TiB
   try {
@@ -178,6 +189,20 @@ TEST_CASE("budgets: training is refused when its step cannot fit, naming the act
   }
   // The same model for inference is small (its KV cache for 65536 tokens: 2 · 2 · 64 · 4 · 65536 = 64 MiB).
   CHECK(train::build_model(cfg, 256)->parameter_count() > 0);
+  // Invariant numerics trains the rows one at a time: one row keeps 2 · 4 · 1036 · 65536 bytes
+  // (0.5 GiB), and the step fits where the batched one does not; rows 1024 times wider do not
+  // (one keeps 2 · 4 · (16 · 65536 + 4 + 64) · 65536 bytes, 0.5 TiB).
+  Config rows = cfg;
+  rows.train.numerics = Numerics::invariant;
+  CHECK(train::build_model(rows, 256, train::ModelUse::training)->parameter_count() > 0);
+  rows.model.n_embd = 65536;
+  rows.model.n_head = 64;
+  try {
+    train::build_model(rows, 256, train::ModelUse::training);
+    FAIL("a step of 65536-wide rows of 65536 tokens was let through");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Contains("for one row of train.seq_len 65536 tokens (invariant numerics runs rows alone)"));
+  }
 }
 
 TEST_CASE("budgets: train.threads above 4 x the processors is refused with the reason", "[budgets]") {

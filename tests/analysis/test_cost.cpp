@@ -230,8 +230,10 @@ void check_peak(const std::string& path, const std::vector<std::string>& sets) {
 
 }  // namespace
 
-TEST_CASE("cost: peak tensor bytes of a training step within 15% of the allocator's on S M and llama_tiny",
-          "[cost][long]") {
+TEST_CASE(
+    "cost: peak tensor bytes of a training step within 15% of the allocator's on S M and llama_tiny, "
+    "batched and by rows",
+    "[cost][long]") {
   check_peak("configs/bench/S.toml", {});
   check_peak("configs/bench/S.toml", {"train.recompute=true"});
   check_peak("configs/bench/M.toml", {"train.batch_size=2"});
@@ -246,6 +248,12 @@ TEST_CASE("cost: peak tensor bytes of a training step within 15% of the allocato
   };
   check_peak("configs/llama_tiny.toml", with(llama, "train.recompute=true"));
   check_peak("configs/llama_tiny.toml", with(with(llama, "model.family=gpt2"), "model.position=rope"));
+  // The batched step of standard numerics (the cases above run the CPU default, invariant: the
+  // row tree's one row at a time).
+  check_peak("configs/bench/S.toml", {"train.numerics=standard"});
+  check_peak("configs/bench/M.toml", {"train.batch_size=2", "train.numerics=standard"});
+  check_peak("configs/llama_tiny.toml", with(llama, "train.numerics=standard"));
+  check_peak("configs/bench/S.toml", {"train.grad_accum=4"});  // 48 rows per step: a deeper tree
 }
 
 TEST_CASE("cost: peak tensor bytes of a training step within 15% of the allocator's (G)", "[cost][slow]") {
