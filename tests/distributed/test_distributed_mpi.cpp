@@ -269,7 +269,7 @@ TEST_CASE(
 }
 
 TEST_CASE("invariant training: a run resumed under another split of its global batch continues bit for bit",
-          "[train][split]") {
+          "[train][split][long]") {
   const std::string dir = temp_dir("split_resume");
   const std::string cfg = write_split_config(dir, "llama", "packed_docs");
   REQUIRE(train1(cfg, split_sets(8, 1, 1, 0, dir + "/straight")).status == 0);
