@@ -30,19 +30,37 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
   Tensor leaf(impl);
   QKV_CHECK(grad_out.shape() == leaf.shape(), "[backward] gradient ", shape_str(grad_out.shape()),
             " does not match leaf ", shape_str(leaf.shape()));
-  Tensor g = leaf.grad();
-  if (g.defined()) {
-    add_(g, grad_out);
-  } else if (grad_out.dtype() == leaf.dtype() && grad_out.is_contiguous() && grad_out.device() == leaf.device() &&
-             exclusively_owned(grad_out)) {
-    // The engine's handle is the only one (it drops it after this call): take the buffer over.
-    leaf.set_grad(grad_out);
-  } else {
-    // Own the gradient: the incoming tensor may be a view or shared with another node.
-    leaf.set_grad(grad_out.dtype() == leaf.dtype() ? grad_out.clone() : grad_out.to(leaf.dtype()));
+  // The first gradient is taken over when the engine's handle is the only one (it drops it after
+  // this call); otherwise owned as a copy: the incoming tensor may be a view or shared.
+  const auto first = [&] {
+    if (grad_out.dtype() == leaf.dtype() && grad_out.is_contiguous() && grad_out.device() == leaf.device() &&
+        exclusively_owned(grad_out))
+      return grad_out;
+    return grad_out.dtype() == leaf.dtype() ? grad_out.clone() : grad_out.to(leaf.dtype());
+  };
+  if (GradSink* sink = GradSinkScope::current()) {
+    Tensor& g = sink->slot(impl.get());
+    if (g.defined()) add_(g, grad_out);
+    else g = first();
+    return {};
   }
+  Tensor g = leaf.grad();
+  if (g.defined()) add_(g, grad_out);
+  else leaf.set_grad(first());
   if (impl->autograd && impl->autograd->post_accumulate_hook) impl->autograd->post_accumulate_hook();
   return {};
+}
+
+namespace {
+thread_local GradSink* t_sink = nullptr;
+}  // namespace
+
+GradSinkScope::GradSinkScope(GradSink& sink) : previous_(t_sink) { t_sink = &sink; }
+GradSinkScope::~GradSinkScope() { t_sink = previous_; }
+GradSink* GradSinkScope::current() { return t_sink; }
+Tensor GradSink::grad(const Tensor& leaf) const {
+  auto it = grads_.find(leaf.impl());
+  return it == grads_.end() ? Tensor() : it->second;
 }
 
 namespace {
@@ -117,6 +135,10 @@ static Tensor record_impl(Tensor out, const std::shared_ptr<Node>& node, const R
   node->set_next(std::move(next));
   out.autograd_meta().grad_fn = node;
   return out;
+}
+
+void prepare_leaves(const std::vector<Tensor>& leaves) {
+  for (const Tensor& t : leaves) edge_for(t);
 }
 
 Tensor record(Tensor out, const std::shared_ptr<Node>& node, std::initializer_list<Tensor> inputs) {

@@ -213,6 +213,18 @@ void DataParallel::zero_grads() {
 }
 
 void DataParallel::push_row(int64_t g) {
+  push_row_grads(g, [&](size_t k) { return params_[k].param.grad(); });
+  std::vector<Tensor> ps;
+  ps.reserve(params_.size());
+  for (const OptimParam& p : params_) ps.push_back(p.param);
+  autograd::zero_grad(ps);  // the next row's backward starts afresh
+}
+
+void DataParallel::push_row(int64_t g, const autograd::GradSink& sink) {
+  push_row_grads(g, [&](size_t k) { return sink.grad(params_[k].param); });
+}
+
+void DataParallel::push_row_grads(int64_t g, const std::function<Tensor(size_t)>& grad_of) {
   QKV_CHECK(tree_, "[data_parallel] push_row needs the row tree (DataParallelOptions::tree_rows)");
   QKV_CHECK(rows_pushed_ < tree_rows_, "[data_parallel] row ", g, " is one more than the ", tree_rows_,
             " rows per rank of a step");
@@ -220,7 +232,7 @@ void DataParallel::push_row(int64_t g) {
   leaf.reserve(params_.size());
   std::vector<Tensor> held;  // the gradients, alive until pushed
   for (size_t k = 0; k < params_.size(); ++k) {
-    Tensor grad = params_[k].param.grad();
+    Tensor grad = grad_of(k);
     const int64_t n = params_[k].param.numel();
     if (grad.defined()) {
       QKV_CHECK(grad.dtype() == DType::f32 && grad.device() == Device::cpu && grad.numel() == n,
@@ -231,10 +243,6 @@ void DataParallel::push_row(int64_t g) {
     }
     leaf.push_back({offset_[k], n, grad.defined() ? grad.data<float>() : nullptr});
   }
-  std::vector<Tensor> ps;
-  ps.reserve(params_.size());
-  for (const OptimParam& p : params_) ps.push_back(p.param);
-  autograd::zero_grad(ps);  // the next row's backward starts afresh
   if (!pending_held_.empty() || !pending_leaf_.empty()) {
     // Row g - 1 waited for this one: their node is written in one pass.
     QKV_CHECK(g == pending_row_ + 1, "[data_parallel] row ", g, " follows row ", pending_row_);

@@ -50,11 +50,13 @@
 // world size).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/optim_param.h"
 #include "distributed/distributed.h"
 #include "distributed/row_tree.h"
@@ -118,9 +120,12 @@ class DataParallel {
   // Start of a step. One rank: every .grad undefined (autograd::zero_grad). Several (or a row
   // tree): every .grad bound to its view of the zero-filled flat gradient buffer.
   void zero_grads();
-  // Row tree: the flat buffer holds row g's gradient alone; it joins the tree and the buffer is
-  // zeroed for the next row. Rows come in increasing consecutive order from this rank's first.
+  // Row tree: the parameters' .grad hold row g's gradient alone; it joins the tree and every .grad
+  // is made undefined for the next row. Rows come in increasing consecutive order from this
+  // rank's first.
   void push_row(int64_t g);
+  // The same with row g's gradient in `sink` (a row run on a worker thread); .grad is untouched.
+  void push_row(int64_t g, const autograd::GradSink& sink);
   bool row_tree() const { return tree_ != nullptr; }
   // True when every .grad stays bound to the flat buffer between steps.
   bool flat_grads() const { return grad_flat_.defined(); }
@@ -164,7 +169,8 @@ class DataParallel {
   // Calls f(k, begin_in_param, flat_begin, n) for every piece of parameter k inside [a, b).
   template <class F>
   void for_each_piece(int64_t a, int64_t b, F&& f) const;
-  void on_grad_ready(size_t k);        // parameter k's gradient hook
+  void on_grad_ready(size_t k);                                                  // parameter k's gradient hook
+  void push_row_grads(int64_t g, const std::function<Tensor(size_t)>& grad_of);  // grad_of(k): param k's
   void start_ready_buckets(bool all);  // starts buckets in issue order while ready (or all)
   void zero_flat();
   void reduce_tree();
