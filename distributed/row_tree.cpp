@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "tensor/error.h"
@@ -32,6 +33,29 @@ void add_zero(float* a, int64_t n) {
 // out[i] = a[i] + 0 (the same as above, into out).
 void copy_plus_zero(float* out, const float* a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + 0.0f;
+}
+
+// Calls fn(piece index, lo, hi) for the parts [lo, hi) (offsets inside the piece) of pieces that
+// tile [0, n) in order, in fixed chunks of the flat range shared over the threads: a leaf of many
+// small parameters is split as evenly as one of a few large ones.
+template <class Fn>
+void for_piece_chunks(const std::vector<RowTree::Piece>& pieces, int64_t n, Fn fn) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const bool parallel = n >= (1 << 18) && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    // The last piece starting at or before lo, then every piece starting before hi.
+    size_t i = static_cast<size_t>(std::upper_bound(pieces.begin(), pieces.end(), lo,
+                                                    [](int64_t at, const RowTree::Piece& p) { return at < p.offset; }) -
+                                   pieces.begin());
+    for (i = i > 0 ? i - 1 : 0; i < pieces.size() && pieces[i].offset < hi; ++i) {
+      const RowTree::Piece& p = pieces[i];
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.n);
+      if (b > a) fn(i, a - p.offset, b - p.offset);
+    }
+  }
 }
 
 // `left` and `right` are the two children of one node: same level, adjacent, left aligned to the
@@ -105,46 +129,55 @@ float* RowTree::take_buffer() {
 void RowTree::push_pair(const std::vector<Piece>& left, const std::vector<Piece>& right, int64_t row) {
   QKV_CHECK(row % 2 == 0 && left.size() == right.size(), "[row_tree] a pair starts at an even row (", row,
             ") and has two leaves of the same pieces");
+  check_tiling(left);
+  for (size_t i = 0; i < left.size(); ++i)
+    QKV_CHECK(left[i].offset == right[i].offset && left[i].n == right[i].n,
+              "[row_tree] the pair's pieces differ at piece ", i);
   float* node = take_buffer();
-  for (size_t i = 0; i < left.size(); ++i) {
-    const Piece& a = left[i];
-    const Piece& b = right[i];
-    QKV_CHECK(a.offset == b.offset && a.n == b.n, "[row_tree] the pair's pieces differ at piece ", i);
-    float* out = node + a.offset;
-    if (a.data && b.data) add_to(out, a.data, b.data, a.n);
-    else if (a.data || b.data) copy_plus_zero(out, a.data ? a.data : b.data, a.n);
-    else std::memset(out, 0, static_cast<size_t>(a.n) * sizeof(float));
-  }
+  for_piece_chunks(left, n_, [&](size_t i, int64_t lo, int64_t hi) {
+    const float* a = left[i].data;
+    const float* b = right[i].data;
+    float* out = node + left[i].offset + lo;
+    if (a && b) add_to(out, a + lo, b + lo, hi - lo);
+    else if (a || b) copy_plus_zero(out, (a ? a : b) + lo, hi - lo);
+    else std::memset(out, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+  });
   push_block(stack_, RowBlock{row, 1, node}, n_, &free_);
 }
 
 void RowTree::push(const float* leaf, int64_t row) { push(std::vector<Piece>{{0, n_, leaf}}, row); }
 
-void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
+void RowTree::check_tiling(const std::vector<Piece>& leaf) const {
   int64_t covered = 0;
   for (const Piece& p : leaf) {
     QKV_CHECK(p.offset == covered && p.n >= 0, "[row_tree] the pieces of a row must tile [0, ", n_, ") in order");
     covered += p.n;
   }
   QKV_CHECK(covered == n_, "[row_tree] the pieces of a row cover ", covered, " of ", n_, " elements");
+}
+
+void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
+  check_tiling(leaf);
   // A row that is the right child of the top block is added into it without a copy.
   RowBlock b{row, 0, nullptr};
   if (!stack_.empty() && siblings(stack_.back(), b)) {
     RowBlock left = stack_.back();
     stack_.pop_back();
-    for (const Piece& p : leaf) {
-      if (p.data) add_into(left.data + p.offset, p.data, p.n);
-      else add_zero(left.data + p.offset, p.n);
-    }
+    for_piece_chunks(leaf, n_, [&](size_t i, int64_t lo, int64_t hi) {
+      float* into = left.data + leaf[i].offset + lo;
+      if (leaf[i].data) add_into(into, leaf[i].data + lo, hi - lo);
+      else add_zero(into, hi - lo);
+    });
     left.level = 1;
     push_block(stack_, left, n_, &free_);
     return;
   }
   b.data = take_buffer();
-  for (const Piece& p : leaf) {
-    if (p.data) std::memcpy(b.data + p.offset, p.data, static_cast<size_t>(p.n) * sizeof(float));
-    else std::memset(b.data + p.offset, 0, static_cast<size_t>(p.n) * sizeof(float));
-  }
+  for_piece_chunks(leaf, n_, [&](size_t i, int64_t lo, int64_t hi) {
+    float* out = b.data + leaf[i].offset + lo;
+    if (leaf[i].data) std::memcpy(out, leaf[i].data + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+    else std::memset(out, 0, static_cast<size_t>(hi - lo) * sizeof(float));
+  });
   push_block(stack_, b, n_, &free_);
 }
 

@@ -65,6 +65,7 @@ class RowTree {
 
  private:
   float* take_buffer();
+  void check_tiling(const std::vector<Piece>& leaf) const;  // pieces tile [0, n) in order
 
   int64_t n_;
   std::vector<RowBlock> stack_;

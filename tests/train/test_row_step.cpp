@@ -111,7 +111,7 @@ TEST_CASE("rows on worker threads give the bits of rows run one by one", "[row_t
     CHECK(one.workers == 1);
     REQUIRE(one.row_loss.size() == 5);
     CHECK(one.row_loss[3] == 0.0);  // no target
-    CHECK(one.masked == 3);  // row 1's three pads see no real key
+    CHECK(one.masked == 3);         // row 1's three pads see no real key
     size_t nonzero = 0;
     for (float g : one.grads) nonzero += g != 0.0f;
     CHECK(nonzero > one.grads.size() / 2);
