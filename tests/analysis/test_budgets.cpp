@@ -24,6 +24,7 @@
 #include "train/memory_budget.h"
 #include "train/model_factory.h"
 #include "train/session.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using Catch::Contains;

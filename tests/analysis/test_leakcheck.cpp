@@ -26,6 +26,7 @@
 #include "analysis/leakcheck.h"
 #include "analysis/leakcheck_internal.h"
 #include "analysis/png.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;

@@ -30,6 +30,7 @@
 #include "train/sampler.h"
 #include "train/session.h"
 #include "train/trainer.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;

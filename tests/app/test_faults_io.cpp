@@ -24,6 +24,7 @@
 #include "train/atomic_file.h"
 #include "data/input_file.h"
 #include "train/config.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using namespace qkv::train;

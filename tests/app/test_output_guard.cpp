@@ -18,6 +18,7 @@
 #include "checkpoint_test_util.h"
 #include "train/config.h"
 #include "train/output_paths.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using namespace qkv::ckpt_test;

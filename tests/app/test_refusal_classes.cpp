@@ -20,6 +20,7 @@
 #include "tensor/error.h"
 #include "train/config.h"
 #include "train/output_paths.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using Catch::Contains;

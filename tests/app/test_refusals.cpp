@@ -18,6 +18,7 @@
 #include "attention/pattern/pattern.h"
 #include "train/config.h"
 #include "train/model_factory.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using Catch::Contains;

@@ -19,6 +19,7 @@
 #include "train/config.h"
 #include "train/model_factory.h"
 #include "train/sampler.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_args.h"
+#include "build_dir.h"
 
 using qkv::bench::parse_positional;
 

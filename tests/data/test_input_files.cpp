@@ -31,6 +31,7 @@
 #include "train/hf_interop.h"
 #include "train/session.h"
 #include "train/trainer.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using namespace qkv::ckpt_test;

@@ -23,6 +23,7 @@
 
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;

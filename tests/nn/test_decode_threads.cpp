@@ -21,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/model_factory.h"
 #include "train/sampler.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using test::with_threads;

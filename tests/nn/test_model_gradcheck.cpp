@@ -25,6 +25,7 @@
 #include "tensor/ops.h"
 #include "train/config.h"
 #include "train/model_factory.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 #include "train/evaluate.h"
 #include "train/hf_interop.h"
 #include "train/sampler.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using namespace qkv::ckpt_test;

@@ -15,6 +15,7 @@
 #include "checkpoint_test_util.h"
 #include "data/h5.h"
 #include "train/session.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using namespace qkv::train;

@@ -12,6 +12,7 @@
 #include "train/config.h"
 #include "train/config_schema.h"
 #include "train/model_factory.h"
+#include "build_dir.h"
 
 using namespace qkv;
 using Catch::Contains;

@@ -19,6 +19,7 @@
 #include "train/model_factory.h"
 #include "train/sampler.h"
 #include "train/trainer.h"
+#include "build_dir.h"
 
 using namespace qkv;
 namespace fs = std::filesystem;
