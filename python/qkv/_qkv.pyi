@@ -231,6 +231,7 @@ def train(
     init_from: str = "",
     overwrite: bool = False,
     numerics: Literal["standard", "invariant"] | None = None,
+    change_global_batch: bool = False,
 ) -> dict[str, Any]: ...
 def leakcheck(
     model: Model,

@@ -165,7 +165,9 @@ py::dict train_summary(const train::TrainSummary& s, const Config& cfg) {
 
 py::dict train_binding(py::handle config, py::handle overrides, py::object callback, std::optional<std::string> out_dir,
                        bool quiet, const std::string& resume, const std::string& init_from, bool overwrite,
-                       const std::optional<std::string>& numerics) {
+                       const std::optional<std::string>& numerics, bool change_global_batch) {
+  QKV_CHECK(!change_global_batch || !resume.empty(),
+            "change_global_batch=True needs resume (a checkpoint to continue)");
   std::vector<std::string> sets;
   if (py::isinstance<py::str>(overrides)) sets.push_back(overrides.cast<std::string>());
   else if (!overrides.is_none())
@@ -186,6 +188,7 @@ py::dict train_binding(py::handle config, py::handle overrides, py::object callb
   o.resume = resume;
   o.init_from = init_from;
   o.overwrite = overwrite;
+  o.change_global_batch = change_global_batch;
   o.progress = !quiet;
   // An exception the callback raises stops the run (as returning False does) and is raised again
   // once run_training has returned; so does Ctrl-C (KeyboardInterrupt), noticed at the next logged
@@ -559,11 +562,12 @@ void bind_model(py::module_& m) {
   m.def("train", &train_binding, py::arg("config"), py::arg("overrides") = py::tuple(),
         py::arg("callback") = py::none(), py::arg("out_dir") = py::none(), py::arg("quiet") = true,
         py::arg("resume") = "", py::arg("init_from") = "", py::arg("overwrite") = false,
-        py::arg("numerics") = py::none(),
+        py::arg("numerics") = py::none(), py::arg("change_global_batch") = false,
         "Trains as `qkv train` does. config: a TOML file's path, TOML text or a dict; overrides: --set "
         "strings (numerics, out_dir: train.numerics, train.out_dir); callback(metrics) after every logged step "
         "(returning False stops the run, checkpoint "
-        "written); returns the summary as a dict.");
+        "written); change_global_batch: let resume continue with another global batch (qkv train "
+        "--change-global-batch); returns the summary as a dict.");
 }
 
 }  // namespace qkv::python

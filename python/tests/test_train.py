@@ -77,6 +77,24 @@ def test_callback_returning_false_stops_with_a_checkpoint(tmp_path, cli_run):
     assert seen + [m["loss"] for m in rest] == [m["loss"] for m in cli_run]
 
 
+def test_a_resume_that_changes_the_global_batch_needs_change_global_batch(tmp_path):
+    qkv.train(str(CONFIG), [*SETS, "train.max_steps=2"], out_dir=str(tmp_path))
+    ckpt = tmp_path / "ckpt_000002.h5"
+    batch = tomllib.loads(CONFIG.read_text())["train"]["batch_size"]
+    other = [*SETS, f"train.batch_size={batch * 2}"]
+    with pytest.raises(RuntimeError, match=f"{batch} rows in the run being resumed but {batch * 2} now"):
+        qkv.train(str(CONFIG), other, out_dir=str(tmp_path), resume=str(ckpt))
+    with pytest.raises(RuntimeError, match="change_global_batch=True needs resume"):
+        qkv.train(str(CONFIG), other, out_dir=str(tmp_path / "new"), change_global_batch=True)
+    summary = qkv.train(str(CONFIG), other, out_dir=str(tmp_path), resume=str(ckpt), change_global_batch=True)
+    assert summary["step"] == STEPS
+    # Any split of the same global batch resumes without the flag.
+    split = [*SETS, f"train.batch_size={batch // 2}", "train.grad_accum=2"]
+    qkv.train(str(CONFIG), [*SETS, "train.max_steps=2"], out_dir=str(tmp_path / "b"))
+    assert qkv.train(str(CONFIG), split, out_dir=str(tmp_path / "b"),
+                     resume=str(tmp_path / "b" / "ckpt_000002.h5"))["step"] == STEPS
+
+
 def test_exception_in_callback_propagates_after_a_clean_stop(tmp_path):
     class Boom(Exception):
         pass
