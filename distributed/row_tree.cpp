@@ -25,16 +25,6 @@ void add_to(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-// a[i] = a[i] + 0: a row without a gradient for these elements is +0 there, and -0 + +0 = +0.
-void add_zero(float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) a[i] = a[i] + 0.0f;
-}
-
-// out[i] = a[i] + 0 (the same as above, into out).
-void copy_plus_zero(float* out, const float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + 0.0f;
-}
-
 // Calls fn(piece index, lo, hi) for the parts [lo, hi) (offsets inside the piece) of pieces that
 // tile [0, n) in order, in fixed chunks of the flat range shared over the threads: a leaf of many
 // small parameters is split as evenly as one of a few large ones.
@@ -126,6 +116,55 @@ float* RowTree::take_buffer() {
   return p;
 }
 
+int RowTree::merges_of(RowBlock b) const {
+  int k = 0;
+  for (auto it = stack_.rbegin(); it != stack_.rend() && siblings(*it, b); ++it, ++k)
+    b = {it->first_row, it->level + 1};
+  return k;
+}
+
+void RowTree::push_merged(const std::vector<Piece>& first, const std::vector<Piece>* second, int64_t row, int level,
+                          int merges) {
+  // The node of the leaves (a + b for a pair, the leaf alone at level 0), then `merges` blocks
+  // off the top: v = top_j + v from the nearest, each one rounded addition, the order push_block
+  // would take; the result goes into the deepest block's buffer, read and written once.
+  const size_t top = stack_.size();
+  std::vector<const float*> tops;
+  for (int j = 0; j < merges; ++j) tops.push_back(stack_[top - 1 - j].data);
+  float* out = merges > 0 ? stack_[top - merges].data : take_buffer();
+  for_piece_chunks(first, n_, [&](size_t i, int64_t lo, int64_t hi) {
+    const int64_t at = first[i].offset + lo, count = hi - lo;
+    const float* a = first[i].data ? first[i].data + lo : nullptr;
+    const float* b = second && (*second)[i].data ? (*second)[i].data + lo : nullptr;
+    constexpr int64_t kBlock = 256;  // the running sums of one block stay in registers / L1
+    float v[kBlock];
+    for (int64_t e0 = 0; e0 < count; e0 += kBlock) {
+      const int64_t m = std::min(kBlock, count - e0);
+      if (!second) {
+        for (int64_t e = 0; e < m; ++e) v[e] = a ? a[e0 + e] : 0.0f;
+      } else if (a && b) {
+        for (int64_t e = 0; e < m; ++e) v[e] = a[e0 + e] + b[e0 + e];
+      } else if (a || b) {
+        const float* x = a ? a : b;
+        for (int64_t e = 0; e < m; ++e) v[e] = x[e0 + e] + 0.0f;
+      } else {
+        for (int64_t e = 0; e < m; ++e) v[e] = 0.0f;
+      }
+      for (const float* t : tops)
+        for (int64_t e = 0; e < m; ++e) v[e] = t[at + e0 + e] + v[e];
+      std::memcpy(out + at + e0, v, static_cast<size_t>(m) * sizeof(float));
+    }
+  });
+  RowBlock merged{row, level, out};
+  for (int j = 0; j < merges; ++j) {
+    const RowBlock& t = stack_[top - 1 - j];
+    merged = {t.first_row, merged.level + 1, out};
+    if (j + 1 < merges) free_.push_back(t.data);  // merged away: only the deepest buffer is kept
+  }
+  stack_.resize(top - merges);
+  stack_.push_back(merged);
+}
+
 void RowTree::push_pair(const std::vector<Piece>& left, const std::vector<Piece>& right, int64_t row) {
   QKV_CHECK(row % 2 == 0 && left.size() == right.size(), "[row_tree] a pair starts at an even row (", row,
             ") and has two leaves of the same pieces");
@@ -133,19 +172,17 @@ void RowTree::push_pair(const std::vector<Piece>& left, const std::vector<Piece>
   for (size_t i = 0; i < left.size(); ++i)
     QKV_CHECK(left[i].offset == right[i].offset && left[i].n == right[i].n,
               "[row_tree] the pair's pieces differ at piece ", i);
-  float* node = take_buffer();
-  for_piece_chunks(left, n_, [&](size_t i, int64_t lo, int64_t hi) {
-    const float* a = left[i].data;
-    const float* b = right[i].data;
-    float* out = node + left[i].offset + lo;
-    if (a && b) add_to(out, a + lo, b + lo, hi - lo);
-    else if (a || b) copy_plus_zero(out, (a ? a : b) + lo, hi - lo);
-    else std::memset(out, 0, static_cast<size_t>(hi - lo) * sizeof(float));
-  });
-  push_block(stack_, RowBlock{row, 1, node}, n_, &free_);
+  check_next(row);
+  push_merged(left, &right, row, 1, merges_of({row, 1}));
 }
 
 void RowTree::push(const float* leaf, int64_t row) { push(std::vector<Piece>{{0, n_, leaf}}, row); }
+
+void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
+  check_tiling(leaf);
+  check_next(row);
+  push_merged(leaf, nullptr, row, 0, merges_of({row, 0}));
+}
 
 void RowTree::check_tiling(const std::vector<Piece>& leaf) const {
   int64_t covered = 0;
@@ -156,29 +193,10 @@ void RowTree::check_tiling(const std::vector<Piece>& leaf) const {
   QKV_CHECK(covered == n_, "[row_tree] the pieces of a row cover ", covered, " of ", n_, " elements");
 }
 
-void RowTree::push(const std::vector<Piece>& leaf, int64_t row) {
-  check_tiling(leaf);
-  // A row that is the right child of the top block is added into it without a copy.
-  RowBlock b{row, 0, nullptr};
-  if (!stack_.empty() && siblings(stack_.back(), b)) {
-    RowBlock left = stack_.back();
-    stack_.pop_back();
-    for_piece_chunks(leaf, n_, [&](size_t i, int64_t lo, int64_t hi) {
-      float* into = left.data + leaf[i].offset + lo;
-      if (leaf[i].data) add_into(into, leaf[i].data + lo, hi - lo);
-      else add_zero(into, hi - lo);
-    });
-    left.level = 1;
-    push_block(stack_, left, n_, &free_);
-    return;
-  }
-  b.data = take_buffer();
-  for_piece_chunks(leaf, n_, [&](size_t i, int64_t lo, int64_t hi) {
-    float* out = b.data + leaf[i].offset + lo;
-    if (leaf[i].data) std::memcpy(out, leaf[i].data + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-    else std::memset(out, 0, static_cast<size_t>(hi - lo) * sizeof(float));
-  });
-  push_block(stack_, b, n_, &free_);
+void RowTree::check_next(int64_t row) const {
+  const int64_t next = stack_.empty() ? row : stack_.back().first_row + (int64_t{1} << stack_.back().level);
+  QKV_CHECK(row == next, "[row_tree] rows must be pushed in consecutive order: block at row ", row,
+            " after rows up to ", next);
 }
 
 }  // namespace qkv::dist

@@ -66,6 +66,13 @@ class RowTree {
  private:
   float* take_buffer();
   void check_tiling(const std::vector<Piece>& leaf) const;  // pieces tile [0, n) in order
+  void check_next(int64_t row) const;                       // row follows the stack's last block
+  // How many blocks off the top a block b pushed now merges with.
+  int merges_of(RowBlock b) const;
+  // Pushes the leaf `first` (second null: level 0) or the pair first + *second (level 1) at `row`,
+  // merged with `merges` blocks off the top in one pass.
+  void push_merged(const std::vector<Piece>& first, const std::vector<Piece>* second, int64_t row, int level,
+                   int merges);
 
   int64_t n_;
   std::vector<RowBlock> stack_;
