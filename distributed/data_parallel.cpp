@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "autograd/engine.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -115,11 +116,7 @@ DataParallel::DataParallel(Communicator& comm, std::vector<OptimParam> params, D
               device_name(device), "\"");
   }
   if (opts.tree_rows > 0) {
-    QKV_CHECK(device == Device::cpu,
-              "[data_parallel] the row tree (train.numerics = \"invariant\") sums gradients "
-              "on the CPU; parameters are on ",
-              device_name(device));
-    tree_ = std::make_unique<RowTree>(total_);
+    tree_ = std::make_unique<RowTree>(total_, device);
     tree_rows_ = opts.tree_rows;
   }
   if (distributed() || tree_) {
@@ -235,9 +232,9 @@ void DataParallel::push_row_grads(int64_t g, const std::function<Tensor(size_t)>
     Tensor grad = grad_of(k);
     const int64_t n = params_[k].param.numel();
     if (grad.defined()) {
-      QKV_CHECK(grad.dtype() == DType::f32 && grad.device() == Device::cpu && grad.numel() == n,
-                "[data_parallel] the gradient of ", params_[k].name, " is not a float32 CPU tensor of ", n,
-                " elements");
+      QKV_CHECK(grad.dtype() == DType::f32 && grad.device() == tree_->device() && grad.numel() == n,
+                "[data_parallel] the gradient of ", params_[k].name, " is not a float32 ", device_name(tree_->device()),
+                " tensor of ", n, " elements");
       grad = grad.contiguous();
       held.push_back(grad);
     }
@@ -283,7 +280,9 @@ void DataParallel::reduce_tree() {
   QKV_CHECK(mine.size() == shapes[static_cast<size_t>(comm_.rank())].size(),
             "[data_parallel] this rank's rows are not the ones of its part of the global batch");
   const int64_t longest = bounds_.size() > 1 ? bounds_[1] - bounds_[0] : 0;
-  tree_staging_.resize(blocks * static_cast<size_t>(longest));
+  const int64_t staged = static_cast<int64_t>(blocks) * longest;
+  if (!tree_staging_.defined() || tree_staging_.numel() < staged)
+    tree_staging_ = Tensor::empty({staged}, DType::f32, tree_->device());
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
     const int64_t a = bounds_[b], len = bounds_[b + 1] - a;
@@ -294,18 +293,21 @@ void DataParallel::reduce_tree() {
       counts.push_back(static_cast<int64_t>(shapes[static_cast<size_t>(r)].size()) * len);
       at += counts.back();
     }
-    float* stage = tree_staging_.data();
-    for (size_t j = 0; j < mine.size(); ++j)
-      copy_floats(stage + my_at + static_cast<int64_t>(j) * len, mine[j].data + a, len);
-    comm_.allgatherv(stage, counts);
+    float* stage = tree_staging_.data<float>();
+    for (size_t j = 0; j < mine.size(); ++j) {
+      float* to = stage + my_at + static_cast<int64_t>(j) * len;
+      if (tree_->device() == Device::cpu) copy_floats(to, mine[j].data + a, len);
+      else cuda::memcpy(to, mine[j].data + a, static_cast<size_t>(len) * sizeof(float), 2);
+    }
+    grad_comm_.gradient_allgatherv(stage, counts);
     std::vector<RowBlock> stack;
     int64_t slot = 0;
     for (const auto& rank_blocks : shapes)
       for (RowBlock blk : rank_blocks) {
         blk.data = stage + slot++ * len;
-        push_block(stack, blk, len);
+        push_block(stack, blk, len, nullptr, tree_->device());
       }
-    fold_blocks(stack, len, g + a);
+    fold_blocks(stack, len, g + a, tree_->device());
   }
   comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -197,7 +197,7 @@ class DataParallel {
   std::unique_ptr<RowTree> tree_;                 // row tree: this rank's rows of the step
   int64_t tree_rows_ = 0;                         // row tree: rows per rank per step
   int64_t rows_pushed_ = 0;                       // row tree: this step's rows so far
-  std::vector<float> tree_staging_;               // row tree: every rank's blocks of one bucket
+  Tensor tree_staging_;                           // row tree: every rank's blocks of one bucket
   std::vector<RowTree::Piece> pending_leaf_;      // row tree: an even row waiting for the next
   std::vector<Tensor> pending_held_;              //   and its gradients
   int64_t pending_row_ = -1;

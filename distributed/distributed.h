@@ -56,6 +56,9 @@ class Communicator {
   // counts[0] + ... + counts[r-1]; afterwards every rank (allgatherv) or only root (gatherv)
   // holds every rank's part. counts.size() must be world().
   virtual void allgatherv(float* data, std::span<const int64_t> counts) = 0;
+  // The same on the memory the float all-reduces take: the host's here, the GPU's for NCCL (the
+  // row tree's blocks of invariant training).
+  virtual void gradient_allgatherv(float* data, std::span<const int64_t> counts) { allgatherv(data, counts); }
   // Rank r sends counts[r] floats from `send`; on root, recv (sum(counts) floats) receives them
   // at the same offsets as allgatherv (send may already sit at its place in recv). recv is not
   // touched on other ranks and may be null there.

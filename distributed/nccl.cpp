@@ -27,6 +27,9 @@ struct NcclApi {
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
   decltype(&ncclCommInitRank) comm_init_rank = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
@@ -39,6 +42,9 @@ const NcclApi& nccl() {
     resolve_symbol(lib, "ncclGetUniqueId", &a.get_unique_id, what);
     resolve_symbol(lib, "ncclCommInitRank", &a.comm_init_rank, what);
     resolve_symbol(lib, "ncclAllReduce", &a.all_reduce, what);
+    resolve_symbol(lib, "ncclBroadcast", &a.broadcast, what);
+    resolve_symbol(lib, "ncclGroupStart", &a.group_start, what);
+    resolve_symbol(lib, "ncclGroupEnd", &a.group_end, what);
     resolve_symbol(lib, "ncclCommDestroy", &a.comm_destroy, what);
     resolve_symbol(lib, "ncclGetErrorString", &a.error_string, what);
     return a;
@@ -83,6 +89,22 @@ class NcclGradients final : public Communicator {
     check(nccl().all_reduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_, nullptr), "ncclAllReduce");
   }
   void wait_all() override { check_cuda(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize"); }
+  // Device memory, in place: rank r broadcasts its part (NCCL has no all-gather of unequal parts);
+  // the broadcasts form one group, and the call returns once the data is there.
+  void gradient_allgatherv(float* data, std::span<const int64_t> counts) override {
+    QKV_CHECK(static_cast<int>(counts.size()) == world(), "[nccl] gradient_allgatherv: ", counts.size(), " counts for ",
+              world(), " ranks");
+    check(nccl().group_start(), "ncclGroupStart");
+    int64_t at = 0;
+    for (int r = 0; r < world(); ++r) {
+      float* part = data + at;
+      check(nccl().broadcast(part, part, static_cast<size_t>(counts[r]), ncclFloat32, r, comm_, nullptr),
+            "ncclBroadcast");
+      at += counts[r];
+    }
+    check(nccl().group_end(), "ncclGroupEnd");
+    wait_all();
+  }
 
   // Host memory: the MPI group.
   void allreduce_sum(double* data, int64_t n) override { host_.allreduce_sum(data, n); }

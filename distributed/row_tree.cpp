@@ -6,23 +6,38 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tensor/cuda/row_tree_sum.h"
 #include "tensor/error.h"
 
 namespace qkv::dist {
 namespace {
 
-// a[i] = a[i] + b[i]: one rounding per element, the same whatever the thread split.
-void add_into(float* a, const float* b, int64_t n) {
-  const bool parallel = n >= (1 << 18) && !omp_in_parallel();
-#pragma omp parallel for simd schedule(static) if (parallel)
-  for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
-}
-
-// out[i] = a[i] + b[i].
-void add_to(float* out, const float* a, const float* b, int64_t n) {
-  const bool parallel = n >= (1 << 18) && !omp_in_parallel();
-#pragma omp parallel for simd schedule(static) if (parallel)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+// The tree's one element operation, on the host (see tensor/cuda/row_tree_sum.h for the device):
+//   base = pair ? a + b : a   (a null: +0; in a pair a null operand is +0: x + 0)
+//   out = tops[k-1] + (... + (tops[0] + base))
+// each a rounded float addition in that order, `count` elements; out may alias a top. Blocks of
+// 256 elements keep the running sums in L1 while the tops stream.
+void sum_chain_host(float* out, const float* a, const float* b, bool pair, const std::vector<const float*>& tops,
+                    int64_t count) {
+  constexpr int64_t kBlock = 256;
+  float v[kBlock];
+  for (int64_t e0 = 0; e0 < count; e0 += kBlock) {
+    const int64_t m = std::min(kBlock, count - e0);
+    if (!pair) {
+      if (a) std::memcpy(v, a + e0, static_cast<size_t>(m) * sizeof(float));
+      else std::fill(v, v + m, 0.0f);
+    } else if (a && b) {
+      for (int64_t e = 0; e < m; ++e) v[e] = a[e0 + e] + b[e0 + e];
+    } else if (a || b) {
+      const float* x = a ? a : b;
+      for (int64_t e = 0; e < m; ++e) v[e] = x[e0 + e] + 0.0f;
+    } else {
+      std::fill(v, v + m, 0.0f);
+    }
+    for (const float* t : tops)
+      for (int64_t e = 0; e < m; ++e) v[e] = t[e0 + e] + v[e];
+    std::memcpy(out + e0, v, static_cast<size_t>(m) * sizeof(float));
+  }
 }
 
 // Calls fn(piece index, lo, hi) for the parts [lo, hi) (offsets inside the piece) of pieces that
@@ -48,6 +63,39 @@ void for_piece_chunks(const std::vector<RowTree::Piece>& pieces, int64_t n, Fn f
   }
 }
 
+// The chain over the leaf `first` (and `second` for a pair) piece by piece, `tops` being whole
+// blocks (offset by each piece's place), into out (a whole block).
+void sum_chain_pieces(Device device, float* out, const std::vector<RowTree::Piece>& first,
+                      const std::vector<RowTree::Piece>* second, const std::vector<const float*>& tops, int64_t n) {
+  const bool pair = second != nullptr;
+  const auto operands = [&](size_t i, int64_t lo, std::vector<const float*>& shifted) {
+    shifted.clear();
+    for (const float* t : tops) shifted.push_back(t + first[i].offset + lo);
+  };
+  if (device == Device::cpu) {
+    for_piece_chunks(first, n, [&](size_t i, int64_t lo, int64_t hi) {
+      std::vector<const float*> shifted;
+      operands(i, lo, shifted);
+      const float* a = first[i].data ? first[i].data + lo : nullptr;
+      const float* b = pair && (*second)[i].data ? (*second)[i].data + lo : nullptr;
+      sum_chain_host(out + first[i].offset + lo, a, b, pair, shifted, hi - lo);
+    });
+    return;
+  }
+  std::vector<const float*> shifted;
+  for (size_t i = 0; i < first.size(); ++i) {
+    if (first[i].n == 0) continue;
+    operands(i, 0, shifted);
+    cuda::row_tree_sum(out + first[i].offset, first[i].data, pair ? (*second)[i].data : nullptr, pair, shifted.data(),
+                       static_cast<int>(shifted.size()), first[i].n);
+  }
+}
+
+// The same over one whole range of n floats.
+void sum_chain(Device device, float* out, const float* a, const std::vector<const float*>& tops, int64_t n) {
+  sum_chain_pieces(device, out, {{0, n, a}}, nullptr, tops, n);
+}
+
 // `left` and `right` are the two children of one node: same level, adjacent, left aligned to the
 // parent's size.
 bool siblings(const RowBlock& left, const RowBlock& right) {
@@ -57,14 +105,14 @@ bool siblings(const RowBlock& left, const RowBlock& right) {
 
 }  // namespace
 
-void push_block(std::vector<RowBlock>& stack, RowBlock b, int64_t n, std::vector<float*>* released) {
+void push_block(std::vector<RowBlock>& stack, RowBlock b, int64_t n, std::vector<float*>* released, Device device) {
   QKV_CHECK(stack.empty() || stack.back().first_row + (int64_t{1} << stack.back().level) == b.first_row,
             "[row_tree] rows must be pushed in consecutive order: block at row ", b.first_row, " after rows up to ",
             stack.empty() ? 0 : stack.back().first_row + (int64_t{1} << stack.back().level));
   while (!stack.empty() && siblings(stack.back(), b)) {
     RowBlock left = stack.back();
     stack.pop_back();
-    add_into(left.data, b.data, n);
+    sum_chain(device, left.data, b.data, {left.data}, n);  // left + b
     if (released) released->push_back(b.data);
     left.level += 1;
     b = left;
@@ -72,18 +120,11 @@ void push_block(std::vector<RowBlock>& stack, RowBlock b, int64_t n, std::vector
   stack.push_back(b);
 }
 
-void fold_blocks(const std::vector<RowBlock>& stack, int64_t n, float* out) {
-  if (stack.empty()) {
-    std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const size_t k = stack.size();
-  if (k == 1) {
-    std::memcpy(out, stack[0].data, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  add_to(out, stack[k - 2].data, stack[k - 1].data, n);
-  for (size_t i = k - 2; i-- > 0;) add_into(out, stack[i].data, n);
+void fold_blocks(const std::vector<RowBlock>& stack, int64_t n, float* out, Device device) {
+  // B_0 + (B_1 + (... + B_k)): B_k, then B_{k-1} + that, ..., B_0 + that, in one pass.
+  std::vector<const float*> tops;
+  for (size_t i = stack.size(); i-- > 1;) tops.push_back(stack[i - 1].data);
+  sum_chain(device, out, stack.empty() ? nullptr : stack.back().data, tops, n);
 }
 
 std::vector<RowBlock> block_shapes(int64_t first, int64_t count) {
@@ -101,6 +142,8 @@ std::vector<RowBlock> block_shapes(int64_t first, int64_t count) {
   return stack;
 }
 
+RowTree::RowTree(int64_t n, Device device) : n_(n), device_(device) {}
+
 void RowTree::clear() {
   for (const RowBlock& b : stack_) free_.push_back(b.data);
   stack_.clear();
@@ -108,8 +151,8 @@ void RowTree::clear() {
 
 float* RowTree::take_buffer() {
   if (free_.empty()) {
-    buffers_.push_back(std::make_unique<float[]>(static_cast<size_t>(n_)));
-    return buffers_.back().get();
+    buffers_.push_back(Tensor::empty({n_}, DType::f32, device_));
+    return buffers_.back().data<float>();
   }
   float* p = free_.back();
   free_.pop_back();
@@ -126,35 +169,13 @@ int RowTree::merges_of(RowBlock b) const {
 void RowTree::push_merged(const std::vector<Piece>& first, const std::vector<Piece>* second, int64_t row, int level,
                           int merges) {
   // The node of the leaves (a + b for a pair, the leaf alone at level 0), then `merges` blocks
-  // off the top: v = top_j + v from the nearest, each one rounded addition, the order push_block
-  // would take; the result goes into the deepest block's buffer, read and written once.
+  // off the top: v = top_j + v from the nearest, the order push_block would take; the result goes
+  // into the deepest block's buffer, read and written once.
   const size_t top = stack_.size();
   std::vector<const float*> tops;
   for (int j = 0; j < merges; ++j) tops.push_back(stack_[top - 1 - j].data);
   float* out = merges > 0 ? stack_[top - merges].data : take_buffer();
-  for_piece_chunks(first, n_, [&](size_t i, int64_t lo, int64_t hi) {
-    const int64_t at = first[i].offset + lo, count = hi - lo;
-    const float* a = first[i].data ? first[i].data + lo : nullptr;
-    const float* b = second && (*second)[i].data ? (*second)[i].data + lo : nullptr;
-    constexpr int64_t kBlock = 256;  // the running sums of one block stay in registers / L1
-    float v[kBlock];
-    for (int64_t e0 = 0; e0 < count; e0 += kBlock) {
-      const int64_t m = std::min(kBlock, count - e0);
-      if (!second) {
-        for (int64_t e = 0; e < m; ++e) v[e] = a ? a[e0 + e] : 0.0f;
-      } else if (a && b) {
-        for (int64_t e = 0; e < m; ++e) v[e] = a[e0 + e] + b[e0 + e];
-      } else if (a || b) {
-        const float* x = a ? a : b;
-        for (int64_t e = 0; e < m; ++e) v[e] = x[e0 + e] + 0.0f;
-      } else {
-        for (int64_t e = 0; e < m; ++e) v[e] = 0.0f;
-      }
-      for (const float* t : tops)
-        for (int64_t e = 0; e < m; ++e) v[e] = t[at + e0 + e] + v[e];
-      std::memcpy(out + at + e0, v, static_cast<size_t>(m) * sizeof(float));
-    }
-  });
+  sum_chain_pieces(device_, out, first, second, tops, n_);
   RowBlock merged{row, level, out};
   for (int j = 0; j < merges; ++j) {
     const RowBlock& t = stack_[top - 1 - j];

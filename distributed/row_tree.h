@@ -15,8 +15,9 @@
 // never matters; only the grouping does, and the grouping is fixed by the row indices alone.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <vector>
+
+#include "tensor/tensor.h"
 
 namespace qkv::dist {
 
@@ -30,9 +31,11 @@ struct RowBlock {
 // Pushes `b` (the rows right after the stack's last block) onto `stack`, merging it with the top
 // while they are the two children of one node: top.data[i] = top.data[i] + b.data[i] over n.
 // The data of each right child merged away is appended to `released` when given.
-void push_block(std::vector<RowBlock>& stack, RowBlock b, int64_t n, std::vector<float*>* released = nullptr);
+// `device`: where the blocks' memory is (the sums are the same bits on either).
+void push_block(std::vector<RowBlock>& stack, RowBlock b, int64_t n, std::vector<float*>* released = nullptr,
+                Device device = Device::cpu);
 // out = B_0 + (B_1 + (... + B_k)) over n floats; out may alias no block. An empty stack gives 0.
-void fold_blocks(const std::vector<RowBlock>& stack, int64_t n, float* out);
+void fold_blocks(const std::vector<RowBlock>& stack, int64_t n, float* out, Device device = Device::cpu);
 // The maximal aligned blocks of rows [first, first + count): (first_row, level) in row order.
 std::vector<RowBlock> block_shapes(int64_t first, int64_t count);
 
@@ -41,8 +44,11 @@ std::vector<RowBlock> block_shapes(int64_t first, int64_t count);
 // vectors of n floats).
 class RowTree {
  public:
-  explicit RowTree(int64_t n) : n_(n) {}
+  // Leaves and blocks of n floats in `device` memory (the leaves' pieces point there too); a
+  // float addition rounds the same on the host and on a GPU, so the bits do not depend on it.
+  explicit RowTree(int64_t n, Device device = Device::cpu);
   int64_t size() const { return n_; }
+  Device device() const { return device_; }
   // Forgets every row (the buffers are kept for the next step).
   void clear();
   // Adds row `row`'s gradient (n floats, copied).
@@ -61,7 +67,7 @@ class RowTree {
   // The blocks held, in row order.
   const std::vector<RowBlock>& blocks() const { return stack_; }
   // The sum of every row pushed, in the tree's order, into out (n floats).
-  void fold(float* out) const { fold_blocks(stack_, n_, out); }
+  void fold(float* out) const { fold_blocks(stack_, n_, out, device_); }
 
  private:
   float* take_buffer();
@@ -75,8 +81,9 @@ class RowTree {
                    int merges);
 
   int64_t n_;
+  Device device_;
   std::vector<RowBlock> stack_;
-  std::vector<std::unique_ptr<float[]>> buffers_;  // owned; free ones listed in free_
+  std::vector<Tensor> buffers_;  // owned; free ones listed in free_
   std::vector<float*> free_;
 };
 

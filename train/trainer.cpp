@@ -540,7 +540,7 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   for (const auto& p : model->named_parameters()) oparams.push_back({p.name, p.tensor, p.decay && p.tensor.dim() >= 2});
   // [dist] Gradient averaging (or under invariant numerics the row tree's sum); the optimizer updates
   // every parameter, or this rank's ZeRO-1 slice.
-  const bool row_tree = cfg.train.resolved_numerics() == Numerics::invariant && !on_gpu;
+  const bool row_tree = cfg.train.resolved_numerics() == Numerics::invariant;
   dist::DataParallel dp(comm, oparams,
                         {.zero = cfg.train.zero,
                          .bucket_bytes = cfg.train.dp_bucket_kb * 1024,
@@ -555,11 +555,6 @@ TrainSummary run_training(const Config& cfg_in, const TrainOptions& opts) {
   check_ranks_agree_on_start(comm, data, dp, state.step);  // [dist]
   if (!opts.resume.empty() && state.step >= cfg.train.max_steps) return nothing_to_do(state, opts.resume, t_start);
   if (dp.distributed() && opts.progress && root) std::fprintf(stderr, "qkv: %s\n", dp.describe().c_str());  // [dist]
-  if (cfg.train.resolved_numerics() == Numerics::invariant && on_gpu && root)
-    std::fprintf(stderr,
-                 "qkv: warning: train.numerics = \"invariant\" on CUDA keeps each token's logits invariant, but "
-                 "the gradient is not summed in the row tree (CPU only): this run depends on how its global batch "
-                 "is split (docs/distributed.md)\n");
   if (cfg.train.dtype == DType::bf16 && !on_gpu && opts.progress && root)
     std::fprintf(stderr, "qkv: bf16 GEMM %s\n", cpu::bf16_kernel_reason().c_str());
 

@@ -4,6 +4,7 @@
 #include "tensor/cuda/device_info.h"
 #include "tensor/cuda/grad_norm.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/row_tree_sum.h"
 #include "tensor/error.h"
 
 namespace qkv::cuda {
@@ -20,6 +21,7 @@ void reset_peak_bytes() {}
 void release_cached_memory() {}
 void memcpy(void*, const void*, size_t, int) { no_cuda(); }
 void synchronize() {}
+void row_tree_sum(float*, const float*, const float*, bool, const float* const*, int, int64_t) { no_cuda(); }
 DeviceInfo device_info() { no_cuda(); }
 void adamw_update_many(const std::vector<AdamWSlice>& slices, const AdamWScalars&, const AdamWScalars&) {
   if (!slices.empty()) no_cuda();

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "autograd/engine.h"
+#include "compare_util.h"
 #include "autograd/functions.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/error.h"
@@ -546,4 +547,66 @@ TEST_CASE(
   CHECK(bits(a) == bits(d));
   // -0 survives where every row has -0 and a gradient; a row without one makes it +0.
   CHECK(std::signbit(a[0]) == false);  // row 1 lacks piece 0 (and row 4 everything)
+}
+
+TEST_CASE("the row tree on the GPU gives the host tree's bits", "[row_tree][cuda]") {
+  if (!test::cuda_device_present()) return;
+  // 11 rows of 3 pieces (n = 37): row 4 has no gradient for piece 1, row 7 none at all, and some
+  // values are -0; pushed as pairs where a row's sibling follows, else alone, as DataParallel does.
+  const int64_t n = 37, G = 11;
+  const std::vector<std::pair<int64_t, int64_t>> cut{{0, 10}, {10, 20}, {30, 7}};
+  std::vector<Tensor> device_leaves;
+  std::vector<std::vector<float>> host_leaves;
+  for (int64_t r = 0; r < G; ++r) {
+    std::vector<float> v = row_leaf(r, n);
+    if (r % 3 == 0) v[static_cast<size_t>(r)] = -0.0f;
+    host_leaves.push_back(v);
+    device_leaves.push_back(from_vector(std::vector<double>(v.begin(), v.end()), {n}).to(Device::cuda));
+  }
+  const auto pieces = [&](int64_t r, bool device) {
+    std::vector<RowTree::Piece> p;
+    for (size_t k = 0; k < cut.size(); ++k) {
+      const bool none = r == 7 || (r == 4 && k == 1);
+      const float* base = device ? device_leaves[r].data<float>() : host_leaves[r].data();
+      p.push_back({cut[k].first, cut[k].second, none ? nullptr : base + cut[k].first});
+    }
+    return p;
+  };
+  RowTree host(n), gpu(n, Device::cuda);
+  for (int64_t r = 0; r < G; ++r) {
+    if (r % 2 == 0 && r + 1 < G) {
+      host.push_pair(pieces(r, false), pieces(r + 1, false), r);
+      gpu.push_pair(pieces(r, true), pieces(r + 1, true), r);
+      ++r;
+    } else {
+      host.push(pieces(r, false), r);
+      gpu.push(pieces(r, true), r);
+    }
+  }
+  REQUIRE(gpu.blocks().size() == host.blocks().size());
+  std::vector<float> want(n);
+  host.fold(want.data());
+  Tensor got = Tensor::empty({n}, DType::f32, Device::cuda);
+  gpu.fold(got.data<float>());
+  const std::vector<double> g = got.to(Device::cpu).to_vector();
+  size_t negative_zeros = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const float gi = static_cast<float>(g[i]);
+    CHECK(std::memcmp(&want[i], &gi, sizeof(float)) == 0);
+    negative_zeros += std::signbit(want[i]) && want[i] == 0.0f;
+  }
+  CHECK(negative_zeros == 0);  // a missing gradient is +0: -0 + +0 = +0
+  // Blocks merged on the device (what the ranks' all-gathered blocks go through).
+  std::vector<RowBlock> hs, ds;
+  std::vector<Tensor> keep;
+  for (int64_t r = 0; r < G; ++r) {
+    push_block(hs, {r, 0, host_leaves[r].data()}, n);
+    keep.push_back(device_leaves[r].clone());
+    push_block(ds, {r, 0, keep.back().data<float>()}, n, nullptr, Device::cuda);
+  }
+  fold_blocks(hs, n, want.data());
+  fold_blocks(ds, n, got.data<float>(), Device::cuda);
+  const std::vector<double> g2 = got.to(Device::cpu).to_vector();
+  for (int64_t i = 0; i < n; ++i) CHECK(static_cast<float>(g2[i]) == want[i]);
 }
