@@ -1,5 +1,7 @@
 #include "analysis/cost.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -209,7 +211,7 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   r.model = m;
   r.pattern = pat.name;
   r.batch = cfg.train.batch_size;
-  r.row_tree = cfg.train.resolved_numerics() == Numerics::invariant && cfg.train.device == Device::cpu;
+  r.row_tree = cfg.train.resolved_numerics() == Numerics::invariant;
   r.train_tokens = cfg.train.resolved_seq_len(m.block_size);
   r.context = o.context > 0 ? o.context : m.block_size;
   QKV_CHECK(o.context >= 0, "--context must be >= 1, got ", o.context);
@@ -391,10 +393,16 @@ CostReport estimate_cost(const Config& cfg_in, const CostOptions& o) {
   };
   Count peak = step_peak(B, 0);
   if (r.row_tree) {
-    // The flat gradient the rows are folded into, and an even row's gradients kept while the next
-    // row runs (DataParallel::push_row); the tree's own blocks are reported apart.
+    // The flat gradient the rows are folded into, plus W rows at once (train::row_workers: one per
+    // thread on the CPU), each with its own activations and gradients, and an even row's
+    // gradients kept while the next row runs when a pair can straddle two rounds of W
+    // (DataParallel::push_row); the tree's own blocks are reported apart.
     const int64_t rows = r.batch * cfg.train.grad_accum;  // <= 2^20 x 2^20: no overflow
-    peak = step_peak(1, rows > 1 ? 2 * P4 : P4);
+    const int64_t threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
+    const int64_t workers = cfg.train.device == Device::cpu ? std::clamp<int64_t>(threads, 1, rows) : 1;
+    const Count one_row = step_peak(1, 0) - 3 * P4;  // a row's own peak above params and moments
+    const Count kept = rows > 1 && workers % 2 == 1 ? P4 : 0;
+    peak = 3 * P4 + P4 + kept + Count(workers) * one_row;
     int64_t depth = 0;  // blocks held at most: one per level below the rank's row count, + the newest
     while ((int64_t{1} << (depth + 1)) <= rows) ++depth;
     r.row_tree_bytes = figure(P4 * (depth + 1), "the row tree's blocks", kParams);
@@ -526,7 +534,7 @@ std::string cost_table(const CostReport& r) {
   mem("what the fused kernel keeps: O + lse (step)", r.attn_fused_kept_bytes);
   mem("params + AdamW moments", r.state_bytes);
   mem(r.recompute ? "peak tensor bytes of a step (recompute on)" : "peak tensor bytes of a step", r.peak_step_bytes);
-  if (r.row_tree) mem("row tree blocks (invariant: rows one at a time)", r.row_tree_bytes);
+  if (r.row_tree) mem("row tree blocks (invariant: rows alone)", r.row_tree_bytes);
   mem("KV cache per token, f32", r.kv_cache_bytes_per_token_f32);
   mem("KV cache per token, bf16", r.kv_cache_bytes_per_token_bf16);
   mem("KV cache per token if MHA (Hkv = Hq), f32", r.kv_cache_bytes_per_token_mha_f32);

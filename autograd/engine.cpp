@@ -58,6 +58,17 @@ thread_local GradSink* t_sink = nullptr;
 GradSinkScope::GradSinkScope(GradSink& sink) : previous_(t_sink) { t_sink = &sink; }
 GradSinkScope::~GradSinkScope() { t_sink = previous_; }
 GradSink* GradSinkScope::current() { return t_sink; }
+Tensor GradSink::take(const Tensor& leaf) {
+  auto it = grads_.find(leaf.impl());
+  if (it == grads_.end()) return Tensor();
+  Tensor g = std::move(it->second);
+  grads_.erase(it);
+  return g;
+}
+Tensor take_leaf_grad(const Tensor& leaf) {
+  if (GradSink* sink = GradSinkScope::current()) return sink->take(leaf);
+  return leaf.grad();
+}
 Tensor GradSink::grad(const Tensor& leaf) const {
   auto it = grads_.find(leaf.impl());
   return it == grads_.end() ? Tensor() : it->second;

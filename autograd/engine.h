@@ -25,6 +25,9 @@ class GradSink {
   Tensor grad(const Tensor& leaf) const;
   // The slot of the leaf implementation `leaf` (created undefined).
   Tensor& slot(const TensorImpl* leaf) { return grads_[leaf]; }
+  // The gradient collected for `leaf`, removed from the sink (a leaf made for one replay, whose
+  // address a later tensor may reuse).
+  Tensor take(const Tensor& leaf);
 
  private:
   std::unordered_map<const TensorImpl*, Tensor> grads_;
@@ -41,6 +44,10 @@ class GradSinkScope {
  private:
   GradSink* previous_;
 };
+// The gradient backward() left for `leaf` on the calling thread: taken out of the thread's sink
+// while one is in scope, else leaf.grad(). For a leaf made inside a node's backward (the block
+// replay of recomputation), which must read its gradient wherever the engine put it.
+Tensor take_leaf_grad(const Tensor& leaf);
 // Makes each leaf's gradient accumulator now (what the first graph using the leaf would do).
 void prepare_leaves(const std::vector<Tensor>& leaves);
 

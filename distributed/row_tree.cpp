@@ -151,8 +151,12 @@ void RowTree::clear() {
 
 float* RowTree::take_buffer() {
   if (free_.empty()) {
-    buffers_.push_back(Tensor::empty({n_}, DType::f32, device_));
-    return buffers_.back().data<float>();
+    if (device_ == Device::cpu) {
+      host_buffers_.push_back(std::make_unique<float[]>(static_cast<size_t>(n_)));
+      return host_buffers_.back().get();
+    }
+    device_buffers_.push_back(Tensor::empty({n_}, DType::f32, device_));
+    return device_buffers_.back().data<float>();
   }
   float* p = free_.back();
   free_.pop_back();

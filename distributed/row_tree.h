@@ -15,6 +15,7 @@
 // never matters; only the grouping does, and the grouping is fixed by the row indices alone.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -83,7 +84,10 @@ class RowTree {
   int64_t n_;
   Device device_;
   std::vector<RowBlock> stack_;
-  std::vector<Tensor> buffers_;  // owned; free ones listed in free_
+  // Owned; free ones listed in free_. Host blocks are plain memory, outside the tensor allocator's
+  // counts (`qkv cost` reports them apart from a step's tensors: row_tree_bytes).
+  std::vector<std::unique_ptr<float[]>> host_buffers_;
+  std::vector<Tensor> device_buffers_;
   std::vector<float*> free_;
 };
 

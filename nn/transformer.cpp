@@ -513,7 +513,7 @@ class CheckpointedBlockBackward : public autograd::Node {
     // the gradients it passes along: the same in-place accumulations happen in the same places and
     // the gradients come out bitwise those of the recorded forward.
     autograd::backward(y, grad_out.clone());
-    Tensor dx = needs_grad(0) ? x.grad() : Tensor();
+    Tensor dx = needs_grad(0) ? autograd::take_leaf_grad(x) : Tensor();
     release();
     return {dx};
   }

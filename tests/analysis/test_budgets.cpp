@@ -190,7 +190,7 @@ TEST_CASE("budgets: training is refused when its step cannot fit, naming the act
   }
   // The same model for inference is small (its KV cache for 65536 tokens: 2 · 2 · 64 · 4 · 65536 = 64 MiB).
   CHECK(train::build_model(cfg, 256)->parameter_count() > 0);
-  // Invariant numerics trains the rows one at a time: one row keeps 2 · 4 · 1036 · 65536 bytes
+  // Invariant numerics trains the rows alone (one per thread): one row keeps 2 · 4 · 1036 · 65536 bytes
   // (0.5 GiB), and the step fits where the batched one does not; rows 1024 times wider do not
   // (one keeps 2 · 4 · (16 · 65536 + 4 + 64) · 65536 bytes, 0.5 TiB).
   Config rows = cfg;
