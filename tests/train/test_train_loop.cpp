@@ -238,7 +238,6 @@ TEST_CASE("on the GPU, invariant training gives the same bits for every split of
   const std::string dir = temp_dir("split_cuda");
   Config c = tiny_config(dir);
   apply_override(c, "train.device=cuda");
-  apply_override(c, "train.numerics=invariant");
   c.model.dropout = 0.1;
   c.model.attn_dropout = 0.1;
   c.train.grad_clip = 0.3;
