@@ -147,13 +147,14 @@ void strided_head_backward(const BwdArgs<T>& a, const MaskPlan& plan, const Drop
       [](int64_t, int64_t) {}, kWalkBandQBackward);
 }
 
-// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkMaxQ×kWalkK); pack: the strided walk's
+// s, dp, pz, z: tile scratch (the larger of Bq×Bk and kWalkMaxQ×kWalkK); kvt: (D + Dv)·Bk, the grid
+// walk's key tile transposed (Kᵀ, then Vᵀ: S and dP run as nn on them); pack: the strided walk's
 // packed key rows (strided_head_backward); reached: Nq + 2·Nk flags (dQ, dK, dV rows are zeroed as
 // a tile first reaches them, fused.h ZeroOnFirstTouch); walk: use_strided_walk(plan), read by the
 // caller (it depends on the calling thread's numerics mode, which an OpenMP worker does not see).
 template <class T>
 void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h, T* s,
-                   T* dp, T* pz, T* z, T* pack, uint8_t* reached, bool walk) {
+                   T* dp, T* pz, T* z, T* kvt, T* pack, uint8_t* reached, bool walk) {
   const T ninf = -std::numeric_limits<T>::infinity();
   const int64_t hk = plan.kv_head(h), D = a.D, Dv = a.Dv;
   const T* qh = a.q + b * a.q_sb + h * a.q_sh;
@@ -190,6 +191,12 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
     const int64_t kt = j0 / kBlockK;
     const int64_t n_blocks =
         layout ? layout->col_ptr[kt + 1] - layout->col_ptr[kt] : (i_hi - i_lo + kBlockQ - 1) / kBlockQ;
+    T* kjt = kvt;  // Kⱼᵀ and Vⱼᵀ, rows kBlockK apart
+    T* vjt = kvt + D * kBlockK;
+    if (n_blocks > 0) {
+      tile::transpose(bk, D, kj, a.k_sn, kjt, kBlockK);
+      tile::transpose(bk, Dv, vj, a.v_sn, vjt, kBlockK);
+    }
     for (int64_t t = 0; t < n_blocks; ++t) {
       int64_t i0, i1, c0 = 0, c1 = bk;  // rows [i0, i1), keys j0 + [c0, c1)
       if (layout) {                     // clipped to the tile's box too
@@ -209,10 +216,9 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
       plan.key_range(b, i0, i1, &j_lo, &j_hi);
       if (j_hi <= tj0 || j_lo >= tj0 + tbk) continue;
       const T* tk = kj + c0 * a.k_sn;
-      const T* tv = vj + c0 * a.v_sn;
       T* tdk = dkj + c0 * dks;
       T* tdv = dvj + c0 * dvs;
-      tile::nt(bq, tbk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, tk, a.k_sn, s, kBlockK);
+      tile::nn(bq, tbk, D, a.scale, qh + i0 * a.q_sn, a.q_sn, kjt + c0, kBlockK, s, kBlockK);
       const bool full = layout ? plan.tile_full(b, i0 / kBlockQ, kt, tj0 + tbk) && tj0 >= j_lo && tj0 + tbk <= j_hi
                                : plan.block_all_visible(b, i0, i1, tj0, tj0 + tbk);
       if (additive || !full) plan.apply<T>(b, h, i0, bq, tj0, tbk, s, kBlockK, full);
@@ -235,7 +241,7 @@ void backward_head(const BwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw&
       dk_rows.touch(tj0, 1, tbk);
       dv_rows.touch(tj0, 1, tbk);
       tile::add_tn(tbk, Dv, bq, pd, kBlockK, doh + i0 * dos, dos, tdv, dvs);
-      tile::nt(bq, tbk, Dv, T(1), doh + i0 * dos, dos, tv, a.v_sn, dp, kBlockK);
+      tile::nn(bq, tbk, Dv, T(1), doh + i0 * dos, dos, vjt + c0, kBlockK, dp, kBlockK);
       for (int64_t r = 0; r < bq; ++r) {
         const T di = dih[i0 + r];
         const T* sr = s + r * kBlockK;
@@ -316,15 +322,16 @@ void run_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
   const int64_t tile = std::max(kBlockQ * kBlockK, kWalkMaxQ * kWalkK);
   const bool walk = use_strided_walk(plan);
   const int64_t pack_rows = walk ? packed_key_rows(plan.layout().walk) : 0;
-  const int64_t per_thread = 4 * tile + 2 * pack_rows * (p.D + p.Dv);
+  const int64_t per_thread = 4 * tile + kBlockK * (p.D + p.Dv) + 2 * pack_rows * (p.D + p.Dv);
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
   const int64_t flags = p.Nq + 2 * p.Nk;
   std::vector<uint8_t> reached(static_cast<size_t>(nthreads * flags));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t t = 0; t < tasks; ++t) {
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
-    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile, s + 4 * tile,
-                     reached.data() + omp_get_thread_num() * flags, walk);
+    T* kvt = s + 4 * tile;
+    backward_head<T>(a, plan, drop, t / p.Hq, t % p.Hq, s, s + tile, s + 2 * tile, s + 3 * tile, kvt,
+                     kvt + kBlockK * (p.D + p.Dv), reached.data() + omp_get_thread_num() * flags, walk);
   }
   if (!partial) return;
   // dK, dV of kv head hk = Σ over the query heads that read it, in head order.

@@ -35,7 +35,27 @@ struct FwdArgs {
   int64_t o_sb, o_sh, o_sn;  // out's strides (rows contiguous): head-major, or token-major for attention_packed
   int64_t Hq, Nq, D, Dv;
   T scale;
+  // Kᵀ by key tile (transpose_key_tiles), or nullptr: the tiles' products then transpose K themselves.
+  const T* kt = nullptr;
+  int64_t Hkv = 0, key_tiles = 0;
 };
+
+// K [B, Hkv, Nk, D] as Kᵀ one key tile at a time: tile t of head (b, hk) is D rows of kBlockK keys
+// (kt + ((b·Hkv + hk)·tiles + t)·D·kBlockK, rows kBlockK apart). Made once per call where several
+// query blocks read each tile, so S = s·Q·Kᵀ runs as nn on it; nt on K gives the same bits (tile_products.h).
+template <class T>
+Tensor transpose_key_tiles(const FwdArgs<T>& a, int64_t B, int64_t Hkv, int64_t Nk, int64_t tiles) {
+  Tensor kt = Tensor::empty({B * Hkv * tiles, a.D, kBlockK}, dtype_of<T>());
+  T* dst = kt.data<T>();
+#pragma omp parallel for schedule(static) if (B * Hkv * tiles > 1 && !omp_in_parallel())
+  for (int64_t e = 0; e < B * Hkv * tiles; ++e) {
+    const int64_t bh = e / tiles, t = e % tiles, b = bh / Hkv, hk = bh % Hkv;
+    const int64_t j0 = t * kBlockK;
+    tile::transpose(std::min(kBlockK, Nk - j0), a.D, a.k + b * a.k_sb + hk * a.k_sh + j0 * a.k_sn, a.k_sn,
+                    dst + e * a.D * kBlockK, kBlockK);
+  }
+  return kt;
+}
 
 // One query block; `s` and `z` are this thread's scratch (Bq×Bk and Bk). Returns the first fully
 // masked row in the block or -1.
@@ -88,7 +108,12 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
     }
     T* ot = ob + r0 * os;
     T *mt = m + r0, *lt = l + r0;
-    tile::nt(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
+    if (a.kt) {
+      const T* ktile = a.kt + ((b * a.Hkv + hk) * a.key_tiles + j0 / kBlockK) * D * kBlockK + j0 % kBlockK;
+      tile::nn(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, ktile, kBlockK, s, kBlockK);
+    } else {
+      tile::nt(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
+    }
     if (additive || !full) plan.apply<T>(b, h, i0 + r0, nr, j0, bk, s, kBlockK, full);
     for (int64_t r = 0; r < nr; ++r) {
       T* sr = s + r * kBlockK;
@@ -219,17 +244,17 @@ int64_t strided_head_forward(const FwdArgs<T>& a, const MaskPlan& plan, const Dr
 template <class T>
 int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                     const Problem& p, const MaskPlan& plan, const DropoutDraw& drop) {
-  const FwdArgs<T> a{q.data<T>(),   k.data<T>(),
-                     v.data<T>(),   q.stride(0),
-                     q.stride(1),   q.stride(2),
-                     k.stride(0),   k.stride(1),
-                     k.stride(2),   v.stride(0),
-                     v.stride(1),   v.stride(2),
-                     out.data<T>(), lse.data<T>(),
-                     out.stride(0), out.stride(1),
-                     out.stride(2), p.Hq,
-                     p.Nq,          p.D,
-                     p.Dv,          static_cast<T>(p.scale)};
+  FwdArgs<T> a{q.data<T>(),   k.data<T>(),
+               v.data<T>(),   q.stride(0),
+               q.stride(1),   q.stride(2),
+               k.stride(0),   k.stride(1),
+               k.stride(2),   v.stride(0),
+               v.stride(1),   v.stride(2),
+               out.data<T>(), lse.data<T>(),
+               out.stride(0), out.stride(1),
+               out.stride(2), p.Hq,
+               p.Nq,          p.D,
+               p.Dv,          static_cast<T>(p.scale)};
   if (use_strided_walk(plan)) {
     // A strided walk is one task per (b, h): its rows' softmax state spans the residue groups and
     // the band. The band alone (a causal window) goes in chunks of kWalkChunkRows rows, so that a
@@ -263,6 +288,13 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     return first_masked.load();
   }
   const int64_t nblk = (p.Nq + kBlockQ - 1) / kBlockQ;
+  Tensor kt;  // each key tile is read by up to nblk·Hq/Hkv query blocks: transposed once for them all
+  if (nblk > 1) {
+    a.Hkv = p.Hkv;
+    a.key_tiles = (p.Nk + kBlockK - 1) / kBlockK;
+    kt = transpose_key_tiles(a, p.B, p.Hkv, p.Nk, a.key_tiles);
+    a.kt = kt.data<T>();
+  }
   const int64_t tasks = p.B * p.Hq * nblk;
   const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());

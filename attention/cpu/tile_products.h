@@ -1,8 +1,9 @@
 // Internal to attention/: the tile products of the fused CPU kernels, written by hand.
 //
-//   nt:     S  = alpha·A·Bᵀ   (S = s·Q·Kᵀ, dP = dO·Vᵀ)      dot products along D
-//   add_nn: C += A·B          (O += P·V, dQ += dS·K)          outer products
-//   add_tn: C += Aᵀ·B         (dV += Pᵀ·dO, dK += dSᵀ·Q)      outer products
+//   nt:     S  = alpha·A·Bᵀ   (S = s·Q·Kᵀ, dP = dO·Vᵀ)      B transposed, then nn
+//   nn:     S  = alpha·A·B    (the same with Kᵀ, Vᵀ transposed once by the caller)
+//   add_nn: C += A·B          (O += P·V, dQ += dS·K)
+//   add_tn: C += Aᵀ·B         (dV += Pᵀ·dO, dK += dSᵀ·Q)
 //
 // Why not BLAS: the tiles are small (32×32×D for the grid walk; 8 or 16 rows by up to 256 keys for
 // the strided walk, whose backward has two products only as deep as that), BLAS packs both operands on every
@@ -11,14 +12,15 @@
 // a strided tile of 8 rows costs about what a full tile does per logit, and attention's values do
 // not depend on the BLAS build. bench/tile_products_vs_blas.cpp measures them against
 // cblas_sgemm on these shapes (docs/perf.md, "Attention tiles").
-// Each output is a block held in registers (R rows × two vectors of columns for the outer
-// products, two rows × W/2 keys of W-lane partial sums for the dot products), written with GCC's
-// vector extensions so the compiler emits the host's FMA code: 512-bit where the host has
+// All four are outer products: each output block is held in registers (R rows × two vectors of
+// columns), one B row loaded per step and multiplied by R broadcast elements of A, written with
+// GCC's vector extensions so the compiler emits the host's FMA code: 512-bit where the host has
 // AVX-512 (tile_products.cpp alone is built for it), else 256-bit (or pairs of SSE halves).
 //
-// Every element takes one path whatever its position in the tile, its sum in a fixed order, so
-// results do not depend on the tile's row count or offset (KV-cache decoding reproduces the
-// parallel forward bitwise) nor on which BLAS is linked or which kernel it picks.
+// Every element is one chain of fused multiply-adds in step order (from +0 for nt and nn, from C's
+// value for the accumulating products), whatever its position in the tile, the tile's shape, the
+// vector width or the BLAS: so KV-cache decoding reproduces the parallel forward bitwise, and a
+// 512-bit host computes the bits of a 256-bit one.
 #pragma once
 #include <cstdint>
 
@@ -29,6 +31,15 @@ void nt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t ld
         float* c, int64_t ldc);
 void nt(int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb,
         double* c, int64_t ldc);
+// C[m×n] = alpha·A[m×k]·B[k×n]: element (i, j) is alpha·(Σ_p a(i, p)·b(p, j)), the sum from +0 in
+// p order. nt(A, B) gives the bits of nn(A, Bᵀ).
+void nn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+        float* c, int64_t ldc);
+void nn(int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, const double* b, int64_t ldb,
+        double* c, int64_t ldc);
+// bt[p·ldt + j] = b[j·ldb + p] for j < n, p < k: n rows of k into k rows of n.
+void transpose(int64_t n, int64_t k, const float* b, int64_t ldb, float* bt, int64_t ldt);
+void transpose(int64_t n, int64_t k, const double* b, int64_t ldb, double* bt, int64_t ldt);
 // C[m×n] += A[m×k]·B[k×n].
 void add_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
             int64_t ldc);

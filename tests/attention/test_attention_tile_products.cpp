@@ -247,3 +247,56 @@ TEST_CASE("add_tn_ranges gives add_tn's bits where A is zero outside each 4-row 
         check_accumulated(full, 1, full.lda, 64 * 6e-8, "add_tn_ranges " + shape);
       }
 }
+
+TEST_CASE("nt and nn are one fused multiply-add chain per element; nt(A, B) = nn(A, Bᵀ) bitwise",
+          "[attention][tile][exact]") {
+  // The order the kernels promise (tile_products.h), written out: acc from +0, acc = fma(a, b, acc)
+  // in step order, then alpha·acc. Held by every vector width and blocking, so a 512-bit host, a
+  // 256-bit one and a decode step of one row all give these bits. Shapes past the 8 × 8 transpose
+  // blocks, the two-vector column blocks and the 4-row blocks, with strided operands.
+  auto chain = [](float acc, float x, float y) {
+#if defined(__FMA__)
+    return std::fma(x, y, acc);
+#else
+    return acc + x * y;
+#endif
+  };
+  uint32_t seed = 11;
+  for (int64_t m : {1, 3, 4, 9, 32})
+    for (int64_t n : {1, 7, 8, 16, 17, 32, 71})
+      for (int64_t k : {1, 5, 8, 64, 67}) {
+        Operands<float> o = make_operands<float>(m, n, k, n, k, seed++);
+        const float alpha = 0.125f;
+        tile::nt(m, n, k, alpha, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
+        // Bᵀ through tile::transpose, at a stride other than n, then nn on it.
+        const int64_t ldt = n + 3;
+        std::vector<float> bt(k * ldt, kGuard), c_nn(o.c.size(), kGuard);
+        tile::transpose(n, k, o.b.data(), o.ldb, bt.data(), ldt);
+        tile::nn(m, n, k, alpha, o.a.data(), o.lda, bt.data(), ldt, c_nn.data(), o.ldc);
+        const std::string shape = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+        INFO(shape);
+        int64_t transposed_wrong = 0, chain_wrong = 0, nn_wrong = 0, guard_wrong = 0;
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = 0; j < ldt; ++j) {
+            const float want = j < n ? o.b[j * o.ldb + p] : kGuard;  // nothing past n columns written
+            transposed_wrong += std::memcmp(&bt[p * ldt + j], &want, sizeof(float)) != 0 ? 1 : 0;
+          }
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; ++p) acc = chain(acc, o.a[i * o.lda + p], o.b[j * o.ldb + p]);
+            const float want = alpha * acc;
+            chain_wrong += std::memcmp(&o.c[i * o.ldc + j], &want, sizeof(float)) != 0 ? 1 : 0;
+            nn_wrong += std::memcmp(&c_nn[i * o.ldc + j], &want, sizeof(float)) != 0 ? 1 : 0;
+          }
+        for (size_t e = 0; e < o.c.size(); ++e) {
+          const int64_t i = static_cast<int64_t>(e) / o.ldc, j = static_cast<int64_t>(e) % o.ldc;
+          if (i < m && j < n) continue;
+          guard_wrong += (o.c[e] != kGuard ? 1 : 0) + (c_nn[e] != kGuard ? 1 : 0);
+        }
+        CHECK(transposed_wrong == 0);
+        CHECK(chain_wrong == 0);
+        CHECK(nn_wrong == 0);
+        CHECK(guard_wrong == 0);
+      }
+}
