@@ -1,15 +1,17 @@
 // Fused attention forward (FlashAttention-style online softmax), CPU.
 //
-// For each (b, h, block of Bq query rows), over key tiles of Bk keys:
-//   S      = s·Q_blk·K_tileᵀ + bias + alibi, masked entries -inf          (Bq×Bk, one GEMM)
+// For each (b, h, block of Bq query rows), over steps of kForwardKeys keys (a sparse layout's
+// tiles of Bk keys):
+//   S      = s·Q_blk·K_stepᵀ + bias + alibi, masked entries -inf          (tile products)
 //   m'     = max(m, rowmax S)       α = exp(m − m')      P = exp(S − m')
-//   l      = α·l + rowsum P         O = α·O + (P∘Z)·V_tile                (one GEMM)
+//   l      = α·l + rowsum P         O = α·O + (P∘Z)·V_step
 // then O /= l and lse = m + log l. A row that saw no visible key keeps m = −inf: its output is
 // zero and lse = −inf (or an error under FullyMasked::error).
 // Shapes: q [B,Hq,Nq,D], k [B,Hkv,Nk,D], v [B,Hkv,Nk,Dv] (rows contiguous, any batch/head/row
 // strides), out [B,Hq,Nq,Dv], lse [B,Hq,Nq]. Query head h reads kv head plan.kv_head(h) in place.
 //
-// Why this shape: only O and lse are written, so memory is O(N·D) plus a Bq×Bk tile per thread;
+// Why this shape: only O and lse are written, so memory is O(N·D) (Kᵀ, out, lse) plus a
+// Bq × kForwardKeys tile per thread;
 // key tiles outside a block's structural key range (causal upper triangle, outside the window,
 // past key_lengths) are never visited, so causal attention does about half the work; tiles wholly
 // inside the range skip the mask. Parallel over (b, h, query block), largest blocks first.
@@ -57,15 +59,37 @@ Tensor transpose_key_tiles(const FwdArgs<T>& a, int64_t B, int64_t Hkv, int64_t 
   return kt;
 }
 
-// One query block; `s` and `z` are this thread's scratch (Bq×Bk and Bk). Returns the first fully
-// masked row in the block or -1.
+// Keys per step of the forward's online softmax without a sparse layout: two key tiles, so each
+// row's max, rescale and sum and each P·V product (its depth) cover 64 keys instead of 32. A
+// layout's tiles stay one key tile wide (its grid). The steps are fixed by the keys' positions,
+// not by the block, so a decode step cuts a row's keys where the parallel forward does.
+constexpr int64_t kForwardKeys = 2 * kBlockK;
+
+// S = s·Q·Kᵀ for `nr` rows and the keys [j0, j0 + bk) of one step, into s (row stride lds): on
+// the transposed key tiles where the call made them (one nn per tile the step spans), else nt on K.
+template <class T>
+void forward_logits(const FwdArgs<T>& a, int64_t b, int64_t hk, int64_t nr, const T* q, int64_t j0, int64_t bk, T* s,
+                    int64_t lds) {
+  if (!a.kt) {
+    tile::nt(nr, bk, a.D, a.scale, q, a.q_sn, a.k + b * a.k_sb + hk * a.k_sh + j0 * a.k_sn, a.k_sn, s, lds);
+    return;
+  }
+  for (int64_t j = j0; j < j0 + bk;) {
+    const int64_t t = j / kBlockK, end = std::min(j0 + bk, (t + 1) * kBlockK);
+    const T* ktile = a.kt + ((b * a.Hkv + hk) * a.key_tiles + t) * a.D * kBlockK + j % kBlockK;
+    tile::nn(nr, end - j, a.D, a.scale, q, a.q_sn, ktile, kBlockK, s + (j - j0), lds);
+    j = end;
+  }
+}
+
+// One query block; `s` and `z` are this thread's scratch (Bq × kForwardKeys and kForwardKeys).
+// Returns the first fully masked row in the block or -1.
 template <class T>
 int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDraw& drop, int64_t b, int64_t h,
                       int64_t i0, int64_t i1, T* s, T* z, T* m, T* l) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  const int64_t hk = plan.kv_head(h), bq = i1 - i0, D = a.D, Dv = a.Dv;
+  const int64_t hk = plan.kv_head(h), bq = i1 - i0, Dv = a.Dv;
   const T* qb = a.q + b * a.q_sb + h * a.q_sh + i0 * a.q_sn;
-  const T* kh = a.k + b * a.k_sb + hk * a.k_sh;
   const T* vh = a.v + b * a.v_sb + hk * a.v_sh;
   T* ob = a.out + b * a.o_sb + h * a.o_sh + i0 * a.o_sn;
   const int64_t os = a.o_sn;
@@ -77,17 +101,18 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
 
   int64_t j_lo, j_hi;
   plan.key_range(b, i0, i1, &j_lo, &j_hi);
-  // Key tiles [j0, j0 + bk): the structural range in steps of Bk, or with a sparse pattern the
-  // non-empty tiles of the block layout (aligned at multiples of Bk, i0 at a multiple of Bq),
-  // clipped to the structural range.
+  // Key steps [j0, j0 + bk): the structural range in steps of kForwardKeys, or with a sparse
+  // pattern the non-empty tiles of the block layout (aligned at multiples of Bk, i0 at a multiple
+  // of Bq), clipped to the structural range.
   const BlockLayout* layout = plan.has_pattern() ? &plan.layout() : nullptr;
   const int64_t qt = i0 / kBlockQ;
-  // Without a layout the tiles start at multiples of Bk (the first one clipped to j_lo): a row's
-  // keys are then cut into the same tiles, and its softmax rescaled at the same keys, whichever
-  // block or call it is computed in (a window's j_lo moves with the block's first row).
-  const int64_t j_base = j_lo - j_lo % kBlockK;
+  // Without a layout the steps start at multiples of kForwardKeys (the first one clipped to
+  // j_lo): a row's keys are then cut into the same steps, and its softmax rescaled at the same
+  // keys, whichever block or call it is computed in (a window's j_lo moves with the block's first row).
+  constexpr int64_t lds = kForwardKeys;  // s's row stride
+  const int64_t j_base = j_lo - j_lo % kForwardKeys;
   const int64_t n_tiles =
-      layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_base + kBlockK - 1) / kBlockK;
+      layout ? layout->row_ptr[qt + 1] - layout->row_ptr[qt] : (j_hi - j_base + kForwardKeys - 1) / kForwardKeys;
   for (int64_t t = 0; t < n_tiles; ++t) {
     int64_t j0, bk, r0 = 0, nr = bq;  // the tile's keys [j0, j0 + bk) and block rows [r0, r0 + nr)
     bool full;
@@ -102,21 +127,16 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
       if (nr <= 0) continue;
       full = plan.tile_full(b, qt, kt, j0 + bk);
     } else {
-      j0 = std::max(j_base + t * kBlockK, j_lo);
-      bk = std::min(j_base + (t + 1) * kBlockK, j_hi) - j0;
+      j0 = std::max(j_base + t * kForwardKeys, j_lo);
+      bk = std::min(j_base + (t + 1) * kForwardKeys, j_hi) - j0;
       full = plan.block_all_visible(b, i0, i1, j0, j0 + bk);
     }
     T* ot = ob + r0 * os;
     T *mt = m + r0, *lt = l + r0;
-    if (a.kt) {
-      const T* ktile = a.kt + ((b * a.Hkv + hk) * a.key_tiles + j0 / kBlockK) * D * kBlockK + j0 % kBlockK;
-      tile::nn(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, ktile, kBlockK, s, kBlockK);
-    } else {
-      tile::nt(nr, bk, D, a.scale, qb + r0 * a.q_sn, a.q_sn, kh + j0 * a.k_sn, a.k_sn, s, kBlockK);
-    }
-    if (additive || !full) plan.apply<T>(b, h, i0 + r0, nr, j0, bk, s, kBlockK, full);
+    forward_logits(a, b, hk, nr, qb + r0 * a.q_sn, j0, bk, s, lds);
+    if (additive || !full) plan.apply<T>(b, h, i0 + r0, nr, j0, bk, s, lds, full);
     for (int64_t r = 0; r < nr; ++r) {
-      T* sr = s + r * kBlockK;
+      T* sr = s + r * lds;
       const T mx = tile::row_max(sr, bk);
       const T m_new = mx > mt[r] ? mx : mt[r];
       if (m_new == ninf) {  // nothing visible in this row so far
@@ -136,7 +156,7 @@ int64_t forward_block(const FwdArgs<T>& a, const MaskPlan& plan, const DropoutDr
         for (int64_t c = 0; c < bk; ++c) sr[c] *= z[c];
       }
     }
-    tile::add_nn(nr, Dv, bk, s, kBlockK, vh + j0 * a.v_sn, a.v_sn, ot, os);
+    tile::add_nn(nr, Dv, bk, s, lds, vh + j0 * a.v_sn, a.v_sn, ot, os);
   }
   int64_t first_masked = -1;
   for (int64_t r = 0; r < bq; ++r) {
@@ -298,7 +318,7 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const int64_t tasks = p.B * p.Hq * nblk;
   const double flops = 4.0 * p.B * p.Hq * p.Nq * p.Nk * (p.D + p.Dv) / 2;
   const int nthreads = omp_in_parallel() ? 1 : worth_threads(flops, tasks, omp_get_max_threads());
-  const int64_t per_thread = kBlockQ * kBlockK + kBlockK + 2 * kBlockQ;
+  const int64_t per_thread = kBlockQ * kForwardKeys + kForwardKeys + 2 * kBlockQ;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, p.dtype);
   std::atomic<int64_t> first_masked{INT64_MAX};  // smallest (b·Hq + h)·Nq + i
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
@@ -308,8 +328,9 @@ int64_t run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     const int64_t b = bh / p.Hq, h = bh % p.Hq;
     T* s = scratch.data<T>() + omp_get_thread_num() * per_thread;
     const int64_t i0 = blk * kBlockQ, i1 = std::min(p.Nq, i0 + kBlockQ);
-    const int64_t fm = forward_block<T>(a, plan, drop, b, h, i0, i1, s, s + kBlockQ * kBlockK,
-                                        s + kBlockQ * kBlockK + kBlockK, s + kBlockQ * kBlockK + kBlockK + kBlockQ);
+    T* z = s + kBlockQ * kForwardKeys;
+    const int64_t fm =
+        forward_block<T>(a, plan, drop, b, h, i0, i1, s, z, z + kForwardKeys, z + kForwardKeys + kBlockQ);
     if (fm >= 0) {
       const int64_t idx = bh * p.Nq + fm;
       int64_t cur = first_masked.load();

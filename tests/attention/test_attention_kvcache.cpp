@@ -3,12 +3,14 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 
 #include "attention/alibi.h"
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "attention/rope.h"
 #include "compare_util.h"
+#include "tensor/numerics.h"
 #include "tensor/ops.h"
 
 using namespace qkv;
@@ -64,6 +66,41 @@ TEST_CASE("KV-cache decoding token by token and in chunks reproduces the full ca
         CHECK(decode_error(dc, tokens) <= 1e-5);
         CHECK(decode_error(dc, chunks) <= 1e-5);
       }
+}
+
+TEST_CASE("fused KV-cache decoding gives the full forward's bits past several key steps and query blocks",
+          "[attention][exact]") {
+  // The fused forward cuts a row's keys into steps fixed by position (64 keys without a layout)
+  // and reads Kᵀ transposed once per call where a call has several query blocks, else transposes
+  // per tile: one token at a time, a chunk of 37, and a chunk of 64 (two blocks) must all give
+  // the bits of one 150-token call. D = 64 and N = 150 reach both paths and three key steps. A
+  // window (its first key moves with the row) under numerics = invariant: under standard numerics
+  // a causal window takes the regrouped walk, whose tiles follow the call's rows (fused.h).
+  const int64_t B = 1, Hq = 4, Hkv = 2, N = 150, D = 64;
+  const Tensor q = randn({B, Hq, N, D}, 4), k = randn({B, Hkv, N, D}, 5), v = randn({B, Hkv, N, D}, 6);
+  for (int64_t window : {0, 70}) {
+    NumericsGuard mode(window ? Numerics::invariant : Numerics::standard);
+    AttentionOptions o;
+    o.causal = true;
+    o.window = window;
+    o.kernel = Kernel::fused;
+    const std::vector<double> full = attention(q, k, v, o).to_vector();  // float32 values, exactly
+    for (const std::vector<int64_t>& chunks : {std::vector<int64_t>(N, 1), std::vector<int64_t>{37, 1, 64, 48}}) {
+      KVCache cache(B, Hkv, N, D);
+      std::vector<Tensor> outs;
+      int64_t t = 0;
+      for (int64_t n : chunks) {
+        outs.push_back(cache.attend(q.narrow(2, t, n), k.narrow(2, t, n), v.narrow(2, t, n), o));
+        t += n;
+      }
+      const std::vector<double> got = cat(outs, 2).to_vector();
+      REQUIRE(got.size() == full.size());
+      int64_t differ = 0;
+      for (size_t e = 0; e < got.size(); ++e) differ += std::memcmp(&got[e], &full[e], sizeof(double)) != 0 ? 1 : 0;
+      INFO("window " << window << ", " << chunks.size() << " chunks");
+      CHECK(differ == 0);
+    }
+  }
 }
 
 TEST_CASE("KV-cache views share the cache buffers and errors are clear", "[attention]") {
