@@ -287,7 +287,7 @@ struct WalkRows {
   template <class T>
   void nt(int64_t nr, int64_t k, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc) const {
     for_each_span(nr, [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
-      tile::nt(rows, cols, k, alpha, A + r0 * lda, lda, B + c0 * ldb, ldb, C + r0 * ldc + c0, ldc);
+      tile::dots(rows, cols, k, alpha, A + r0 * lda, lda, B + c0 * ldb, ldb, C + r0 * ldc + c0, ldc);
     });
   }
   // C += A·B on each group's columns (A: the tile's nr rows, lda apart; B: its nc rows, ldb apart;

@@ -99,10 +99,11 @@ void check_all_shapes(double tol) {
       for (int64_t k : {1, 3, 8, 16, 67}) {
         const std::string shape =
             type + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
-        {  // nt: C = alpha·A·Bᵀ, B is n rows of k
+        for (const bool as_dots : {false, true}) {  // nt and dots: C = alpha·A·Bᵀ, B is n rows of k
           Operands<T> o = make_operands<T>(m, n, k, n, k, seed++);
           const T alpha = T(0.375);
-          tile::nt(m, n, k, alpha, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
+          if (as_dots) tile::dots(m, n, k, alpha, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
+          else tile::nt(m, n, k, alpha, o.a.data(), o.lda, o.b.data(), o.ldb, o.c.data(), o.ldc);
           std::vector<long double> want(m * n), mag(m * n);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
@@ -115,7 +116,7 @@ void check_all_shapes(double tol) {
               want[i * n + j] = alpha * s;
               mag[i * n + j] = alpha * g;
             }
-          check_block(o.c, m, n, o.ldc, want, mag, tol, "nt " + shape);
+          check_block(o.c, m, n, o.ldc, want, mag, tol, (as_dots ? "dots " : "nt ") + shape);
         }
         {  // add_nn: C += A·B, A m × k, B k × n
           Operands<T> o = make_operands<T>(m, n, k, k, n, seed++);
@@ -152,18 +153,25 @@ TEST_CASE("a tile product's element does not depend on where in the tile it sits
   std::vector<float> a(m * k), b(n * k), bt(k * n), whole(m * n), part(m * n);
   for (float& x : a) x = u(gen);
   for (float& x : b) x = u(gen);
-  tile::nt(m, n, k, 0.125f, a.data(), k, b.data(), k, whole.data(), n);
-  for (int64_t i0 = 0; i0 < m; ++i0)
-    for (int64_t j0 : {int64_t(0), int64_t(1), int64_t(3), int64_t(5), n - 1}) {
-      const int64_t rows = std::min<int64_t>(1 + i0 % 3, m - i0), cols = n - j0;
-      std::fill(part.begin(), part.end(), 0.0f);
-      tile::nt(rows, cols, k, 0.125f, a.data() + i0 * k, k, b.data() + j0 * k, k, part.data(), n);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          INFO("nt row " << i0 + r << " key " << j0 + c << " from a tile at (" << i0 << ", " << j0 << ")");
-          REQUIRE(std::memcmp(&part[r * n + c], &whole[(i0 + r) * n + j0 + c], sizeof(float)) == 0);
-        }
-    }
+  for (const bool as_dots : {true, false}) {  // nt last: `whole` feeds the products below
+    const auto product = as_dots ? static_cast<void (*)(int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                                        const float*, int64_t, float*, int64_t)>(&tile::dots)
+                                 : static_cast<void (*)(int64_t, int64_t, int64_t, float, const float*, int64_t,
+                                                        const float*, int64_t, float*, int64_t)>(&tile::nt);
+    product(m, n, k, 0.125f, a.data(), k, b.data(), k, whole.data(), n);
+    for (int64_t i0 = 0; i0 < m; ++i0)
+      for (int64_t j0 : {int64_t(0), int64_t(1), int64_t(3), int64_t(5), n - 1}) {
+        const int64_t rows = std::min<int64_t>(1 + i0 % 3, m - i0), cols = n - j0;
+        std::fill(part.begin(), part.end(), 0.0f);
+        product(rows, cols, k, 0.125f, a.data() + i0 * k, k, b.data() + j0 * k, k, part.data(), n);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            INFO((as_dots ? "dots" : "nt")
+                 << " row " << i0 + r << " key " << j0 + c << " from a tile at (" << i0 << ", " << j0 << ")");
+            REQUIRE(std::memcmp(&part[r * n + c], &whole[(i0 + r) * n + j0 + c], sizeof(float)) == 0);
+          }
+      }
+  }
   // add_nn: O (rows × 40) += P (rows × n) · V (n × 40); row by row must give the same bits. The
   // row counts end the 4-row blocks on a 1-, 2- and 3-row block.
   const int64_t dv = 40;
