@@ -59,11 +59,11 @@ Tensor transpose_key_tiles(const FwdArgs<T>& a, int64_t B, int64_t Hkv, int64_t 
   return kt;
 }
 
-// Keys per step of the forward's online softmax without a sparse layout: two key tiles, so each
-// row's max, rescale and sum and each P·V product (its depth) cover 64 keys instead of 32. A
+// Keys per step of the forward's online softmax without a sparse layout: four key tiles, so each
+// row's max, rescale and sum and each P·V product (its depth) cover 128 keys instead of 32. A
 // layout's tiles stay one key tile wide (its grid). The steps are fixed by the keys' positions,
 // not by the block, so a decode step cuts a row's keys where the parallel forward does.
-constexpr int64_t kForwardKeys = 2 * kBlockK;
+constexpr int64_t kForwardKeys = 4 * kBlockK;
 
 // S = s·Q·Kᵀ for `nr` rows and the keys [j0, j0 + bk) of one step, into s (row stride lds): on
 // the transposed key tiles where the call made them (one nn per tile the step spans), else nt on K.

@@ -70,22 +70,23 @@ TEST_CASE("KV-cache decoding token by token and in chunks reproduces the full ca
 
 TEST_CASE("fused KV-cache decoding gives the full forward's bits past several key steps and query blocks",
           "[attention][exact]") {
-  // The fused forward cuts a row's keys into steps fixed by position (64 keys without a layout)
+  // The fused forward cuts a row's keys into steps fixed by position (128 keys without a layout)
   // and reads Kᵀ transposed once per call where a call has several query blocks, else transposes
-  // per tile: one token at a time, a chunk of 37, and a chunk of 64 (two blocks) must all give
-  // the bits of one 150-token call. D = 64 and N = 150 reach both paths and three key steps. A
-  // window (its first key moves with the row) under numerics = invariant: under standard numerics
-  // a causal window takes the regrouped walk, whose tiles follow the call's rows (fused.h).
-  const int64_t B = 1, Hq = 4, Hkv = 2, N = 150, D = 64;
+  // per tile: one token at a time, and chunks of 37, 1, 64 (two blocks), 48 and 150 must all give
+  // the bits of one 300-token call. D = 64 and N = 300 reach both paths and three key steps. A
+  // window wider than a step (its first key moves with the row, so a block's first row and its
+  // other rows start at different keys) under numerics = invariant: under standard numerics a
+  // causal window takes the regrouped walk, whose tiles follow the call's rows (fused.h).
+  const int64_t B = 1, Hq = 4, Hkv = 2, N = 300, D = 64;
   const Tensor q = randn({B, Hq, N, D}, 4), k = randn({B, Hkv, N, D}, 5), v = randn({B, Hkv, N, D}, 6);
-  for (int64_t window : {0, 70}) {
+  for (int64_t window : {0, 200}) {
     NumericsGuard mode(window ? Numerics::invariant : Numerics::standard);
     AttentionOptions o;
     o.causal = true;
     o.window = window;
     o.kernel = Kernel::fused;
     const std::vector<double> full = attention(q, k, v, o).to_vector();  // float32 values, exactly
-    for (const std::vector<int64_t>& chunks : {std::vector<int64_t>(N, 1), std::vector<int64_t>{37, 1, 64, 48}}) {
+    for (const std::vector<int64_t>& chunks : {std::vector<int64_t>(N, 1), std::vector<int64_t>{37, 1, 64, 48, 150}}) {
       KVCache cache(B, Hkv, N, D);
       std::vector<Tensor> outs;
       int64_t t = 0;
