@@ -25,11 +25,11 @@ qkv="$build/qkv"
 ns=($1)
 shift
 threads="${THREADS:-2}"
-rounds="${ROUNDS:-0}"
 export OMP_WAIT_POLICY=PASSIVE
 echo "pattern,n,seconds,kept_pairs,visited_tiles,ns_per_kept_pair,ratio"
 for n in "${ns[@]}"; do
-  versus=(--versus-full --rounds "$rounds")
+  versus=(--versus-full)
+  [[ -n "${ROUNDS:-}" ]] && versus+=(--rounds "$ROUNDS")
   [[ -n "${SKIP_FULL_ABOVE:-}" && "$n" -gt "${SKIP_FULL_ABOVE}" ]] && versus=()
   for spec in "$@"; do
     name="${spec%%:*}"
