@@ -159,7 +159,8 @@ fi
 # --- the tokenizer files of a Hugging Face directory ---
 if wanted fuzz_tokenizer_files && with_lld fuzz_tokenizer_files; then
 read -ra cflags <<< "$(pkg-config --cflags hdf5)"  # tokenizer.cpp's HDF5 reader is linked out
-build fuzz_tokenizer_files tests/fuzz/fuzz_tokenizer_files.cpp train/hf_interop.cpp train/hf_interop.h \
+build fuzz_tokenizer_files tests/fuzz/fuzz_tokenizer_files.cpp train/hf_import.cpp train/hf_common.cpp \
+  train/hf_common.h train/hf_interop.h \
   data/byte_level_bpe.cpp data/byte_level_bpe.h data/tokenizer.cpp data/tokenizer.h data/bpe.cpp \
   data/input_file.cpp data/input_file.h tensor/error.h
 cflags=()

@@ -1,335 +1,34 @@
-// Hugging Face export and import (rules: train/hf_interop.h).
+// Hugging Face import: such a directory's config.json, tokenizer and weights into a qkv model and
+// checkpoint (rules: train/hf_interop.h).
 #include "train/hf_interop.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <random>
+#include <optional>
 #include <set>
-#include <sstream>
 #include <variant>
 
 #include "autograd/grad_mode.h"
 #include "data/byte_level_bpe.h"
-#include "data/input_file.h"
 #include "data/safetensors.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
-#include "train/atomic_file.h"
 #include "train/checkpoint.h"
+#include "train/hf_common.h"
 #include "train/model_factory.h"
 
 namespace qkv::train {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 namespace st = qkv::safetensors;
+using hf::dump;
+using hf::json;
 
 namespace {
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// config.json, the sharded index, vocab.json, merges.txt and tokenizer files: regular files of
-// at most kJsonFileCap bytes (data/input_file.h).
-std::string read_text(const std::string& path) { return read_input_file(path, kJsonFileCap, "a Hugging Face file"); }
-
-json read_json(const std::string& path) { return parse_json(read_text(path), path); }
-
-std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::strict) + "\n"; }
-
-// ---- export ----
-
-// What the export writes: the HF class and, for MistralForCausalLM, its sliding window.
-struct ExportTarget {
-  std::string arch;
-  int64_t sliding_window = 0;  // > 0: MistralForCausalLM's sliding_window
-};
-
-// Refuses, naming the [model] key, what the family's HF class cannot express exactly; `mc` is the
-// model the checkpoint holds (its resolved attention pattern).
-ExportTarget check_exportable(const Config& cfg, const nn::ModelConfig& mc, const std::string& ckpt) {
-  const ModelSettings& m = cfg.model;
-  const bool gpt2 = m.family == nn::Family::gpt2;
-  const auto refuse = [&](const std::string& key, std::string_view value, const char* cls, const char* why) {
-    fail(ckpt, ": model.", key, " = ", value, " cannot be exported: ", cls, " ", why);
-  };
-  const char* family_cls = gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM (and MistralForCausalLM)";
-  if (m.attention_pattern.linear())
-    refuse("attention_pattern", "linear", family_cls, "has softmax attention only (linear attention is another model)");
-  const attn::Pattern sparse = m.attention_pattern.sparse;
-  if (sparse != attn::Pattern::full && sparse != attn::Pattern::window)
-    refuse("attention_pattern", attn::pattern_name(sparse), family_cls,
-           "attends to every earlier position; a sparse pattern would be dropped and the model would change");
-  // A causal sliding window: key j visible from position p iff p - w < j <= p, both for qkv's
-  // model.window (attention/attention.h) and for the "window" pattern of width l (its local width,
-  // default the pattern block size); the two ANDed are the narrower window. Mistral's mask is the
-  // same rule (transformers' masking_utils: kv_idx > q_idx - sliding_window, kv_idx <= q_idx).
-  int64_t window = mc.window;
-  if (sparse == attn::Pattern::window) {
-    const int64_t l = mc.pattern.local > 0 ? mc.pattern.local : mc.pattern.block_size;
-    window = window > 0 ? std::min(window, l) : l;
-  }
-  if (gpt2) {
-    const char* cls = "GPT2LMHeadModel";
-    if (window > 0)
-      refuse(m.window > 0 ? "window" : "attention_pattern",
-             m.window > 0 ? std::to_string(m.window) : std::string("window"), cls,
-             "has no sliding-window attention (a llama-family model exports it as MistralForCausalLM)");
-    if (m.resolved_position() != nn::Position::learned)
-      refuse("position", name_of(m.resolved_position()), cls, "has learned positions only");
-    if (m.resolved_norm() != nn::NormKind::layernorm)
-      refuse("norm", name_of(m.resolved_norm()), cls, "has LayerNorm only");
-    if (m.resolved_activation() == nn::Activation::swiglu) refuse("activation", "swiglu", cls, "has no gated MLP");
-    if (!m.resolved_bias()) refuse("bias", "false", cls, "always has biases");
-    if (m.resolved_n_kv_head() != m.n_head)
-      refuse("n_kv_head", std::to_string(m.resolved_n_kv_head()), cls,
-             "has no grouped-query attention (n_kv_head must equal n_head)");
-    return {"GPT2LMHeadModel", 0};
-  }
-  const char* cls = "LlamaForCausalLM";
-  if (m.resolved_position() != nn::Position::rope)
-    refuse("position", name_of(m.resolved_position()), cls, "has RoPE positions only");
-  if (m.resolved_norm() != nn::NormKind::rmsnorm) refuse("norm", name_of(m.resolved_norm()), cls, "has RMSNorm only");
-  if (m.resolved_activation() != nn::Activation::swiglu)
-    refuse("activation", name_of(m.resolved_activation()), cls, "has a SwiGLU MLP only");
-  if (m.resolved_bias())
-    refuse("bias", "true", cls, "has no biases in its MLP (attention_bias alone cannot express them)");
-  if (window > 0) return {"MistralForCausalLM", window};
-  return {"LlamaForCausalLM", 0};
-}
-
-const char* gpt2_activation_name(nn::Activation a) {
-  if (a == nn::Activation::gelu_tanh) return "gelu_new";
-  if (a == nn::Activation::gelu) return "gelu";
-  return "relu";
-}
-
-// The <|endoftext|>-style token of a gpt2_bpe tokenizer (its first added token), or -1.
-int32_t special_token(const Tokenizer& tok) {
-  if (std::string(tok.kind()) != Gpt2BpeTokenizer::kKind) return -1;
-  const auto& added = static_cast<const Gpt2BpeTokenizer&>(tok).added();
-  return added.empty() ? -1 : added.front();
-}
-
-// The [model] settings a Hugging Face config.json holds one to one: the name each architecture's
-// config gives it (nullptr: that config has none) and the value Transformers takes when the key is
-// absent or null (nullopt: required). Export writes them and import reads them from this one list.
-// A qkv 0 means the family's default (ffn_hidden: 4C for gpt2; n_kv_head: n_head).
-struct HfField {
-  std::variant<int64_t ModelSettings::*, double ModelSettings::*> setting;
-  const char* gpt2;   // GPT2Config
-  const char* llama;  // LlamaConfig and MistralConfig
-  std::optional<double> gpt2_absent = std::nullopt, llama_absent = std::nullopt;
-};
-const HfField kHfFields[] = {
-    {&ModelSettings::vocab_size, "vocab_size", "vocab_size"},
-    {&ModelSettings::block_size, "n_positions", "max_position_embeddings"},
-    {&ModelSettings::n_embd, "n_embd", "hidden_size"},
-    {&ModelSettings::n_layer, "n_layer", "num_hidden_layers"},
-    {&ModelSettings::n_head, "n_head", "num_attention_heads"},
-    {&ModelSettings::n_kv_head, nullptr, "num_key_value_heads", std::nullopt, 0},
-    {&ModelSettings::ffn_hidden, "n_inner", "intermediate_size", 0, std::nullopt},
-    {&ModelSettings::norm_eps, "layer_norm_epsilon", "rms_norm_eps", 1e-5, 1e-6},
-    {&ModelSettings::rope_theta, nullptr, "rope_theta", std::nullopt, 10000.0},
-    {&ModelSettings::dropout, "resid_pdrop", nullptr, 0.1, std::nullopt},
-    {&ModelSettings::attn_dropout, "attn_pdrop", "attention_dropout", 0.1, 0.0},
-};
-
-json config_json(const Config& cfg, const ExportTarget& target, int64_t vocab, int32_t special,
-                 const std::string& dtype) {
-  const ModelSettings& m = cfg.model;
-  const std::string& arch = target.arch;
-  const json eos = special >= 0 ? json(special) : json(nullptr);
-  json j;
-  j["architectures"] = {arch};
-  j["tie_word_embeddings"] = m.resolved_tie_embeddings();
-  j["initializer_range"] = m.init_std;
-  j["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
-  j["bos_token_id"] = eos;
-  j["eos_token_id"] = eos;
-  j["use_cache"] = true;
-  const bool gpt2 = arch == "GPT2LMHeadModel";
-  const ModelSettings resolved = cfg.resolved().model;
-  for (const HfField& f : kHfFields)
-    if (const char* name = gpt2 ? f.gpt2 : f.llama)
-      std::visit([&](auto setting) { j[name] = resolved.*setting; }, f.setting);
-  j["vocab_size"] = vocab;  // the tokenizer's when model.vocab_size is 0
-  if (gpt2) {
-    j["model_type"] = "gpt2";
-    j["n_ctx"] = m.block_size;
-    j["activation_function"] = gpt2_activation_name(m.resolved_activation());
-    j["embd_pdrop"] = m.dropout;
-    j["scale_attn_weights"] = true;
-    j["scale_attn_by_inverse_layer_idx"] = false;
-    j["reorder_and_upcast_attn"] = false;
-  } else {
-    j["model_type"] = target.sliding_window > 0 ? "mistral" : "llama";
-    j["hidden_act"] = "silu";
-    j["rope_scaling"] = nullptr;
-    j["attention_bias"] = false;
-    if (target.sliding_window > 0) j["sliding_window"] = target.sliding_window;
-    else j["pretraining_tp"] = 1;
-  }
-  return j;
-}
-
-// GPT-2's tokenizer files for `g`: vocab.json, merges.txt, and a tokenizer_config.json naming
-// GPT2Tokenizer (no prefix space, no BOS added) and its special token, the first added one. A
-// tokenizer without one says so with nulls: absent keys make transformers' GPT2Tokenizer add
-// "<|endoftext|>" as a new token, which would turn that text into an id the model never saw.
-void write_gpt2_tokenizer_files(const Gpt2BpeTokenizer& g, int64_t block_size,
-                                std::map<std::string, std::string>& files) {
-  files["vocab.json"] = g.vocab_json() + "\n";
-  files["merges.txt"] = g.merges_txt();
-  // tokenizer.json too: transformers 5 loads a Mistral's tokenizer (TokenizersBackend) from that
-  // file alone. Merges as "a b" strings, which the tokenizers of transformers 4 and 5 both read.
-  json added_tokens = json::array();
-  for (int32_t id : g.added())
-    added_tokens.push_back({{"id", id},
-                            {"content", g.vocab()[static_cast<size_t>(id)]},
-                            {"single_word", false},
-                            {"lstrip", false},
-                            {"rstrip", false},
-                            {"normalized", false},
-                            {"special", true}});
-  json merges = json::array();
-  for (const auto& [a, b] : g.merges()) merges.push_back(a + " " + b);
-  const json byte_level = {
-      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  const json tokenizer = {{"version", "1.0"},
-                          {"truncation", nullptr},
-                          {"padding", nullptr},
-                          {"added_tokens", added_tokens},
-                          {"normalizer", nullptr},
-                          {"pre_tokenizer", byte_level},
-                          {"post_processor", byte_level},
-                          {"decoder", byte_level},
-                          {"model",
-                           {{"type", "BPE"},
-                            {"dropout", nullptr},
-                            {"unk_token", nullptr},
-                            {"continuing_subword_prefix", ""},
-                            {"end_of_word_suffix", ""},
-                            {"fuse_unk", false},
-                            {"byte_fallback", false},
-                            {"vocab", json::parse(g.vocab_json())},
-                            {"merges", merges}}}};
-  files["tokenizer.json"] = tokenizer.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
-  json cfg = {{"tokenizer_class", "GPT2Tokenizer"},
-              {"add_prefix_space", false},
-              {"add_bos_token", false},
-              {"model_max_length", block_size},
-              {"clean_up_tokenization_spaces", false},
-              {"errors", "replace"}};
-  json decoder = json::object();
-  for (int32_t id : g.added())
-    decoder[std::to_string(id)] = {{"content", g.vocab()[static_cast<size_t>(id)]},
-                                   {"special", true},
-                                   {"lstrip", false},
-                                   {"rstrip", false},
-                                   {"single_word", false},
-                                   {"normalized", false}};
-  cfg["added_tokens_decoder"] = decoder;
-  json special = json::object();
-  const json token = g.added().empty() ? json(nullptr) : json(g.vocab()[static_cast<size_t>(g.added().front())]);
-  for (const char* k : {"bos_token", "eos_token", "unk_token"}) {
-    cfg[k] = token;
-    if (!token.is_null()) special[k] = token;
-  }
-  cfg["pad_token"] = nullptr;
-  files["tokenizer_config.json"] = dump(cfg);
-  files["special_tokens_map.json"] = dump(special);
-}
-
-// qkv's byte tokenizer as GPT-2 files: the 256 byte tokens, token b at id b, and no merge, so
-// GPT-2's byte-level BPE gives every byte its own id, the byte (read_hf_tokenizer reads such files
-// back as the byte tokenizer).
-Gpt2BpeTokenizer byte_tokenizer_as_gpt2() {
-  std::vector<std::string> vocab(256);
-  for (int b = 0; b < 256; ++b)
-    vocab[static_cast<size_t>(b)] = bytelevel::to_alphabet(std::string(1, static_cast<char>(b)));
-  return Gpt2BpeTokenizer(std::move(vocab), {}, {});
-}
-
-// Files describing the tokenizer; returns "hf" when they are an HF tokenizer, "mapping" otherwise.
-std::string tokenizer_files(const Tokenizer& tok, int64_t block_size, std::map<std::string, std::string>& files) {
-  if (std::string(tok.kind()) == Gpt2BpeTokenizer::kKind) {
-    write_gpt2_tokenizer_files(static_cast<const Gpt2BpeTokenizer&>(tok), block_size, files);
-    return "hf";
-  }
-  if (std::string(tok.kind()) == tokenizer_kind_name(TokenizerKind::byte)) {
-    write_gpt2_tokenizer_files(byte_tokenizer_as_gpt2(), block_size, files);
-    return "hf";
-  }
-  json ids = json::array();
-  static const char* hex = "0123456789abcdef";
-  for (int32_t i = 0; i < tok.vocab_size(); ++i) {
-    std::string bytes, h;
-    tok.append_token(i, bytes);
-    for (unsigned char c : bytes) h += hex[c >> 4], h += hex[c & 15];
-    ids.push_back(h);
-  }
-  json m = {{"format", "qkv-tokenizer-mapping"},
-            {"version", 1},
-            {"note",
-             "Not a Hugging Face tokenizer: token id i stands for the bytes id_to_bytes_hex[i]; "
-             "encoding follows qkv's rule for this kind (see qkv's data/tokenizer.h). "
-             "`qkv import` restores the tokenizer from the \"qkv\" entry."},
-            {"kind", tok.kind()},
-            {"id_to_bytes_hex", ids},
-            {"qkv", json::parse(tok.serialize())}};
-  files["qkv_tokenizer.json"] = m.dump(1, ' ', false, json::error_handler_t::strict) + "\n";
-  // Without a tokenizer_config.json, transformers 5's AutoTokenizer builds an empty GPT2Tokenizer
-  // from config.json's model_type and turns every text into the unknown token, silently. A class
-  // no version of transformers has makes AutoTokenizer (4.x and 5.x) raise instead.
-  files["tokenizer_config.json"] =
-      dump({{"tokenizer_class", "QkvTokenizerMappingNotForTransformers"},
-            {"note", "This model's tokenizer is not a Hugging Face tokenizer; see qkv_tokenizer.json."}});
-  return "mapping";
-}
-
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-// Writes `files` into a fresh temporary directory beside `dir`, then renames it to `dir`.
-void write_directory_atomic(const std::string& dir, const std::map<std::string, std::string>& files) {
-  std::error_code ec;
-  QKV_CHECK(!fs::exists(dir, ec), dir, ": already exists (export never overwrites; remove it or choose another --out)");
-  fs::path target = fs::absolute(dir);
-  if (!target.has_filename()) target = target.parent_path();
-  QKV_CHECK(fs::is_directory(target.parent_path(), ec), dir, ": its parent directory ", target.parent_path().string(),
-            " does not exist");
-  std::random_device rd;
-  const std::string tmp = target.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd() % 1000000);
-  QKV_CHECK(fs::create_directory(tmp, ec) && !ec, tmp, ": cannot create (", ec.message(), ")");
-  try {
-    for (const auto& [name, bytes] : files) write_file_atomic(tmp + "/" + name, bytes);
-    fsync_dir(tmp);
-    fs::rename(tmp, target, ec);
-    QKV_CHECK(!ec, dir, ": cannot move the finished directory into place (", ec.message(), ")");
-    fsync_dir(target.parent_path().string());
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
-}
-
-// ---- import ----
 
 int64_t get_int(const json& j, const std::string& key, const std::string& where, std::optional<int64_t> dflt = {}) {
   if (!j.contains(key) || j[key].is_null()) {
@@ -438,7 +137,7 @@ std::vector<std::string> weight_files(const std::string& dir, json* weight_map) 
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   if (fs::exists(single, ec)) return {single};
   if (fs::exists(index, ec)) {
-    const json j = read_json(index);
+    const json j = hf::read_json(index);
     QKV_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object() && !j["weight_map"].empty(),
               index, ": has no \"weight_map\" object");
     std::set<std::string> names;
@@ -447,7 +146,7 @@ std::vector<std::string> weight_files(const std::string& dir, json* weight_map) 
       const std::string f = it.value();
       // A plain file name in DIR: an index is data, and must not send the reader elsewhere.
       QKV_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f != "." &&
-                    f != ".." && ends_with(f, ".safetensors"),
+                    f != ".." && hf::ends_with(f, ".safetensors"),
                 index, ": weight_map file ", json(f).dump(), " is not a .safetensors file name inside the directory");
       names.insert(f);
     }
@@ -468,50 +167,6 @@ std::vector<std::string> weight_files(const std::string& dir, json* weight_map) 
 
 }  // namespace
 
-HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opts) {
-  QKV_CHECK(opts.dtype == "f32" || opts.dtype == "bf16", "--dtype ", opts.dtype, " is not f32 or bf16");
-  CheckpointMeta meta = read_checkpoint_meta(checkpoint);
-  const Config cfg = meta.config.resolved();
-  auto model = build_model(cfg, meta.tokenizer->vocab_size());
-  const ExportTarget target = check_exportable(cfg, model->config(), checkpoint);
-  load_model_weights(checkpoint, *model);
-  const int64_t vocab = model->config().vocab_size;
-
-  HfExportResult r;
-  r.dir = out_dir;
-  r.architecture = target.arch;
-  r.dtype = opts.dtype;
-  const st::DType dt = opts.dtype == "bf16" ? st::DType::BF16 : st::DType::F32;
-  std::vector<st::WriteTensor> tensors;
-  for (const nn::NamedParameter& p : model->named_parameters()) {
-    const bool conv1d = is_conv1d_weight(cfg.model.family, p.name);
-    Tensor t = p.tensor.to(Device::cpu);
-    t = conv1d ? t.transpose(0, 1).contiguous() : t.contiguous();
-    st::WriteTensor w;
-    w.name = p.name;
-    w.dtype = dt;
-    w.shape = std::vector<int64_t>(t.shape().begin(), t.shape().end());
-    w.data = st::encode_f32(t.data<float>(), t.numel(), dt);
-    r.parameters += t.numel();
-    tensors.push_back(std::move(w));
-  }
-  r.tensors = static_cast<int64_t>(tensors.size());
-
-  std::map<std::string, std::string> files;
-  files["model.safetensors"] =
-      st::serialize(tensors, {{"format", "pt"}, {"qkv_source", fs::path(checkpoint).filename().string()}});
-  r.bytes = static_cast<int64_t>(files["model.safetensors"].size());
-  tensors.clear();
-  const int32_t special = special_token(*meta.tokenizer);
-  files["config.json"] = dump(config_json(cfg, target, vocab, special, opts.dtype));
-  const json eos = special >= 0 ? json(special) : json(nullptr);
-  files["generation_config.json"] = dump({{"bos_token_id", eos}, {"eos_token_id", eos}});
-  r.tokenizer = tokenizer_files(*meta.tokenizer, cfg.model.block_size, files);
-  for (const auto& [name, _] : files) r.files.push_back(name);
-  write_directory_atomic(out_dir, files);
-  return r;
-}
-
 bool is_hf_directory(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(path + "/config.json", ec);
@@ -522,7 +177,7 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
   QKV_CHECK(fs::is_directory(dir, ec), dir, ": not a directory");
   const std::string where = dir + "/config.json";
   QKV_CHECK(fs::exists(where, ec), dir, ": has no config.json");
-  const json j = read_json(where);
+  const json j = hf::read_json(where);
   QKV_CHECK(j.is_object(), where, ": is not a JSON object");
   std::string arch;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
@@ -537,9 +192,9 @@ HfModelInfo read_hf_config(const std::string& dir, TokenizerKind tokenizer_kind,
   const auto refuse = [&](const std::string& key, const json& value, const char* why) {
     fail(where, ": \"", key, "\" = ", value.dump(), " cannot be imported: ", why);
   };
-  // The one-to-one settings of kHfFields; the rest below, by architecture.
+  // The one-to-one settings of hf::kHfFields; the rest below, by architecture.
   const auto read_fields = [&](bool gpt2) {
-    for (const HfField& f : kHfFields) {
+    for (const hf::HfField& f : hf::kHfFields) {
       const char* name = gpt2 ? f.gpt2 : f.llama;
       if (!name) continue;
       const std::optional<double> absent = gpt2 ? f.gpt2_absent : f.llama_absent;
@@ -642,26 +297,26 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   // those tokens around every encoding, which qkv's encode does not.
   const std::string tc = dir + "/tokenizer_config.json";
   if ((fs::exists(tj, ec) || fs::exists(vj, ec)) && fs::exists(tc, ec)) {
-    const json c = read_json(tc);
+    const json c = hf::read_json(tc);
     for (const char* key : {"add_bos_token", "add_eos_token"})
       QKV_CHECK(!c.is_object() || !get_bool(c, key, tc, false), tc, ": \"", key,
                 "\" = true cannot be imported: transformers adds that token to every encoding, qkv's encode does not");
   }
   std::unique_ptr<Gpt2BpeTokenizer> gpt2;
   if (fs::exists(tj, ec))
-    gpt2 = with_path(tj, [text = read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
+    gpt2 = with_path(tj, [text = hf::read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
   else if (fs::exists(vj, ec) && fs::exists(mt, ec))
-    gpt2 = with_path(vj, [v = read_text(vj), m = read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
+    gpt2 = with_path(vj, [v = hf::read_text(vj), m = hf::read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
   if (gpt2) {
     // The 256 byte tokens at their bytes' ids with no merge and no added token encode every text
     // to its bytes: qkv's byte tokenizer, as export writes it.
-    const Gpt2BpeTokenizer bytes = byte_tokenizer_as_gpt2();
+    const Gpt2BpeTokenizer bytes = hf::byte_tokenizer_as_gpt2();
     if (gpt2->merges().empty() && gpt2->added().empty() && gpt2->vocab() == bytes.vocab())
       return std::make_unique<ByteTokenizer>();
     return gpt2;
   }
   if (fs::exists(qj, ec)) {
-    const json j = read_json(qj);
+    const json j = hf::read_json(qj);
     QKV_CHECK(j.is_object() && get_string(j, "format", qj, "") == "qkv-tokenizer-mapping" && j.contains("qkv"), qj,
               ": not a qkv-tokenizer-mapping file");
     return with_path(qj, [&j] { return tokenizer_from_json(j["qkv"].dump()); });
@@ -734,8 +389,8 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
     if (used.count(name)) continue;
     // Non-parameter buffers some versions of transformers saved (the causal mask, the masked
     // fill value, RoPE's frequencies), which HF recomputes from config.json.
-    const bool buffer = (family == "gpt2" && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"))) ||
-                        ends_with(name, "rotary_emb.inv_freq");
+    const bool buffer = (family == "gpt2" && (hf::ends_with(name, ".attn.bias") || hf::ends_with(name, ".attn.masked_bias"))) ||
+                        hf::ends_with(name, "rotary_emb.inv_freq");
     if (buffer) continue;
     QKV_CHECK(name == "lm_head.weight" && model.config().tie_embeddings, where.first->path(), ": tensor ",
               json(name).dump(), " is not a parameter of the ", family, " model config.json describes");
