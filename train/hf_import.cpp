@@ -306,7 +306,8 @@ std::unique_ptr<Tokenizer> read_hf_tokenizer(const std::string& dir, const std::
   if (fs::exists(tj, ec))
     gpt2 = with_path(tj, [text = hf::read_text(tj)] { return Gpt2BpeTokenizer::from_tokenizer_json(text); });
   else if (fs::exists(vj, ec) && fs::exists(mt, ec))
-    gpt2 = with_path(vj, [v = hf::read_text(vj), m = hf::read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
+    gpt2 = with_path(
+        vj, [v = hf::read_text(vj), m = hf::read_text(mt)] { return Gpt2BpeTokenizer::from_vocab_merges(v, m); });
   if (gpt2) {
     // The 256 byte tokens at their bytes' ids with no merge and no added token encode every text
     // to its bytes: qkv's byte tokenizer, as export writes it.
@@ -389,8 +390,9 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
     if (used.count(name)) continue;
     // Non-parameter buffers some versions of transformers saved (the causal mask, the masked
     // fill value, RoPE's frequencies), which HF recomputes from config.json.
-    const bool buffer = (family == "gpt2" && (hf::ends_with(name, ".attn.bias") || hf::ends_with(name, ".attn.masked_bias"))) ||
-                        hf::ends_with(name, "rotary_emb.inv_freq");
+    const bool buffer =
+        (family == "gpt2" && (hf::ends_with(name, ".attn.bias") || hf::ends_with(name, ".attn.masked_bias"))) ||
+        hf::ends_with(name, "rotary_emb.inv_freq");
     if (buffer) continue;
     QKV_CHECK(name == "lm_head.weight" && model.config().tie_embeddings, where.first->path(), ": tensor ",
               json(name).dump(), " is not a parameter of the ", family, " model config.json describes");
