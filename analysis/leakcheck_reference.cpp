@@ -214,18 +214,6 @@ RealAttention capture_real_attention(const nn::DecoderModel& model, const LeakCh
   return r;
 }
 
-// Turns grad mode on for a scope (the checks otherwise run without recording a graph).
-class GradOn {
- public:
-  GradOn() : prev_(autograd::grad_enabled()) { autograd::set_grad_enabled(true); }
-  ~GradOn() { autograd::set_grad_enabled(prev_); }
-  GradOn(const GradOn&) = delete;
-  GradOn& operator=(const GradOn&) = delete;
-
- private:
-  bool prev_;
-};
-
 }  // namespace
 
 LeakCheck check_reference_attention(const nn::DecoderModel& model, const LeakCheckOptions& o) {
@@ -504,7 +492,7 @@ LeakCheck reference_attention_backward(const nn::DecoderModel& model, const Leak
       worst_at = "layer " + std::to_string(layer) + " " + grad + " (" + path + ")";
     }
   };
-  GradOn grad_on;
+  const autograd::GradModeGuard grad_on(true);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     // Float64 oracle on the captured (pre-RoPE) q/k/v; RoPE's vjp is the rotation by -position.
     std::vector<double> q = to_f64(r.caps[l].q), k = to_f64(r.caps[l].k), v = to_f64(r.caps[l].v);

@@ -24,15 +24,22 @@ class AutocastGuard {
   bool prev_;
 };
 
-class NoGradGuard {
+// Grad mode set to `on` for a scope, then restored (NoGradGuard below is GradModeGuard(false)); a
+// backward rule that replays a forward, or a check that differentiates, turns recording on.
+class GradModeGuard {
  public:
-  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
-  ~NoGradGuard() { set_grad_enabled(prev_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool on) : prev_(grad_enabled()) { set_grad_enabled(on); }
+  ~GradModeGuard() { set_grad_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool prev_;
+};
+
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
 };
 
 }  // namespace qkv::autograd

@@ -498,16 +498,10 @@ class CheckpointedBlockBackward : public autograd::Node {
     Tensor y;
     {
       // The engine runs nodes under no-grad; the replay must record.
-      autograd::set_grad_enabled(true);
+      const autograd::GradModeGuard record(true);
       const autograd::AutocastGuard same_precision(autocast_);
       ForwardArgs replay = args_;
-      try {
-        y = block_->forward_recorded(x, positions_, replay, layer_);
-      } catch (...) {
-        autograd::set_grad_enabled(false);
-        throw;
-      }
-      autograd::set_grad_enabled(false);
+      y = block_->forward_recorded(x, positions_, replay, layer_);
     }
     // A private copy of grad_out, so the replay's engine owns its seed as the outer engine owns
     // the gradients it passes along: the same in-place accumulations happen in the same places and

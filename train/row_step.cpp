@@ -33,17 +33,6 @@ Batch batch_row(const Batch& b, int64_t i) {
 
 namespace {
 
-class GradModeGuard {
- public:
-  explicit GradModeGuard(bool on) : previous_(autograd::grad_enabled()) { autograd::set_grad_enabled(on); }
-  ~GradModeGuard() { autograd::set_grad_enabled(previous_); }
-  GradModeGuard(const GradModeGuard&) = delete;
-  GradModeGuard& operator=(const GradModeGuard&) = delete;
-
- private:
-  bool previous_;
-};
-
 // One row's forward and backward on the calling thread: its weighted loss, and its gradient left
 // in the leaves' .grad or in the thread's GradSink.
 double run_row(const nn::DecoderModel& model, const Batch& row, double divisor, uint64_t seed, int64_t step,
@@ -97,7 +86,7 @@ std::vector<double> row_tree_backward(const nn::DecoderModel& model, dist::DataP
       try {
         NumericsGuard numerics_guard(mode);
         autograd::AutocastGuard autocast_guard(autocast);
-        GradModeGuard grad_guard(grad);
+        const autograd::GradModeGuard grad_guard(grad);
         autograd::GradSinkScope sink_scope(sinks[w]);
         row_loss[first + w] = run_row(model, rows[first + w], d, seed, step, masked_rows ? &masked[w] : nullptr);
       } catch (...) { failed[w] = std::current_exception(); }

@@ -221,16 +221,11 @@ std::tuple<Tensor, Tensor, Tensor> vjp(const Inputs& in, const Tensor& grad_out,
   q.set_requires_grad(true);
   k.set_requires_grad(true);
   v.set_requires_grad(true);
-  const bool was = autograd::grad_enabled();
-  autograd::set_grad_enabled(true);
-  try {
+  {
+    const autograd::GradModeGuard record(true);
     const Tensor out = attn::attention(q, k, v, o);
     autograd::backward(out, grad_out);
-  } catch (...) {
-    autograd::set_grad_enabled(was);
-    throw;
   }
-  autograd::set_grad_enabled(was);
   auto grad = [](const Tensor& x) { return x.grad().defined() ? x.grad() : zeros_like(x); };
   return {grad(q), grad(k), grad(v)};
 }
