@@ -146,19 +146,16 @@ EncoderDecoder::EncoderDecoder(const EncoderDecoderConfig& cfg) : cfg_(cfg) {
 
 void EncoderDecoder::init_weights(uint64_t seed) {
   autograd::NoGradGuard no_grad;
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   const double resid_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.enc_layers + cfg_.dec_layers));
   const auto params = named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     if (p.name.find("norm") != std::string::npos) {
-      fill_(p.tensor, ends_with(p.name, ".weight") ? 1.0 : 0.0);
-    } else if (ends_with(p.name, ".bias")) {
+      fill_(p.tensor, p.name.ends_with(".weight") ? 1.0 : 0.0);
+    } else if (p.name.ends_with(".bias")) {
       fill_(p.tensor, 0.0);
     } else {
-      const bool residual = ends_with(p.name, "o_proj.weight") || ends_with(p.name, "fc2.weight");
+      const bool residual = p.name.ends_with("o_proj.weight") || p.name.ends_with("fc2.weight");
       copy_(p.tensor, randn(p.tensor.shape(), seed, (static_cast<uint64_t>(i) + 1) << 40, 0.0,
                             residual ? resid_std : cfg_.init_std));
     }

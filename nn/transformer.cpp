@@ -579,21 +579,18 @@ DecoderModel::DecoderModel(const ModelConfig& cfg) : cfg_(cfg) {
 void DecoderModel::init_weights(uint64_t seed) {
   autograd::NoGradGuard no_grad;
   const double resid_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   const auto params = named_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     const bool is_norm = p.name.find("ln_") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
-                         ends_with(p.name, "norm.weight") || ends_with(p.name, "norm.bias");
+                         p.name.ends_with("norm.weight") || p.name.ends_with("norm.bias");
     if (is_norm) {
-      fill_(p.tensor, ends_with(p.name, ".weight") ? 1.0 : 0.0);
-    } else if (ends_with(p.name, ".bias")) {
+      fill_(p.tensor, p.name.ends_with(".weight") ? 1.0 : 0.0);
+    } else if (p.name.ends_with(".bias")) {
       fill_(p.tensor, 0.0);
     } else {
-      const bool residual = ends_with(p.name, "attn.c_proj.weight") || ends_with(p.name, "mlp.c_proj.weight") ||
-                            ends_with(p.name, "o_proj.weight") || ends_with(p.name, "down_proj.weight");
+      const bool residual = p.name.ends_with("attn.c_proj.weight") || p.name.ends_with("mlp.c_proj.weight") ||
+                            p.name.ends_with("o_proj.weight") || p.name.ends_with("down_proj.weight");
       // Each parameter draws from its own Philox stream: offset = its index in the upper bits.
       copy_(p.tensor, randn(p.tensor.shape(), seed, (static_cast<uint64_t>(i) + 1) << 40, 0.0,
                             residual ? resid_std : cfg_.init_std));

@@ -4,10 +4,6 @@
 
 namespace qkv::train::hf {
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string read_text(const std::string& path) { return read_input_file(path, kJsonFileCap, "a Hugging Face file"); }
 
 json read_json(const std::string& path) { return parse_json(read_text(path), path); }

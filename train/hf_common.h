@@ -6,7 +6,6 @@
 
 #include <optional>
 #include <string>
-#include <string_view>
 #include <variant>
 
 #include "data/byte_level_bpe.h"
@@ -15,8 +14,6 @@
 namespace qkv::train::hf {
 
 using nlohmann::json;
-
-bool ends_with(const std::string& s, std::string_view suffix);
 
 // config.json, the sharded index, vocab.json, merges.txt and tokenizer files: regular files of
 // at most kJsonFileCap bytes (data/input_file.h).

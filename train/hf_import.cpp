@@ -146,7 +146,7 @@ std::vector<std::string> weight_files(const std::string& dir, json* weight_map) 
       const std::string f = it.value();
       // A plain file name in DIR: an index is data, and must not send the reader elsewhere.
       QKV_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\\') == std::string::npos && f != "." &&
-                    f != ".." && hf::ends_with(f, ".safetensors"),
+                    f != ".." && f.ends_with(".safetensors"),
                 index, ": weight_map file ", json(f).dump(), " is not a .safetensors file name inside the directory");
       names.insert(f);
     }
@@ -390,9 +390,8 @@ void load_hf_weights(const std::string& dir, nn::DecoderModel& model) {
     if (used.count(name)) continue;
     // Non-parameter buffers some versions of transformers saved (the causal mask, the masked
     // fill value, RoPE's frequencies), which HF recomputes from config.json.
-    const bool buffer =
-        (family == "gpt2" && (hf::ends_with(name, ".attn.bias") || hf::ends_with(name, ".attn.masked_bias"))) ||
-        hf::ends_with(name, "rotary_emb.inv_freq");
+    const bool buffer = (family == "gpt2" && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"))) ||
+                        name.ends_with("rotary_emb.inv_freq");
     if (buffer) continue;
     QKV_CHECK(name == "lm_head.weight" && model.config().tie_embeddings, where.first->path(), ": tensor ",
               json(name).dump(), " is not a parameter of the ", family, " model config.json describes");
