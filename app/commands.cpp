@@ -60,4 +60,61 @@ std::optional<std::string> unknown_command(const CLI::App& root, const std::stri
          "; `qkv --help` lists the commands";
 }
 
+namespace {
+
+// "--name" of an option, its first long name, else its first short one.
+std::string option_spelling(const CLI::Option& option) {
+  if (!option.get_lnames().empty()) return "--" + option.get_lnames().front();
+  if (!option.get_snames().empty()) return "-" + option.get_snames().front();
+  return "";
+}
+
+// Whether `word` reads as a number ("-3", "-1e-4"): a value given to an option, not an option.
+bool numeric_word(const std::string& word) {
+  if (word.size() < 2 || word.front() != '-') return false;
+  const char c = word[1];
+  return (c >= '0' && c <= '9') || c == '.';
+}
+
+}  // namespace
+
+std::string parse_error_line(const CLI::App& root, const CLI::ParseError& error, int argc, char** argv) {
+  const CLI::App* command = nullptr;
+  if (argc > 1)
+    for (const CLI::App* sub : root.get_subcommands(std::function<bool(const CLI::App*)>{}))
+      if (sub->get_name() == argv[1]) command = sub;
+  const std::string help = command ? "`qkv " + command->get_name() + " --help`" : "`qkv --help`";
+  const std::string where = command ? " for `qkv " + command->get_name() + "`" : "";
+  if (command) {
+    // Words of argv that look like options of which the command has none, in argv's order.
+    std::vector<std::string> unknown, names;
+    for (const CLI::Option* option : command->get_options()) names.push_back(option_spelling(*option));
+    for (int i = 2; i < argc; ++i) {
+      const std::string word = argv[i];
+      if (word == "--") break;
+      if (word.size() < 2 || word.front() != '-' || numeric_word(word)) continue;
+      const std::string name = word.substr(0, word.find('='));
+      if (command->get_option_no_throw(name) == nullptr) unknown.push_back(name);
+    }
+    if (!unknown.empty()) {
+      std::string line = unknown.size() == 1 ? "unknown option " : "unknown options ";
+      for (size_t i = 0; i < unknown.size(); ++i) line += (i ? ", " : "") + unknown[i];
+      line += where;
+      if (unknown.size() == 1) {
+        const std::string near = closest_name(unknown.front(), names, 3);
+        if (!near.empty()) line += " (did you mean " + near + "?)";
+      }
+      return line + "; " + help + " lists the options";
+    }
+  }
+  if (dynamic_cast<const CLI::ExtrasError*>(&error) != nullptr) {
+    // CLI11 lists the extras last to first; the command's own list is in argv's order.
+    const std::vector<std::string> extras = command ? command->remaining() : root.remaining();
+    std::string line = extras.size() == 1 ? "unexpected argument " : "unexpected arguments ";
+    for (size_t i = 0; i < extras.size(); ++i) line += (i ? " " : "") + extras[i];
+    return line + where + "; " + help + " lists the options";
+  }
+  return std::string(error.what()) + where + "; " + help + " lists the options";
+}
+
 }  // namespace qkv::app

@@ -36,6 +36,13 @@ void add_all_commands(CLI::App& root, int& exit_code);
 // word that names no subcommand of `root`; nullopt otherwise.
 std::optional<std::string> unknown_command(const CLI::App& root, const std::string& word);
 
+// The one line that answers a command line CLI11 refused (argv as main() got it): an option the
+// command does not have is named first, in argv's order, with the nearest option's name ("unknown
+// option --confg for `qkv train` (did you mean --config?)"), even where CLI11 stopped earlier at a
+// required option; arguments nothing consumed are listed in argv's order; any other refusal is
+// CLI11's text. Each ends pointing at the command's --help.
+std::string parse_error_line(const CLI::App& root, const CLI::ParseError& error, int argc, char** argv);
+
 // Prints `j` as the single JSON line that ends stdout (the `--json` contract). Strings that are
 // not valid UTF-8 are written with each invalid sequence replaced by U+FFFD (never an exception).
 void print_json(const nlohmann::json& j);

@@ -80,10 +80,8 @@ int main(int argc, char** argv) {
     qkv::cpu::requested_bf16_kernel();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    if (rc == 0) return 0;  // --help
-    if (json) qkv::app::print_error_json(e.what(), 2);
-    return 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return report_error(json, "", qkv::app::parse_error_line(app, e, argc, argv));
   } catch (const qkv::Error& e) { return report_error(json, "", e.what()); } catch (const std::bad_alloc&) {
     // The budget check (train/memory_budget.h) refuses models that cannot fit before they are
     // built; this is the last line for what it does not count (data, caches, process overhead).

@@ -613,6 +613,39 @@ TEST_CASE("with --json every failing command ends stdout with {error, exit: 2}",
   }
 }
 
+TEST_CASE("a command line the parser refuses gets one line naming the word at fault, in argv's order",
+          "[faults][cli]") {
+  if (!have_cli()) {
+    WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
+    return;
+  }
+  const std::string help = "; `qkv train --help` lists the options";
+  const std::pair<std::string, std::string> cases[] = {
+      // The misspelt option is named, with its nearest spelling, although --config is then missing.
+      {"train --confg a.toml", "unknown option --confg for `qkv train` (did you mean --config?)" + help},
+      {"train --config a.toml --overwrit=1",
+       "unknown option --overwrit for `qkv train` (did you mean --overwrite?)" + help},
+      {"train --confg=a.toml -q --bogus 3", "unknown options --confg, -q, --bogus for `qkv train`" + help},
+      // A negative number is a value, not an option.
+      {"train --config a.toml extra1 -3 extra2", "unexpected arguments extra1 -3 extra2 for `qkv train`" + help},
+      {"train", "--config is required for `qkv train`" + help},
+  };
+  for (const auto& [args, line] : cases) {
+    for (const bool json : {false, true}) {
+      const CliResult r = run_cli(args + (json ? " --json" : ""));
+      INFO(args << (json ? " --json" : "") << ": rc " << r.rc << "\nstdout: " << r.out << "\nstderr: " << r.err);
+      CHECK(r.rc == 2);
+      CHECK(r.err == "qkv: " + line + "\n");
+      if (json) CHECK(r.last_json() == nlohmann::json{{"error", line}, {"exit", 2}});
+      else CHECK(r.out.empty());
+    }
+  }
+  // --help is not an error.
+  const CliResult help_run = run_cli("train --help");
+  CHECK(help_run.rc == 0);
+  CHECK(help_run.out.find("--config") != std::string::npos);
+}
+
 TEST_CASE("qkv prepare --tokenizer reads through kTokenizerKinds: a wrong spelling is exit 2, one line listing them",
           "[faults][cli][prepare]") {
   if (!have_cli()) {
