@@ -83,38 +83,40 @@ std::string parse_error_line(const CLI::App& root, const CLI::ParseError& error,
   if (argc > 1)
     for (const CLI::App* sub : root.get_subcommands(std::function<bool(const CLI::App*)>{}))
       if (sub->get_name() == argv[1]) command = sub;
-  const std::string help = command ? "`qkv " + command->get_name() + " --help`" : "`qkv --help`";
+  const CLI::App& scope = command ? *command : root;
+  const std::string help =
+      command ? "; `qkv " + command->get_name() + " --help` lists the options" : "; `qkv --help` lists the commands";
   const std::string where = command ? " for `qkv " + command->get_name() + "`" : "";
-  if (command) {
-    // Words of argv that look like options of which the command has none, in argv's order.
-    std::vector<std::string> unknown, names;
-    for (const CLI::Option* option : command->get_options()) names.push_back(option_spelling(*option));
-    for (int i = 2; i < argc; ++i) {
-      const std::string word = argv[i];
-      if (word == "--") break;
-      if (word.size() < 2 || word.front() != '-' || numeric_word(word)) continue;
-      const std::string name = word.substr(0, word.find('='));
-      if (command->get_option_no_throw(name) == nullptr) unknown.push_back(name);
+  // Without a command, that is the fault, whatever options came with it (--json belongs to each command).
+  if (!command && dynamic_cast<const CLI::RequiredError*>(&error) != nullptr) return "a command is required" + help;
+  // Words of argv that look like options of which the command (or qkv itself) has none, in order.
+  std::vector<std::string> unknown, names;
+  for (const CLI::Option* option : scope.get_options()) names.push_back(option_spelling(*option));
+  for (int i = command ? 2 : 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") break;
+    if (word.size() < 2 || word.front() != '-' || numeric_word(word)) continue;
+    const std::string name = word.substr(0, word.find('='));
+    if (scope.get_option_no_throw(name) == nullptr) unknown.push_back(name);
+  }
+  if (!unknown.empty()) {
+    std::string line = unknown.size() == 1 ? "unknown option " : "unknown options ";
+    for (size_t i = 0; i < unknown.size(); ++i) line += (i ? ", " : "") + unknown[i];
+    line += where;
+    if (unknown.size() == 1) {
+      const std::string near = closest_name(unknown.front(), names, 3);
+      if (!near.empty()) line += " (did you mean " + near + "?)";
     }
-    if (!unknown.empty()) {
-      std::string line = unknown.size() == 1 ? "unknown option " : "unknown options ";
-      for (size_t i = 0; i < unknown.size(); ++i) line += (i ? ", " : "") + unknown[i];
-      line += where;
-      if (unknown.size() == 1) {
-        const std::string near = closest_name(unknown.front(), names, 3);
-        if (!near.empty()) line += " (did you mean " + near + "?)";
-      }
-      return line + "; " + help + " lists the options";
-    }
+    return line + help;
   }
   if (dynamic_cast<const CLI::ExtrasError*>(&error) != nullptr) {
     // CLI11 lists the extras last to first; the command's own list is in argv's order.
-    const std::vector<std::string> extras = command ? command->remaining() : root.remaining();
+    const std::vector<std::string> extras = scope.remaining();
     std::string line = extras.size() == 1 ? "unexpected argument " : "unexpected arguments ";
     for (size_t i = 0; i < extras.size(); ++i) line += (i ? " " : "") + extras[i];
-    return line + where + "; " + help + " lists the options";
+    return line + where + help;
   }
-  return std::string(error.what()) + where + "; " + help + " lists the options";
+  return std::string(error.what()) + where + help;
 }
 
 }  // namespace qkv::app

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   use_short_openmp_spin(argv);
   CLI::App app{"qkv: train and study decoder-only Transformers (tensors, autograd and attention written by hand)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "qkv " QKV_VERSION);
   int exit_code = 0;
   qkv::app::add_all_commands(app, exit_code);
   const bool json = json_requested(argc, argv);

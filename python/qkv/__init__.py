@@ -27,4 +27,4 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "1000"
 
 from ._qkv import *  # noqa: E402,F401,F403
-from ._qkv import Error  # noqa: E402,F401
+from ._qkv import Error, __version__  # noqa: E402,F401

@@ -20,6 +20,9 @@ _Ids: TypeAlias = Any
 # A sparse attention pattern: a name ('strided', ...) or a dict of the SparsePattern fields.
 _Pattern: TypeAlias = str | Mapping[str, Any]
 
+# The package's version (pyproject.toml's), the same as `qkv --version` prints.
+__version__: str
+
 class Error(RuntimeError):
     """An error of the C++ core or of a binding's arguments; its text is the line the CLI prints after 'qkv: '."""
 

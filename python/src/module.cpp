@@ -9,6 +9,7 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(_qkv, m) {
   m.doc() = "qkv: tensors, autograd, attention and small decoder-only Transformers (C++ core)";
+  m.attr("__version__") = QKV_VERSION;
   py::register_exception<qkv::Error>(m, "Error", PyExc_RuntimeError).attr("__doc__") =
       "An error of the C++ core or of a binding's arguments; its text is the line the CLI prints after 'qkv: '.";
   qkv::python::bind_tensor(m);

@@ -188,6 +188,14 @@ def test_the_package_exports_the_module():
     assert public_names(_qkv) <= public_names(qkv)
 
 
+def test_version_is_the_one_pyproject_declares():
+    # Read here from the file, independently of the build's own reading (CMakeLists.txt).
+    source = pathlib.Path(__file__).resolve().parents[2]
+    declared = re.search(r'^version = "([^"]+)"$', (source / "pyproject.toml").read_text(), re.M).group(1)
+    assert qkv.__version__ == _qkv.__version__ == declared
+    assert "__version__: str" in STUB_PATH.read_text()
+
+
 def test_every_function_class_method_and_property_has_a_docstring():
     missing = []
     for n in sorted(public_names(_qkv)):

@@ -644,6 +644,19 @@ TEST_CASE("a command line the parser refuses gets one line naming the word at fa
   const CliResult help_run = run_cli("train --help");
   CHECK(help_run.rc == 0);
   CHECK(help_run.out.find("--config") != std::string::npos);
+  // Neither is --version: the version pyproject.toml declares, read here from the file.
+  std::string version;
+  std::istringstream pyproject(read_file(std::string(QKV_SOURCE_DIR) + "/pyproject.toml"));
+  for (std::string line; std::getline(pyproject, line);)
+    if (version.empty() && line.rfind("version = \"", 0) == 0) version = line.substr(11, line.size() - 12);
+  REQUIRE(!version.empty());
+  const CliResult version_run = run_cli("--version");
+  CHECK(version_run.rc == 0);
+  CHECK(version_run.out == "qkv " + version + "\n");
+  // No command at all: one line saying so.
+  const CliResult bare = run_cli("");
+  CHECK(bare.rc == 2);
+  CHECK(bare.err == "qkv: a command is required; `qkv --help` lists the commands\n");
 }
 
 TEST_CASE("qkv prepare --tokenizer reads through kTokenizerKinds: a wrong spelling is exit 2, one line listing them",
