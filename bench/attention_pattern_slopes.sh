@@ -29,7 +29,8 @@ qkv="$build/qkv"
 read -r -a ns <<<"$1"
 shift
 threads="${THREADS:-2}"
-rounds="${ROUNDS:-0}"
+rounds=()
+[[ -n "${ROUNDS:-}" ]] && rounds=(--rounds "$ROUNDS")
 export OMP_WAIT_POLICY=PASSIVE
 echo "pattern,n,seconds,kept_pairs,ns_per_kept_pair"
 for spec in "$@"; do
@@ -38,7 +39,7 @@ for spec in "$@"; do
   [[ "$spec" == *:* ]] && flags="${spec#*:}"
   # shellcheck disable=SC2086
   "$qkv" bench --what attention --pattern "$name" --kernel fused --hkv 8 --threads "$threads" --n "${ns[@]}" $flags \
-    --interleave-n --rounds "$rounds" --json | tail -n 1 | /usr/bin/python3 -c '
+    --interleave-n "${rounds[@]}" --json | tail -n 1 | /usr/bin/python3 -c '
 import json, math, sys
 rows = json.load(sys.stdin)["results"]
 for r in rows:
