@@ -16,6 +16,10 @@
 # Environment: BUILD_DIR (default build) locates qkv; PYTHON (default /usr/bin/python3); THREADS;
 # TORCH_ATTN.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,17{s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-build}"

@@ -24,6 +24,10 @@
 # Environment: BUILD_DIR (default build) locates qkv; THREADS (default 2); STEPS (timed steps per
 # run, default 10); PYTHON (default /usr/bin/python3); TORCH_MODES; TORCH_ATTN (sdpa or manual).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,25{s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 config="${1:?usage: bench/compare_torch.sh CONFIG [PAIRS]}"

@@ -11,6 +11,10 @@
 # (TORCH_SPEC overrides, e.g. TORCH_SPEC='torch==2.5.*'), and prints the installed version and
 # whether torch.compile and SDPA are there. Re-running on an existing DIR upgrades it.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,12{s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 
 dir="${1:?usage: bench/torch2_venv.sh DIR}"
 base="${BASE_PYTHON:-/usr/bin/python3}"

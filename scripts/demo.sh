@@ -7,6 +7,16 @@
 #   DATA=my.txt scripts/demo.sh          # your own text (documents separated by '%' lines or not at all)
 #   STEPS=300 scripts/demo.sh            # shorter
 set -euo pipefail
+# It takes no arguments (DATA, STEPS and BUILD_DIR come from the environment): --help prints the
+# lines above, anything else is refused before anything is installed or built.
+if (($#)); then
+  if [[ $1 == -h || $1 == --help ]]; then
+    sed -n '2,8{s/^# \{0,1\}//;p}' "$0"
+    exit 0
+  fi
+  echo "demo: takes no arguments, got '$1' (DATA=file and STEPS=n go in the environment; --help)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 TARGETS=qkv scripts/bootstrap.sh  # the CLI only: the demo runs no test
 build_dir=${BUILD_DIR:-build}

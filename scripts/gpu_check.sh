@@ -6,6 +6,10 @@
 #   scripts/gpu_check.sh [LOG_DIR]
 # Exit status: non-zero when the build fails, no GPU is visible, or a [cuda] case fails.
 set -uo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the lines above, not a folder named --help
+  sed -n '2,7{s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_check}}
 mkdir -p "$out"

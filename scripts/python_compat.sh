@@ -6,6 +6,10 @@
 # qkv_python. Prints the versions, then each stage's result; exits non-zero when a stage fails.
 # Usage: scripts/python_compat.sh [VENV_DIR]   (default build/venv-compat; BUILD_DIR=build)
 set -uo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # the lines above, not a folder named --help
+  sed -n '2,7{s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 venv=${1:-$build/venv-compat}

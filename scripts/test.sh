@@ -12,6 +12,15 @@
 # (NUMPY2=0 skips them), then the fuzz targets run for FUZZ_SECONDS each (default 10; 0 skips)
 # when clang is there.
 set -euo pipefail
+# Settings come from the environment (above): --help prints these lines, an argument is refused.
+if (($#)); then
+  if [[ $1 == -h || $1 == --help ]]; then
+    sed -n '2,13{s/^# \{0,1\}//;p}' "$0"
+    exit 0
+  fi
+  echo "test.sh: takes no arguments, got '$1' (QUICK=1, SANITIZE=0, ... go in the environment; --help)" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 # Each stage prints its wall time (and the running total) as it ends.
 test_start=$SECONDS
