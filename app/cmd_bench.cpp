@@ -43,7 +43,9 @@ void add_bench_command(CLI::App& root, int& exit_code) {
   add_numerics_option(cmd, sets);
   add_choice_option(cmd, "--what", what, {"step", "attention", "gemm", "decode", "numerics", "batch"},
                     "what to measure (numerics: invariant vs standard, alternated)");
-  add_int_option(cmd, "--tokens", tokens, {1, 1 << 20}, "decode, numerics, batch: tokens to generate");
+  add_int_option(cmd, "--tokens", tokens, {1, 1 << 20},
+                 "decode, numerics, batch: tokens to generate (decode, numerics: default 256, or what fits "
+                 "model.block_size after the 1-token prompt where that is less)");
   static int64_t batch_prompts = 16, batch_size = 8, batch_count = 1000;
   add_int_option(cmd, "--prompts", batch_prompts, {1, 1 << 20}, "batch: prompts per throughput run");
   add_int_option(cmd, "--batch-size", batch_size, {1, 4096}, "batch: rows decoded together (compared with 1)");
@@ -88,6 +90,12 @@ void add_bench_command(CLI::App& root, int& exit_code) {
                   "step on the GPU: peak TFLOP/s for MFU (default: the card's dense bf16)");
   cmd->add_flag("--json", json, "print {\"results\": [...]} as one JSON line");
   cmd->callback([&exit_code, cmd] {
+    // Decode's tokens: --tokens as given (a decode past the block is refused by name), else 256 or
+    // what fits the model's block after the 1-token prompt.
+    const auto decode_tokens = [cmd](const Config& cfg) {
+      if (cmd->count("--tokens")) return tokens;
+      return std::clamp<int64_t>(cfg.resolved().model.block_size - 1, 1, tokens);
+    };
     // Options that only act with one --what (or one --pattern), given with another, would be
     // silently ignored: each is refused naming what it needs.
     const std::string got_what = "--what " + what;
@@ -285,7 +293,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       Config cfg = parse_config(config, sets);
       if (threads) cfg.train.threads = *threads;
       const int n_rounds = static_cast<int>(rounds.value_or(3));
-      const auto r = train::bench_numerics(cfg, steps, tokens, n_rounds);
+      const auto r = train::bench_numerics(cfg, steps, decode_tokens(cfg), n_rounds);
       auto med = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
@@ -317,7 +325,7 @@ void add_bench_command(CLI::App& root, int& exit_code) {
       QKV_CHECK(!config.empty(), "[bench] --what decode needs --config");
       Config cfg = parse_config(config, sets);
       if (threads) cfg.train.threads = *threads;
-      const auto r = train::bench_decode(cfg, tokens);
+      const auto r = train::bench_decode(cfg, decode_tokens(cfg));
       std::fprintf(out,
                    "%s: decode %.1f tok/s  %.2f ms/token (median)  peak RSS %.0f MB  (%s, %d threads, %lld tokens of "
                    "context, %lld params)\n",

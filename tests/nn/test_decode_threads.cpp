@@ -237,6 +237,16 @@ TEST_CASE("qkv bench --what decode --json and qkv sample --json carry tokens_per
   CHECK(d["context_tokens"] == 9);
   CHECK(d["tokens"] == 8);
   CHECK(d["threads"] == 2);
+  // Without --tokens, what fits tiny's block of 32 after the prompt; asked for more, one line.
+  REQUIRE(ckpt_test::run_command("cd " + std::string(QKV_SOURCE_DIR) + " && " + qkv +
+                                     " bench --config configs/tiny.toml --what decode --threads 1 --json 2>/dev/null",
+                                 out) == 0);
+  CHECK(last_json(out)["results"][0]["tokens"] == 31);
+  CHECK(last_json(out)["results"][0]["context_tokens"] == 32);
+  CHECK(ckpt_test::run_command("cd " + std::string(QKV_SOURCE_DIR) + " && " + qkv +
+                                   " bench --config configs/tiny.toml --what decode --tokens 32 2>&1",
+                               out) != 0);
+  CHECK(out.find("--tokens 32 plus the 1-token prompt exceeds model.block_size 32") != std::string::npos);
 
   ckpt_test::TempDir dir;
   const std::string path = dir.file("ckpt_1.h5");
