@@ -11,7 +11,8 @@
 # that machine load drifts over both sides of each ratio alike; all with OMP_WAIT_POLICY=PASSIVE.
 # The torch modes (TORCH_MODES, default: every one the installed torch supports, of
 # "eager compile bf16"): eager float32, torch.compile of the model + loss (compile time excluded),
-# bf16 autocast around forward + loss; attention through SDPA where torch has it
+# bf16 autocast around forward + loss, against which qkv runs its own bf16 autocast
+# (train.dtype = "bf16"; in the other modes the config's dtype); attention through SDPA where torch has it
 # (TORCH_ATTN=manual for matmul/mask/softmax/matmul). bench/torch2_venv.sh makes a virtual
 # environment with the current PyTorch.
 #
@@ -25,7 +26,7 @@
 # run, default 10); PYTHON (default /usr/bin/python3); TORCH_MODES; TORCH_ATTN (sdpa or manual).
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,25{s/^# \{0,1\}//;p}' "$0"
+  sed -n '2,26{s/^# \{0,1\}//;p}' "$0"
   exit 0
 fi
 
@@ -93,7 +94,9 @@ for ((i = 1; i <= pairs; i++)); do
   "$qkv" bench --what gemm --config "$config" --threads "$threads" --json \
     >"$tmp/gemm.$i" 2>"$tmp/gemm.$i.err" || { cat "$tmp/gemm.$i.err" >&2; exit 1; }
   for m in "${modes[@]}"; do
-    "$qkv" bench --what step --config "$config" --threads "$threads" --steps "$steps" --json \
+    qkv_dtype=()
+    [[ $m == bf16 ]] && qkv_dtype=(--set 'train.dtype="bf16"')
+    "$qkv" bench --what step --config "$config" --threads "$threads" --steps "$steps" "${qkv_dtype[@]}" --json \
       >"$tmp/qkv.$m.$i" 2>"$tmp/qkv.$m.$i.err" || { cat "$tmp/qkv.$m.$i.err" >&2; exit 1; }
     "$py" "$torch_bench" step --layers "$L" --heads "$H" --embd "$C" --seq "$T" --batch "$B" --vocab "$V" \
       --block-size "$BS" --threads "$threads" --steps "$steps" --mode "$m" "${attn_args[@]}" --json \

@@ -32,6 +32,9 @@ Tensor empty_like(const Tensor& t);
 // ---- in place (tensor/ops_factory.cpp) ----
 void fill_(const Tensor& t, double value);
 void copy_(const Tensor& dst, const Tensor& src);  // src broadcast to dst's shape, dtype converted
+// float32 x rounded to bfloat16 (nearest, ties to even) and widened back: x.to(bf16).to(f32), on
+// the CPU in one pass. Contiguous result.
+Tensor round_to_bf16(const Tensor& x);
 
 // ---- elementwise (tensor/ops_elementwise.cpp, kernels tensor/cpu/elementwise.cpp) ----
 Tensor add(const Tensor& a, const Tensor& b);

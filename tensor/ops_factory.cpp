@@ -148,6 +148,15 @@ void fill_(const Tensor& t, double value) {
   else cpu::fill(t, value);
 }
 
+Tensor round_to_bf16(const Tensor& x) {
+  detail::require_defined("round_to_bf16", x, "x");
+  QKV_CHECK(x.dtype() == DType::f32, "[round_to_bf16] needs a float32 tensor, got ", dtype_name(x.dtype()));
+  if (x.device() == Device::cuda) return x.to(DType::bf16).to(DType::f32);
+  Tensor out = Tensor::empty(x.shape(), DType::f32, Device::cpu);
+  cpu::round_bf16_values(x, out);
+  return out;
+}
+
 void copy_(const Tensor& dst, const Tensor& src) {
   detail::require_defined("copy_", dst, "destination");
   detail::require_defined("copy_", src, "source");

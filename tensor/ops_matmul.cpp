@@ -87,11 +87,13 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, dou
 // numerics = invariant (tensor/numerics.h): the Linear GEMM in one fixed reduction order per
 // output element. float32 only: the float64 GEMM (gradient checks) has no such kernel, and taking
 // the BLAS one would break the mode's promise without a word.
-Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf16_operands) {
   QKV_CHECK(x.dtype() == DType::f32 && weight.dtype() == DType::f32,
             "[linear] numerics = invariant computes float32 only; x is ", dtype_name(x.dtype()), ", weight ",
             dtype_name(weight.dtype()));
-  if (x.device() == Device::cpu) return cpu::invariant_linear(x, weight, bias);
+  if (x.device() == Device::cpu)
+    return cpu::invariant_linear(x, weight, bias,
+                                 bf16_operands ? cpu::InvariantBf16::operands : cpu::InvariantBf16::none);
   detail::require_same_device("linear", x, weight);
   return cuda::invariant_linear(x, weight, bias);
 }
@@ -136,7 +138,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf
               dtype_name(weight.dtype()));
     detail::require_same_device("linear", weight, bias);
   }
-  if (numerics() == Numerics::invariant) return invariant_linear(x, weight, bias);
+  if (numerics() == Numerics::invariant) return invariant_linear(x, weight, bias, bf16_operands);
   Shape lead(x.shape().begin(), x.shape().end() - 1);
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;
@@ -160,7 +162,7 @@ Tensor linear_bf16_weight(const Tensor& x, const Tensor& weight, const Tensor& b
   detail::require_defined("linear", weight, "weight");
   if (numerics() == Numerics::invariant && x.device() == Device::cpu && weight.device() == Device::cpu &&
       x.dtype() == DType::f32 && weight.dtype() == DType::f32)
-    return cpu::invariant_linear(x, weight, bias, /*weight_to_bf16=*/true);
+    return cpu::invariant_linear(x, weight, bias, cpu::InvariantBf16::round_weight);
   return linear(x, weight.to(DType::bf16).to(weight.dtype()), bias, /*bf16_operands=*/true);
 }
 

@@ -347,6 +347,56 @@ BatchBenchResult bench_batch(const Config& cfg_in, const BatchBenchOptions& o) {
   return r;
 }
 
+namespace {
+
+// Median seconds of one CPU product C[m, n] = op(A) op(B) on the step's kernel, the BLAS's sgemm
+// and (where the CPU has bf16 units) the bf16 kernel, timed alternately; bf16 0 where it is the
+// float32 GEMM.
+struct CpuTimes {
+  double kernel = 0, blas = 0, bf16 = 0;
+  cpu::GemmKernel gemm_kernel;
+  cpu::Bf16Kernel bf16_kernel;
+};
+CpuTimes time_cpu_gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
+      c(static_cast<size_t>(m * n));
+  const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
+  CpuTimes r;
+  r.gemm_kernel = cpu::active_gemm_kernel();
+  r.bf16_kernel = cpu::active_bf16_kernel();
+  auto run = [&](cpu::GemmKernel kernel) {
+    cpu::sgemm_with(kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
+  };
+  const bool with_bf16 = r.bf16_kernel != cpu::Bf16Kernel::emulated;
+  auto run_bf16 = [&] {
+    cpu::sbgemm_with(r.bf16_kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
+  };
+  run(r.gemm_kernel);
+  run(cpu::GemmKernel::blas);
+  if (with_bf16) run_bf16();
+  std::vector<double> ts, ts_blas, ts_bf16;
+  const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    run(r.gemm_kernel);
+    ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    run(cpu::GemmKernel::blas);
+    ts_blas.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (!with_bf16) continue;
+    t0 = Clock::now();
+    run_bf16();
+    ts_bf16.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  r.kernel = median(ts);
+  r.blas = median(ts_blas);
+  r.bf16 = with_bf16 ? median(ts_bf16) : 0.0;
+  return r;
+}
+
+}  // namespace
+
 std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
   const Config cfg = cfg_in.resolved();
   apply_thread_setting(cfg);
@@ -402,39 +452,11 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
         total_flops += flops * static_cast<double>(l.count);
         continue;
       }
-      std::vector<float> a(static_cast<size_t>(m * k), 0.5f), b(static_cast<size_t>(k * n), 0.25f),
-          c(static_cast<size_t>(m * n));
-      const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
-      // The kernel the step runs (tensor/cpu/gemm/gemm.h) and the BLAS's sgemm, alternated.
-      auto run = [&](cpu::GemmKernel kernel) {
-        cpu::sgemm_with(kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
-      };
-      const cpu::GemmKernel active = cpu::active_gemm_kernel();
-      const cpu::Bf16Kernel bf16_kernel = cpu::active_bf16_kernel();
-      const bool with_bf16 = bf16_kernel != cpu::Bf16Kernel::emulated;
-      auto run_bf16 = [&] {
-        cpu::sbgemm_with(bf16_kernel, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), n);
-      };
-      run(active);
-      run(cpu::GemmKernel::blas);
-      if (with_bf16) run_bf16();
-      std::vector<double> ts, ts_blas, ts_bf16;
-      const int reps = std::clamp(static_cast<int>(2e9 / flops), 3, 50);
-      for (int i = 0; i < reps; ++i) {
-        auto t0 = Clock::now();
-        run(active);
-        ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        t0 = Clock::now();
-        run(cpu::GemmKernel::blas);
-        ts_blas.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        if (!with_bf16) continue;
-        t0 = Clock::now();
-        run_bf16();
-        ts_bf16.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      const double t = median(ts), t_blas = median(ts_blas), t_bf16 = with_bf16 ? median(ts_bf16) : 0.0;
-      out.push_back({l.name + what[s], m, n, k, flops / t * 1e-9, cpu::gemm_kernel_name(active), flops / t_blas * 1e-9,
-                     with_bf16 ? flops / t_bf16 * 1e-9 : 0.0, cpu::bf16_kernel_name(bf16_kernel)});
+      const CpuTimes ts = time_cpu_gemm(m, n, k, ta, tb);
+      out.push_back({l.name + what[s], m, n, k, flops / ts.kernel * 1e-9, cpu::gemm_kernel_name(ts.gemm_kernel),
+                     flops / ts.blas * 1e-9, ts.bf16 > 0 ? flops / ts.bf16 * 1e-9 : 0.0,
+                     cpu::bf16_kernel_name(ts.bf16_kernel)});
+      const double t = ts.kernel, t_blas = ts.blas, t_bf16 = ts.bf16;
       total_flops += flops * static_cast<double>(l.count);
       total_s += t * static_cast<double>(l.count);
       total_s_blas += t_blas * static_cast<double>(l.count);
@@ -447,6 +469,16 @@ std::vector<GemmBenchResult> bench_gemm(const Config& cfg_in) {
                  gpu || total_s_bf16 == 0.0 ? 0.0 : total_flops / total_s_bf16 * 1e-9,
                  gpu ? "" : cpu::bf16_kernel_name(cpu::active_bf16_kernel())});
   if (gpu) out.push_back({"step-weighted bf16", 0, 0, 0, total_flops / total_s_bf16 * 1e-9, "cublas"});
+  if (!gpu) {
+    // A square product of the forward's layout: the rate the kernels reach on a shape that fills
+    // them, the reference for the step's own (kept out of step-weighted).
+    constexpr int64_t kSquare = 1536;
+    const CpuTimes ts = time_cpu_gemm(kSquare, kSquare, kSquare, false, true);
+    const double flops = 2.0 * static_cast<double>(kSquare * kSquare * kSquare);
+    out.push_back({"square", kSquare, kSquare, kSquare, flops / ts.kernel * 1e-9, cpu::gemm_kernel_name(ts.gemm_kernel),
+                   flops / ts.blas * 1e-9, ts.bf16 > 0 ? flops / ts.bf16 * 1e-9 : 0.0,
+                   cpu::bf16_kernel_name(ts.bf16_kernel)});
+  }
   return out;
 }
 

@@ -329,7 +329,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
 namespace {
 
 // x rounded to bfloat16 and widened back (one rounding, ties to even: the float32 -> bf16 cast).
-Tensor rounded(const Tensor& x) { return x.to(DType::bf16).to(x.dtype()); }
+Tensor rounded(const Tensor& x) { return round_to_bf16(x); }
 
 // d round_bf16(x) = dy: the rounding is treated as the identity (straight through), as a dtype cast is
 struct RoundBf16Backward : Node {

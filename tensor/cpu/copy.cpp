@@ -30,6 +30,12 @@ struct Conv<F16> {
   static void store(F16* p, double v) { p->bits = float_to_f16(static_cast<float>(v)); }
 };
 
+// float_to_bf16 (tensor/dtype.h) widened back, on the bits, branch-free so that loops vectorise.
+inline uint32_t rounded_bf16_bits(uint32_t u) {
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return nan ? (u & 0xffff0000u) | 0x00400000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+
 template <class S, class D>
 void copy_typed(const Tensor& src, const Tensor& dst) {
   const int64_t ss = sizeof(S), ds = sizeof(D);
@@ -46,6 +52,20 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
                           }
                           for (int64_t i = 0; i < n; ++i)
                             *reinterpret_cast<D*>(p[0] + i * st[0]) = *reinterpret_cast<const S*>(p[1] + i * st[1]);
+                        } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, Bf16>) {
+                          for (int64_t i = 0; i < n; ++i) {
+                            uint32_t u;
+                            std::memcpy(&u, p[1] + i * st[1], 4);
+                            const uint16_t h = static_cast<uint16_t>(rounded_bf16_bits(u) >> 16);
+                            std::memcpy(p[0] + i * st[0], &h, 2);
+                          }
+                        } else if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, float>) {
+                          for (int64_t i = 0; i < n; ++i) {
+                            uint16_t h;
+                            std::memcpy(&h, p[1] + i * st[1], 2);
+                            const uint32_t u = uint32_t(h) << 16;
+                            std::memcpy(p[0] + i * st[0], &u, 4);
+                          }
                         } else if constexpr (std::is_arithmetic_v<S> && std::is_arithmetic_v<D>) {
                           for (int64_t i = 0; i < n; ++i)
                             *reinterpret_cast<D*>(p[0] + i * st[0]) =
@@ -100,6 +120,32 @@ void copy_cast(const Tensor& src, const Tensor& dst) {
     case DType::boolean:
       return copy_from<bool>(src, dst);
   }
+}
+
+void round_bf16_values(const Tensor& src, const Tensor& dst) {
+  QKV_CHECK(src.shape() == dst.shape() && src.dtype() == DType::f32 && dst.dtype() == DType::f32 &&
+                src.device() == Device::cpu && dst.device() == Device::cpu,
+            "[round_bf16] needs float32 CPU tensors of one shape, got ", dtype_name(src.dtype()), " ",
+            shape_str(src.shape()), " and ", dtype_name(dst.dtype()), " ", shape_str(dst.shape()));
+  Strides sb = src.strides(), db = dst.strides();
+  for (auto& s : sb) s *= 4;
+  for (auto& s : db) s *= 4;
+  for_each_strided<2>(dst.shape(), {&db, &sb},
+                      std::array<char*, 2>{static_cast<char*>(dst.raw_data()), static_cast<char*>(src.raw_data())},
+                      [&](std::array<char*, 2> p, std::array<int64_t, 2> st, int64_t n) {
+                        if (st[0] == 4 && st[1] == 4) {
+                          uint32_t* d = reinterpret_cast<uint32_t*>(p[0]);
+                          const uint32_t* s = reinterpret_cast<const uint32_t*>(p[1]);
+                          for (int64_t i = 0; i < n; ++i) d[i] = rounded_bf16_bits(s[i]);
+                          return;
+                        }
+                        for (int64_t i = 0; i < n; ++i) {
+                          uint32_t u;
+                          std::memcpy(&u, p[1] + i * st[1], 4);
+                          u = rounded_bf16_bits(u);
+                          std::memcpy(p[0] + i * st[0], &u, 4);
+                        }
+                      });
 }
 
 }  // namespace qkv::cpu

@@ -27,8 +27,10 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/error.h"
+#include "tensor/ops.h"
 #include "tensor/ops_checks.h"
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -240,7 +242,13 @@ struct Problem {
   const float* bias;
   float* y;
   int64_t ldy, m, n, k;
+  bool bf16_values = false;  // x and W are expected to hold bf16 values (autocast rounded them)
 };
+
+// Rows from which a product on bf16 values goes to the units' kernel (bf16_gemm.h,
+// invariant_sbgemm_nt: the same bits, a 12-row register block); fewer rows (decode) stay on the
+// float32 chain here, which streams W's panels.
+constexpr int64_t kUnitMinRows = 12;
 
 // Panels [p0, p1) against rows [m0, m1); `packed` holds those panels back to back. The rows go in
 // blocks of at most 6, as even as they come (8 rows: 4 + 4).
@@ -272,6 +280,8 @@ void run_task(const Problem& pr, int64_t m0, int64_t m1, int64_t p0, int64_t p1,
 // Splits the product into tasks (fixed by the shape) and runs them on up to omp_get_max_threads().
 void run(const Problem& pr) {
   if (pr.m <= 0 || pr.n <= 0) return;
+  if (pr.bf16_values && pr.w && pr.m >= kUnitMinRows && invariant_bf16_on_units())
+    return invariant_sbgemm_nt(pr.x, pr.ldx, pr.w, pr.ldw, pr.bias, pr.y, pr.ldy, pr.m, pr.n, pr.k);
   const int64_t panels = (pr.n + P - 1) / P;
   const int64_t panel_floats = pr.k * P;
   // At least the panels one micro-kernel call takes for the first rows (4 at M = 1).
@@ -373,10 +383,10 @@ PackedWeight pack_weight_bf16(const float* w, int64_t ldw, int64_t n, int64_t k)
 }
 
 void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
-                      int64_t ldy, int64_t m, int64_t n, int64_t k) {
+                      int64_t ldy, int64_t m, int64_t n, int64_t k, bool bf16_values) {
   check_dims(ldx, ldy, m, n, k);
   QKV_CHECK(ldw >= k, "[invariant_linear] ldw ", ldw, " must be at least K = ", k);
-  run(Problem{x, ldx, w, ldw, nullptr, nullptr, bias, y, ldy, m, n, k});
+  run(Problem{x, ldx, w, ldw, nullptr, nullptr, bias, y, ldy, m, n, k, bf16_values});
 }
 
 void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
@@ -450,7 +460,8 @@ PackedWeightScope::~PackedWeightScope() {
   if (--c.scopes == 0) c.panels.clear();
 }
 
-Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool weight_to_bf16) {
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, InvariantBf16 bf16) {
+  const bool weight_to_bf16 = bf16 == InvariantBf16::round_weight;
   detail::require_defined("invariant_linear", x, "x");
   detail::require_defined("invariant_linear", weight, "weight");
   QKV_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), "[invariant_linear] x is ",
@@ -477,7 +488,7 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
   for (int64_t s : lead) rows *= s;
   const bool scoped = rows <= kPackedRows && rows > 0 && pack_cache_active();
   // Outside a scope W is rounded into a float32 copy; inside, its bf16 panels are the rounding.
-  if (weight_to_bf16 && !scoped) w = w.to(DType::bf16).to(DType::f32);
+  if (weight_to_bf16 && !scoped) w = round_to_bf16(w);
   const Tensor x2 = x.reshape({rows, in}).contiguous();
   Tensor y = Tensor::empty({rows, out_features});
   const int64_t ldw = std::max<int64_t>(w.stride(0), in);
@@ -489,7 +500,7 @@ Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bia
   else
     invariant_linear(x2.data<float>(), std::max<int64_t>(in, 1), w.data<float>(), ldw,
                      b.defined() ? b.data<float>() : nullptr, y.data<float>(), std::max<int64_t>(out_features, 1), rows,
-                     out_features, in);
+                     out_features, in, bf16 != InvariantBf16::none);
   lead.push_back(out_features);
   return y.view(lead);
 }

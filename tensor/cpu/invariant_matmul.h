@@ -48,9 +48,12 @@ PackedWeight pack_weight_bf16(const float* w, int64_t ldw, int64_t n, int64_t k)
 
 // y [M, N] (row m at y + m*ldy) = x [M, K] (row m at x + m*ldx) · W^T (+ bias [N] when not null),
 // in the order stated above. ldx >= K, ldw >= K, ldy >= N; y must not overlap x, W or bias. Threads:
-// omp_get_max_threads(), split over rows and columns only (tensor/cpu/parallel.h).
+// omp_get_max_threads(), split over rows and columns only (tensor/cpu/parallel.h). bf16_values:
+// the caller expects x and W to hold bf16 values (bf16 autocast); where the CPU has bf16 units and
+// M is not a decode's few rows, the product then runs on them (cpu::invariant_sbgemm_nt,
+// tensor/cpu/gemm/bf16_gemm.h), which gives the same bits: a speed hint, never a change of values.
 void invariant_linear(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
-                      int64_t ldy, int64_t m, int64_t n, int64_t k);
+                      int64_t ldy, int64_t m, int64_t n, int64_t k, bool bf16_values = false);
 // The same product on a weight packed by pack_weight (bitwise the same result).
 void invariant_linear(const float* x, int64_t ldx, const PackedWeight& w, const float* bias, float* y, int64_t ldy,
                       int64_t m);
@@ -76,9 +79,15 @@ class PackedWeightScope {
 
 // Tensor form, CPU float32: x [..., K] (rows of unit stride), weight [N, K] (unit column stride),
 // bias [N] or undefined -> [..., N]. The counterpart of qkv::linear (tensor/ops.h) with the order
-// above; bad shapes, dtypes or devices throw qkv::Error. weight_to_bf16: multiply by W rounded to
-// bf16 (bf16 inference); inside a PackedWeightScope from bf16 panels packed once, so a decode step
-// reads half the bytes of float32 ones.
-Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool weight_to_bf16 = false);
+// above; bad shapes, dtypes or devices throw qkv::Error. bf16:
+//   none          float32 operands;
+//   operands      x and weight hold bf16 values (autocast rounded them): the same product, on the
+//                 CPU's bf16 units where it has them (bf16_values above);
+//   round_weight  multiply by W rounded to bf16 (bf16 inference; x holds bf16 values): inside a
+//                 PackedWeightScope from bf16 panels packed once, so a decode step reads half the
+//                 bytes of float32 ones.
+enum class InvariantBf16 { none, operands, round_weight };
+Tensor invariant_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        InvariantBf16 bf16 = InvariantBf16::none);
 
 }  // namespace qkv::cpu

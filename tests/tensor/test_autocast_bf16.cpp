@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "attention/attention.h"
@@ -64,6 +65,43 @@ TEST_CASE("round_bf16 rounds to nearest even bf16 with a pass-through gradient; 
   CHECK(w.to_vector() == z.to_vector());
   autograd::backward(w, from_vector({1.00390625, 0.1}, {2}));
   CHECK(z.grad().to_vector() == std::vector<double>{1.0, bf16_of(0.1)});
+}
+
+TEST_CASE("round_to_bf16 gives the bits of the cast to bf16 and back, on every kind of value and layout",
+          "[autocast][exact]") {
+  // Bit patterns: ties both ways, carries into the exponent, the largest finite value (rounds to
+  // infinity), subnormals, signed zeros, infinities, NaNs with payloads of either sign, and the
+  // scalar rule of tensor/dtype.h as the reference.
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f7fffffu, 0x7f7fffffu, 0x00000001u, 0x807fffffu,
+                                0x00008000u, 0x80000000u, 0x00000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                0xffa00000u, 0x7f800001u, 0x3eaaaaabu, 0xc0490fdbu};
+  for (uint32_t i = 0; i < 4000; ++i) bits.push_back(i * 2654435761u);
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
+  const int64_t n = int64_t(values.size());
+  Tensor x = Tensor::empty({n}, DType::f32);
+  std::memcpy(x.data<float>(), values.data(), values.size() * sizeof(float));
+  auto check_bits = [&](const Tensor& got, const std::vector<float>& src) {
+    const Tensor c = got.contiguous();
+    int64_t bad = 0;
+    for (size_t i = 0; i < src.size(); ++i) {
+      const uint32_t want = uint32_t(float_to_bf16(src[i])) << 16;
+      uint32_t have;
+      std::memcpy(&have, c.data<float>() + i, 4);
+      bad += have != want;
+    }
+    CHECK(bad == 0);
+  };
+  check_bits(round_to_bf16(x), values);
+  const Tensor cast = x.to(DType::bf16).to(DType::f32);
+  check_bits(cast, values);
+  // A strided view (every other element of a [n/2, 2] transpose) takes the same rule.
+  const Tensor t = x.view({n / 2, 2}).transpose(0, 1);
+  std::vector<float> strided;
+  for (int64_t j = 0; j < 2; ++j)
+    for (int64_t i = 0; i < n / 2; ++i) strided.push_back(values[size_t(i * 2 + j)]);
+  check_bits(round_to_bf16(t), strided);
+  CHECK_THROWS_WITH(round_to_bf16(x.to(DType::f64)), Catch::Contains("needs a float32 tensor"));
 }
 
 TEST_CASE("linear under bf16 autocast: bf16 operands, float32 accumulation, forward and backward", "[autocast]") {

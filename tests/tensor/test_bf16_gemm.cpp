@@ -286,3 +286,130 @@ TEST_CASE("bf16 packing reads values below bf16's normal range as zero, as the u
     REQUIRE(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
   }
 }
+
+// ---- the invariant bf16 product (invariant_sbgemm_nt): the float32 chain's bits on the units ----
+
+namespace {
+
+// The chain of tensor/cpu/invariant_matmul.h written out: y = fma over k = 0..K-1 from +0, then + bias.
+std::vector<float> chain_reference(const std::vector<float>& x, int64_t ldx, const std::vector<float>& w, int64_t ldw,
+                                   const float* bias, int64_t m, int64_t n, int64_t k, int64_t ldy) {
+  std::vector<float> y(size_t(m * ldy), -7.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t q = 0; q < k; ++q) acc = std::fma(x[size_t(i * ldx + q)], w[size_t(j * ldw + q)], acc);
+      y[size_t(i * ldy + j)] = bias ? acc + bias[j] : acc;
+    }
+  return y;
+}
+
+std::vector<float> pair_product(const Bf16KernelTable& kt, const std::vector<float>& x, int64_t ldx,
+                                const std::vector<float>& w, int64_t ldw, const float* bias, int64_t m, int64_t n,
+                                int64_t k, int64_t ldy) {
+  std::vector<float> y(size_t(m * ldy), -7.0f);
+  gemm_detail::invariant_pair_product(kt, x.data(), ldx, w.data(), ldw, bias, y.data(), ldy, m, n, k);
+  return y;
+}
+
+// The dot-pair tables that run here: the unit's definition (AVX2), the unit where the CPU has it.
+std::vector<Named> pair_tables() {
+  std::vector<Named> out;
+  for (const Named& t : runnable_tables())
+    if (t.table->k_step == 1) out.push_back(t);
+  return out;
+}
+
+// Counts the elements whose bits differ (NaN equal to NaN).
+int64_t differing(const std::vector<float>& got, const std::vector<float>& want) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!same_bits(got[i], want[i]) && !(std::isnan(got[i]) && std::isnan(want[i]))) ++bad;
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("the invariant bf16 product gives the float32 chain's bits across edges and blocks",
+          "[gemm][bf16][invariant][exact]") {
+  const auto tables = pair_tables();
+  if (tables.empty()) {
+    WARN("no dot-pair kernel runs here (the definitions need AVX2 + FMA); skipped");
+    return;
+  }
+  for (const Named& t : tables) {
+    const int mr = t.table->mr, nr = t.table->nr;
+    for (const int64_t m : {int64_t(1), int64_t(mr - 1), int64_t(mr), int64_t(mr + 1), int64_t(3 * mr + 5)})
+      for (const int64_t n : {int64_t(1), int64_t(nr - 1), int64_t(nr + 1), int64_t(2 * nr + 7)})
+        for (const int64_t k : {0, 1, 2, 15, 16, 17, 31, 33, 100}) {
+          const int64_t ldx = k + 3, ldw = k + 1, ldy = n + 2;
+          const uint32_t seed = uint32_t(m * 1000003 + n * 1009 + k);
+          // Values of several binades (the chain rounds at many points), bf16 throughout.
+          std::vector<float> x = bf16_values(size_t(m * ldx), seed), w = bf16_values(size_t(n * ldw), seed + 1);
+          for (size_t i = 0; i < x.size(); i += 3) x[i] = round_bf16(x[i] * 37.0f);
+          for (size_t i = 0; i < w.size(); i += 5) w[i] = round_bf16(w[i] * 1e-3f);
+          const std::vector<float> bias = bf16_values(size_t(n), seed + 2);
+          for (const bool with_bias : {false, true}) {
+            const float* b = with_bias ? bias.data() : nullptr;
+            CAPTURE(t.name, m, n, k, with_bias);
+            const auto want = chain_reference(x, ldx, w, ldw, b, m, n, k, ldy);
+            CHECK(differing(pair_product(*t.table, x, ldx, w, ldw, b, m, n, k, ldy), want) == 0);
+          }
+        }
+  }
+}
+
+TEST_CASE("the invariant bf16 product keeps the chain's bits where the unit would flush or overflow",
+          "[gemm][bf16][invariant][exact]") {
+  const auto tables = pair_tables();
+  if (tables.empty()) {
+    WARN("no dot-pair kernel runs here (the definitions need AVX2 + FMA); skipped");
+    return;
+  }
+  const int64_t m = 30, n = 70, k = 40;
+  std::vector<float> x = bf16_values(size_t(m * k), 11), w = bf16_values(size_t(n * k), 12);
+  // Row 13 and column 40: products of 2^-70 x 2^-70 = 2^-140, below float32's normal range: the
+  // chain keeps them (subnormal results), the unit would flush them to zero.
+  for (int64_t q = 0; q < k; ++q) {
+    x[size_t(13 * k + q)] = std::ldexp(1.0f + float(q % 4) / 8, -70) * (q % 2 ? -1.0f : 1.0f);
+    w[size_t(40 * k + q)] = std::ldexp(1.0f + float(q % 3) / 4, -70);
+  }
+  x[size_t(27 * k + 3)] = std::ldexp(1.0f, -130);  // a subnormal input (the unit reads it as zero)
+  w[size_t(5 * k + 7)] = std::ldexp(1.5f, 100);    // with x[2] = 2^40, a product past float32's range
+  x[size_t(2 * k + 7)] = std::ldexp(1.0f, 40);
+  x[size_t(20 * k + 1)] = std::numeric_limits<float>::infinity();
+  w[size_t(60 * k + 2)] = std::numeric_limits<float>::quiet_NaN();
+  x[size_t(25 * k + 9)] = 0.1f;  // not a bf16 value: the hint was wrong
+  const auto want = chain_reference(x, k, w, k, nullptr, m, n, k, n);
+  // The regime is reached: the chain leaves subnormal results, which a flushing sum cannot.
+  CHECK(std::fpclassify(want[size_t(13 * n + 40)]) == FP_SUBNORMAL);
+  CHECK(std::isinf(want[size_t(2 * n + 5)]));
+  for (const Named& t : tables) {
+    CAPTURE(t.name);
+    CHECK(differing(pair_product(*t.table, x, k, w, k, nullptr, m, n, k, n), want) == 0);
+  }
+}
+
+TEST_CASE("invariant_sbgemm_nt: bits independent of threads and of the other rows", "[gemm][bf16][invariant][exact]") {
+  if (!invariant_bf16_on_units()) {
+    WARN("the invariant bf16 product runs on the units only (" << bf16_kernel_reason() << "); skipped");
+    return;
+  }
+  const int64_t m = 77, n = 300, k = 384;
+  const std::vector<float> x = bf16_values(size_t(m * k), 21), w = bf16_values(size_t(n * k), 22),
+                           bias = bf16_values(size_t(n), 23);
+  const auto want = chain_reference(x, k, w, k, bias.data(), m, n, k, n);
+  for (const int threads : {1, 2, 3}) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> all(size_t(m * n));
+    std::vector<float> one(static_cast<size_t>(n));
+    invariant_sbgemm_nt(x.data(), k, w.data(), k, bias.data(), all.data(), n, m, n, k);
+    CHECK(differing(all, want) == 0);
+    for (const int64_t r : {int64_t(0), int64_t(40), m - 1}) {
+      invariant_sbgemm_nt(x.data() + r * k, k, w.data(), k, bias.data(), one.data(), n, 1, n, k);
+      CHECK(differing(one, std::vector<float>(want.begin() + r * n, want.begin() + (r + 1) * n)) == 0);
+    }
+    omp_set_num_threads(saved);
+  }
+}

@@ -347,10 +347,10 @@ TEST_CASE("bf16 panels give the bits of the float32 kernel on W rounded to bf16"
       cpu::invariant_linear(x.data<float>(), k, panels, b.data<float>(), got.data<float>(), n, m);
       CHECK(std::memcmp(want.data<float>(), got.data<float>(), want.numel() * sizeof(float)) == 0);
       // The Tensor form: W rounded by the op, inside a scope (bf16 panels) and outside (a copy).
-      const Tensor outside = cpu::invariant_linear(x, w, b, /*weight_to_bf16=*/true);
+      const Tensor outside = cpu::invariant_linear(x, w, b, cpu::InvariantBf16::round_weight);
       CHECK(std::memcmp(want.data<float>(), outside.data<float>(), want.numel() * sizeof(float)) == 0);
       const cpu::PackedWeightScope scope;
-      const Tensor inside = cpu::invariant_linear(x, w, b, /*weight_to_bf16=*/true);
+      const Tensor inside = cpu::invariant_linear(x, w, b, cpu::InvariantBf16::round_weight);
       CHECK(std::memcmp(want.data<float>(), inside.data<float>(), want.numel() * sizeof(float)) == 0);
       // And not the float32 weights' product: the rounding is really applied.
       const Tensor unrounded = invariant_linear(x, w, b);

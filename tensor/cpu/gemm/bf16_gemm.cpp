@@ -7,8 +7,12 @@
 // half the bytes of float32 ones.
 #include "tensor/cpu/gemm/bf16_gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,6 +20,7 @@
 #include "tensor/cpu/gemm/cpu_features.h"
 #include "tensor/cpu/gemm/gemm.h"
 #include "tensor/cpu/gemm/kernel_table.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
 
@@ -59,6 +64,121 @@ inline uint32_t pair_at(const At& at, int64_t p, int64_t kb) {
 // ceil(kb / 2) pairs, rounded up to a multiple of the kernel's step.
 inline int64_t padded_pairs(int64_t kb, int step) { return ((kb + 1) / 2 + step - 1) / step * step; }
 
+// unit_bf16 on eight float32 bit patterns at once (the same integer steps, lane by lane): the
+// bf16 in the low 16 bits of each lane.
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+inline U8 load_bits(const float* p) {
+  U8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline U8 unit_bf16_lanes(U8 u) {
+  const U8 nan = (U8)((u & 0x7fffffffu) > 0x7f800000u);
+  U8 h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  h = (h & ~nan) | (((u >> 16) | 0x40u) & nan);  // quiet NaN, as float_to_bf16
+  const U8 tiny = (U8)((h & 0x7f80u) == 0);
+  return h & ~(tiny & 0x7fffu);  // below the normal range: zero, sign kept
+}
+
+// Pair panels from a source whose k rows lie ld apart and whose lanes are adjacent
+// (src[kk * ld + j]), `width` lanes in panels of w (panel q at dst + q * w * kpp, the last one
+// padded with zero lanes): dst[q * w * kpp + p * w + j] = (src[2p][qw + j], src[2p + 1][qw + j])
+// for p < kpp, zero for k >= kb. Each pair of rows is read once across all panels, in order: a
+// panel at a time would stride down the rows once per panel.
+void pack_pairs_from_k_rows(const float* src, int64_t ld, int64_t kb, int64_t kpp, int w, int64_t width,
+                            uint32_t* dst) {
+  const int64_t panels = (width + w - 1) / w;
+  for (int64_t p = 0; p < kpp; ++p) {
+    const int64_t k0 = 2 * p;
+    const float *even = src + k0 * ld, *odd = even + ld;
+    for (int64_t q = 0; q < panels; ++q) {
+      uint32_t* d = dst + q * w * kpp + p * w;
+      const int64_t c0 = q * w;
+      const int lanes = int(std::min<int64_t>(w, width - c0));
+      if (k0 + 1 < kb) {
+        const int vec = lanes / 8 * 8;
+        for (int j = 0; j < vec; j += 8) {
+          const U8 v = unit_bf16_lanes(load_bits(even + c0 + j)) | (unit_bf16_lanes(load_bits(odd + c0 + j)) << 16);
+          std::memcpy(d + j, &v, sizeof(v));
+        }
+        for (int j = vec; j < lanes; ++j) d[j] = unit_bf16(even[c0 + j]) | (unit_bf16(odd[c0 + j]) << 16);
+      } else {
+        for (int j = 0; j < lanes; ++j) d[j] = k0 < kb ? unit_bf16(even[c0 + j]) : 0;
+      }
+      for (int j = lanes; j < w; ++j) d[j] = 0;
+    }
+  }
+}
+
+// v[r] holds eight values (columns c) of lane r; afterwards v[c] holds lane r's value of column c
+// in element r: an 8 x 8 transpose in three rounds of shuffles (32-, 64- and 128-bit halves).
+inline void transpose8x8(U8 (&v)[8]) {
+  U8 a[8], b[8];
+  for (int i = 0; i < 8; i += 2) {
+    a[i] = __builtin_shuffle(v[i], v[i + 1], I8{0, 8, 1, 9, 4, 12, 5, 13});
+    a[i + 1] = __builtin_shuffle(v[i], v[i + 1], I8{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int h = 0; h < 8; h += 4)
+    for (int i = 0; i < 2; ++i) {
+      b[h + 2 * i] = __builtin_shuffle(a[h + i], a[h + i + 2], I8{0, 1, 8, 9, 4, 5, 12, 13});
+      b[h + 2 * i + 1] = __builtin_shuffle(a[h + i], a[h + i + 2], I8{2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  // b[0..3]: rows 0-3 of columns (0|4), (1|5), (2|6), (3|7); b[4..7] the same for rows 4-7.
+  for (int c = 0; c < 4; ++c) {
+    v[c] = __builtin_shuffle(b[c], b[c + 4], I8{0, 1, 2, 3, 8, 9, 10, 11});
+    v[c + 4] = __builtin_shuffle(b[c], b[c + 4], I8{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+}
+
+// Pair panels from a source whose lanes lie ld apart and whose k values are adjacent
+// (src[j * ld + kk]): dst[p * w + j] = pair_of(src[j][2p], src[j][2p + 1]) for p < kpp and
+// j < lanes, zero for k >= kb and for j >= lanes. pair8(s) makes the eight pairs of the 16 values
+// at s (one U8); pair1(first, second) one pair. Eight lanes by eight pairs at a time go through a
+// register transpose, so each pair row of the panel is written eight lanes at once.
+template <class Pair8, class Pair1>
+void pack_k_runs(const float* src, int64_t ld, int64_t kb, int64_t kpp, int w, int lanes, uint32_t* dst,
+                 const Pair8& pair8, const Pair1& pair1) {
+  const int64_t full = kb / 16 * 8;  // pairs taken eight at a time
+  for (int j0 = 0; j0 < lanes; j0 += 8) {
+    const int cnt = std::min(8, lanes - j0);
+    for (int64_t p = 0; p < full; p += 8) {
+      U8 v[8];
+      for (int r = 0; r < 8; ++r) v[r] = r < cnt ? pair8(src + (j0 + r) * ld + 2 * p) : U8{};
+      transpose8x8(v);
+      for (int i = 0; i < 8; ++i) std::memcpy(dst + (p + i) * w + j0, &v[i], sizeof(uint32_t) * size_t(cnt));
+    }
+    for (int r = 0; r < cnt; ++r) {
+      const float* s = src + (j0 + r) * ld;
+      for (int64_t p = full; p < kpp; ++p) {
+        const int64_t k0 = 2 * p;
+        dst[p * w + j0 + r] = k0 < kb ? pair1(s[k0], k0 + 1 < kb ? s[k0 + 1] : 0.0f) : 0;
+      }
+    }
+  }
+  for (int j = lanes; j < w; ++j)
+    for (int64_t p = 0; p < kpp; ++p) dst[p * w + j] = 0;
+}
+
+// The two halves of eight pairs of adjacent values at s: first[i] = s[2i], second[i] = s[2i + 1].
+inline void split_pairs(const float* s, U8& first, U8& second) {
+  const U8 lo = load_bits(s), hi = load_bits(s + 8);
+  first = __builtin_shuffle(lo, hi, I8{0, 2, 4, 6, 8, 10, 12, 14});
+  second = __builtin_shuffle(lo, hi, I8{1, 3, 5, 7, 9, 11, 13, 15});
+}
+
+// The GEMM's packing: pairs (even k low, odd k high) rounded as the units read them.
+void pack_pairs_from_k_runs(const float* src, int64_t ld, int64_t kb, int64_t kpp, int w, int lanes, uint32_t* dst) {
+  pack_k_runs(
+      src, ld, kb, kpp, w, lanes, dst,
+      [](const float* s) {
+        U8 first, second;
+        split_pairs(s, first, second);
+        return unit_bf16_lanes(first) | (unit_bf16_lanes(second) << 16);
+      },
+      [](float first, float second) { return unit_bf16(first) | (unit_bf16(second) << 16); });
+}
+
 // Panels of mr rows of op(A) over k in [p0, p0 + kb), as Bf16KernelTable describes; rows past mb
 // are zero.
 void pack_a_pairs(const Bf16KernelTable& kt, bool ta, const float* a, int64_t lda, int64_t i0, int64_t mb, int64_t p0,
@@ -67,14 +187,16 @@ void pack_a_pairs(const Bf16KernelTable& kt, bool ta, const float* a, int64_t ld
   const int64_t kpp = padded_pairs(kb, step);
   for (int64_t q = 0; q < mb; q += mr, dst += mr * kpp) {
     const int rows = int(std::min<int64_t>(mr, mb - q));
+    if (step == 1) {  // pair-major panels
+      if (ta) return pack_pairs_from_k_rows(a + p0 * lda + i0, lda, kb, kpp, mr, mb, dst);
+      pack_pairs_from_k_runs(a + (i0 + q) * lda + p0, lda, kb, kpp, mr, rows, dst);
+      continue;
+    }
     for (int r = 0; r < mr; ++r) {
       const int64_t i = i0 + q + r;
       auto at = [&](int64_t kk) { return ta ? a[(p0 + kk) * lda + i] : a[i * lda + p0 + kk]; };
-      for (int64_t p = 0; p < kpp; ++p) {
-        const uint32_t v = r < rows ? pair_at(at, p, kb) : 0;
-        if (step == 1) dst[p * mr + r] = v;
-        else dst[(p / step) * mr * step + r * step + p % step] = v;
-      }
+      for (int64_t p = 0; p < kpp; ++p)
+        dst[(p / step) * mr * step + r * step + p % step] = r < rows ? pair_at(at, p, kb) : 0;
     }
   }
 }
@@ -84,14 +206,9 @@ void pack_b_pairs(const Bf16KernelTable& kt, bool tb, const float* b, int64_t ld
                   int64_t nb, uint32_t* dst) {
   const int nr = kt.nr;
   const int64_t kpp = padded_pairs(kb, kt.k_step);
-  for (int64_t q = 0; q < nb; q += nr, dst += nr * kpp) {
-    const int cols = int(std::min<int64_t>(nr, nb - q));
-    for (int j = 0; j < nr; ++j) {
-      const int64_t col = j0 + q + j;
-      auto at = [&](int64_t kk) { return tb ? b[col * ldb + p0 + kk] : b[(p0 + kk) * ldb + col]; };
-      for (int64_t p = 0; p < kpp; ++p) dst[p * nr + j] = j < cols ? pair_at(at, p, kb) : 0;
-    }
-  }
+  if (!tb) return pack_pairs_from_k_rows(b + p0 * ldb + j0, ldb, kb, kpp, nr, nb, dst);
+  for (int64_t q = 0; q < nb; q += nr, dst += nr * kpp)
+    pack_pairs_from_k_runs(b + (j0 + q) * ldb + p0, ldb, kb, kpp, nr, int(std::min<int64_t>(nr, nb - q)), dst);
 }
 
 void packed_serial(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -123,6 +240,99 @@ void packed_serial(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64
   if (kt.end) kt.end();
 }
 
+// What the invariant product (invariant_pair_product) learns of a block of operands as it packs
+// them: whether every value is a bf16 value, and the least (over nonzero values) and greatest
+// biased float32 exponent fields.
+struct BlockRange {
+  bool bf16 = true;
+  uint32_t min_e = 255, max_e = 0;
+  void add(const BlockRange& o) {
+    bf16 = bf16 && o.bf16;
+    min_e = std::min(min_e, o.min_e);
+    max_e = std::max(max_e, o.max_e);
+  }
+};
+inline void range_lanes(U8 v, U8& low_bits, U8& min_e, U8& max_e) {
+  low_bits |= v & 0xffffu;
+  const U8 e = (v >> 23) & 0xffu;
+  const U8 zero = (U8)((v & 0x7fffffffu) == 0);
+  const U8 e_nonzero = (e & ~zero) | (255u & zero);
+  min_e = e_nonzero < min_e ? e_nonzero : min_e;
+  max_e = e > max_e ? e : max_e;
+}
+inline BlockRange range_of(U8 low_bits, U8 min_e, U8 max_e) {
+  BlockRange r;
+  for (int i = 0; i < 8; ++i) {
+    r.bf16 = r.bf16 && low_bits[i] == 0;
+    r.min_e = std::min(r.min_e, min_e[i]);
+    r.max_e = std::max(r.max_e, max_e[i]);
+  }
+  return r;
+}
+inline uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline void range_add(BlockRange& r, float x) {
+  const uint32_t u = bits_of(x), e = (u >> 23) & 0xffu;
+  r.bf16 = r.bf16 && (u & 0xffffu) == 0;
+  if (u & 0x7fffffffu) r.min_e = std::min(r.min_e, e);
+  r.max_e = std::max(r.max_e, e);
+}
+
+// The dot-pair kernels run each pair's odd half first (bf16_tile.h): a pair holding k in its high
+// half and k + 1 in its low half is therefore summed k, then k + 1. Panels as pack_k_runs's
+// (source src[j * ld + kk]) with
+//   dst[p * w + j] = hi16(src[j][2p]) << 16 | hi16(src[j][2p + 1])   (k past kb: zero)
+// The values are truncated to their upper 16 bits: exact where they are bf16 values, which the
+// returned range says.
+BlockRange pack_swapped_pairs(const float* src, int64_t ld, int64_t kb, int w, int lanes, uint32_t* dst) {
+  U8 low = U8{}, min_e = U8{} + 255u, max_e = U8{};
+  BlockRange r;
+  pack_k_runs(
+      src, ld, kb, (kb + 1) / 2, w, lanes, dst,
+      [&](const float* s) {
+        U8 first, second;
+        split_pairs(s, first, second);
+        range_lanes(first, low, min_e, max_e);
+        range_lanes(second, low, min_e, max_e);
+        return (first & 0xffff0000u) | (second >> 16);
+      },
+      [&](float first, float second) {
+        range_add(r, first);
+        range_add(r, second);
+        return (bits_of(first) & 0xffff0000u) | (bits_of(second) >> 16);
+      });
+  r.add(range_of(low, min_e, max_e));
+  return r;
+}
+
+// Where the dot-pair kernel's sums are the float32 chain's bits. Both add each product exactly
+// (a bf16 x bf16 product has 16 significant bits) with one rounding per step, in the same order,
+// so they can differ only where the unit flushes: an input or a partial sum below float32's
+// normal range 2^-126. With every nonzero x at least 2^a and every nonzero W at least 2^b (a, b
+// the unbiased exponents), each product is a multiple of 2^(a + b - 14); so is every partial sum
+// (a sum of such multiples, and a rounding to a float no finer than that grid keeps it), so a
+// nonzero one is at least 2^(a + b - 14) >= 2^-126 when a + b >= -112: biased, min_e(x) +
+// min_e(W) >= 142. Infinities, NaN and products that could overflow (a sum of greatest exponents
+// past 126: biased 380) are left to the chain as well.
+inline bool pairs_equal_chain(const BlockRange& x, const BlockRange& w) {
+  return x.bf16 && w.bf16 && x.min_e >= 1 && w.min_e >= 1 && x.min_e + w.min_e >= 142 && x.max_e < 255 &&
+         w.max_e < 255 && x.max_e + w.max_e <= 380;
+}
+
+// The float32 chain of invariant_matmul.h for one block: y[i][j] = fma over k = 0..K-1 from +0.
+void chain_block(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy, int rows, int cols,
+                 int64_t k) {
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      float acc = 0.0f;
+      for (int64_t kk = 0; kk < k; ++kk) acc = std::fma(x[i * ldx + kk], w[j * ldw + kk], acc);
+      y[i * ldy + j] = acc;
+    }
+}
+
 }  // namespace
 
 void packed_sbgemm(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -137,6 +347,66 @@ void packed_sbgemm(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64
     const float* ai = ta ? a + i0 : a + i0 * lda;
     const float* bj = tb ? b + j0 * ldb : b + j0;
     packed_serial(kt, ta, tb, mi, nj, k, alpha, ai, lda, bj, ldb, beta, c + i0 * ldc + j0, ldc);
+  });
+}
+
+void invariant_pair_product(const Bf16KernelTable& kt, const float* x, int64_t ldx, const float* w, int64_t ldw,
+                            const float* bias, float* y, int64_t ldy, int64_t m, int64_t n, int64_t k) {
+  QKV_CHECK(kt.k_step == 1 && kt.tile, "[gemm] the invariant bf16 product needs a dot-pair kernel");
+  if (m <= 0 || n <= 0) return;
+  const int mr = kt.mr, nr = kt.nr;
+  const int64_t kp = (k + 1) / 2, kps = std::max<int64_t>(kp, 1);
+  const int64_t blocks = (m + mr - 1) / mr, panels = (n + nr - 1) / nr;
+  const int threads = split_threads(n * k * 4 + m * n * k / 8, omp_get_max_threads());
+  // x and W are packed once each, as pair panels of mr rows and nr columns (half the bytes of the
+  // float32 operands), with the range of each panel; the calling thread owns the buffers.
+  thread_local PairScratch x_buf, w_buf;
+  thread_local std::vector<BlockRange> x_ranges, w_ranges;
+  uint32_t* xp = x_buf.get(size_t(blocks * kps * mr));
+  uint32_t* wp = w_buf.get(size_t(panels * kps * nr));
+  x_ranges.resize(size_t(blocks));
+  w_ranges.resize(size_t(panels));
+  BlockRange* xr = x_ranges.data();
+  BlockRange* wr = w_ranges.data();
+  constexpr int64_t kPanelsPerPackTask = 8;
+  const int64_t pack_tasks = (blocks + panels + kPanelsPerPackTask - 1) / kPanelsPerPackTask;
+  run_split(pack_tasks, threads, [&](int64_t t) {
+    for (int64_t i = t * kPanelsPerPackTask; i < std::min(blocks + panels, (t + 1) * kPanelsPerPackTask); ++i) {
+      if (i < blocks) {
+        xr[i] =
+            pack_swapped_pairs(x + i * mr * ldx, ldx, k, mr, int(std::min<int64_t>(mr, m - i * mr)), xp + i * kps * mr);
+      } else {
+        const int64_t q = i - blocks;
+        wr[q] =
+            pack_swapped_pairs(w + q * nr * ldw, ldw, k, nr, int(std::min<int64_t>(nr, n - q * nr)), wp + q * kps * nr);
+      }
+    }
+  });
+  // Tiles: a group of W's panels (about 256 KiB, kept in L2 while the rows sweep it) times up to
+  // kBlocksPerTask blocks of rows. Only rows and columns are split, never k: each element is one
+  // tile's whole sum.
+  constexpr int64_t kGroupBytes = 256 << 10, kBlocksPerTask = 32;
+  const int64_t group = std::clamp<int64_t>(kGroupBytes / (kps * nr * 4), 1, panels);
+  const int64_t groups = (panels + group - 1) / group, row_tasks = (blocks + kBlocksPerTask - 1) / kBlocksPerTask;
+  run_split(groups * row_tasks, threads, [&](int64_t t) {
+    const int64_t g = t % groups, rt = t / groups;
+    const int64_t q0 = g * group, q1 = std::min(panels, q0 + group);
+    const int64_t b0 = rt * kBlocksPerTask, b1 = std::min(blocks, b0 + kBlocksPerTask);
+    for (int64_t bi = b0; bi < b1; ++bi) {
+      const int64_t i0 = bi * mr;
+      const int rows = int(std::min<int64_t>(mr, m - i0));
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t j0 = q * nr;
+        const int cols = int(std::min<int64_t>(nr, n - j0));
+        float* yb = y + i0 * ldy + j0;
+        if (pairs_equal_chain(xr[bi], wr[q]))
+          kt.tile(kp, xp + bi * kps * mr, wp + q * kps * nr, yb, ldy, rows, cols, 1.0f, 0.0f, true);
+        else chain_block(x + i0 * ldx, ldx, w + j0 * ldw, ldw, yb, ldy, rows, cols, k);
+        if (bias)
+          for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < cols; ++j) yb[i * ldy + j] += bias[j0 + j];
+      }
+    }
   });
 }
 
@@ -263,6 +533,17 @@ void sbgemm_with(Bf16Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, int6
   if (!bf16_kernel_supported(kernel))
     fail("[gemm] the ", bf16_kernel_name(kernel), " bf16 kernel cannot run on this CPU");
   gemm_detail::packed_sbgemm(*table_of(kernel), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool invariant_bf16_on_units() {
+  return active_bf16_kernel() != Bf16Kernel::emulated && bf16_kernel_supported(Bf16Kernel::avx512_bf16);
+}
+
+void invariant_sbgemm_nt(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
+                         int64_t ldy, int64_t m, int64_t n, int64_t k) {
+  if (!bf16_kernel_supported(Bf16Kernel::avx512_bf16))
+    fail("[gemm] the invariant bf16 product needs AVX512-BF16, which this CPU lacks");
+  gemm_detail::invariant_pair_product(gemm_detail::kAvx512Bf16Kernel, x, ldx, w, ldw, bias, y, ldy, m, n, k);
 }
 
 void sbgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,

@@ -63,4 +63,19 @@ void sbgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, cons
 void sbgemm_with(Bf16Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// The batch-invariant linear forward under bf16 autocast (numerics = invariant): the product of
+// tensor/cpu/invariant_matmul.h, y[m, n] = (fma chain over k = 0..K-1 of x[m, k] * W[n, k] from
+// +0) (+ bias[n]), on the VDPBF16PS kernel: each pair holds k in the half the instruction adds
+// first and k + 1 in the other, so its two steps run the chain's order, each product exact and
+// each step rounded once. The unit flushes inputs and partial sums below float32's normal range
+// to zero where the chain keeps them; a block of the product goes to the unit only where the
+// exponents of its operands rule that out (and its values are bf16 values), and to the float32
+// chain otherwise: the bits are always the chain's. W [N, K] row-major (row n at w + n * ldw), x
+// [M, K], y [M, N]; threads over rows and columns only.
+// invariant_bf16_on_units(): whether the bf16 kernel in use is a unit's and the CPU has
+// AVX512-BF16, i.e. whether invariant_sbgemm_nt can run (else it throws).
+bool invariant_bf16_on_units();
+void invariant_sbgemm_nt(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y,
+                         int64_t ldy, int64_t m, int64_t n, int64_t k);
+
 }  // namespace qkv::cpu

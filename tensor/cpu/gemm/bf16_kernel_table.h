@@ -40,4 +40,9 @@ extern const Bf16KernelTable kAmxEmulated;
 void packed_sbgemm(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// invariant_sbgemm_nt (bf16_gemm.h) on one dot-pair table (k_step 1): the unit's or its
+// definition's (tests run the packing and the checks on CPUs without the unit).
+void invariant_pair_product(const Bf16KernelTable& kt, const float* x, int64_t ldx, const float* w, int64_t ldw,
+                            const float* bias, float* y, int64_t ldy, int64_t m, int64_t n, int64_t k);
+
 }  // namespace qkv::cpu::gemm_detail
