@@ -6,7 +6,9 @@
 // - every kernel agrees with float64 on the bf16-rounded operands, alpha, beta, NaN in C (beta 0);
 // - bits independent of threads and of the other rows;
 // - where the units exist, each unit's kernel against its definition (any difference reported);
-// - the dispatch: names, refusals, and what runs on this CPU.
+// - the dispatch: names, refusals, and what runs on this CPU;
+// - the invariant product (invariant_sbgemm_nt) on the dot-pair kernels: the float32 chain's bits
+//   at every edge, where the unit would flush or overflow, for any thread count and row.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
