@@ -146,7 +146,12 @@ void pack_k_runs(const float* src, int64_t ld, int64_t kb, int64_t kpp, int w, i
       U8 v[8];
       for (int r = 0; r < 8; ++r) v[r] = r < cnt ? pair8(src + (j0 + r) * ld + 2 * p) : U8{};
       transpose8x8(v);
-      for (int i = 0; i < 8; ++i) std::memcpy(dst + (p + i) * w + j0, &v[i], sizeof(uint32_t) * size_t(cnt));
+      if (cnt == 8) {  // a fixed-size copy is one vector store; a variable one a string move
+        for (int i = 0; i < 8; ++i) std::memcpy(dst + (p + i) * w + j0, &v[i], sizeof(U8));
+      } else {
+        for (int i = 0; i < 8; ++i)
+          for (int r = 0; r < cnt; ++r) dst[(p + i) * w + j0 + r] = v[i][r];
+      }
     }
     for (int r = 0; r < cnt; ++r) {
       const float* s = src + (j0 + r) * ld;
