@@ -87,7 +87,18 @@ std::string parse_error_line(const CLI::App& root, const CLI::ParseError& error,
   const std::string help =
       command ? "; `qkv " + command->get_name() + " --help` lists the options" : "; `qkv --help` lists the commands";
   const std::string where = command ? " for `qkv " + command->get_name() + "`" : "";
-  // Without a command, that is the fault, whatever options came with it (--json belongs to each command).
+  // Without a command first, that is the fault, whatever options came with it (--json belongs to each
+  // command); where a later word names a command, the line shows them in the order qkv reads.
+  if (!command) {
+    for (int i = 2; i < argc; ++i)
+      for (const CLI::App* sub : root.get_subcommands(std::function<bool(const CLI::App*)>{}))
+        if (sub->get_name() == argv[i]) {
+          std::string line = "qkv " + sub->get_name();
+          for (int j = 1; j < argc; ++j)
+            if (j != i) line += std::string(" ") + argv[j];
+          return "the command goes first, its options after it: `" + line + "`" + help;
+        }
+  }
   if (!command && dynamic_cast<const CLI::RequiredError*>(&error) != nullptr) return "a command is required" + help;
   // Words of argv that look like options of which the command (or qkv itself) has none, in order.
   std::vector<std::string> unknown, names;

@@ -657,6 +657,14 @@ TEST_CASE("a command line the parser refuses gets one line naming the word at fa
   const CliResult bare = run_cli("");
   CHECK(bare.rc == 2);
   CHECK(bare.err == "qkv: a command is required; `qkv --help` lists the commands\n");
+  // Options before the command: the line shows the order qkv reads, whatever the options.
+  const CliResult early = run_cli("--bogus train --config x.toml");
+  CHECK(early.rc == 2);
+  CHECK(early.err ==
+        "qkv: the command goes first, its options after it: `qkv train --bogus --config x.toml`; `qkv --help` lists "
+        "the commands\n");
+  CHECK(run_cli("--json sample").err ==
+        "qkv: the command goes first, its options after it: `qkv sample --json`; `qkv --help` lists the commands\n");
 }
 
 TEST_CASE("qkv prepare --tokenizer reads through kTokenizerKinds: a wrong spelling is exit 2, one line listing them",
