@@ -119,6 +119,11 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
 // x [..., in] @ weight^T + bias -> [..., out]; weight [out, in], bias [out] or undefined. One GEMM
 // on x viewed as [rows, in] with weight read transposed in place, bias added through beta = 1.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf16_operands = false);
+// Whether linear(x, weight, bias, true) rounds x and weight to bf16 itself, so that bf16 autocast
+// may hand it float32 values: on the CPU where its bf16 units run the products (their kernels round
+// as they pack, tensor/cpu/gemm/bf16_gemm.h), for x [rows >= 12, in > 1] and out > 1 (no
+// matrix-vector product, which takes the float32 path). Elsewhere the operands must hold bf16 values.
+bool linear_rounds_bf16_operands(const Tensor& x, const Tensor& weight);
 // bf16 inference: linear(x, bf16(W), bias, true) with W rounded to bf16 (nearest, ties to even) by
 // the op, x holding bf16 values already (autocast rounds it). Under numerics = invariant on the
 // CPU the rounding is the packing: inside a PackedWeightScope (a decode loop) W is packed once as

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "tensor/cpu/gemm/bf16_gemm.h"
 #include "tensor/cpu/invariant_matmul.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cuda/kernels.h"
@@ -155,6 +156,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool bf
   }
   lead.push_back(out_features);
   return y.view(lead);
+}
+
+bool linear_rounds_bf16_operands(const Tensor& x, const Tensor& weight) {
+  if (!x.defined() || !weight.defined() || x.device() != Device::cpu || weight.device() != Device::cpu ||
+      x.dtype() != DType::f32 || weight.dtype() != DType::f32 || weight.dim() != 2 || x.dim() < 1)
+    return false;
+  const int64_t in = weight.size(1), out = weight.size(0);
+  const int64_t rows = in > 0 ? x.numel() / in : 0;
+  return in > 1 && out > 1 && rows >= 12 && x.size(-1) == in && cpu::invariant_bf16_on_units();
 }
 
 Tensor linear_bf16_weight(const Tensor& x, const Tensor& weight, const Tensor& bias) {

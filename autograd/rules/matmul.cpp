@@ -58,7 +58,9 @@ struct MatmulBackward : Node {
 struct LinearBackward : Node {
   Tensor x, weight;
   bool has_bias = false;
-  bool bf16 = false;  // recorded under autocast: x, weight and the incoming dy hold bf16 values
+  // Recorded under autocast: dy holds bf16 values, and x and weight too unless the products round
+  // them (qkv::linear_rounds_bf16_operands: then dx's and dW's products do the same).
+  bool bf16 = false;
   const char* name() const override { return "LinearBackward"; }
   std::vector<Tensor> backward(const Tensor& dy) override {
     const int64_t in = weight.size(1), out = weight.size(0);
@@ -117,7 +119,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias) {
   // packs it once as bf16 instead of rounding a copy per call (qkv::linear_bf16_weight).
   if (bf16 && weight_in.dtype() == DType::f32 && !autograd::any_requires_grad({&x_in, &weight_in, &bias}))
     return qkv::linear_bf16_weight(autocast_input(x_in), weight_in, bias);
-  const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in);
+  // Where the product rounds its operands itself (the CPU's bf16 units, as they pack them), x and
+  // W go to it as they are: the same values without a rounding pass over each.
+  const bool rounded_by_product = bf16 && qkv::linear_rounds_bf16_operands(x_in, weight_in);
+  const Tensor x = rounded_by_product ? x_in : autocast_input(x_in);
+  const Tensor weight = rounded_by_product ? weight_in : autocast_input(weight_in);
   Tensor y = qkv::linear(x, weight, bias, bf16);
   if (!autograd::any_requires_grad({&x, &weight, &bias})) return y;
   auto n = std::make_shared<LinearBackward>();

@@ -361,7 +361,7 @@ TEST_CASE("the invariant bf16 product gives the float32 chain's bits across edge
   }
 }
 
-TEST_CASE("the invariant bf16 product keeps the chain's bits where the unit would flush or overflow",
+TEST_CASE("the invariant bf16 product keeps the chain's bits where the unit would flush or overflow, and rounds",
           "[gemm][bf16][invariant][exact]") {
   const auto tables = pair_tables();
   if (tables.empty()) {
@@ -381,8 +381,12 @@ TEST_CASE("the invariant bf16 product keeps the chain's bits where the unit woul
   x[size_t(2 * k + 7)] = std::ldexp(1.0f, 40);
   x[size_t(20 * k + 1)] = std::numeric_limits<float>::infinity();
   w[size_t(60 * k + 2)] = std::numeric_limits<float>::quiet_NaN();
-  x[size_t(25 * k + 9)] = 0.1f;  // not a bf16 value: the hint was wrong
-  const auto want = chain_reference(x, k, w, k, nullptr, m, n, k, n);
+  x[size_t(25 * k + 9)] = 0.1f;  // not a bf16 value: read rounded to bf16
+  std::vector<float> xr(x), wr(w);
+  for (float& v : xr) v = round_bf16(v);
+  for (float& v : wr) v = round_bf16(v);
+  CHECK(xr[size_t(25 * k + 9)] != 0.1f);
+  const auto want = chain_reference(xr, k, wr, k, nullptr, m, n, k, n);
   // The regime is reached: the chain leaves subnormal results, which a flushing sum cannot.
   CHECK(std::fpclassify(want[size_t(13 * n + 40)]) == FP_SUBNORMAL);
   CHECK(std::isinf(want[size_t(2 * n + 5)]));

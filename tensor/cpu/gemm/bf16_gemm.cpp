@@ -246,29 +246,25 @@ void packed_serial(const Bf16KernelTable& kt, bool ta, bool tb, int64_t m, int64
 }
 
 // What the invariant product (invariant_pair_product) learns of a block of operands as it packs
-// them: whether every value is a bf16 value, and the least (over nonzero values) and greatest
-// biased float32 exponent fields.
+// them: the least (over nonzero values) and greatest biased float32 exponent fields of the
+// operands rounded to bf16.
 struct BlockRange {
-  bool bf16 = true;
   uint32_t min_e = 255, max_e = 0;
   void add(const BlockRange& o) {
-    bf16 = bf16 && o.bf16;
     min_e = std::min(min_e, o.min_e);
     max_e = std::max(max_e, o.max_e);
   }
 };
-inline void range_lanes(U8 v, U8& low_bits, U8& min_e, U8& max_e) {
-  low_bits |= v & 0xffffu;
+inline void range_lanes(U8 v, U8& min_e, U8& max_e) {
   const U8 e = (v >> 23) & 0xffu;
   const U8 zero = (U8)((v & 0x7fffffffu) == 0);
   const U8 e_nonzero = (e & ~zero) | (255u & zero);
   min_e = e_nonzero < min_e ? e_nonzero : min_e;
   max_e = e > max_e ? e : max_e;
 }
-inline BlockRange range_of(U8 low_bits, U8 min_e, U8 max_e) {
+inline BlockRange range_of(U8 min_e, U8 max_e) {
   BlockRange r;
   for (int i = 0; i < 8; ++i) {
-    r.bf16 = r.bf16 && low_bits[i] == 0;
     r.min_e = std::min(r.min_e, min_e[i]);
     r.max_e = std::max(r.max_e, max_e[i]);
   }
@@ -279,37 +275,44 @@ inline uint32_t bits_of(float x) {
   std::memcpy(&u, &x, 4);
   return u;
 }
-inline void range_add(BlockRange& r, float x) {
-  const uint32_t u = bits_of(x), e = (u >> 23) & 0xffu;
-  r.bf16 = r.bf16 && (u & 0xffffu) == 0;
+inline void range_add(BlockRange& r, uint32_t u) {
+  const uint32_t e = (u >> 23) & 0xffu;
   if (u & 0x7fffffffu) r.min_e = std::min(r.min_e, e);
   r.max_e = std::max(r.max_e, e);
 }
+// float_to_bf16 (tensor/dtype.h) widened back, on the bits of eight lanes / of one value.
+inline U8 rounded_bf16_lanes(U8 u) {
+  const U8 nan = (U8)((u & 0x7fffffffu) > 0x7f800000u);
+  return (((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (((u & 0xffff0000u) | 0x00400000u) & nan);
+}
+inline uint32_t rounded_bf16_bits(float x) { return uint32_t(float_to_bf16(x)) << 16; }
+inline float rounded_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
 // The dot-pair kernels run each pair's odd half first (bf16_tile.h): a pair holding k in its high
 // half and k + 1 in its low half is therefore summed k, then k + 1. Panels as pack_k_runs's
-// (source src[j * ld + kk]) with
-//   dst[p * w + j] = hi16(src[j][2p]) << 16 | hi16(src[j][2p + 1])   (k past kb: zero)
-// The values are truncated to their upper 16 bits: exact where they are bf16 values, which the
-// returned range says.
+// (source src[j * ld + kk]), each value rounded to bf16 (nearest, ties to even):
+//   dst[p * w + j] = bf16(src[j][2p]) << 16 | bf16(src[j][2p + 1])   (k past kb: zero)
 BlockRange pack_swapped_pairs(const float* src, int64_t ld, int64_t kb, int w, int lanes, uint32_t* dst) {
-  U8 low = U8{}, min_e = U8{} + 255u, max_e = U8{};
+  U8 min_e = U8{} + 255u, max_e = U8{};
   BlockRange r;
   pack_k_runs(
       src, ld, kb, (kb + 1) / 2, w, lanes, dst,
       [&](const float* s) {
         U8 first, second;
         split_pairs(s, first, second);
-        range_lanes(first, low, min_e, max_e);
-        range_lanes(second, low, min_e, max_e);
-        return (first & 0xffff0000u) | (second >> 16);
+        first = rounded_bf16_lanes(first);
+        second = rounded_bf16_lanes(second);
+        range_lanes(first, min_e, max_e);
+        range_lanes(second, min_e, max_e);
+        return first | (second >> 16);
       },
       [&](float first, float second) {
-        range_add(r, first);
-        range_add(r, second);
-        return (bits_of(first) & 0xffff0000u) | (bits_of(second) >> 16);
+        const uint32_t a = rounded_bf16_bits(first), b = rounded_bf16_bits(second);
+        range_add(r, a);
+        range_add(r, b);
+        return a | (b >> 16);
       });
-  r.add(range_of(low, min_e, max_e));
+  r.add(range_of(min_e, max_e));
   return r;
 }
 
@@ -323,17 +326,19 @@ BlockRange pack_swapped_pairs(const float* src, int64_t ld, int64_t kb, int w, i
 // min_e(W) >= 142. Infinities, NaN and products that could overflow (a sum of greatest exponents
 // past 126: biased 380) are left to the chain as well.
 inline bool pairs_equal_chain(const BlockRange& x, const BlockRange& w) {
-  return x.bf16 && w.bf16 && x.min_e >= 1 && w.min_e >= 1 && x.min_e + w.min_e >= 142 && x.max_e < 255 &&
-         w.max_e < 255 && x.max_e + w.max_e <= 380;
+  return x.min_e >= 1 && w.min_e >= 1 && x.min_e + w.min_e >= 142 && x.max_e < 255 && w.max_e < 255 &&
+         x.max_e + w.max_e <= 380;
 }
 
-// The float32 chain of invariant_matmul.h for one block: y[i][j] = fma over k = 0..K-1 from +0.
+// The float32 chain of invariant_matmul.h for one block, on the operands rounded to bf16:
+// y[i][j] = fma over k = 0..K-1 from +0.
 void chain_block(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy, int rows, int cols,
                  int64_t k) {
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < cols; ++j) {
       float acc = 0.0f;
-      for (int64_t kk = 0; kk < k; ++kk) acc = std::fma(x[i * ldx + kk], w[j * ldw + kk], acc);
+      for (int64_t kk = 0; kk < k; ++kk)
+        acc = std::fma(rounded_bf16(x[i * ldx + kk]), rounded_bf16(w[j * ldw + kk]), acc);
       y[i * ldy + j] = acc;
     }
 }

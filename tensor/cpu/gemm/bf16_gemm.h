@@ -69,9 +69,10 @@ void sbgemm_with(Bf16Kernel kernel, bool ta, bool tb, int64_t m, int64_t n, int6
 // first and k + 1 in the other, so its two steps run the chain's order, each product exact and
 // each step rounded once. The unit flushes inputs and partial sums below float32's normal range
 // to zero where the chain keeps them; a block of the product goes to the unit only where the
-// exponents of its operands rule that out (and its values are bf16 values), and to the float32
-// chain otherwise: the bits are always the chain's. W [N, K] row-major (row n at w + n * ldw), x
-// [M, K], y [M, N]; threads over rows and columns only.
+// exponents of its operands rule that out, and to the float32 chain otherwise: the bits are always
+// the chain's. x and W are read rounded to bf16 (nearest, ties to even; the identity on bf16
+// values), as the packing of the GEMM above reads its operands. W [N, K] row-major (row n at w +
+// n * ldw), x [M, K], y [M, N]; threads over rows and columns only.
 // invariant_bf16_on_units(): whether the bf16 kernel in use is a unit's and the CPU has
 // AVX512-BF16, i.e. whether invariant_sbgemm_nt can run (else it throws).
 bool invariant_bf16_on_units();
