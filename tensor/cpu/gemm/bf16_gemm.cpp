@@ -64,8 +64,7 @@ inline uint32_t pair_at(const At& at, int64_t p, int64_t kb) {
 // ceil(kb / 2) pairs, rounded up to a multiple of the kernel's step.
 inline int64_t padded_pairs(int64_t kb, int step) { return ((kb + 1) / 2 + step - 1) / step * step; }
 
-// unit_bf16 on eight float32 bit patterns at once (the same integer steps, lane by lane): the
-// bf16 in the low 16 bits of each lane.
+// Eight uint32 lanes (float32 bit patterns, or bf16 pairs).
 typedef uint32_t U8 __attribute__((vector_size(32)));
 typedef int32_t I8 __attribute__((vector_size(32)));
 inline U8 load_bits(const float* p) {
@@ -73,10 +72,14 @@ inline U8 load_bits(const float* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline U8 unit_bf16_lanes(U8 u) {
+// float_to_bf16 (tensor/dtype.h) on eight float32 bit patterns, widened back (low 16 bits zero).
+inline U8 rounded_bf16_lanes(U8 u) {
   const U8 nan = (U8)((u & 0x7fffffffu) > 0x7f800000u);
-  U8 h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  h = (h & ~nan) | (((u >> 16) | 0x40u) & nan);  // quiet NaN, as float_to_bf16
+  return (((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (((u & 0xffff0000u) | 0x00400000u) & nan);
+}
+// unit_bf16 on eight float32 bit patterns: the bf16 in the low 16 bits of each lane.
+inline U8 unit_bf16_lanes(U8 u) {
+  const U8 h = rounded_bf16_lanes(u) >> 16;
   const U8 tiny = (U8)((h & 0x7f80u) == 0);
   return h & ~(tiny & 0x7fffu);  // below the normal range: zero, sign kept
 }
@@ -280,11 +283,7 @@ inline void range_add(BlockRange& r, uint32_t u) {
   if (u & 0x7fffffffu) r.min_e = std::min(r.min_e, e);
   r.max_e = std::max(r.max_e, e);
 }
-// float_to_bf16 (tensor/dtype.h) widened back, on the bits of eight lanes / of one value.
-inline U8 rounded_bf16_lanes(U8 u) {
-  const U8 nan = (U8)((u & 0x7fffffffu) > 0x7f800000u);
-  return (((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (((u & 0xffff0000u) | 0x00400000u) & nan);
-}
+// float_to_bf16 (tensor/dtype.h) widened back, on the bits of one value.
 inline uint32_t rounded_bf16_bits(float x) { return uint32_t(float_to_bf16(x)) << 16; }
 inline float rounded_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
