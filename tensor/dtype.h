@@ -49,13 +49,18 @@ inline bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || 
 inline bool is_integral(DType t) { return t == DType::i32 || t == DType::i64; }
 inline const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
-// bfloat16: the upper 16 bits of a float32, rounded to nearest even.
+// bfloat16: the upper 16 bits of a float32, rounded to nearest even; a NaN stays a NaN (quiet).
+// On float32 bit patterns, giving the rounded value widened back (low 16 bits zero). Branch-free,
+// for a uint32_t or a GCC vector of them, so that loops over it vectorise.
+template <class U>
+inline U bf16_rounded_bits(U u) {
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u & 0xffff0000u) | 0x00400000u
+                                         : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return static_cast<uint16_t>(bf16_rounded_bits(u) >> 16);
 }
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

@@ -30,12 +30,6 @@ struct Conv<F16> {
   static void store(F16* p, double v) { p->bits = float_to_f16(static_cast<float>(v)); }
 };
 
-// float_to_bf16 (tensor/dtype.h) widened back, on the bits, branch-free so that loops vectorise.
-inline uint32_t rounded_bf16_bits(uint32_t u) {
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return nan ? (u & 0xffff0000u) | 0x00400000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-}
-
 template <class S, class D>
 void copy_typed(const Tensor& src, const Tensor& dst) {
   const int64_t ss = sizeof(S), ds = sizeof(D);
@@ -56,7 +50,7 @@ void copy_typed(const Tensor& src, const Tensor& dst) {
                           for (int64_t i = 0; i < n; ++i) {
                             uint32_t u;
                             std::memcpy(&u, p[1] + i * st[1], 4);
-                            const uint16_t h = static_cast<uint16_t>(rounded_bf16_bits(u) >> 16);
+                            const uint16_t h = static_cast<uint16_t>(bf16_rounded_bits(u) >> 16);
                             std::memcpy(p[0] + i * st[0], &h, 2);
                           }
                         } else if constexpr (std::is_same_v<S, Bf16> && std::is_same_v<D, float>) {
@@ -136,13 +130,13 @@ void round_bf16_values(const Tensor& src, const Tensor& dst) {
                         if (st[0] == 4 && st[1] == 4) {
                           uint32_t* d = reinterpret_cast<uint32_t*>(p[0]);
                           const uint32_t* s = reinterpret_cast<const uint32_t*>(p[1]);
-                          for (int64_t i = 0; i < n; ++i) d[i] = rounded_bf16_bits(s[i]);
+                          for (int64_t i = 0; i < n; ++i) d[i] = bf16_rounded_bits(s[i]);
                           return;
                         }
                         for (int64_t i = 0; i < n; ++i) {
                           uint32_t u;
                           std::memcpy(&u, p[1] + i * st[1], 4);
-                          u = rounded_bf16_bits(u);
+                          u = bf16_rounded_bits(u);
                           std::memcpy(p[0] + i * st[0], &u, 4);
                         }
                       });

@@ -72,14 +72,9 @@ inline U8 load_bits(const float* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-// float_to_bf16 (tensor/dtype.h) on eight float32 bit patterns, widened back (low 16 bits zero).
-inline U8 rounded_bf16_lanes(U8 u) {
-  const U8 nan = (U8)((u & 0x7fffffffu) > 0x7f800000u);
-  return (((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u) & ~nan) | (((u & 0xffff0000u) | 0x00400000u) & nan);
-}
 // unit_bf16 on eight float32 bit patterns: the bf16 in the low 16 bits of each lane.
 inline U8 unit_bf16_lanes(U8 u) {
-  const U8 h = rounded_bf16_lanes(u) >> 16;
+  const U8 h = bf16_rounded_bits(u) >> 16;
   const U8 tiny = (U8)((h & 0x7f80u) == 0);
   return h & ~(tiny & 0x7fffu);  // below the normal range: zero, sign kept
 }
@@ -299,8 +294,8 @@ BlockRange pack_swapped_pairs(const float* src, int64_t ld, int64_t kb, int w, i
       [&](const float* s) {
         U8 first, second;
         split_pairs(s, first, second);
-        first = rounded_bf16_lanes(first);
-        second = rounded_bf16_lanes(second);
+        first = bf16_rounded_bits(first);
+        second = bf16_rounded_bits(second);
         range_lanes(first, min_e, max_e);
         range_lanes(second, min_e, max_e);
         return first | (second >> 16);
