@@ -145,8 +145,13 @@ LeakCheck check_reference_attention_backward(const nn::DecoderModel& model, cons
 LeakCheck check_kernel_probes(const nn::DecoderModel& model, const LeakCheckOptions& o);
 // On copies with dropout = attn_dropout = 0.1 (or the model's own when > 0) and with none.
 LeakCheck check_dropout(const nn::DecoderModel& model, const LeakCheckOptions& o);
-// data.val_ngram_share, data.duplicated_docs
-std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o);
+// data.val_ngram_share, data.duplicated_docs. A check with nothing to examine (val has no
+// ngram_n-token window, or no document) is listed in `skipped` with the reason, never passed.
+struct DataLeakageChecks {
+  std::vector<LeakCheck> checks;
+  std::vector<std::pair<std::string, std::string>> skipped;  // name, reason
+};
+DataLeakageChecks check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o);
 
 // permutation_equivariance and permutation_equivariance.causal_prefix; throws when
 // permutation_not_applicable(model.config()) is not empty.

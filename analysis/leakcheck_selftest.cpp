@@ -489,15 +489,21 @@ SelfTestResult run_self_test(const nn::DecoderModel& user_model, const LeakCheck
   return r;
 }
 
-std::vector<LeakCheck> check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o) {
+DataLeakageChecks check_data_leakage(const TokenSplit& train, const TokenSplit& val, const LeakCheckOptions& o) {
   const LeakageReport r = measure_leakage(train, val, o.ngram_n);
-  std::vector<LeakCheck> out;
-  out.push_back(leak::make_check("data.val_ngram_share", r.ngram_share, o.max_ngram_share,
-                                 std::to_string(r.shared_ngrams) + " of " + std::to_string(r.val_ngrams) + " " +
-                                     std::to_string(r.n) + "-token windows of val also occur in train"));
-  out.push_back(leak::make_check("data.duplicated_docs", static_cast<double>(r.duplicated_docs),
-                                 static_cast<double>(o.max_duplicated_docs),
-                                 "val documents identical to a train document, of " + std::to_string(r.val_docs)));
+  DataLeakageChecks out;
+  if (r.val_ngrams > 0)
+    out.checks.push_back(leak::make_check("data.val_ngram_share", r.ngram_share, o.max_ngram_share,
+                                          std::to_string(r.shared_ngrams) + " of " + std::to_string(r.val_ngrams) +
+                                              " " + std::to_string(r.n) + "-token windows of val also occur in train"));
+  else
+    out.skipped.emplace_back("data.val_ngram_share", "no val document holds a " + std::to_string(r.n) +
+                                                         "-token window (--ngram " + std::to_string(r.n) + ")");
+  if (r.val_docs > 0)
+    out.checks.push_back(leak::make_check(
+        "data.duplicated_docs", static_cast<double>(r.duplicated_docs), static_cast<double>(o.max_duplicated_docs),
+        "val documents identical to a train document, of " + std::to_string(r.val_docs)));
+  else out.skipped.emplace_back("data.duplicated_docs", "val holds no document");
   return out;
 }
 

@@ -238,6 +238,17 @@ void add_bench_command(CLI::App& root, int& exit_code) {
         o.bf16_autocast = cfg.train.dtype == DType::bf16;
         o.reference_max_n = 1024;
       }
+      // The reference kernel holds the N x N weights: it runs up to reference_max_n. Asked for
+      // alone, a longer N is refused; beside the fused kernel it is left out there, and said so.
+      for (int64_t n : o.ns)
+        if (n > o.reference_max_n && !o.linear) {
+          QKV_CHECK(kernel != "reference",
+                    "[bench] --kernel reference keeps the N x N weights and runs up to N = ", o.reference_max_n,
+                    " here; --n ", n, " is over it (--kernel fused runs any N)");
+          if (kernel == "both")
+            std::fprintf(stderr, "qkv bench: the reference kernel is left out at N = %lld (it runs up to N = %lld)\n",
+                         static_cast<long long>(n), static_cast<long long>(o.reference_max_n));
+        }
       for (const auto& r : attn::bench_attention(o)) {
         std::fprintf(
             out,

@@ -3,6 +3,7 @@
 //   What each layer's heads attend to over a sample of real text: scores (diagonal, previous
 //   token, first token, separators, local, distance, entropy) and a label per head
 //   (analysis/heads.h states the rules and thresholds).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -63,15 +64,20 @@ void add_heads_command(CLI::App& root, int& exit_code) {
     QKV_CHECK(length.value_or(block) <= block, "[heads] --length ", *length, " exceeds the model's block_size ", block);
     const int64_t len = length.value_or(block);
     QKV_CHECK(len >= 2, "[heads] windows of ", len, " tokens (the model's block_size) are too short; need at least 2");
+    // Without --length a text shorter than the block is analysed whole; a length asked for is kept.
+    QKV_CHECK(!length || int64_t(ids.size()) >= len, "[heads] --data ", data, " encodes to ", ids.size(),
+              " tokens; --length ", len, " needs at least ", len);
     analysis::HeadsOptions o;
     o.local_span = local_span;
     o.peak_threshold = peak;
     o.local_threshold = local;
     o.broad_threshold = broad;
     const std::string seps = separators.empty() ? analysis::default_separators() : separators;
+    const std::vector<bool> is_sep = analysis::separator_ids(*meta.tokenizer, seps);
+    QKV_CHECK(separators.empty() || std::count(is_sep.begin(), is_sep.end(), true) > 0, "[heads] --separators \"",
+              separators, "\": no token of the checkpoint's tokenizer is made of these characters");
     analysis::HeadsReport r =
-        analysis::analyze_heads(*model, analysis::sample_windows(ids, len, windows),
-                                analysis::separator_ids(*meta.tokenizer, seps), o, meta.tokenizer.get());
+        analysis::analyze_heads(*model, analysis::sample_windows(ids, len, windows), is_sep, o, meta.tokenizer.get());
     r.separators = seps;
     std::fputs(analysis::heads_table(r).c_str(), json ? stderr : stdout);
     if (!report.empty()) {

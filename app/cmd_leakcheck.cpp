@@ -129,8 +129,9 @@ void add_leakcheck_command(CLI::App& root, int& exit_code) {
     report.checks = analysis::run_model_checks(*model, opts);
     for (auto& na : analysis::not_applicable_checks(*model)) report.skipped.push_back(std::move(na));
     if (data && !cfg.data.random_tokens) {
-      for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts))
-        report.checks.push_back(std::move(c));
+      auto d = analysis::check_data_leakage(*data->train, *data->val, opts);
+      for (auto& c : d.checks) report.checks.push_back(std::move(c));
+      for (auto& na : d.skipped) report.skipped.push_back(std::move(na));
     } else {
       const std::string why = data ? "data.random_tokens: no corpus" : "dataset not loadable: " + data_error;
       report.skipped.emplace_back("data.val_ngram_share", why);

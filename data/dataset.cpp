@@ -209,6 +209,8 @@ void save_dataset(const Dataset& ds, const std::string& out_h5, const PrepareOpt
   f.set_attr("/", "val_fraction", opts.val_fraction);
   f.set_attr("/", "split_seed", static_cast<int64_t>(opts.split_seed));
   f.set_attr("/", "bpe_vocab_size", static_cast<int64_t>(opts.bpe_vocab_size));
+  // Whether bpe_vocab_size built the tokenizer (a given one, `prepare --tokenizer-from`, ignores it).
+  f.set_attr("/", "bpe_trained", static_cast<int64_t>(!opts.given && ds.tokenizer->kind() == std::string_view("bpe")));
   f.set_attr("/", "split", ds.split);
   f.set_attr("/", "dedupe", static_cast<int64_t>(opts.dedupe));
   f.set_attr("/", "duplicates_dropped", ds.duplicates_dropped);
@@ -287,6 +289,9 @@ Dataset load_dataset(const std::string& h5_path) {
   ds.source_bytes = f.has_attr("/", "source_bytes") ? f.attr_int("/", "source_bytes") : 0;
   ds.split = f.has_attr("/", "split") ? f.attr_string("/", "split") : "";
   ds.duplicates_dropped = f.has_attr("/", "duplicates_dropped") ? f.attr_int("/", "duplicates_dropped") : 0;
+  ds.val_fraction = f.has_attr("/", "val_fraction") ? f.attr_double("/", "val_fraction") : -1;
+  ds.bpe_vocab_size =
+      f.has_attr("/", "bpe_trained") && f.attr_int("/", "bpe_trained") == 1 ? f.attr_int("/", "bpe_vocab_size") : 0;
   ds.tokenizer = load_tokenizer(f, "/tokenizer");
   const std::string kind = f.attr_string("/", "tokenizer");
   if (kind != ds.tokenizer->kind())
@@ -354,6 +359,14 @@ Dataset load_or_prepare(const std::string& path, const PrepareOptions& opts, con
     if (opts.tokenizer && tokenizer_kind_name(*opts.tokenizer) != std::string_view(ds.tokenizer->kind()))
       fail("[data] ", path, " was prepared with the ", ds.tokenizer->kind(), " tokenizer, but data.tokenizer is ",
            tokenizer_kind_name(*opts.tokenizer));
+    // The file's split and vocabulary are fixed: a run that asks for others would record settings
+    // it did not train with.
+    if (opts.tokenizer && ds.val_fraction >= 0 && ds.val_fraction != opts.val_fraction)
+      fail("[data] ", path, " was prepared with val_fraction ", ds.val_fraction, ", but data.val_fraction is ",
+           opts.val_fraction, " (a prepared file's split is fixed: set it to ", ds.val_fraction, " or prepare again)");
+    if (opts.tokenizer == TokenizerKind::bpe && ds.bpe_vocab_size > 0 && ds.bpe_vocab_size != opts.bpe_vocab_size)
+      fail("[data] ", path, " was prepared with bpe_vocab_size ", ds.bpe_vocab_size, ", but data.bpe_vocab_size is ",
+           opts.bpe_vocab_size, " (set it to ", ds.bpe_vocab_size, " or prepare again)");
     return ds;
   }
   PrepareOptions o = opts;

@@ -73,6 +73,8 @@ struct Dataset {
   int64_t source_bytes = 0;
   std::string split;               // how train/val were split: "documents" or "tokens"
   int64_t duplicates_dropped = 0;  // documents removed by PrepareOptions::dedupe
+  double val_fraction = -1;        // PrepareOptions::val_fraction it was prepared with (-1: not recorded)
+  int64_t bpe_vocab_size = 0;  // PrepareOptions::bpe_vocab_size that built its bpe tokenizer (0: none, or not recorded)
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<const TokenSplit> train, val;
   bool prepared_now = false;  // load_or_prepare: true when the text was (re)tokenized by this call

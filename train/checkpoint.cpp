@@ -310,7 +310,11 @@ void save_checkpoint(const std::string& path, const Config& cfg, const nn::Decod
 
   f.set_attr("/", "format", kFormat);
   f.set_attr("/", "format_version", kCheckpointFormatVersion);
-  const std::string toml = to_toml(cfg);
+  // A block_sparse layout file is stored as its table ("rows:..."): the checkpoint is the model it
+  // was trained as, whatever later becomes of the file.
+  Config stored = cfg;
+  stored.model.pattern_layout = attn::inline_layout(model.config().pattern);
+  const std::string toml = to_toml(stored);
   f.set_attr("/", "config", toml);
   f.set_attr("/", "config_fnv1a64", text_checksum(toml));
   f.set_attr("/", "step", state.step);

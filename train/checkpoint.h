@@ -1,5 +1,6 @@
 // Checkpoints: one HDF5 file readable by h5py.
-//   root attributes: format = "qkv-checkpoint", format_version, config (resolved TOML), step,
+//   root attributes: format = "qkv-checkpoint", format_version, config (resolved TOML; a
+//                    block_sparse layout file as its table, "rows:..."), step,
 //                    tokens_seen; config_fnv1a64 (checksum of the config text, which HDF5 keeps in
 //                    its unchecksummed global heap)
 //   /model/<name>                 float32, Hugging Face names and shapes (gpt2: Conv1D weights

@@ -156,7 +156,8 @@ std::vector<Field> fields_of(Config& c) {
       {"model",
        "pattern_layout",
        &m.pattern_layout,
-       "local_global | fixed | a file of 0/1 rows (one per query block)",
+       "local_global | fixed | a file of 0/1 rows (one per query block) | \"rows:\" + rows joined by / (how a "
+       "checkpoint stores a file's table)",
        {},
        {"block_sparse"}},
       {"model", "pattern_seed", &m.pattern_seed, "seed of the random blocks", IntRange{0, kIntMax}, {"bigbird"}},
@@ -642,7 +643,7 @@ std::string type_text(const FieldPtr& ptr) {
         else {
           std::string out;
           const auto& table = spellings(typename EnumOf<T>::type{});
-          for (std::string_view name : names_of(table)) out += (out.empty() ? "" : " \\| ") + std::string(name);
+          for (std::string_view name : names_of(table)) out += (out.empty() ? "" : " | ") + std::string(name);
           return out;
         }
       },
@@ -670,28 +671,48 @@ bool unset_optional(const FieldPtr& ptr) {
 
 }  // namespace
 
-std::string config_reference() {
+std::vector<KeyDoc> key_docs() {
   Config defaults;
+  std::vector<KeyDoc> out;
+  for (const Field& f : fields_of(defaults)) {
+    KeyDoc d;
+    d.key = f.name();
+    d.section = f.section;
+    d.type = type_text(f.ptr);
+    // An unset optional resolves by the family (model keys) or the device (train.numerics).
+    d.default_value = !unset_optional(f.ptr)                   ? field_text(f)
+                      : std::string_view(f.section) == "train" ? "by train.device"
+                                                               : "the family's";
+    d.default_is_value = !unset_optional(f.ptr);
+    d.accepts = range_text(f);
+    d.meaning = f.help;
+    for (const auto& u : f.used_by) d.used_by.emplace_back(u);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::string config_reference() {
   std::ostringstream os;
   std::string section;
-  for (const Field& f : fields_of(defaults)) {
-    if (section != f.section) {
-      section = f.section;
+  for (const KeyDoc& d : key_docs()) {
+    if (section != d.section) {
+      section = d.section;
       os << (section == "model" ? "" : "\n") << "### [" << section << "]\n\n"
          << "| key | type | default | accepts | meaning |\n|---|---|---|---|---|\n";
     }
-    std::string help;
-    for (char ch : std::string_view(f.help)) help += ch == '|' ? "\\|" : std::string(1, ch);  // a table cell
-    if (!f.used_by.empty()) {
+    auto cell = [](const std::string& text) {  // a Markdown table cell
+      std::string out;
+      for (char ch : text) out += ch == '|' ? "\\|" : std::string(1, ch);
+      return out;
+    };
+    std::string help = cell(d.meaning);
+    if (!d.used_by.empty()) {
       help += "; only under model.attention_pattern = ";
-      for (size_t u = 0; u < f.used_by.size(); ++u) help += (u ? ", " : "") + std::string(f.used_by[u]);
+      for (size_t u = 0; u < d.used_by.size(); ++u) help += (u ? ", " : "") + d.used_by[u];
     }
-    // An unset optional resolves by the family (model keys) or the device (train.numerics).
-    const std::string def = !unset_optional(f.ptr)                   ? "`" + field_text(f) + "`"
-                            : std::string_view(f.section) == "train" ? "by train.device"
-                                                                     : "the family's";
-    os << "| `" << f.name() << "` | " << type_text(f.ptr) << " | " << def << " | " << range_text(f) << " | " << help
-       << " |\n";
+    const std::string def = d.default_is_value ? "`" + d.default_value + "`" : d.default_value;
+    os << "| `" << d.key << "` | " << cell(d.type) << " | " << def << " | " << d.accepts << " | " << help << " |\n";
   }
   return os.str();
 }

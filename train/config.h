@@ -199,8 +199,18 @@ RealRange real_key_range(std::string_view key);
 // Every key as "section.key", in declaration order (for help text and tests).
 std::vector<std::string> config_keys();
 
+// One key as the reference states it (from the key table).
+struct KeyDoc {
+  std::string key, section, type;
+  std::string default_value;         // TOML text, or how an unset default resolves ("the family's")
+  bool default_is_value = true;      // false: default_value says how it resolves
+  std::string accepts, meaning;      // accepts: "" where the type says it all
+  std::vector<std::string> used_by;  // attention patterns it applies to (empty: every one)
+};
+std::vector<KeyDoc> key_docs();
+
 // Every key as Markdown tables, one per section (key, type, default, accepted range, meaning, the
-// attention patterns it applies to), from the key table: docs/config.md, printed by `qkv keys`.
+// attention patterns it applies to), from key_docs(): docs/config.md, printed by `qkv keys`.
 std::string config_reference();
 
 // "section.key=value" overrides that put model.attention_pattern, model.window and every key of one

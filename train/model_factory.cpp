@@ -81,9 +81,12 @@ std::optional<ConfigDifference> pattern_difference(const attn::SparsePattern& a,
     return ConfigDifference{"model.pattern_global_tokens", q(tokens(a.global_tokens)), q(tokens(b.global_tokens))};
   if (auto d = num("model.pattern_random_blocks", a.random_blocks, b.random_blocks)) return d;
   if (auto d = num("model.pattern_block_size", a.block_size, b.block_size)) return d;
-  if (a.layout != b.layout) return ConfigDifference{"model.pattern_layout", q(a.layout), q(b.layout)};
+  // Two tables are compared by their contents (a checkpoint holds its table inline, a config may
+  // name the file it came from); a generator by its name.
+  const bool tables = !a.layout_table.empty() && !b.layout_table.empty();
+  if (!tables && a.layout != b.layout) return ConfigDifference{"model.pattern_layout", q(a.layout), q(b.layout)};
   if (a.layout_table != b.layout_table || a.layout_rows != b.layout_rows)
-    return ConfigDifference{"model.pattern_layout", q(a.layout + " (other contents)"), q(b.layout)};
+    return ConfigDifference{"model.pattern_layout", q(attn::inline_layout(a)), q(attn::inline_layout(b))};
   if (auto d = num("model.pattern_seed", static_cast<int64_t>(a.seed), static_cast<int64_t>(b.seed))) return d;
   return std::nullopt;
 }

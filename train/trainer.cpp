@@ -462,6 +462,12 @@ void claim_run_dir(const std::string& dir, const TrainOptions& opts, int64_t ste
             "); continue it with --resume ", dir,
             "/ckpt_<step>.h5, choose another train.out_dir, or pass "
             "--overwrite to replace it");
+  // --overwrite replaces the run's files, never an input of this run.
+  if (!opts.init_from.empty())
+    for (const auto& f : files)
+      QKV_CHECK(!std::filesystem::equivalent(f, opts.init_from, ec), opts.init_from,
+                ": --init-from is a file of train.out_dir ", dir,
+                ", which --overwrite would delete; copy it elsewhere or choose another train.out_dir");
   for (const auto& f : files) {
     std::filesystem::remove(f, ec);
     QKV_CHECK(!ec, f.string(), ": cannot remove for --overwrite (", ec.message(), ")");

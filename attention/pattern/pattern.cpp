@@ -141,10 +141,16 @@ void load_layout(SparsePattern& p) {
   if (p.kind != Pattern::block_sparse || is_generator(p.layout)) return;
   // model.pattern_layout is local_global, fixed or a file of 0/1 rows (a regular file of at most
   // kLayoutFileCap bytes).
+  constexpr std::string_view kInline = "rows:";
   std::string text;
-  try {
-    text = read_input_file(p.layout, kLayoutFileCap, "a block_sparse layout (model.pattern_layout)");
-  } catch (const Error& e) { fail("[attention] ", e.what()); }
+  if (p.layout.starts_with(kInline)) {
+    text = p.layout.substr(kInline.size());
+    std::replace(text.begin(), text.end(), '/', '\n');
+  } else {
+    try {
+      text = read_input_file(p.layout, kLayoutFileCap, "a block_sparse layout (model.pattern_layout)");
+    } catch (const Error& e) { fail("[attention] ", e.what()); }
+  }
   std::istringstream in(text);
   std::vector<uint8_t> table;
   int64_t rows = 0, cols = 0, line_no = 0;
@@ -170,6 +176,16 @@ void load_layout(SparsePattern& p) {
   p.layout_rows = rows;
   p.layout_cols = cols;
   p.layout_table = std::move(table);
+}
+
+std::string inline_layout(const SparsePattern& p) {
+  if (p.kind != Pattern::block_sparse || is_generator(p.layout)) return p.layout;
+  std::string s = "rows:";
+  for (int64_t r = 0; r < p.layout_rows; ++r) {
+    if (r) s += '/';
+    for (int64_t c = 0; c < p.layout_cols; ++c) s += p.layout_table[size_t(r * p.layout_cols + c)] ? '1' : '0';
+  }
+  return s;
 }
 
 PatternPredicate::PatternPredicate(const SparsePattern& p, int64_t nk, bool causal)

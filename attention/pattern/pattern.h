@@ -42,17 +42,20 @@ struct SparsePattern {
   int64_t random_blocks = 2;           // bigbird: r random key blocks per query block
   int64_t block_size = 64;             // bigbird, block_sparse: bs positions per pattern block
   uint64_t seed = 0;                   // bigbird's random blocks
-  // block_sparse: "local_global" (default) or "fixed" names a generator; anything else is a file
-  // read by load_layout into layout_rows × layout_cols below.
+  // block_sparse: "local_global" (default) or "fixed" names a generator; "rows:" followed by the
+  // rows separated by '/' ("rows:10/11") is the table itself (what a checkpoint stores); anything
+  // else is a file. load_layout reads the last two into layout_rows × layout_cols below.
   std::string layout = "local_global";
   int64_t layout_rows = 0, layout_cols = 0;
   std::vector<uint8_t> layout_table;  // [layout_rows, layout_cols], 1 = visible block pair
 
+  // A table is the same pattern wherever it was read from (a file, its inline rows).
   bool operator==(const SparsePattern& o) const {
+    const bool tables = !layout_table.empty() && !o.layout_table.empty();
     return kind == o.kind && stride == o.stride && local == o.local && global == o.global &&
            global_tokens == o.global_tokens && random_blocks == o.random_blocks && block_size == o.block_size &&
-           seed == o.seed && layout == o.layout && layout_rows == o.layout_rows && layout_cols == o.layout_cols &&
-           layout_table == o.layout_table;
+           seed == o.seed && (tables || layout == o.layout) && layout_rows == o.layout_rows &&
+           layout_cols == o.layout_cols && layout_table == o.layout_table;
   }
   bool operator!=(const SparsePattern& o) const { return !(*this == o); }
   bool sparse() const { return kind != Pattern::full; }
@@ -77,10 +80,14 @@ struct SparsePattern {
   std::string describe() const;
 };
 
-// block_sparse: reads a layout file into p.layout_table when p.layout is not a generator name.
-// The file holds one row per query block, a '0' / '1' per key block (spaces ignored, '#' starts a
-// comment); rows must have equal length. Throws naming the file and line at fault.
+// block_sparse: reads a layout file, or the inline "rows:..." form, into p.layout_table when
+// p.layout is not a generator name. The file holds one row per query block, a '0' / '1' per key
+// block (spaces ignored, '#' starts a comment); rows must have equal length. Throws naming the
+// file and line at fault.
 void load_layout(SparsePattern& p);
+// The loaded table as its inline form, "rows:" + the rows joined by '/' (p.layout when it names a
+// generator): a checkpoint stores this, so the model it holds does not depend on a file.
+std::string inline_layout(const SparsePattern& p);
 
 // The predicate of one call: the pattern with its "auto" parameters resolved for Nk keys.
 // `causal` says the structural mask keeps j <= p (bigbird then draws random blocks from the past).

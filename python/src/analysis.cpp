@@ -227,8 +227,9 @@ py::object leakcheck(const Model& m, py::handle checks, const std::optional<std:
         data = train::load_run_data(m.meta.config);
       } catch (const std::exception& e) { data_error = e.what(); }
       if (data && !m.meta.config.data.random_tokens) {
-        for (auto& c : analysis::check_data_leakage(*data->train, *data->val, opts))
-          report.checks.push_back(std::move(c));
+        auto d = analysis::check_data_leakage(*data->train, *data->val, opts);
+        for (auto& c : d.checks) report.checks.push_back(std::move(c));
+        for (auto& na : d.skipped) report.skipped.push_back(std::move(na));
       } else {
         const std::string why = data ? "data.random_tokens: no corpus" : "dataset not loadable: " + data_error;
         report.skipped.emplace_back("data.val_ngram_share", why);
@@ -336,8 +337,13 @@ py::object heads(const Model& m, py::handle input, int64_t windows, int64_t leng
   QKV_CHECK(ids.size() >= 2, "[heads] ", py::isinstance<py::str>(input) ? "the text encodes to " : "ids has ",
             ids.size(), " tokens; need at least 2");
   const int64_t block = m.model->config().block_size;
-  const int64_t len = length > 0 ? std::min(length, block) : block;
+  QKV_CHECK(length <= block, "[heads] length ", length, " exceeds the model's block_size ", block);
+  const int64_t len = length > 0 ? length : block;
   QKV_CHECK(len >= 2, "[heads] length must be >= 2, got ", length);
+  // Without a length a text shorter than the block is analysed whole; a length asked for is kept.
+  QKV_CHECK(length == 0 || int64_t(ids.size()) >= len, "[heads] ",
+            py::isinstance<py::str>(input) ? "the text encodes to " : "ids has ", ids.size(), " tokens; length ", len,
+            " needs at least ", len);
   const std::string seps = separators ? *separators : analysis::default_separators();
   const Tokenizer* tok = m.meta.tokenizer.get();
   analysis::HeadsReport r;

@@ -443,15 +443,29 @@ TEST_CASE("data leakage checks flag validation text copied from train", "[leakch
   };
   const TokenSplit train = split({doc(1), doc(2), doc(3)});
   analysis::LeakCheckOptions o;  // n = 32: each 100-token document has 69 windows
-  const auto clean = analysis::check_data_leakage(train, split({doc(4), doc(5)}), o);
+  const auto clean = analysis::check_data_leakage(train, split({doc(4), doc(5)}), o).checks;
   CHECK(find(clean, "data.val_ngram_share").value == 0.0);
   CHECK(find(clean, "data.duplicated_docs").value == 0.0);
   CHECK(find(clean, "data.val_ngram_share").pass);
-  const auto leaky = analysis::check_data_leakage(train, split({doc(4), doc(2)}), o);
+  const auto leaky = analysis::check_data_leakage(train, split({doc(4), doc(2)}), o).checks;
   CHECK(find(leaky, "data.val_ngram_share").value == Approx(0.5));
   CHECK(find(leaky, "data.duplicated_docs").value == 1.0);
   CHECK_FALSE(find(leaky, "data.val_ngram_share").pass);
   CHECK_FALSE(find(leaky, "data.duplicated_docs").pass);
+
+  // Windows longer than every val document: nothing to compare, so the share is skipped with the
+  // reason, not passed at 0 of 0; the duplicate check still runs (doc(2) is in train).
+  o.ngram_n = 101;
+  const auto too_long = analysis::check_data_leakage(train, split({doc(4), doc(2)}), o);
+  REQUIRE(too_long.checks.size() == 1);
+  CHECK(too_long.checks[0].name == "data.duplicated_docs");
+  CHECK_FALSE(too_long.checks[0].pass);
+  REQUIRE(too_long.skipped.size() == 1);
+  CHECK(too_long.skipped[0].first == "data.val_ngram_share");
+  CHECK_THAT(too_long.skipped[0].second, Catch::Contains("101-token window"));
+  o.ngram_n = 100;  // each document is exactly one window: the check runs (doc(2)'s window is shared)
+  CHECK(find(analysis::check_data_leakage(train, split({doc(4), doc(2)}), o).checks, "data.val_ngram_share").value ==
+        Approx(0.5));
 }
 
 TEST_CASE("attention maps are the model's own attention and show the causal triangle", "[leakcheck][attention_map]") {

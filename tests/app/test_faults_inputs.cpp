@@ -37,9 +37,8 @@ std::string qkv_binary() { return std::string(QKV_BINARY_DIR) + "/qkv"; }
 int run_qkv(const std::string& dir, const std::string& args, std::string& err) {
   const std::string err_file = dir + "/stderr.txt";
   std::string out;
-  const int rc = run_command("cd " + dir + " && timeout 120 " + qkv_binary() + " " + args + " >/dev/null 2>" +
-                                 err_file + " </dev/null",
-                             out);
+  const int rc = run_command(
+      "cd " + dir + " && timeout 120 " + qkv_binary() + " " + args + " >/dev/null 2>" + err_file + " </dev/null", out);
   err = slurp(err_file);
   return rc;
 }
@@ -137,8 +136,8 @@ TEST_CASE("a checkpoint holds its block_sparse layout: an edited layout file cha
   const std::string layout = dir.file("layout.txt");
   write_text(layout, "1000\n1100\n0110\n0011\n");
   Config cfg = tiny_config("gpt2");
-  for (const std::string& o : {"model.attention_pattern=block_sparse", "model.pattern_block_size=4",
-                               "model.pattern_layout=" + layout})
+  for (const std::string& o : std::vector<std::string>{"model.attention_pattern=block_sparse",
+                                                       "model.pattern_block_size=4", "model.pattern_layout=" + layout})
     apply_override(cfg, o);
   validate(cfg, "test");
   Run r;
@@ -169,8 +168,7 @@ TEST_CASE("a checkpoint holds its block_sparse layout: an edited layout file cha
   CHECK_FALSE(train::model_difference(loaded->config(), train::build_model(r.cfg, r.tok->vocab_size())->config()));
 }
 
-TEST_CASE("CLI: heads, bench, keys and train --overwrite refuse what they used to take silently",
-          "[faults][cli]") {
+TEST_CASE("CLI: heads, bench, keys and train --overwrite refuse what they used to take silently", "[faults][cli]") {
   if (::access(qkv_binary().c_str(), X_OK) != 0) {
     WARN("the qkv binary is not built in " << QKV_BINARY_DIR << ": CLI not checked");
     return;
@@ -185,7 +183,7 @@ TEST_CASE("CLI: heads, bench, keys and train --overwrite refuse what they used t
   save(r, dir.file("ckpt.h5"));
   write_text(dir.file("short.txt"), "was");
   CHECK(run_qkv(d, "heads --checkpoint ckpt.h5 --data short.txt --length 16 --windows 5", err) == 2);
-  CHECK(err == "qkv: error: [heads] --data short.txt encodes to 3 tokens; --length 16 needs at least 16\n");
+  CHECK(err == "qkv: [heads] --data short.txt encodes to 3 tokens; --length 16 needs at least 16\n");
   CHECK(run_qkv(d, "heads --checkpoint ckpt.h5 --data short.txt", err) == 0);
   CHECK(run_qkv(d, "heads --checkpoint ckpt.h5 --data short.txt --separators Ω", err) == 2);
   CHECK_THAT(err, Contains("--separators \"Ω\": no token of the checkpoint's tokenizer"));
