@@ -139,8 +139,8 @@ std::string SparsePattern::describe() const {
 
 void load_layout(SparsePattern& p) {
   if (p.kind != Pattern::block_sparse || is_generator(p.layout)) return;
-  // model.pattern_layout is local_global, fixed or a file of 0/1 rows (a regular file of at most
-  // kLayoutFileCap bytes).
+  // model.pattern_layout is local_global, fixed, the rows inline ("rows:10/11", what a checkpoint
+  // stores) or a file of 0/1 rows (a regular file of at most kLayoutFileCap bytes).
   constexpr std::string_view kInline = "rows:";
   std::string text;
   if (p.layout.starts_with(kInline)) {
